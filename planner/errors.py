@@ -1,0 +1,26 @@
+"""One exception tree for offload-tuner. The CLI prints `str(err)` on one line and exits 2 for any InputError."""
+from __future__ import annotations
+
+
+class OffloadTunerError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class InputError(OffloadTunerError):
+    """Bad input from the user: a file, a flag, a size, a budget. The message says what and what to do next."""
+
+
+class GGUFError(InputError):
+    """A file that is not a GGUF, is truncated, or declares counts or lengths it cannot hold."""
+
+
+class UnknownArchitectureError(InputError):
+    """general.architecture (or a preset's arch) is not one we can model."""
+
+
+class FlagError(InputError):
+    """A llama.cpp flag or value that llama.cpp itself would reject, or that we cannot express."""
+
+
+class BudgetError(InputError):
+    """No placement fits in the memory given."""

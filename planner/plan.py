@@ -1,0 +1,121 @@
+"""Plan: which device holds every tensor, plus the run-time knobs. The single source of truth for flags.
+
+A Plan serialises to canonical JSON (sorted keys, no whitespace variation) and its id is a hash of that, so the
+same placement and knobs always get the same id across runs and machines.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+Dialect = Literal["mainline", "ik"]
+DIALECTS: tuple[str, ...] = ("mainline", "ik")
+OpClass = Literal["dense_matmul", "moe_matmul", "moe_fused_up_gate", "output"]
+OP_CLASSES: tuple[str, ...] = ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output")
+KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+DEFAULT_MIN_BATCH = 32   # ggml-backend.cpp: GGML_OP_OFFLOAD_MIN_BATCH default
+
+
+@dataclass(frozen=True)
+class OpRule:
+    enabled: bool = True
+    min_batch: int = DEFAULT_MIN_BATCH
+
+
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """Whether an op on a RAM-resident weight runs on the GPU (weight uploaded) once its batch >= min_batch."""
+    dense_matmul: OpRule = OpRule()
+    moe_matmul: OpRule = OpRule()
+    moe_fused_up_gate: OpRule = OpRule()
+    output: OpRule = OpRule()
+
+    def rule(self, op: str) -> OpRule:
+        return getattr(self, op)
+
+    @classmethod
+    def all(cls, enabled: bool = True, min_batch: int = DEFAULT_MIN_BATCH) -> "OffloadPolicy":
+        r = OpRule(enabled, min_batch)
+        return cls(r, r, r, r)
+
+    @property
+    def any_enabled(self) -> bool:
+        return any(self.rule(op).enabled for op in OP_CLASSES)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int = 0            # 0: llama.cpp's default (physical cores)
+    flash_attn: bool = True
+    type_k: str = "f16"
+    type_v: str = "f16"
+    offload: OffloadPolicy = OffloadPolicy()
+    only_active_experts: bool = True
+    n_seq: int = 1
+    no_kv_offload: bool = False
+    mmap: bool = True
+    swa_full: bool = False
+    # ik_llama.cpp extras
+    mla: int = 3
+    amb: int = 0                  # attention max batch (MiB); 0 = off
+    fmoe: bool = True
+    rtr: bool = False
+
+    @property
+    def n_ubatch_eff(self) -> int:
+        """llama.cpp clamps the ubatch to the batch (reference section 6)."""
+        return min(self.n_batch, self.n_ubatch)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_id: str
+    assignment: dict[str, str]    # tensor name -> device ("CPU", "CUDA0", ...)
+    knobs: Knobs = Knobs()
+    dialect: Dialect = "mainline"
+    label: str = field(default="", compare=False)
+
+    def devices(self) -> list[str]:
+        return sorted(set(self.assignment.values()), key=device_sort_key)
+
+    def to_dict(self) -> dict:
+        return {"model_id": self.model_id, "dialect": self.dialect, "assignment": dict(sorted(self.assignment.items())),
+                "knobs": dataclasses.asdict(self.knobs), "label": self.label}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def id(self) -> str:
+        d = self.to_dict()
+        d.pop("label")
+        return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        k = dict(d.get("knobs", {}))
+        if "offload" in k:
+            k["offload"] = OffloadPolicy(**{op: OpRule(**r) for op, r in k["offload"].items()})
+        return cls(model_id=d["model_id"], assignment=dict(d["assignment"]), knobs=Knobs(**k),
+                   dialect=d.get("dialect", "mainline"), label=d.get("label", ""))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+
+def device_sort_key(dev: str) -> tuple[int, int]:
+    """CUDA0 < CUDA1 < ... < CPU."""
+    if dev.startswith("CUDA") and dev[4:].isdigit():
+        return (0, int(dev[4:]))
+    return (1, 0)
+
+
+def gpu_names(n: int) -> list[str]:
+    return [f"CUDA{i}" for i in range(n)]

@@ -1,0 +1,109 @@
+"""Build a CPU llama.cpp (llama-bench, llama-fit-params) from the llama-cpp-python sdist, once per machine.
+
+The sdist vendors llama.cpp under vendor/llama.cpp (../shared/reference/llamacpp.md, section 10). We pin it by
+version and sha256 so every machine builds the same engine, and cache the result under
+~/.cache/offload-tuner/ (override with $OFFLOAD_TUNER_CACHE). Used by the planner's memory test and the
+llamacpp engine's integration tests.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+SDIST_VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+TARGETS = ("llama-bench", "llama-fit-params")
+# ggml's AMX path segfaults on Q8_0/Q4_0 prompt processing on the CI CPUs (reference section 10).
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+class BuildError(RuntimeError):
+    """The llama.cpp build could not be made (download, checksum or compile failed)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("OFFLOAD_TUNER_CACHE", Path.home() / ".cache" / "offload-tuner"))
+
+
+def build_dir() -> Path:
+    return cache_dir() / f"llama.cpp-{SDIST_VERSION}-cpu"
+
+
+def binary(name: str) -> Path:
+    return build_dir() / "build" / "bin" / name
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch_sdist(dest: Path) -> Path:
+    tarball = dest / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    if not tarball.exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               f"llama-cpp-python=={SDIST_VERSION}", "-d", str(dest)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or not tarball.exists():
+            raise BuildError(f"could not download llama-cpp-python {SDIST_VERSION}: {r.stderr.strip()[-400:]}")
+    digest = _sha256(tarball)
+    if digest != SDIST_SHA256:
+        tarball.unlink()
+        raise BuildError(f"sha256 of {tarball.name} is {digest}, expected {SDIST_SHA256}; deleted, retry")
+    return tarball
+
+
+def _extract_llama_cpp(tarball: Path, src: Path) -> None:
+    prefix = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+    tmp = src.with_name(src.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(tarball) as tar:
+        members = []
+        for m in tar.getmembers():
+            if m.name.startswith(prefix) and len(m.name) > len(prefix):
+                m.name = m.name[len(prefix):]
+                members.append(m)
+        tar.extractall(tmp, members=members, filter="data")
+    tmp.rename(src)
+
+
+def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
+    """Return {target: path}, building what is missing. Safe to call from several processes at once."""
+    root = build_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [t for t in targets if not binary(t).exists()]
+        if missing:
+            src = root / "src"
+            if not (src / "CMakeLists.txt").exists():
+                _extract_llama_cpp(_fetch_sdist(cache_dir() / "sdist"), src)
+            bld = root / "build"
+            flags = f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"
+            steps = [
+                ["cmake", "-S", str(src), "-B", str(bld), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+                 "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *flags],
+                ["cmake", "--build", str(bld), "--config", "Release", "-j", str(os.cpu_count() or 2),
+                 "--target", *missing],
+            ]
+            for cmd in steps:
+                print(f"offload-tuner: building llama.cpp ({' '.join(missing)}), once per machine...", file=log)
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise BuildError(f"{' '.join(cmd[:3])} failed: {(r.stdout + r.stderr).strip()[-800:]}")
+    return {t: binary(t) for t in targets}
+
+
+if __name__ == "__main__":
+    for name, path in ensure_built().items():
+        print(name, path)
