@@ -11,7 +11,7 @@ Shapes use dimension names resolved per layer by `_dims`; ggml order (ne0 first)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import GGUFError, UnknownArchitectureError
 from .model import Hparams, ModelInventory, Tensor, classify
@@ -175,6 +175,13 @@ def build_inventory(spec: ArchSpec, type_of: Callable[[str, tuple[int, ...], int
 
 # ---- GGUF metadata <-> hparams -------------------------------------------------------------------------------
 
+# Bounds on what metadata may declare (llama-hparams.h LLAMA_MAX_LAYERS / LLAMA_MAX_EXPERTS; sizes far above any
+# real model), so a hostile header cannot make us build huge per-layer tuples or divide by zero.
+MAX_LAYERS = 512
+MAX_EXPERTS = 1024
+MAX_DIM = 1 << 32
+
+
 def _get(meta: Mapping[str, Any], arch: str, key: str, default: Any = None, required: bool = False) -> Any:
     full = f"{arch}.{key}"
     if full in meta:
@@ -184,67 +191,101 @@ def _get(meta: Mapping[str, Any], arch: str, key: str, default: Any = None, requ
     return default
 
 
+def _check_int(value: Any, what: str, lo: int = 0, hi: int = MAX_DIM) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise GGUFError(f"GGUF metadata {what} is {value!r:.60}, expected an integer from {lo} to {hi}")
+    return value
+
+
+def _int(meta: Mapping[str, Any], arch: str, key: str, default: Any = None, required: bool = False,
+         lo: int = 0, hi: int = MAX_DIM) -> int:
+    return _check_int(_get(meta, arch, key, default, required), f"{arch}.{key}", lo, hi)
+
+
+def _int_or_max(meta: Mapping[str, Any], arch: str, key: str, default: Any = None, required: bool = False,
+                lo: int = 0) -> int:
+    """A scalar, or the largest entry of a per-layer array (llama.cpp sizes per-layer tensors by each entry)."""
+    value = _get(meta, arch, key, default, required)
+    if isinstance(value, (list, tuple)):
+        value = max((_check_int(v, f"{arch}.{key}") for v in value), default=0)
+    return _check_int(value, f"{arch}.{key}", lo)
+
+
 def _per_layer(value: Any, n: int, what: str) -> tuple[int, ...]:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise GGUFError(f"{what} has {len(value)} entries for {n} layers")
-        return tuple(int(v) for v in value)
-    return (int(value),) * n
+        return tuple(_check_int(v, what) for v in value)
+    return (_check_int(value, what),) * n
+
+
+def _swa_layers(meta: Mapping[str, Any], arch: str, n_layer: int, n_nextn: int, n_swa: int) -> tuple[bool, ...]:
+    """llama_model_base::load_swa_pattern + llama_hparams::set_swa_pattern: a per-layer array, or a period
+    n (layer il is SWA when il % n < n - 1; n == 0: every layer); NextN layers never."""
+    n_main = n_layer - n_nextn
+    pattern = _get(meta, arch, "attention.sliding_window_pattern", SWA_PATTERN.get(arch, 0))
+    if isinstance(pattern, (list, tuple)):
+        return tuple(bool(v) for v in _per_layer([int(bool(v)) for v in pattern], n_layer,
+                                                 f"{arch}.attention.sliding_window_pattern"))
+    if arch not in SWA_PATTERN or n_swa == 0:
+        return (False,) * n_layer
+    p = _check_int(pattern, f"{arch}.attention.sliding_window_pattern")
+    return tuple(il < n_main and (p == 0 or il % p < p - 1) for il in range(n_layer))
 
 
 def spec_from_metadata(meta: Mapping[str, Any], tensor_names: set[str] | None = None) -> ArchSpec:
-    """Read hparams the way llama.cpp's load_arch_hparams does, for the architectures we model."""
+    """Read hparams the way llama.cpp's load_arch_hparams does, for the architectures we model.
+
+    block_count counts NextN/MTP blocks too (llama.cpp's n_layer_all); Hparams.n_layer is that count."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise GGUFError("GGUF metadata lacks general.architecture")
     require_arch(arch)
-    n_layer = int(_get(meta, arch, "block_count", required=True))
-    n_embd = int(_get(meta, arch, "embedding_length", required=True))
-    n_head = _get(meta, arch, "attention.head_count", required=True)
-    n_head = int(max(n_head)) if isinstance(n_head, (list, tuple)) else int(n_head)
-    n_head_kv = _per_layer(_get(meta, arch, "attention.head_count_kv", n_head), n_layer, "attention.head_count_kv")
-    head_dim_k = int(_get(meta, arch, "attention.key_length", n_embd // max(n_head, 1)))
-    head_dim_v = int(_get(meta, arch, "attention.value_length", head_dim_k))
+    n_layer = _int(meta, arch, "block_count", required=True, lo=1, hi=MAX_LAYERS)
+    n_embd = _int(meta, arch, "embedding_length", required=True, lo=1)
+    n_head = _int_or_max(meta, arch, "attention.head_count", required=True, lo=1)
+    n_head_kv = _per_layer(_get(meta, arch, "attention.head_count_kv", n_head), n_layer,
+                           f"{arch}.attention.head_count_kv")
+    head_dim_k = _int(meta, arch, "attention.key_length", n_embd // n_head)
+    head_dim_v = _int(meta, arch, "attention.value_length", head_dim_k)
     n_vocab = _get(meta, arch, "vocab_size")
     if n_vocab is None:
         tokens = meta.get("tokenizer.ggml.tokens")
-        n_vocab = len(tokens) if tokens is not None else None
+        n_vocab = len(tokens) if isinstance(tokens, Sequence) and not isinstance(tokens, str) else None
     if n_vocab is None:
         raise GGUFError(f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    n_expert = int(_get(meta, arch, "expert_count", 0))
-    n_ff = _get(meta, arch, "feed_forward_length", 0)
-    n_ff = int(max(n_ff)) if isinstance(n_ff, (list, tuple)) else int(n_ff)
-    n_ff_exp = _get(meta, arch, "expert_feed_forward_length", 0)
-    n_ff_exp = int(max(n_ff_exp)) if isinstance(n_ff_exp, (list, tuple)) else int(n_ff_exp)
+    n_vocab = _check_int(n_vocab, f"{arch}.vocab_size", lo=1)
+    n_expert = _int(meta, arch, "expert_count", 0, hi=MAX_EXPERTS)
+    n_expert_used = _int(meta, arch, "expert_used_count", 0, hi=max(n_expert, 1))
+    n_ff = _int_or_max(meta, arch, "feed_forward_length", 0)
+    n_ff_exp = _int_or_max(meta, arch, "expert_feed_forward_length", 0)
     if arch == "glm4moe" and n_ff_exp == 0 and n_expert:
-        n_ff_exp = n_ff // int(_get(meta, arch, "expert_used_count", 1))
-    n_shared = int(_get(meta, arch, "expert_shared_count", 0))
-    n_ff_shexp = int(_get(meta, arch, "expert_shared_feed_forward_length", 0))
-    if arch in ("deepseek2", "glm4moe", "llama4") and n_shared:
+        n_ff_exp = n_ff // max(n_expert_used, 1)
+    n_shared = _int(meta, arch, "expert_shared_count", 0, hi=MAX_EXPERTS)
+    n_ff_shexp = _int(meta, arch, "expert_shared_feed_forward_length", 0)
+    if arch in ("deepseek2", "glm4moe") and n_shared:
         n_ff_shexp = n_ff_exp * n_shared          # these archs size the shared expert from n_ff_exp
-    n_nextn = int(_get(meta, arch, "nextn_predict_layers", 0))
-    lead = int(_get(meta, arch, "leading_dense_block_count", 0))
-    step = int(_get(meta, arch, "interleave_moe_layer_step", 1 if arch == "llama4" else 0))
+    if arch == "llama4" and n_expert:
+        n_shared, n_ff_shexp = 1, n_ff_exp        # llama4.cpp: one shared expert of n_ff_exp, whatever the key says
+    n_nextn = _int(meta, arch, "nextn_predict_layers", 0, hi=n_layer)
+    lead = _int(meta, arch, "leading_dense_block_count", 0)
+    step = _int(meta, arch, "interleave_moe_layer_step", 1 if arch == "llama4" else 0)
     if n_expert == 0:
         moe = (False,) * n_layer
     elif arch == "llama4":
         moe = tuple(step > 0 and (i + 1) % step == 0 for i in range(n_layer))
     else:
         moe = tuple(i >= lead for i in range(n_layer))
-    n_swa = int(_get(meta, arch, "attention.sliding_window", DEFAULT_SWA.get(arch, 0)))
-    pattern = _get(meta, arch, "attention.sliding_window_pattern", SWA_PATTERN.get(arch, 0)) or 0
-    if isinstance(pattern, (list, tuple)):
-        swa = _per_layer([bool(v) for v in pattern], n_layer, "attention.sliding_window_pattern")
-        swa = tuple(bool(v) for v in swa)
-    elif arch in SWA_PATTERN and n_swa > 0:
-        pattern = int(pattern)
-        swa = tuple(i % pattern < pattern - 1 for i in range(n_layer))
-    else:
-        swa = (False,) * n_layer
-    kv_lora = int(_get(meta, arch, "attention.kv_lora_rank", 0))
-    k_mla = int(_get(meta, arch, "attention.key_length_mla", 0))
-    v_mla = int(_get(meta, arch, "attention.value_length_mla", 0))
-    n_rot = int(_get(meta, arch, "rope.dimension_count", head_dim_k))
+    n_swa = _int(meta, arch, "attention.sliding_window", DEFAULT_SWA.get(arch, 0))
+    swa = _swa_layers(meta, arch, n_layer, n_nextn, n_swa)
+    kv_lora = _int(meta, arch, "attention.kv_lora_rank", 0)
+    k_mla = _int(meta, arch, "attention.key_length_mla", 0)
+    v_mla = _int(meta, arch, "attention.value_length_mla", 0)
+    n_rot = _int(meta, arch, "rope.dimension_count", head_dim_k)
+    q_lora = _int(meta, arch, "attention.q_lora_rank", 0)
+    if arch == "deepseek2" and not (k_mla and v_mla and kv_lora and 0 < n_rot < k_mla):
+        raise GGUFError("deepseek2 GGUF without MLA metadata (attention.key_length_mla, value_length_mla, "
+                        "kv_lora_rank; old converts with attn_kv_b) is not supported: use a newer conversion")
     features = set(ARCH_FEATURES[arch])
     names = tensor_names or set()
     if any(n.endswith("attn_q_norm.weight") for n in names):
@@ -252,16 +293,15 @@ def spec_from_metadata(meta: Mapping[str, Any], tensor_names: set[str] | None = 
     if any(n.endswith("exp_probs_b.bias") for n in names):
         features.add("probs_b")
     hp = Hparams(
-        arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=int(n_vocab), n_head=n_head, n_head_kv=n_head_kv,
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab, n_head=n_head, n_head_kv=n_head_kv,
         head_dim_k=head_dim_k, head_dim_v=head_dim_v,
-        n_ctx_train=int(_get(meta, arch, "context_length", 4096)), n_ff=n_ff, n_expert=n_expert,
-        n_expert_used=int(_get(meta, arch, "expert_used_count", 0)), n_ff_exp=n_ff_exp,
+        n_ctx_train=_int(meta, arch, "context_length", 4096, hi=1 << 40), n_ff=n_ff, n_expert=n_expert,
+        n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         n_expert_shared=n_shared, n_ff_shexp=n_ff_shexp, moe_layers=moe, swa_layers=swa,
         n_swa=n_swa if any(swa) else 0, mla_kv_lora_rank=kv_lora if (k_mla and v_mla) else 0,
         n_rot=n_rot, n_nextn=n_nextn,
     )
-    return ArchSpec(hp, frozenset(features), q_lora_rank=int(_get(meta, arch, "attention.q_lora_rank", 0)),
-                    head_dim_k_mla=k_mla, head_dim_v_mla=v_mla)
+    return ArchSpec(hp, frozenset(features), q_lora_rank=q_lora, head_dim_k_mla=k_mla, head_dim_v_mla=v_mla)
 
 
 def metadata_for(spec: ArchSpec) -> dict[str, Any]:

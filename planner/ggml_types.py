@@ -1,10 +1,12 @@
 """ggml tensor types: id -> (name, elements per block, bytes per block, extra bytes per row).
 
-Sources: ggml/include/ggml.h and gguf-py/gguf/constants.py (GGML_QUANT_SIZES) of mainline llama.cpp for ids
-0-41; ik_llama.cpp ggml/include/ggml.h for ids >= 133 (row metadata: ik stores a per-row scale in front of
-each row of the *_KS / *_KT / *_KL types; ../shared/reference/llamacpp.md, section 9). Repacked ik types
-(_R4/_R8, ids 202-399) keep their base type's size per element; their id ranges are listed but not sized:
-the header reader then takes their size from data offsets.
+Sources: ggml/include/ggml.h and ggml/src/ggml-common.h (block structs) of mainline llama.cpp (the version
+vendored in llama-cpp-python 0.3.36) for ids 0-42 (gguf-py's GGML_QUANT_SIZES agrees but for Q8_1, where it
+still says 40 bytes: block_q8_1 is two fp16 + 32 int8 = 36); ik_llama.cpp ggml/include/ggml.h for ids >= 133
+(row metadata: ik stores a per-row scale in front of each row of the *_KS / *_KT / *_KL types;
+../shared/reference/llamacpp.md, section 9). Repacked ik types (_R4/_R8, ids 202-399) keep their base type's
+size per element; their id ranges are listed but not sized: the header reader then takes their size from data
+offsets.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ _TABLE = [
     (19, "IQ1_S", 256, 50), (20, "IQ4_NL", 32, 18), (21, "IQ3_S", 256, 110), (22, "IQ2_S", 256, 82),
     (23, "IQ4_XS", 256, 136), (24, "I8", 1, 1), (25, "I16", 1, 2), (26, "I32", 1, 4), (27, "I64", 1, 8),
     (28, "F64", 1, 8), (29, "IQ1_M", 256, 56), (30, "BF16", 1, 2), (34, "TQ1_0", 256, 54),
-    (35, "TQ2_0", 256, 66), (39, "MXFP4", 32, 17),
+    (35, "TQ2_0", 256, 66), (39, "MXFP4", 32, 17), (40, "NVFP4", 64, 36), (41, "Q1_0", 128, 18),
+    (42, "Q2_0", 64, 18),
     # ik_llama.cpp additions (ids >= 133)
     (133, "Q6_0", 32, 26), (137, "IQ2_K", 256, 76), (138, "IQ3_K", 256, 110), (139, "IQ4_K", 256, 144),
     (140, "IQ5_K", 256, 176), (141, "IQ6_K", 256, 212),
@@ -69,3 +72,21 @@ def type_name(type_id: int) -> str:
     if type_id in IK_REPACKED_IDS:
         return f"IK_R{type_id}"
     return f"TYPE_{type_id}"
+
+
+# Quantization fallback when a row length (ne0) is not a multiple of the type's block: llama.cpp
+# src/llama-quant.cpp tensor_type_fallback(); a fallback that still does not fit becomes F16.
+FALLBACK: dict[str, str] = {
+    **{t: "IQ4_NL" for t in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS")},
+    **{t: "Q4_0" for t in ("Q2_0", "Q2_K", "Q3_K", "TQ1_0", "TQ2_0")},
+    "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+}
+
+
+def fit_type(name: str, ne0: int) -> str:
+    """The type llama-quantize actually writes for a row of ne0 elements when asked for `name`."""
+    t = by_name(name)
+    if ne0 % t.block == 0:
+        return t.name
+    fb = FALLBACK.get(t.name, t.name)
+    return fb if ne0 % by_name(fb).block == 0 else "F16"

@@ -69,8 +69,14 @@ class Knobs:
 
     @property
     def n_ubatch_eff(self) -> int:
-        """llama.cpp clamps the ubatch to the batch (reference section 6)."""
-        return min(self.n_batch, self.n_ubatch)
+        """llama.cpp clamps the batch to the context and the ubatch to the batch (llama-context.cpp:
+        n_batch = min(n_ctx, n_batch); n_ubatch = min(n_batch, n_ubatch))."""
+        return min(self.n_ctx, self.n_batch, self.n_ubatch)
+
+    @property
+    def kv_size(self) -> int:
+        """KV cells: n_ctx padded up to a multiple of 256 (llama-context.cpp sched_reserve)."""
+        return -(-self.n_ctx // 256) * 256
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,27 @@
+# Set-up is two commands on a fresh machine: `make demo` and `make test`. Each creates .venv if missing.
+# torch is installed first, pinned, so pip takes the local CPU build instead of pulling CUDA wheels.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/offload-tuner demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -rs
+
+bench: $(STAMP)
+	$(PY) benchmarks/planner_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis benchmarks/results

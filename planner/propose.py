@@ -1,0 +1,279 @@
+"""Placement strategies and budget filling: turn (model, hardware, knobs) into candidate Plans.
+
+Every strategy starts from *homes* (the -ngl slot device of each layer and of the output layer) and then
+places expert tensors: all on the CPU, or filled onto the GPUs by predicted benefit per byte. Non-expert
+weights (attention, norms, router, shared experts, dense FFN) always follow their layer's home: per byte they
+save more decode time than routed experts (a token reads all of them, but only n_expert_used / n_expert of
+an expert tensor), so they go to the GPU first.
+
+Budgets are per GPU: VRAM minus a safety margin; the memory model (planner/memory.py) is the judge.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Literal
+
+from .errors import BudgetError
+from .hardware import GiB, MiB, HardwareProfile, fmt_bytes
+from .memory import MemoryReport, compute_bytes, estimate, kv_bytes, weight_bytes
+from .model import ModelInventory, Tensor
+from .plan import Dialect, Knobs, Plan, gpu_names
+
+Order = Literal["first", "last", "spread"]
+ORDERS: tuple[str, ...] = ("first", "last", "spread")
+DEFAULT_MARGIN = 512 * MiB
+# Within a partial layer, which expert tensor goes to the GPU first (ffn_down first: it is the one
+# llama.cpp's --fit moves last to the CPU, and its row length is n_ff_exp, the cheapest to split).
+PARTIAL_ORDER = ("exps_down", "exps_up", "exps_gate", "exps_gate_up")
+
+
+def model_id(inv: ModelInventory) -> str:
+    return inv.source or inv.name
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Usable bytes per GPU (VRAM minus margin); the CPU is limited by host RAM."""
+    gpus: dict[str, int]
+    host: int
+
+    @classmethod
+    def from_hardware(cls, hw: HardwareProfile, margin: int = DEFAULT_MARGIN) -> "Budget":
+        return cls({d: g.vram_bytes - margin for d, g in zip(gpu_names(len(hw.gpus)), hw.gpus)}, hw.host.ram_bytes)
+
+    def fits(self, report: MemoryReport) -> bool:
+        for dev, mem in report.devices.items():
+            if dev == "CPU":
+                if report.host_pinned + mem.kv + mem.compute + mem.overhead > self.host:
+                    return False
+            elif mem.total > self.gpus.get(dev, 0):
+                return False
+        return True
+
+
+# ---- homes --------------------------------------------------------------------------------------------------------
+
+def split_homes(n_layer: int, n_gpu_layers: int, gpus: list[str], weights: list[float] | None = None) -> list[str]:
+    """The last n_gpu_layers layers on the GPUs, contiguous ranges in GPU order, sized by `weights`."""
+    start = n_layer - n_gpu_layers
+    homes = ["CPU"] * start
+    if n_gpu_layers <= 0:
+        return homes
+    w = weights or [1.0] * len(gpus)
+    total = sum(w)
+    bounds, acc = [], 0.0
+    for x in w:
+        acc += x
+        bounds.append(round(n_gpu_layers * acc / total))
+    gi = 0
+    for k in range(n_gpu_layers):
+        while k >= bounds[gi]:
+            gi += 1
+        homes.append(gpus[gi])
+    return homes
+
+
+def assignment_from_homes(inv: ModelInventory, homes: list[str], out_dev: str, experts_on: str | None = "CPU") -> dict[str, str]:
+    """Every allocated tensor on its layer's home; experts on `experts_on` (None: on their home too)."""
+    a: dict[str, str] = {}
+    for t in inv.allocated():
+        if t.layer is None:
+            a[t.name] = "CPU" if t.role == "token_embd" else (out_dev if t.role in ("output", "output_norm") else "CPU")
+        elif t.is_expert and experts_on is not None:
+            a[t.name] = experts_on
+        else:
+            a[t.name] = homes[t.layer]
+    return a
+
+
+# ---- filling experts onto the GPUs ----------------------------------------------------------------------------
+
+def layer_order(layers: list[int], order: str) -> list[int]:
+    if order == "first":
+        return sorted(layers)
+    if order == "last":
+        return sorted(layers, reverse=True)
+    # spread: a bit-reversal-like interleave so every region of the stack gets some GPU experts early
+    out, seen = [], set()
+    n = len(layers)
+    step = n
+    while len(out) < n:
+        for k in range(0, n, max(step, 1)):
+            if k not in seen:
+                seen.add(k)
+                out.append(layers[k])
+        step //= 2
+        if step == 0:
+            for k in range(n):
+                if k not in seen:
+                    seen.add(k)
+                    out.append(layers[k])
+    return out
+
+
+def _fixed_bytes(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None) -> dict[str, int]:
+    """Per-device bytes that do not change while experts move (KV, compute, overhead) plus current weights."""
+    return {d: m.total for d, m in estimate(inv, plan, hw).devices.items()}
+
+
+def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwareProfile | None,
+                 order: str = "last", partial: bool = True) -> Plan:
+    """Move CPU-resident expert tensors to their layer's home GPU, whole layers first in `order`, then (if
+    `partial`) single up/gate/down tensors of the next layer, while every GPU stays within budget.
+
+    Incremental: each move adds its bytes to the current per-device totals; compute buffers only shrink as
+    experts leave the CPU (fewer upload targets), so the starting estimate stays an upper bound."""
+    used = _fixed_bytes(inv, plan, hw)
+    a = dict(plan.assignment)
+    full: dict[str, bool] = {}
+    moe = [il for il in inv.moe_layers() if a.get(f"blk.{il}.attn_norm.weight", "CPU") != "CPU"]
+    for il in layer_order(moe, order):
+        home = a[f"blk.{il}.attn_norm.weight"]
+        if full.get(home):
+            continue
+        exps = [t for t in inv.by_layer[il] if t.is_expert and a[t.name] == "CPU"]
+        need = sum(t.nbytes for t in exps)
+        if used.get(home, 0) + need <= budget.gpus.get(home, 0):
+            for t in exps:
+                a[t.name] = home
+            used[home] = used.get(home, 0) + need
+            continue
+        if partial:
+            rank = {r: k for k, r in enumerate(PARTIAL_ORDER)}
+            for t in sorted((t for t in exps if not t.name.endswith(".bias")), key=lambda t: rank.get(t.role, 9)):
+                extra = t.nbytes + sum(b.nbytes for b in exps if b.name == t.name.replace(".weight", ".bias"))
+                if used.get(home, 0) + extra <= budget.gpus.get(home, 0):
+                    a[t.name] = home
+                    bias = t.name.replace(".weight", ".bias")
+                    if bias in a:
+                        a[bias] = home
+                    used[home] = used.get(home, 0) + extra
+        full[home] = True
+    return replace(plan, assignment=a)
+
+
+# ---- strategies -------------------------------------------------------------------------------------------------
+
+def _plan(inv: ModelInventory, a: dict[str, str], knobs: Knobs, dialect: Dialect, label: str) -> Plan:
+    return Plan(model_id(inv), a, knobs, dialect, label)
+
+
+def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, budget: Budget, knobs: Knobs, dialect: Dialect,
+                   experts_on_cpu: bool) -> int:
+    """Largest number of trailing layers whose homes fit on the GPUs (binary search; fits is monotone)."""
+    gpus = gpu_names(len(hw.gpus))
+    weights = [float(g.vram_bytes) for g in hw.gpus]
+
+    def fits(n: int) -> bool:
+        homes = split_homes(inv.n_layer, n, gpus, weights)
+        out_dev = homes[-1] if n > 0 else "CPU"
+        a = assignment_from_homes(inv, homes, out_dev, "CPU" if experts_on_cpu else None)
+        return budget.fits(estimate(inv, _plan(inv, a, knobs, dialect, ""), hw))
+
+    lo, hi = 0, inv.n_layer
+    if not fits(0):
+        return -1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def propose(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
+            margin: int = DEFAULT_MARGIN, orders: Iterable[str] = ORDERS) -> list[Plan]:
+    """Candidate plans, best-informed first: experts-on-CPU plus filling in each order, and whole layers.
+
+    Raises BudgetError when not even the output layer and the KV of one layer fit."""
+    budget = Budget.from_hardware(hw, margin)
+    gpus = gpu_names(len(hw.gpus))
+    weights = [float(g.vram_bytes) for g in hw.gpus]
+    plans: list[Plan] = []
+    n_dense = max_gpu_layers(inv, hw, budget, knobs, dialect, experts_on_cpu=True) if inv.hparams.is_moe else -1
+    if n_dense >= 0 and inv.hparams.is_moe:
+        homes = split_homes(inv.n_layer, n_dense, gpus, weights)
+        out_dev = homes[-1] if n_dense > 0 else gpus[-1]
+        base = _plan(inv, assignment_from_homes(inv, homes, out_dev, "CPU"), knobs, dialect, "experts-cpu")
+        if not budget.fits(estimate(inv, base, hw)):
+            base = _plan(inv, assignment_from_homes(inv, homes, "CPU", "CPU"), knobs, dialect, "experts-cpu")
+        for order in orders:
+            filled = fill_experts(inv, base, budget, hw, order)
+            plans.append(replace(filled, label=f"experts-cpu+fill-{order}"))
+        plans.append(base)
+    n_full = max_gpu_layers(inv, hw, budget, knobs, dialect, experts_on_cpu=False)
+    if n_full >= 0:
+        homes = split_homes(inv.n_layer, n_full, gpus, weights)
+        out_dev = homes[-1] if n_full > 0 else "CPU"
+        a = assignment_from_homes(inv, homes, out_dev, None)
+        p = _plan(inv, a, knobs, dialect, f"layers-{n_full}")
+        if n_full == 0:   # not even one layer: try the output layer alone (mainline -ngl 1)
+            a1 = assignment_from_homes(inv, homes, gpus[-1], None)
+            p1 = _plan(inv, a1, knobs, dialect, "output-only")
+            if budget.fits(estimate(inv, p1, hw)):
+                p = p1
+        plans.append(p)
+    useful = [p for p in plans if any(d != "CPU" for d in p.assignment.values())]
+    if not useful:
+        cpu_only = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, "CPU", None), knobs, dialect, "cpu")
+        if not budget.fits(estimate(inv, cpu_only, hw)):
+            cpu = estimate(inv, cpu_only, hw).devices["CPU"]
+            raise BudgetError(f"nothing fits: host RAM {fmt_bytes(budget.host)} < KV + compute "
+                              f"{fmt_bytes(cpu.kv + cpu.compute)} with every tensor on the CPU; lower --ctx or --ubatch")
+        probe = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, gpus[-1], None), knobs, dialect, "")
+        need = estimate(inv, probe, hw).devices[gpus[-1]].total
+        raise BudgetError(f"nothing fits on the GPU: {gpus[-1]} has {fmt_bytes(budget.gpus[gpus[-1]])} after the "
+                          f"{fmt_bytes(margin)} margin, but even the output layer alone needs {fmt_bytes(need)}")
+    return plans
+
+
+# ---- choosing among candidates ------------------------------------------------------------------------------------
+
+Objective = Literal["tg", "pp", "balanced"]
+
+
+@dataclass(frozen=True)
+class Scored:
+    plan: Plan
+    memory: MemoryReport
+    pp_tps: float
+    tg_tps: float
+
+    def score(self, objective: str) -> float:
+        if objective == "pp":
+            return self.pp_tps
+        if objective == "balanced":
+            return (self.pp_tps * self.tg_tps) ** 0.5
+        return self.tg_tps
+
+
+def knob_variants(plan: Plan, budget: Budget, inv: ModelInventory, hw: HardwareProfile) -> list[Plan]:
+    """The same placement with op offload on and off, and CPU weights mmap'd or pinned (--no-mmap) when RAM
+    allows: the two switches that most change PP once experts sit in RAM (reference section 4)."""
+    from .plan import OffloadPolicy
+    out = []
+    for offload in (True, False):
+        for mmap in (True, False):
+            k = replace(plan.knobs, offload=OffloadPolicy.all(offload, plan.knobs.offload.moe_matmul.min_batch), mmap=mmap)
+            p = replace(plan, knobs=k)
+            if not mmap and not budget.fits(estimate(inv, p, hw)):
+                continue
+            out.append(p)
+    return out
+
+
+def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
+               objective: str = "tg", margin: int = DEFAULT_MARGIN, n_prompt: int = 512) -> list[Scored]:
+    """Every proposal x knob variant that fits, scored by the cost model, best first."""
+    from .cost import predict
+    budget = Budget.from_hardware(hw, margin)
+    scored: dict[str, Scored] = {}
+    for base in propose(inv, hw, knobs, dialect, margin):
+        for p in knob_variants(base, budget, inv, hw):
+            mem = estimate(inv, p, hw)
+            if not budget.fits(mem):
+                continue
+            pr = predict(inv, p, hw, n_prompt=n_prompt)
+            scored.setdefault(p.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
+    return sorted(scored.values(), key=lambda s: -s.score(objective))
