@@ -181,8 +181,8 @@ def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | 
     return rule.min_batch
 
 
-def _offloaded(inv: ModelInventory, tensor: Tensor, plan: Plan, T: int) -> bool:
-    if not any(d != "CPU" for d in plan.assignment.values()):
+def _offloaded(inv: ModelInventory, tensor: Tensor, plan: Plan, T: int, has_gpu: bool = True) -> bool:
+    if not has_gpu:
         return False
     m = offload_min_batch(inv, plan, tensor)
     return m is not None and T >= m
@@ -211,24 +211,24 @@ def compute_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
             ffn_w = [t for t in layer if t.role in ("ffn_dense", "exps_gate", "exps_up", "exps_down", "exps_gate_up")]
             on_cpu = [t for t in ffn_w if plan.assignment.get(t.name, "CPU") == "CPU"]
             ffn_dev = home
-            if on_cpu and len(on_cpu) == len(ffn_w) and not any(_offloaded(inv, t, plan, batch) for t in on_cpu):
+            if on_cpu and len(on_cpu) == len(ffn_w) and not any(_offloaded(inv, t, plan, batch, bool(gpus)) for t in on_cpu):
                 ffn_dev = "CPU"
             elif ffn_w and home == "CPU":
                 dev_w = next((plan.assignment[t.name] for t in ffn_w if plan.assignment.get(t.name, "CPU") != "CPU"), None)
                 if dev_w is not None:
                     ffn_dev = dev_w
-                elif any(_offloaded(inv, t, plan, batch) for t in on_cpu):
+                elif any(_offloaded(inv, t, plan, batch, bool(gpus)) for t in on_cpu):
                     ffn_dev = first_gpu
             bump(ffn_dev, _ffn_live(inv, il, batch))
             if ffn_dev != home:   # activations cross to the other device and back
                 inputs[ffn_dev] = max(inputs.get(ffn_dev, 0), F32 * batch * hp.n_embd)
             # upload targets: full-size copies of the layer's RAM-resident weights its GPU ops use
             if ffn_dev != "CPU" and batch == T:
-                up = sum(t.nbytes for t in on_cpu if _offloaded(inv, t, plan, batch))
+                up = sum(t.nbytes for t in on_cpu if _offloaded(inv, t, plan, batch, bool(gpus)))
                 inputs[ffn_dev] = max(inputs.get(ffn_dev, 0), up)
         out_w = inv.by_name.get("output.weight") or inv.by_name["token_embd.weight"]
         odev = out_dev
-        if odev == "CPU" and _offloaded(inv, out_w, plan, batch):
+        if odev == "CPU" and _offloaded(inv, out_w, plan, batch, bool(gpus)):
             odev = first_gpu
         bump(odev, _output_live(inv, batch))
     for dev in set(homes) | {out_dev}:

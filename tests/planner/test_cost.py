@@ -1,0 +1,67 @@
+"""Cost model: the roofline terms behave as the physics says (hand-checkable tiny cases, monotonicity)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.cost import distinct_expert_fraction, predict
+from planner.hardware import load_hardware
+from planner.plan import Knobs, OffloadPolicy, Plan
+from planner.presets import load_preset
+from planner.propose import assignment_from_homes
+
+from tiny import f32_inventory, qwen3moe_spec
+
+
+def test_distinct_expert_fraction():
+    assert distinct_expert_fraction(128, 8, 1) == pytest.approx(8 / 128)
+    assert distinct_expert_fraction(128, 8, 4096) == pytest.approx(1.0)
+    # 2 tokens each picking 8 of 128: 1 - (120/128)^2
+    assert distinct_expert_fraction(128, 8, 2) == pytest.approx(1 - (120 / 128) ** 2)
+
+
+def _plans(inv, gpu_layers_experts: int):
+    """All layers homed on CUDA0, experts of the last `gpu_layers_experts` MoE layers on CUDA0 too."""
+    homes = ["CUDA0"] * inv.n_layer
+    a = assignment_from_homes(inv, homes, "CUDA0", "CPU")
+    moe = inv.moe_layers()
+    for il in moe[len(moe) - gpu_layers_experts:]:
+        for t in inv.by_layer[il]:
+            if t.is_expert:
+                a[t.name] = "CUDA0"
+    return Plan("m", a, Knobs(n_ctx=4096))
+
+
+def test_tg_improves_monotonically_as_experts_move_to_the_gpu():
+    inv = load_preset("Qwen3-30B-A3B").inventory()
+    hw = load_hardware("rtx4090-ddr5")
+    tgs = [predict(inv, _plans(inv, k), hw).tg_tps for k in (0, 12, 24, 36, 48)]
+    assert tgs == sorted(tgs) and tgs[-1] > 2 * tgs[0]
+
+
+def test_all_gpu_tg_is_bytes_over_bandwidth_plus_launches():
+    inv = f32_inventory(qwen3moe_spec())
+    hw = load_hardware("gpu-box")
+    plan = Plan("t", {t.name: ("CPU" if t.role == "token_embd" else "CUDA0") for t in inv.allocated()}, Knobs(n_ctx=256))
+    p = predict(inv, plan, hw)
+    g = hw.gpus[0]
+    expert_bytes = sum(t.nbytes for t in inv.allocated() if t.is_expert) * 2 / 4        # 2 of 4 experts
+    other = sum(t.nbytes for t in inv.allocated() if not t.is_expert and t.role != "token_embd")
+    gpu_read = (expert_bytes + other) / (g.mem_bw * hw.overheads.gpu_eff)
+    assert p.breakdown["tg.CUDA0_read"] == pytest.approx(gpu_read)
+    assert p.breakdown["tg.launch"] == pytest.approx(2 * hw.overheads.per_layer_gpu_s)
+
+
+def test_op_offload_helps_pp_at_large_ubatch_and_pinned_beats_pageable():
+    inv = load_preset("Qwen3-30B-A3B").inventory()
+    hw = load_hardware("gpu-box")
+    base = _plans(inv, 0)
+    big = replace(base, knobs=replace(base.knobs, n_ubatch=2048, n_batch=2048))
+    off = replace(big, knobs=replace(big.knobs, offload=OffloadPolicy.all(False)))
+    pinned = replace(big, knobs=replace(big.knobs, mmap=False))
+    pp_on, pp_off, pp_pinned = (predict(inv, p, hw, n_prompt=2048).pp_tps for p in (big, off, pinned))
+    assert pp_on > pp_off
+    assert pp_pinned > pp_on
+    # TG does not change with op offload (batch 1 never offloads)
+    assert predict(inv, big, hw).tg_tps == pytest.approx(predict(inv, off, hw).tg_tps)

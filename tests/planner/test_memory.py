@@ -1,0 +1,107 @@
+"""Memory model on tiny inventories whose bytes are added up by hand (tiny.py), plus preset facts."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.memory import estimate, kv_bytes, kv_cells, kv_layer_bytes, weight_bytes
+from planner.plan import Knobs, OffloadPolicy, Plan
+from planner.presets import load_preset
+
+from tiny import LAYER_DENSE, LAYER_EXPERTS, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, f32_inventory, qwen3moe_spec
+
+
+def _plan(inv, where, knobs=Knobs(n_ctx=512), dialect="mainline"):
+    return Plan("tiny", {t.name: where(t) for t in inv.allocated()}, knobs, dialect)
+
+
+def test_all_on_cpu_weights_are_the_sum_of_tensors():
+    inv = f32_inventory(qwen3moe_spec())
+    w = weight_bytes(inv, _plan(inv, lambda t: "CPU"))
+    assert w == {"CPU": 2 * (LAYER_DENSE + LAYER_EXPERTS) + TOKEN_EMBD + OUTPUT_NORM + OUTPUT}
+
+
+def test_experts_on_cpu_rest_on_gpu():
+    # -ngl 99 -cmoe: every layer and the output on CUDA0, expert tensors and token_embd on the CPU
+    inv = f32_inventory(qwen3moe_spec())
+    plan = _plan(inv, lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0")
+    assert weight_bytes(inv, plan) == {"CUDA0": 2 * LAYER_DENSE + OUTPUT_NORM + OUTPUT,
+                                       "CPU": 2 * LAYER_EXPERTS + TOKEN_EMBD}
+    # KV follows the layer's home (attn_norm on CUDA0): f16, 512 cells, K and V rows of 2 heads x 16 x 2 B
+    assert kv_bytes(inv, plan) == {"CUDA0": 2 * 512 * (64 + 64)}
+
+
+def test_tied_output_loads_token_embd_again_on_the_output_device():
+    inv = f32_inventory(qwen3moe_spec(), tied_output=True)
+    assert inv.tied_output
+    plan = _plan(inv, lambda t: "CUDA0" if t.role == "output_norm" else "CPU")
+    w = weight_bytes(inv, plan)
+    assert w["CUDA0"] == OUTPUT_NORM + TOKEN_EMBD
+    # on the CPU the duplicate is the same mapped data: no second copy
+    assert weight_bytes(inv, _plan(inv, lambda t: "CPU")) == {"CPU": 2 * (LAYER_DENSE + LAYER_EXPERTS) + TOKEN_EMBD + OUTPUT_NORM}
+
+
+def test_nkvo_puts_all_kv_on_the_host():
+    inv = f32_inventory(qwen3moe_spec())
+    plan = _plan(inv, lambda t: "CUDA0", Knobs(n_ctx=512, no_kv_offload=True))
+    assert set(kv_bytes(inv, plan)) == {"CPU"}
+
+
+def test_kv_cells_pad_to_256_and_swa_layers_are_smaller_in_mainline_only():
+    spec = qwen3moe_spec(n_layer=2, swa_layers=(True, False), n_swa=128)
+    inv = f32_inventory(spec)
+    k = Knobs(n_ctx=4000, n_ubatch=512)
+    assert k.kv_size == 4096
+    assert kv_cells(inv, k, 1, "mainline") == 4096
+    assert kv_cells(inv, k, 0, "mainline") == 768        # pad256(min(4096, 128 * 1 + 512))
+    assert kv_cells(inv, k, 0, "ik") == 4096             # ik: full n_ctx on every layer
+    assert kv_cells(inv, replace(k, swa_full=True), 0, "mainline") == 4096
+
+
+def test_quantized_kv_row_sizes():
+    inv = f32_inventory(qwen3moe_spec())
+    # one layer, 256 cells, K and V rows of 32 elements: q8_0 = 34 B per 32, q4_0 = 18 B per 32
+    assert kv_layer_bytes(inv, Knobs(n_ctx=256, type_k="q8_0", type_v="q8_0"), 0, "mainline") == 256 * 2 * 34
+    assert kv_layer_bytes(inv, Knobs(n_ctx=256, type_k="q8_0", type_v="q4_0"), 0, "mainline") == 256 * (34 + 18)
+
+
+def test_deepseek_v3_mla_cache_is_70272_bytes_per_token():
+    # reference section 5: 61 layers x (512 + 64) x 2 bytes
+    inv = load_preset("DeepSeek-V3").inventory()
+    plan = Plan("ds", {t.name: "CPU" for t in inv.allocated()}, Knobs(n_ctx=1024))
+    assert kv_bytes(inv, plan)["CPU"] == 70272 * 1024
+
+
+def test_effective_ubatch_is_clamped_by_batch_and_context():
+    assert Knobs(n_ctx=20, n_batch=2048, n_ubatch=512).n_ubatch_eff == 20
+    assert Knobs(n_ctx=8192, n_batch=1024, n_ubatch=4096).n_ubatch_eff == 1024
+
+
+def test_nextn_layers_are_not_allocated():
+    inv = load_preset("GLM-4.5-Air").inventory()
+    assert inv.hparams.n_layer == 47 and inv.hparams.n_nextn == 1
+    nextn = [t for t in inv.tensors if t.layer == 46]
+    assert nextn and all(t.role == "nextn" for t in nextn)
+    plan = Plan("glm", {t.name: "CPU" for t in inv.allocated()}, Knobs(n_ctx=256))
+    assert weight_bytes(inv, plan)["CPU"] == inv.total_bytes() == sum(t.nbytes for t in inv.tensors if t.layer != 46)
+    assert kv_layer_bytes(inv, plan.knobs, 46, "mainline") == 0
+
+
+def test_op_offload_adds_upload_targets_to_the_gpu_compute_buffer():
+    inv = f32_inventory(qwen3moe_spec())
+    where = lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
+    on = _plan(inv, where, Knobs(n_ctx=512, n_ubatch=512))
+    off = replace(on, knobs=replace(on.knobs, offload=OffloadPolicy.all(False)))
+    gpu_on, gpu_off = estimate(inv, on).devices["CUDA0"], estimate(inv, off).devices["CUDA0"]
+    assert gpu_on.compute >= gpu_off.compute + LAYER_EXPERTS   # one layer's experts are uploaded at a time
+    assert estimate(inv, off).devices["CPU"].compute > estimate(inv, on).devices["CPU"].compute
+
+
+def test_mmap_vs_pinned_host_weights():
+    inv = f32_inventory(qwen3moe_spec())
+    where = lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
+    mm = estimate(inv, _plan(inv, where))
+    assert mm.host_mapped == 2 * LAYER_EXPERTS + TOKEN_EMBD and mm.host_pinned == 0
+    pinned = estimate(inv, _plan(inv, where, Knobs(n_ctx=512, mmap=False)))
+    assert pinned.host_pinned == 2 * LAYER_EXPERTS + TOKEN_EMBD and pinned.host_mapped == 0
+    ik = estimate(inv, _plan(inv, where, dialect="ik"))   # ik copies CPU weights once anything is overridden
+    assert ik.host_pinned == 2 * LAYER_EXPERTS + TOKEN_EMBD

@@ -1,0 +1,60 @@
+"""Placements: budgets respected, homes contiguous, filling orders, and the error for budgets nothing fits in."""
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import BudgetError
+from planner.hardware import GiB, MiB, from_gpu_sizes
+from planner.memory import estimate
+from planner.plan import Knobs
+from planner.presets import load_preset
+from planner.propose import Budget, best_plans, layer_order, propose, split_homes
+
+
+def test_split_homes_contiguous_and_proportional():
+    assert split_homes(6, 0, ["CUDA0"]) == ["CPU"] * 6
+    assert split_homes(6, 4, ["CUDA0"]) == ["CPU", "CPU"] + ["CUDA0"] * 4
+    assert split_homes(8, 8, ["CUDA0", "CUDA1"], [3.0, 1.0]) == ["CUDA0"] * 6 + ["CUDA1"] * 2
+
+
+def test_layer_orders():
+    layers = list(range(8))
+    assert layer_order(layers, "first") == layers
+    assert layer_order(layers, "last") == layers[::-1]
+    spread = layer_order(layers, "spread")
+    assert sorted(spread) == layers and spread[:2] == [0, 4]
+
+
+@pytest.mark.parametrize("preset,gpus", [("Qwen3-30B-A3B", "16GiB"), ("DeepSeek-V3", "24GiB"),
+                                         ("GLM-4.5-Air", "24GiB,16GiB"), ("gpt-oss-120b", "12GiB")])
+def test_every_proposal_fits_and_places_every_tensor(preset, gpus):
+    inv = load_preset(preset).inventory()
+    hw = from_gpu_sizes(gpus)
+    budget = Budget.from_hardware(hw)
+    plans = propose(inv, hw, Knobs(n_ctx=8192))
+    assert plans
+    names = {t.name for t in inv.allocated()}
+    for p in plans:
+        assert set(p.assignment) == names
+        assert p.assignment["token_embd.weight"] == "CPU"
+        assert budget.fits(estimate(inv, p, hw)), p.label
+        homes = [p.assignment[f"blk.{i}.attn_norm.weight"] for i in range(inv.n_layer - inv.hparams.n_nextn)]
+        first_gpu = next((i for i, h in enumerate(homes) if h != "CPU"), len(homes))
+        assert all(h == "CPU" for h in homes[:first_gpu]) and all(h != "CPU" for h in homes[first_gpu:])
+
+
+def test_filling_uses_the_budget_and_beats_experts_on_cpu():
+    inv = load_preset("Qwen3-30B-A3B").inventory()
+    hw = from_gpu_sizes("16GiB")
+    ranked = best_plans(inv, hw, Knobs(n_ctx=8192))
+    best = ranked[0]
+    used = estimate(inv, best.plan, hw).devices["CUDA0"].total
+    assert 14 * GiB < used <= 16 * GiB - 512 * MiB
+    cpu_only_experts = next(s for s in ranked if s.plan.label == "experts-cpu")
+    assert best.tg_tps > cpu_only_experts.tg_tps
+
+
+def test_budget_nothing_fits_in_raises():
+    inv = load_preset("Qwen3-30B-A3B").inventory()
+    with pytest.raises(BudgetError, match="nothing fits on the GPU"):
+        propose(inv, from_gpu_sizes("700MiB"), Knobs(n_ctx=8192))
