@@ -44,6 +44,7 @@ MAX_TYPE_ID = 1 << 16           # ggml: < GGML_TYPE_COUNT (43); ik: < 400. Unkno
 MAX_ALIGNMENT = 1 << 30
 MAX_SHARDS = 4096
 MAX_ELEMENTS = (1 << 63) - 1    # ggml: the element count must fit in int64
+MAX_MESSAGE = 300               # characters of an error message (file-supplied names are quoted, cut short)
 
 # GGUF value types (gguf.cpp enum gguf_type): id -> (struct format, size) for fixed-size scalars.
 _SCALARS: dict[int, tuple[str, int]] = {
@@ -163,7 +164,9 @@ class _Cursor:
         self.buf, self.size, self.path, self.pos = buf, size, path, 0
 
     def error(self, msg: str) -> GGUFError:
-        return GGUFError(f"{self.path}: {msg}")
+        # one line of reasonable length, whatever names and keys the file holds
+        msg = msg if len(msg) <= MAX_MESSAGE else msg[:MAX_MESSAGE] + "..."
+        return GGUFError(f"{self.path}: {msg}".replace("\n", "\\n"))
 
     def need(self, n: int, what: str) -> None:
         if n > self.size - self.pos:

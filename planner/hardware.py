@@ -120,7 +120,7 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
             return HardwareProfile.from_dict(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"cannot read hardware profile {name_or_path}: {e}") from e
-    res = resources.files("planner").joinpath("hardware_presets", f"{name_or_path}.json")
+    res = resources.files("planner").joinpath(f"hardware_presets/{name_or_path}.json")
     if not res.is_file():
         raise InputError(f"unknown hardware preset {name_or_path!r}; known: {', '.join(preset_names())}")
     return HardwareProfile.from_dict(json.loads(res.read_text()))

@@ -64,7 +64,7 @@ class Tensor:
 class Hparams:
     """What the memory and cost models need. Per-layer facts are tuples of length n_layer."""
     arch: str
-    n_layer: int                 # blocks llama.cpp allocates (NextN/MTP blocks excluded)
+    n_layer: int                 # block_count, as llama.cpp's n_layer_all: NextN/MTP blocks included (-ngl counts them)
     n_embd: int
     n_vocab: int
     n_head: int
@@ -83,7 +83,7 @@ class Hparams:
     n_swa: int = 0
     mla_kv_lora_rank: int = 0    # > 0: MLA; the KV cache holds kv_lora_rank + n_rot per token (K only)
     n_rot: int = 0
-    n_nextn: int = 0             # NextN/MTP blocks after n_layer (not allocated)
+    n_nextn: int = 0             # the last n_nextn blocks are NextN/MTP: in the file, never allocated
 
     @property
     def is_moe(self) -> bool:

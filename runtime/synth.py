@@ -94,9 +94,6 @@ class _RandomData:
             blocks[:, offset] = exponent + self.rng.integers(-1, 2, len(blocks))
         return blocks.tobytes()
 
-    def unit(self, ggml_type: str) -> int:
-        return BY_NAME[ggml_type].block_bytes
-
     def write(self, out: BinaryIO, name: str, shape: tuple[int, ...], ggml_type: str, nbytes: int) -> None:
         if name.endswith(".bias"):
             _write_zeros(out, nbytes)          # biases 0: the model starts as a plain (bias-free) one
@@ -105,7 +102,7 @@ class _RandomData:
             base = 1.0 if "norm" in name else 0.0
             out.write(_floats(base + self.rng.normal(0.0, WEIGHT_STD, shape[0]).astype(np.float32), ggml_type))
         else:
-            pool, unit = self.pool(ggml_type), self.unit(ggml_type)
+            pool, unit = self.pool(ggml_type), BY_NAME[ggml_type].block_bytes   # F32: 4 bytes, Q8_0: 34 ...
             pos = int(self.rng.integers(len(pool) // unit)) * unit
             left = nbytes
             while left:
@@ -116,7 +113,7 @@ class _RandomData:
 
 
 def _write_zeros(out: BinaryIO, n: int) -> None:
-    zeros = bytes(min(n, POOL_BYTES))
+    zeros = memoryview(bytes(min(n, POOL_BYTES)))
     while n:
         k = min(n, len(zeros))
         out.write(zeros[:k])
@@ -267,7 +264,7 @@ def _write_file(path: Path, meta: dict[str, Any], tensors: list[_Planned], data:
         offsets.append(offset)
         offset += t.padded
     header = encode_header(meta, ((t.name, t.shape, BY_NAME[t.ggml_type].id, o) for t, o in zip(tensors, offsets)))
-    with open(path, "wb", buffering=0) as out:
+    with open(path, "wb") as out:             # buffered: write() always takes every byte
         out.write(header)
         if sparse:
             out.truncate(len(header) + offset)
@@ -318,7 +315,7 @@ TINY: dict[str, dict[str, Any]] = {
                       head_dim_v=256, n_rot=32, q_lora_rank=256, kv_lora_rank=256, head_dim_k_mla=96,
                       head_dim_v_mla=64, features=("probs_b",)),
     "gpt-oss": dict(_MOE, n_swa=128),
-    "glm4moe": dict(_MOE, n_layer=3, dense_lead=1, n_nextn=1, n_expert_shared=1),
+    "glm4moe": dict(_MOE, n_layer=3, dense_lead=1, n_nextn=1, n_expert_shared=1, features=("probs_b",)),
     "llama4": dict(n_expert=4, n_expert_used=1, n_ff_exp=256, n_layer=4, moe_step=2, n_swa=8192),
 }
 
@@ -359,13 +356,12 @@ def tiny_spec(arch: str, **overrides: Any) -> ArchSpec:
 # ---- CLI ---------------------------------------------------------------------------------------------------
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
-    """`offload-tuner synth` flags (planner/cli.py adds them to its subparser and calls synth_main)."""
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--preset", metavar="NAME[:QUANT]", help="a well-known model (see `offload-tuner inspect`)")
-    what.add_argument("--arch", help=f"with --tiny: one of {', '.join(TINY)}")
+    """`offload-tuner synth` flags, for callers that want them as synth_main reads them."""
+    parser.add_argument("--preset", metavar="NAME[:QUANT]", help="a well-known model, full size")
+    parser.add_argument("--arch", help=f"with --tiny: one of {', '.join(TINY)}")
     parser.add_argument("--tiny", action="store_true", help="a few-MB model of --arch (for tests)")
-    parser.add_argument("--quant", default="Q8_0", help="with --tiny: ggml type of the 2-D weights (default Q8_0)")
-    parser.add_argument("--out", required=True, type=Path, help="output .gguf (shards get -0000i-of-0000K)")
+    parser.add_argument("--quant", help="with --tiny: ggml type of the matrices (default Q8_0)")
+    parser.add_argument("--out", required=True, help="output .gguf (shards get -0000i-of-0000K)")
     parser.add_argument("--sparse", action="store_true", help="headers only, files truncated to full size")
     parser.add_argument("--split-max", metavar="SIZE", help="split into shards of at most SIZE (e.g. 50GiB)")
     parser.add_argument("--seed", type=int, default=0)
@@ -373,26 +369,34 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true")
 
 
-def synth_main(args: argparse.Namespace) -> int:
-    """Write the model args describe; print the paths written (stdout). InputError on bad arguments."""
+def _model_from_args(args: argparse.Namespace) -> tuple[ArchSpec, TypeOf, str, bool]:
+    """(spec, type_of, name, tied_output) for --preset NAME[:QUANT] or --arch ARCH --tiny [--quant T]."""
+    quant = getattr(args, "quant", None)
+    if args.preset and args.arch:
+        raise InputError("give either --preset NAME[:QUANT] or --arch ARCH --tiny, not both")
     if args.preset:
+        if quant:
+            raise InputError("--quant is for --tiny models; a preset takes its quant as --preset NAME:QUANT")
         from planner.presets import load_preset
         preset = load_preset(args.preset)
-        spec, type_of, name = preset.spec, preset.type_of, preset.name
-        tied = args.tied_output or preset.tied_output
-    else:
-        if not args.tiny:
-            raise InputError("--arch needs --tiny (full-size models come from --preset NAME[:QUANT])")
-        require_arch(args.arch)
-        spec, type_of = tiny_spec(args.arch), uniform_recipe(args.quant)
-        name, tied = f"tiny-{args.arch}-{args.quant}", args.tied_output
+        return preset.spec, preset.type_of, preset.name, args.tied_output or preset.tied_output
+    if not args.arch or not args.tiny:
+        raise InputError("synth needs --preset NAME[:QUANT], or --arch ARCH --tiny for a small test model")
+    require_arch(args.arch)
+    quant = quant or "Q8_0"
+    return tiny_spec(args.arch), uniform_recipe(quant), f"tiny-{args.arch}-{quant}", args.tied_output
+
+
+def synth_main(args: argparse.Namespace) -> int:
+    """Write the model args describe; print the paths written (stdout). InputError on bad arguments."""
+    spec, type_of, name, tied = _model_from_args(args)
     split_max = None
     if args.split_max is not None:
         from planner.hardware import parse_size
         split_max = parse_size(args.split_max)
     total = sum(t.padded for t in _plan(spec, type_of, tied))
     from tqdm import tqdm
-    quiet = getattr(args, "quiet", False) or not sys.stderr.isatty() or args.sparse
+    quiet = getattr(args, "quiet", False) or args.sparse or not sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="synth", disable=quiet) as bar:
         paths = write_gguf(args.out, spec, type_of, tied_output=tied, sparse=args.sparse, seed=args.seed,
                            split_max_bytes=split_max, name=name, progress=bar.update)

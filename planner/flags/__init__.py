@@ -1,0 +1,109 @@
+"""llama.cpp / ik_llama.cpp command lines <-> Plans.
+
+    render(plan, inv, tool="server") -> RenderedCommand     argv (no program) + env; .shell() for a paste-ready line
+    render_shell(plan, inv, tool="server") -> str            env prefix, program, shell-quoted argv
+    parse(args, inv, dialect) -> ParsedCommand               assignment, Knobs, warnings, raw overrides, ...
+    assign(inv, n_gpu_layers, overrides, dialect, ...)       the matcher alone
+
+A rendered command always parses back to the plan's exact assignment (render verifies it and raises FlagError
+otherwise). Layout: common (regex dialect, matcher, -ngl slots, compaction), placement (plan -> -ngl/-ts/-ot),
+cmdline (table-driven argv in/out), mainline and ik (the tables and the op-offload knobs of each dialect).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ..errors import FlagError
+from ..model import ModelInventory
+from ..plan import DIALECTS, Knobs, Plan
+from . import ik, mainline
+from .cmdline import (
+    TOOLS, WARNINGS, DialectSpec, ParsedCommand, RenderedCommand, env_events, interpret, render_plan,
+    split_command, tool_of_binary, walk,
+)
+from .cmdline import knob_fields as _knob_fields
+from .common import Override, assign, compile_pattern, int_set_regex, slot_devices
+from .placement import home_devices
+
+__all__ = [
+    "render", "render_shell", "parse", "assign", "home_devices", "knob_fields", "effective_min_batch",
+    "RenderedCommand", "ParsedCommand", "Override", "WARNINGS", "SPECS", "int_set_regex", "compile_pattern",
+    "slot_devices",
+]
+
+SPECS: dict[str, DialectSpec] = {"mainline": mainline.SPEC, "ik": ik.SPEC}
+
+
+def _spec(dialect: str) -> DialectSpec:
+    if dialect not in SPECS:
+        raise FlagError(f"unknown dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
+    return SPECS[dialect]
+
+
+def render(plan: Plan, inv: ModelInventory, tool: str = "server", *, ik_op_table: str = "2025-08",
+           workload: Any = None, model_path: str | None = None) -> RenderedCommand:
+    """Flags for `plan` in its dialect, for llama-server ("server"), llama-cli ("cli") or llama-bench ("bench").
+
+    `workload` (llama-bench only; anything with n_prompt, n_gen and optionally depth, repetitions) gives -p/-n/-d/-r;
+    `model_path` adds -m. Raises FlagError for a plan the dialect cannot express (naming the knob), and when the
+    rendered flags would not reproduce the plan exactly.
+    """
+    spec = _spec(plan.dialect)
+    if tool not in TOOLS:
+        raise FlagError(f"unknown tool {tool!r}; expected one of {', '.join(TOOLS)}")
+    opts = {"ik_op_table": ik_op_table}
+    return render_plan(plan, inv, spec, tool, opts=opts, workload=workload, model_path=model_path,
+                       parse_back=lambda rc: parse(rc, inv, plan.dialect, tool=tool, ik_op_table=ik_op_table))
+
+
+def render_shell(plan: Plan, inv: ModelInventory, tool: str = "server", *, binary: str | None = None,
+                 **kw: Any) -> str:
+    """One shell line: environment assignments (e.g. GGML_OP_OFFLOAD_MIN_BATCH=64), the program, quoted argv.
+
+    `binary` defaults to the tool's program name (llama-server, llama-cli, llama-bench); "" leaves it out.
+    """
+    return render(plan, inv, tool, **kw).shell(binary)
+
+
+def parse(args: Sequence[str] | str | RenderedCommand, inv: ModelInventory, dialect: str, *,
+          tool: str | None = None, n_gpus: int | None = None, ik_op_table: str = "2025-08") -> ParsedCommand:
+    """Read a command line as pasted (a string, with or without env assignments and the program) or an argv list.
+
+    The tool comes from `tool`, else the program name, else "server". `n_gpus` (else inferred from -ts, -ot,
+    -dev and CUDA_VISIBLE_DEVICES) bounds the valid CUDAn names. Raises FlagError for what llama.cpp would reject.
+    """
+    spec = _spec(dialect)
+    env, binary, argv = split_command(args)
+    if tool is None:
+        if isinstance(args, RenderedCommand):
+            tool = args.tool
+        elif binary is not None:
+            tool = tool_of_binary(binary)
+        else:
+            tool = "server"
+    if tool not in spec.tools:
+        raise FlagError(f"unknown tool {tool!r}; expected one of {', '.join(spec.tools)}")
+    table = spec.tools[tool]
+    warnings: list[str] = []
+    events = env_events(env, table, warnings) + walk(argv, table, warnings)
+    return interpret(events, env, inv, spec, table, warnings, n_gpus, {"ik_op_table": ik_op_table})
+
+
+def knob_fields(dialect: str, tool: str) -> frozenset[str]:
+    """Knobs fields a command line of this dialect and tool can set (the rest stay at their defaults)."""
+    spec = _spec(dialect)
+    return _knob_fields(spec, tool) - spec.tools[tool].ignored_knobs
+
+
+def effective_min_batch(knobs: Knobs, op_class: str, dialect: str, inv: ModelInventory) -> int:
+    """Batch from which an op of `op_class` on a RAM-resident weight runs on the GPU.
+
+    mainline: the op rule's min_batch. ik: the same for dense ops; MoE ops (moe_matmul, moe_fused_up_gate) need
+    min_batch * n_expert / n_expert_used (reference section 4: DeepSeek-V3 1024 at the default 32).
+    """
+    mb = knobs.offload.rule(op_class).min_batch
+    if dialect == "ik" and op_class in ("moe_matmul", "moe_fused_up_gate"):
+        hp = inv.hparams
+        return ik.moe_offload_threshold(mb, hp.n_expert, hp.n_expert_used)
+    return mb
+

@@ -1,0 +1,314 @@
+"""ik_llama.cpp: flag tables for its server/cli (one common parser) and its llama-bench, and its op offload.
+
+Source: ../shared/reference/llamacpp.md sections 2-4 and 8 (we have no ik source here). Spellings follow the
+reference; where it is silent, the ik common.cpp / llama-bench.cpp parsers of 2026 (gpt_params_find_arg) as
+published. Unknown flags are warnings, not errors, since ik adds flags often.
+- -ngl N: the last N blocks; the output layer only when N > n_layer (slot rule "last_blocks").
+- -ot entries first, then the -ncmoe/-cmoe overrides (-cmoe = -ncmoe with every MoE layer). Since ik PR #2262
+  (Aug 2026) the server's -ncmoe N takes the LAST N MoE layers; ik's llama-bench --n-cpu-moe the first N.
+- -op OP,0|1[,OP,0|1...] with OP a ggml_op enum value that moved between versions (OP_TABLES); -1 = all ops.
+- MUL_MAT_ID / MOE_FUSED_UP_GATE offload only when ubatch >= offload-batch-size * n_expert / n_expert_used;
+  -cuda offload-batch-size=N changes the base (default 32).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from ..errors import FlagError
+from ..model import ModelInventory
+from ..plan import DEFAULT_MIN_BATCH, KV_TYPES, OP_CLASSES, Knobs, OffloadPolicy, OpRule
+from .cmdline import DialectSpec, Event, Flag, MoeRule, ToolTable
+
+# ggml_op enum values per ik version (reference section 4). Read the installed build's ggml.h (or the log line
+# "Setting offload policy for op ...") to know which table applies.
+OP_TABLES: dict[str, dict[str, int]] = {
+    "2025-05": {"MUL_MAT": 26, "MUL_MAT_ID": 27, "MOE_FUSED_UP_GATE": 29},                      # PR #405 era
+    "2025-08": {"MUL_MAT": 27, "MUL_MAT_ID": 28, "FUSED_UP_GATE": 30, "MOE_FUSED_UP_GATE": 31},  # since Aug 2025
+}
+# Our op classes -> the ggml ops they cover (the output matmul is a MUL_MAT like any dense one).
+CLASS_OPS: dict[str, tuple[str, ...]] = {
+    "dense_matmul": ("MUL_MAT", "FUSED_UP_GATE"), "moe_matmul": ("MUL_MAT_ID",),
+    "moe_fused_up_gate": ("MOE_FUSED_UP_GATE",), "output": ("MUL_MAT",),
+}
+MOE_OPS = frozenset({"MUL_MAT_ID", "MOE_FUSED_UP_GATE"})
+CUDA_MIN_BATCH_KEY = "offload-batch-size"
+
+_FA = {"auto": True, "1": True, "on": True, "off": False, "0": False}   # case-insensitive
+_B01 = {"0": False, "1": True}
+_B01_INV = {"0": True, "1": False}
+_SM = ("none", "layer", "attn", "graph")
+
+_SERVER_FLAGS: tuple[Flag, ...] = (
+    Flag("model", ("-m", "--model"), env="LLAMA_ARG_MODEL"),
+    Flag("ngl", ("-ngl", "--gpu-layers", "--n-gpu-layers"), "int", env="LLAMA_ARG_N_GPU_LAYERS"),
+    Flag("ts", ("-ts", "--tensor-split")),
+    Flag("sm", ("-sm", "--split-mode"), "choice", choices={m: m for m in _SM}, render_as={m: m for m in _SM}),
+    Flag("mg", ("-mg", "--main-gpu"), "int"),
+    Flag("dev", ("-dev", "--device")),
+    Flag("ot", ("-ot", "--override-tensor")),
+    Flag("cmoe", ("-cmoe", "--cpu-moe"), "switch"),
+    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int"),
+    Flag("fit", ("--fit",), "switch"),
+    Flag("ctx", ("-c", "--ctx-size"), "int", env="LLAMA_ARG_CTX_SIZE"),
+    Flag("np", ("-np", "--parallel"), "int", env="LLAMA_ARG_N_PARALLEL"),
+    Flag("batch", ("-b", "--batch-size"), "int", env="LLAMA_ARG_BATCH"),
+    Flag("ubatch", ("-ub", "--ubatch-size"), "int", env="LLAMA_ARG_UBATCH"),
+    Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "on", False: "off"}, icase=True),
+    Flag("fa", ("-no-fa", "--no-flash-attn"), "switch", const=False),
+    Flag("ctk", ("-ctk", "--cache-type-k"), env="LLAMA_ARG_CACHE_TYPE_K"),
+    Flag("ctv", ("-ctv", "--cache-type-v"), env="LLAMA_ARG_CACHE_TYPE_V"),
+    Flag("threads", ("-t", "--threads"), "int", env="LLAMA_ARG_THREADS"),
+    Flag("kv_offload", ("-nkvo", "--no-kv-offload"), "switch", const=False),
+    Flag("mmap", ("--no-mmap",), "switch", const=False),
+    Flag("mla", ("-mla", "--mla-use"), "int"),
+    Flag("amb", ("-amb", "--attention-max-batch"), "int"),
+    Flag("fmoe", ("-no-fmoe", "--no-fused-moe"), "switch", const=False),
+    Flag("rtr", ("-rtr", "--run-time-repack"), "switch", const=True),
+    Flag("op", ("-op", "--offload-policy")),
+    Flag("ooae", ("-no-ooae", "--no-offload-only-active-experts"), "switch", const=False),
+    Flag("cuda", ("-cuda", "--cuda-params")),
+)
+
+# Other ik server/cli options (gpt_params_find_arg) -> number of values.
+_SERVER_KNOWN: dict[str, int] = {
+    **{s: 0 for s in (
+        "-e", "--escape", "--no-escape", "--prompt-cache-all", "--prompt-cache-ro", "--adaptive-updt-w-cur",
+        "--spec-autotune", "--lora-init-without-apply", "--no-mmproj-offload", "-i", "--interactive", "-sp",
+        "--special", "--embedding", "--embeddings", "-if", "--interactive-first", "-cnv", "--conversation",
+        "--infill", "-dkvc", "--dump-kv-cache", "-mli", "--multiline-input", "--simple-io", "-cb",
+        "--cont-batching", "-nocb", "--no-cont-batching", "-ger", "--grouped-expert-routing", "-no-fug",
+        "--no-fused-up-gate", "-no-mmad", "--no-fused-mul-multiadd", "-rcache", "--rope-cache", "-gr",
+        "--graph-reuse", "-no-gr", "--no-graph-reuse", "-co", "--color", "--mlock", "--defer-experts", "-thp",
+        "--transparent-huge-pages", "-vq", "--validate-quants", "-mqkv", "--merge-qkv", "-muge",
+        "--merge-up-gate-experts", "-khad", "--k-cache-hadamard", "-vhad", "--v-cache-hadamard", "-smgs",
+        "--split-mode-graph-scheduling", "-sas", "--scheduler-async", "-smf16", "--split-mode-f16", "-smf32",
+        "--split-mode-f32", "-v", "--verbose", "--verbose-prompt", "--no-display-prompt", "--check-tensors",
+        "--hellaswag", "--winogrande", "--multiple-choice", "--kl-divergence", "--ignore-eos", "--penalize-nl",
+        "-h", "--help", "--usage", "--version", "--dry-run", "-dr", "--in-prefix-bos", "--spm-infill",
+        "--send-done", "--webui-mcp-proxy", "--ui-mcp-proxy", "--no-slots", "--metrics", "--jinja", "--peg",
+        "--parallel-tool-calls", "-pps", "--no-context-shift", "--process-output", "--no-ppl", "--no-warmup",
+        "--warmup-batch", "-wb", "--minilog", "--perplexity", "--all-logits", "--log-disable", "--log-enable",
+        "--log-new", "--log-append")},
+    **{s: 1 for s in (
+        "-s", "--seed", "-tb", "--threads-batch", "-tm", "--threads-mtmd", "-td", "--threads-draft", "-tbd",
+        "--threads-batch-draft", "-p", "--prompt", "--prompt-cache", "-bf", "--binary-file", "-f", "--file",
+        "--in-file", "-n", "--predict", "--n-predict", "--top-k", "-cd", "--ctx-size-draft", "--grp-attn-n",
+        "-gan", "--grp-attn-w", "-gaw", "--rope-freq-base", "--rope-freq-scale", "--rope-scaling", "--rope-scale",
+        "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-fast", "--yarn-beta-slow",
+        "--pooling", "--attention", "--defrag-thold", "-dt", "--max-extra-alloc", "-mea", "-nrep",
+        "--n-repetitions", "--samplers", "--sampling-seq", "--top-p", "--min-p", "--temp", "--tfs", "--typical",
+        "--repeat-last-n", "--repeat-penalty", "--frequency-penalty", "--presence-penalty", "--dynatemp-range",
+        "--dynatemp-exp", "--mirostat", "--mirostat-lr", "--mirostat-ent", "--xtc-probability",
+        "--xtc-threshold", "--top-n-sigma", "--dry-multiplier", "--dry-base", "--dry-allowed-length",
+        "--dry-penalty-last-n", "--dry-sequence-breaker", "--adaptive-target", "--adaptive-decay",
+        "--cfg-negative-prompt", "--cfg-negative-prompt-file", "--cfg-scale", "--keep", "--recurrent-ckpt-mode",
+        "--chunks", "-ns", "--sequences", "--p-split", "-ps", "-md", "--model-draft", "--spec-type", "-a",
+        "--alias", "-mu", "--model-url", "-hft", "--hf-token", "-hfr", "--hf-repo", "-hff", "--hf-file",
+        "--lora", "--control-vector", "--mmproj", "--mmproj-url", "--mtmd-kq-type", "--image", "--audio",
+        "--image-min-tokens", "--image-max-tokens", "--embd-normalize", "--embd-output-format",
+        "--embd-separator", "-ctk-first", "--cache-type-k-first", "-ctk-last", "--cache-type-k-last",
+        "-ctv-first", "--cache-type-v-first", "-ctv-last", "--cache-type-v-last",
+        "--mtp-requantize-output-tensor", "-mtprot", "-ctkd", "--cache-type-k-draft", "-ctvd",
+        "--cache-type-v-draft", "-ser", "--smart-expert-reduction", "-ngld", "--gpu-layers-draft",
+        "--n-gpu-layers-draft", "--max-gpu", "--rpc", "--override-kv", "--gpu-fit-margin", "-gfm", "-draft",
+        "--draft-params", "--fit-margin", "-wgt", "--worst-graph-tokens", "-fdn", "--fused-delta-net", "-grt",
+        "--graph-reduce-type", "-gap", "--graph-attn-precision", "--numa", "-devd", "--device-draft",
+        "--verbosity", "-r", "--reverse-prompt", "--banned-string-file", "--banned-n",
+        "--allowlist-unicode-rule", "--allowlist-pieces", "--allowlist-keyword", "--allowlist-keyword-delay",
+        "--expiring-logit-bias-file", "-ld", "--logdir", "-lcs", "--lookup-cache-static", "-lcd",
+        "--lookup-cache-dynamic", "--save-all-logits", "--kl-divergence-base", "--ppl-stride",
+        "--ppl-output-type", "-ptc", "--print-token-count", "--hellaswag-tasks", "--winogrande-tasks",
+        "--multiple-choice-tasks", "-l", "--logit-bias", "--in-prefix", "--in-suffix", "--grammar",
+        "--grammar-file", "-j", "--json-schema", "--host", "--port", "--path", "--webui", "--api-key",
+        "--api-key-file", "--ssl-key-file", "--ssl-cert-file", "--timeout", "-to", "--threads-http", "-spf",
+        "--system-prompt-file", "--log-format", "--slot-save-path", "--reasoning-tokens", "--reasoning-budget",
+        "--sql-save-file", "--sqlite-zstd-ext-file", "--chat-template", "--chat-template-file",
+        "--chat-template-kwargs", "--reasoning-format", "-rea", "--reasoning", "--reasoning-budget-message",
+        "--skip-chat-parsing", "--no-prefill-assistant", "--slot-prompt-similarity", "-sps", "-npp", "-ntg",
+        "-npl", "--context-file", "--chunk-size", "--chunk-separator", "--junk", "--context-shift",
+        "--ctx-checkpoints", "--ctx-checkpoints-interval", "--ctx-checkpoints-tolerance", "-cram", "--cache-ram",
+        "-crs", "--cache-ram-similarity", "-cram-n-min", "--cache-ram-n-min", "--pos", "-o", "--output",
+        "--output-file", "--output-draft", "--draft-output", "--draft-output-file", "-ofreq",
+        "--output-frequency", "--save-frequency", "--output-tensor-name", "--chunk", "--from-chunk",
+        "--positive-file", "--negative-file", "--pca-batch", "--pca-iter", "--method", "--output-format",
+        "--log-file")},
+    **{s: 2 for s in ("--spec-replace", "--lora-scaled", "--control-vector-scaled", "--control-vector-layer-range")},
+}
+
+_BENCH_FLAGS: tuple[Flag, ...] = (
+    Flag("model", ("-m", "--model"), sweep=True),
+    Flag("n_prompt", ("-p", "--n-prompt"), "int", sweep=True),
+    Flag("n_gen", ("-n", "--n-gen"), "int", sweep=True),
+    Flag("batch", ("-b", "--batch-size"), "int", sweep=True),
+    Flag("ubatch", ("-ub", "--ubatch-size"), "int", sweep=True),
+    Flag("ctk", ("-ctk", "--cache-type-k"), sweep=True),
+    Flag("ctv", ("-ctv", "--cache-type-v"), sweep=True),
+    Flag("threads", ("-t", "--threads"), "int", sweep=True),
+    Flag("ngl", ("-ngl", "--n-gpu-layers"), "int", sweep=True),
+    Flag("sm", ("-sm", "--split-mode"), "choice", choices={m: m for m in ("none", "layer", "graph")},
+         render_as={m: m for m in ("none", "layer", "graph")}, sweep=True),
+    Flag("mg", ("-mg", "--main-gpu"), "int", sweep=True),
+    Flag("kv_offload", ("-nkvo", "--no-kv-offload"), "choice", choices=_B01_INV, render_as={True: "0", False: "1"},
+         sweep=True),
+    Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_B01, render_as={True: "1", False: "0"}, sweep=True),
+    Flag("mla", ("-mla", "--mla-attn"), "int", sweep=True),
+    Flag("amb", ("-amb", "--attn-max-batch"), "int", sweep=True),
+    Flag("mmap", ("-mmp", "--mmap"), "choice", choices=_B01, render_as={True: "1", False: "0"}, sweep=True),
+    Flag("ts", ("-ts", "--tensor-split")),
+    Flag("reps", ("-r", "--repetitions"), "int"),
+    Flag("rtr", ("-rtr", "--run-time-repack"), "choice",
+         choices={"1": True, "on": True, "auto": True, "0": False, "off": False}, render_as={True: "1", False: "0"},
+         icase=True),
+    Flag("cuda", ("-cuda", "--cuda-params")),
+    Flag("fmoe", ("-fmoe", "--fused-moe"), "choice", choices=_B01, render_as={True: "1", False: "0"}),
+    Flag("ooae", ("-no-ooae", "--no-offload-only-active-experts"), "choice", choices=_B01_INV,
+         render_as={True: "0", False: "1"}),
+    Flag("ot", ("-ot", "--override-tensor")),
+    Flag("ncmoe", ("--n-cpu-moe",), "int"),
+    Flag("fit", ("--fit",), "choice", choices=_B01, render_as={True: "1", False: "0"}),
+)
+_BENCH_KNOWN: dict[str, int] = {
+    **{s: 0 for s in ("-h", "--help", "-v", "--verbose", "--defer-experts")},
+    **{s: 1 for s in ("-pg", "-gp", "-tgb", "--threads-gen-batch", "-rpc", "--rpc", "--numa", "-gr",
+                      "--graph-reuse", "-ser", "--smart-expert-reduction", "-embd", "--embeddings", "-o",
+                      "--output", "-oe", "--output-err", "-w", "--warmup", "-mqkv", "--merge-qkv", "-muge",
+                      "--merge-up-gate-exps", "-sas", "--scheduler-async", "--fit-margin", "--max-gpu", "-rcache",
+                      "--rope-cache", "-thp", "--transparent-huge-pages", "-ger", "--grouped-expert-routing",
+                      "-no-fug", "--no-fused-up-gate", "--print-overrides")},
+}
+
+# The server's -ncmoe regex per layer (ik common.cpp); llama-bench's (ik llama-bench.cpp add_cpu_buft_overrides).
+_SERVER_MOE = MoeRule(ncmoe_template="blk\\.{i}\\.(ffn_(up|down|gate|gate_up)_exps\\.weight)", cmoe_pattern=None,
+                      order="last_moe_layers", placement="after_user", accumulate=False)
+_BENCH_MOE = MoeRule(ncmoe_template="blk\\.{i}\\.(ffn_(up|down|gate)_exps\\.weight)", cmoe_pattern=None,
+                     order="first_layers", placement="after_user", accumulate=True)
+
+_SERVER_DEFAULTS: dict[str, Any] = {
+    "ngl": 0, "ctx": None, "np": 1, "batch": 2048, "ubatch": 512, "fa": True, "ctk": "f16", "ctv": "f16",
+    "threads": 0, "kv_offload": True, "mmap": True, "mla": 3, "amb": 256, "fmoe": True, "rtr": False, "ooae": True,
+}
+_BENCH_DEFAULTS: dict[str, Any] = {
+    "ngl": 999, "batch": 2048, "ubatch": 512, "fa": True, "ctk": "f16", "ctv": "f16", "threads": 0,
+    "kv_offload": True, "mmap": True, "mla": 3, "amb": 0, "fmoe": True, "rtr": False, "ooae": True,
+    "n_prompt": 512, "n_gen": 128, "reps": 5,
+}
+
+
+def _table(tool: str) -> ToolTable:
+    if tool == "bench":
+        return ToolTable(
+            dialect="ik", tool="bench", binary="llama-bench", flags=_BENCH_FLAGS, known=_BENCH_KNOWN, strict=False,
+            ot_sep=",", ts_sep="/", ts_split=r"[;/]+", int_ranges=False, defaults=_BENCH_DEFAULTS,
+            always=frozenset({"ngl", "batch", "ubatch", "fa", "mla", "amb"}),
+            ignored_knobs=frozenset({"n_ctx", "n_seq", "swa_full"}),
+            kv_types=tuple(t for t in KV_TYPES if t != "f32"), moe=_BENCH_MOE)
+    return ToolTable(
+        dialect="ik", tool=tool, binary=f"llama-{tool}", flags=_SERVER_FLAGS, known=_SERVER_KNOWN, strict=False,
+        ot_sep=",", ts_sep=",", ts_split=r"[,/]+", int_ranges=False, defaults=_SERVER_DEFAULTS,
+        always=frozenset({"ngl", "ctx", "np", "batch", "ubatch", "fa", "mla", "amb"}), ignored_knobs=frozenset(),
+        kv_types=KV_TYPES, moe=_SERVER_MOE)
+
+
+TABLES: dict[str, ToolTable] = {tool: _table(tool) for tool in ("server", "cli", "bench")}
+
+
+def op_table(opts: Mapping[str, Any]) -> dict[str, int]:
+    name = opts.get("ik_op_table", "2025-08")
+    if name not in OP_TABLES:
+        raise FlagError(f"unknown ik op table {name!r}; known: {', '.join(OP_TABLES)}")
+    return OP_TABLES[name]
+
+
+def moe_offload_threshold(min_batch: int, n_expert: int, n_expert_used: int) -> int:
+    """ubatch from which ik offloads MUL_MAT_ID / MOE_FUSED_UP_GATE: min_batch * n_expert / n_expert_used."""
+    if n_expert <= 0 or n_expert_used <= 0:
+        return min_batch
+    return min_batch * n_expert // n_expert_used
+
+
+def render_policy(knobs: Knobs, table: ToolTable, inv: ModelInventory, opts: Mapping[str, Any]
+                  ) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+    pol = knobs.offload
+    ids = op_table(opts)
+    rules = {op: pol.rule(op) for op in OP_CLASSES}
+    if rules["output"].enabled != rules["dense_matmul"].enabled:
+        raise FlagError("ik cannot offload the output matmul differently from dense matmuls (both are MUL_MAT): "
+                        "knob offload.output.enabled must equal offload.dense_matmul.enabled")
+    batches = {r.min_batch for r in rules.values()}
+    if len(batches) > 1:
+        raise FlagError(f"ik has one offload base batch (-cuda {CUDA_MIN_BATCH_KEY}=N) for every op class; knob "
+                        f"offload.*.min_batch = {sorted(batches)} must be equal (ik scales it for MoE ops itself)")
+    settings: list[tuple[str, Any]] = []
+    off = sorted({ids[o] for op, r in rules.items() if not r.enabled for o in CLASS_OPS[op] if o in ids})
+    if off:
+        if "op" not in table.keys():
+            raise FlagError(f"ik {table.binary} has no -op: knob offload (some classes disabled) needs the server "
+                            "or llama-sweep-bench")
+        settings.append(("op", ",".join(f"{i},0" for i in off)))
+    mb = batches.pop()
+    if mb != DEFAULT_MIN_BATCH:
+        settings.append(("cuda", f"{CUDA_MIN_BATCH_KEY}={mb}"))
+    if not knobs.only_active_experts:
+        settings.append(("ooae", False))
+    return settings, {}
+
+
+def _pairs(text: str, spelling: str) -> list[tuple[int, int]]:
+    parts = text.split(",")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError as e:
+        raise FlagError(f"{spelling} {text!r}: expected OP,0|1[,OP,0|1...] with integer op ids") from e
+    if len(nums) < 2:
+        raise FlagError(f"{spelling} {text!r}: expected OP,0|1 pairs")
+    return [(nums[i], nums[i + 1]) for i in range(0, len(nums) - 1, 2)]
+
+
+def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[str, str], table: ToolTable,
+                 warnings: list[str], opts: Mapping[str, Any]) -> tuple[OffloadPolicy, bool]:
+    ids = op_table(opts)
+    name_of = {v: k for k, v in ids.items()}
+    enabled = {name: True for name in ids}
+    for e in events:
+        if e.key != "op":
+            continue
+        for op_id, val in _pairs(e.value, e.spelling):
+            if op_id == -1:
+                enabled = {name: bool(val) for name in enabled}
+            elif op_id in name_of:
+                enabled[name_of[op_id]] = bool(val)
+            else:
+                warnings.append(f"W018 {e.spelling}: op id {op_id} is not one of the ops we model in ik table "
+                                f"{opts.get('ik_op_table', '2025-08')} ({', '.join(f'{k}={v}' for k, v in ids.items())})")
+    if "FUSED_UP_GATE" in enabled and enabled["FUSED_UP_GATE"] != enabled["MUL_MAT"]:
+        warnings.append("W022 -op sets MUL_MAT and FUSED_UP_GATE differently; dense_matmul follows MUL_MAT")
+    mb = DEFAULT_MIN_BATCH
+    if "cuda" in settings:
+        for item in re.split(r"[,;]", str(settings["cuda"])):
+            key, _, val = item.partition("=")
+            if key.strip() == CUDA_MIN_BATCH_KEY:
+                try:
+                    mb = int(val)
+                except ValueError as e:
+                    raise FlagError(f"-cuda {settings['cuda']!r}: {CUDA_MIN_BATCH_KEY} must be an integer") from e
+    policy = OffloadPolicy(**{op: OpRule(enabled[CLASS_OPS[op][0]], mb) for op in OP_CLASSES})
+    return policy, bool(settings.get("ooae", True))
+
+
+SPEC = DialectSpec(name="ik", slot_rule="last_blocks", tools=TABLES, render_policy=render_policy,
+                   parse_policy=parse_policy)
+
+
+def render(plan, inv, tool: str = "server", **kw):
+    """ik_llama.cpp flags for `plan` (see planner.flags.render)."""
+    from dataclasses import replace
+
+    from . import render as _render
+    return _render(replace(plan, dialect="ik"), inv, tool, **kw)
+
+
+def parse(args, inv, **kw):
+    """Read an ik_llama.cpp command line (see planner.flags.parse)."""
+    from . import parse as _parse
+    return _parse(args, inv, "ik", **kw)

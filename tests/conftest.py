@@ -1,0 +1,35 @@
+"""Fixtures shared by every test folder: tiny synthetic GGUF files and the CPU llama.cpp build."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from runtime.synth import tiny_spec, uniform_recipe, write_gguf
+
+TinyGGUF = Callable[..., Path]
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path: Path) -> TinyGGUF:
+    """tiny_gguf(arch, quant="Q8_0", expert_quant=None, **write_gguf kwargs) -> path of the (first) file.
+
+    The model is runtime.synth.tiny_spec(arch) with runtime.synth.uniform_recipe(quant, expert_quant)."""
+    def make(arch: str, quant: str = "Q8_0", expert_quant: str | None = None, **kwargs: Any) -> Path:
+        out = tmp_path / f"tiny-{arch}-{quant}.gguf"
+        return write_gguf(out, tiny_spec(arch), uniform_recipe(quant, expert_quant), **kwargs)[0]
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_bench() -> Path:
+    """Path of the CPU llama-bench, built once per machine (minutes the first time). Skips only when the
+    machine cannot build it at all (no cmake or no C++ compiler); CI has both, so CI builds it."""
+    missing = [tool for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
+               if not any(shutil.which(n) for n in names)]
+    if missing:
+        pytest.skip(f"cannot build llama.cpp here: no {' and no '.join(missing)}")
+    from runtime.llamacpp_build import ensure_built
+    return ensure_built()["llama-bench"]
