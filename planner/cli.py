@@ -143,7 +143,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     runs: list[list[object]] = []
     for row in per_layer:
         desc = (fmt_bytes(row["bytes"]), fmt_bytes(row["expert_bytes"]), "nextn (not loaded)" if row["nextn"] else "")
-        if runs and runs[-1][3:] == list(desc) and runs[-1][1] == row["layer"] - 1:
+        if runs and runs[-1][2:] == list(desc) and runs[-1][1] == row["layer"] - 1:
             runs[-1][1] = row["layer"]
         else:
             runs.append([row["layer"], row["layer"], *desc])

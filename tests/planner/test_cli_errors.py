@@ -1,0 +1,94 @@
+"""Every bad-input path gives one clear line on stderr and exit code 2, never a traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+from runtime.synth import encode_header
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("offload-tuner: error: ")
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_not_a_gguf(tmp_path, capsys):
+    p = tmp_path / "model.gguf"
+    p.write_bytes(b"PK\x03\x04 this is a zip file, not a model" * 4)
+    code, _, err = run_cli(capsys, "inspect", str(p))
+    assert_one_line_error(code, err, "not a GGUF")
+
+
+def test_truncated_gguf(tiny_gguf, tmp_path, capsys):
+    good = tiny_gguf("qwen3moe").read_bytes()
+    for cut in (3, 20, 200, len(good) // 10):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(good[:cut])
+        code, _, err = run_cli(capsys, "inspect", str(p))
+        assert_one_line_error(code, err, str(p))
+
+
+def test_unknown_architecture(tmp_path, capsys):
+    p = tmp_path / "mamba.gguf"
+    p.write_bytes(encode_header({"general.architecture": "mamba", "mamba.block_count": 2}, []))
+    code, _, err = run_cli(capsys, "inspect", str(p))
+    assert_one_line_error(code, err, "unknown architecture 'mamba'", "qwen3moe")
+
+
+def test_missing_file_and_directory(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "inspect", str(tmp_path / "nope.gguf"))
+    assert_one_line_error(code, err, "no such model file")
+    code, _, err = run_cli(capsys, "inspect", str(tmp_path))
+    assert_one_line_error(code, err, "directory")
+
+
+@pytest.mark.parametrize("size", ["24 parsecs", "-3G", "lots"])
+def test_bad_size_string(size, capsys):
+    code, _, err = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B", f"--gpu={size}")
+    assert_one_line_error(code, err, "bad size", size)
+
+
+def test_budget_nothing_fits(capsys):
+    code, _, err = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B", "--gpu", "600MiB")
+    assert_one_line_error(code, err, "nothing fits")
+
+
+def test_unknown_preset(capsys):
+    code, _, err = run_cli(capsys, "inspect", "preset:Qwen9-1T")
+    assert_one_line_error(code, err, "unknown preset", "Qwen3-30B-A3B")
+
+
+def test_plan_without_hardware(capsys):
+    code, _, err = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B")
+    assert_one_line_error(code, err, "--gpu")
+
+
+def test_bad_argparse_usage_is_one_line(capsys):
+    code, _, err = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B", "--gpu", "24GiB", "--ctx", "many")
+    assert_one_line_error(code, err, "--ctx")
+    code, _, err = run_cli(capsys, "frobnicate")
+    assert_one_line_error(code, err, "frobnicate")
+
+
+def test_errors_through_the_real_console_script(tmp_path):
+    # the same path as a user: a separate process, stderr one line, exit 2
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"GGUF\x03\x00\x00\x00")
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", str(p)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
