@@ -65,14 +65,8 @@ def _model_path(model: str) -> str:
 
 def commands_for(plan: Plan, inv, model: str) -> dict[str, str]:
     """Ready-to-paste command lines per tool, shell-quoted, with -m and any environment prefix."""
-    from .flags import render
-    out = {}
-    for tool in TOOLS:
-        rendered = render(plan, inv, tool=tool)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(rendered.env.items()))
-        argv = [f"llama-{tool}", "-m", _model_path(model), *rendered.argv]
-        out[f"llama-{tool}"] = (env + " " if env else "") + shlex.join(argv)
-    return out
+    from .flags import render_shell
+    return {f"llama-{tool}": render_shell(plan, inv, tool, model_path=_model_path(model)) for tool in TOOLS}
 
 
 def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
@@ -229,7 +223,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print()
     _print_layers(inv, plan.assignment)
     print()
-    print(memory_table(mem))
+    print(memory_table(mem, {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}))
     print()
     print(f"predicted: PP {pred.pp_tps:.1f} t/s, TG {pred.tg_tps:.2f} t/s")
     for w in warnings:
@@ -299,19 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dialect", choices=DIALECTS, default="mainline")
     _add_hw(p, False)
     p.add_argument("--json", action="store_true")
-    p.add_argument("llama_args", nargs=argparse.REMAINDER, help="-- then the llama.cpp arguments")
+    p.epilog = "then -- and the llama.cpp arguments, e.g. explain MODEL -- -ngl 99 -cmoe"
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("synth", help="write a synthetic GGUF that llama.cpp loads")
-    p.add_argument("--preset", help="NAME[:QUANT] of a preset (full size)")
-    p.add_argument("--arch", help="architecture of a tiny model (with --tiny)")
-    p.add_argument("--tiny", action="store_true", help="a tiny model of --arch (MBs, for tests)")
-    p.add_argument("--quant", help="type for the tiny model's matrices (default Q8_0)")
-    p.add_argument("--out", required=True, help="output path (.gguf)")
-    p.add_argument("--sparse", action="store_true", help="header only, sparse file of the full logical size")
-    p.add_argument("--split-max", help="split into shards of at most this size, e.g. 50GiB")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tied-output", action="store_true", help="no output.weight (output tied to token_embd)")
+    from runtime.synth import add_synth_arguments   # cli.py is where planner and runtime meet
+    add_synth_arguments(p)
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("demo", help="the main job on the embedded default (no GPU or llama.cpp needed)")
@@ -322,9 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
-        if getattr(args, "llama_args", None) and args.llama_args[0] == "--":
-            args.llama_args = args.llama_args[1:]
+        # everything after the first "--" belongs to llama.cpp (explain), never to our own parser
+        cut = argv.index("--") if "--" in argv else len(argv)
+        args = build_parser().parse_args(argv[:cut])
+        args.llama_args = argv[cut + 1:]
         return args.func(args) or 0
     except InputError as e:
         print(f"offload-tuner: error: {e}", file=sys.stderr)

@@ -5,18 +5,26 @@ llama-kv-cache(-iswa).cpp of the vendored version. A layer's KV cache and activa
 *home* device: the device its -ngl slot gives it, which in a Plan is the device of `blk.N.attn_norm.weight`
 (flags/ never overrides a norm, so the two agree).
 
-Compute buffers are modelled as ggml-alloc's peak of live f32 activations per device, for the worst-case
-ubatch (what llama.cpp reserves at start-up), plus the graph inputs each device needs and, with op offload, the
-upload targets of RAM-resident weights. The per-phase live sets below are the ggml graph's tensors that are
-alive at once; the integration test (tests/planner/test_memory_llamacpp.py) holds them to llama.cpp's own
-numbers.
+Compute buffers are what ggml-alloc reserves per device for the worst-case graphs (sched_reserve): we rebuild
+llama.cpp's graph for the plan's ubatch (planner/llama_graph.py: every f32 activation, the graph inputs such as
+the KQ mask, positions and KV store indices, n_outputs = the effective ubatch for the output, the Hadamard
+copies of a quantized KV cache, the F16 mask of flash attention), let the scheduler's rules place each node
+(op offload of RAM-resident weights included: their copies land in the GPU's buffer), and replay the allocator
+(planner/ggml_graph.py). Summing live sets per phase is not enough: the allocator's best-fit free list leaves
+holes, and the high-water mark it reports is 0-40% above the largest live set on the tiny models of the
+integration test (tests/planner/test_memory_llamacpp.py), which holds weights, KV and compute to llama.cpp's
+own numbers. The graphs are mainline's; for the ik dialect they are an approximation.
 """
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
+from .ggml_graph import GT, Compiled, allocate_compiled
 from .ggml_types import by_name
 from .hardware import MiB, HardwareProfile
+from .llama_graph import TIED_OUTPUT, GraphParams, build_graph
 from .model import ModelInventory, Tensor
 from .plan import Knobs, Plan, device_sort_key
 
@@ -125,43 +133,17 @@ def kv_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
 
 
 # ---- compute buffers --------------------------------------------------------------------------------------------
+#
+# llama.cpp reserves each device's compute buffer by running ggml-alloc over the worst-case graphs (sched_reserve:
+# the prompt graph of n_ubatch tokens and n_ubatch outputs, the one-token graph; the buffer keeps the larger).
+# The buffer is the allocator's high-water mark, which its best-fit free list makes 0-40% larger than the largest
+# set of tensors alive at once, so we rebuild the graph (planner/llama_graph.py) and replay the allocator
+# (planner/ggml_graph.py) instead of summing live sets. The scheduler decides where each node runs
+# (ggml-backend.cpp ggml_backend_sched_split_graph, passes 1-5), replicated in _assign below.
 
-F32 = 4
-
-
-def _attn_live(inv: ModelInventory, il: int, T: int, n_kv: int, flash_attn: bool) -> int:
-    hp = inv.hparams
-    hkv = hp.n_head_kv[il] if il < len(hp.n_head_kv) else hp.n_head_kv[-1]
-    if hp.is_mla:
-        q = hp.n_head * (hp.mla_kv_lora_rank + hp.n_rot)        # absorbed q in latent space
-        kv = hp.mla_kv_lora_rank + hp.n_rot
-        o = hp.n_head * hp.mla_kv_lora_rank
-        width = 2 * hp.n_embd + 2 * q + kv + o
-    else:
-        width = 2 * hp.n_embd + hp.n_head * hp.head_dim_k + hkv * (hp.head_dim_k + hp.head_dim_v) \
-            + 2 * hp.n_head * hp.head_dim_v
-    kq = 0 if flash_attn else 2 * n_kv * T * hp.n_head * F32   # KQ and softmax(KQ)
-    return F32 * T * width + kq
-
-
-def _ffn_live(inv: ModelInventory, il: int, T: int) -> int:
-    hp = inv.hparams
-    E = hp.n_embd
-    if il < len(hp.moe_layers) and hp.moe_layers[il]:
-        A, X, Fe = hp.n_expert_used, hp.n_expert, hp.n_ff_exp
-        routed = 2 * X + A * (2 * Fe + E)           # router logits + probs; up, gate, down per chosen expert
-        shared = 2 * hp.n_ff_shexp + E if hp.n_ff_shexp else 0
-        return F32 * T * (3 * E + routed + shared)
-    return F32 * T * (3 * E + 3 * hp.n_ff)
-
-
-def _output_live(inv: ModelInventory, T: int) -> int:
-    return F32 * T * (2 * inv.hparams.n_embd + inv.hparams.n_vocab)
-
-
-def _mask_bytes(knobs: Knobs, T: int) -> int:
-    # KQ mask [n_kv, T] in f32 (f16 copy for flash attention adds half again)
-    return knobs.kv_size * T * (F32 + (2 if knobs.flash_attn else 0))
+ALIGNMENT = {"CPU": 32}       # ggml-impl.h TENSOR_ALIGNMENT (CPU and CUDA_Host buffers)
+GPU_ALIGNMENT = 128           # ggml-cuda.cu ggml_backend_cuda_buffer_type_get_alignment
+_VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 
 
 def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | None:
@@ -181,60 +163,269 @@ def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | 
     return rule.min_batch
 
 
-def _offloaded(inv: ModelInventory, tensor: Tensor, plan: Plan, T: int, has_gpu: bool = True) -> bool:
-    if not has_gpu:
-        return False
-    m = offload_min_batch(inv, plan, tensor)
-    return m is not None and T >= m
+def _op_batch(node: GT) -> int:
+    """ggml-cuda.cu get_op_batch_size: what the op-offload threshold compares with."""
+    if node.op == "GET_ROWS":
+        return 0
+    if node.op == "MUL_MAT":
+        return node.ne[1]
+    if node.op in ("MUL_MAT_ID", "ROPE"):
+        return node.ne[2]
+    return node.ne[1] * node.ne[2] * node.ne[3]
 
 
-def compute_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
-    """Per-device compute buffer for the worst-case ubatch; the CPU's is the max of PP and TG reservations."""
-    knobs, hp = plan.knobs, inv.hparams
+def _offload_threshold(inv: ModelInventory, plan: Plan, weight: str) -> int | None:
+    """Batch from which an op on this host weight runs on the first GPU (ggml_backend_sched_backend_id_from_cur
+    "1.off"); the output's duplicate of a tied token_embd counts as the output."""
+    t = inv.by_name.get(weight)
+    if t is None:
+        return None
+    if weight == TIED_OUTPUT or t.role == "output":
+        rule = plan.knobs.offload.rule("output")
+        return rule.min_batch if rule.enabled and not plan.knobs.rtr else None
+    if len(t.shape) < 2:      # norms and biases (MUL / ADD): offloaded like any op with a host weight
+        rule = plan.knobs.offload.rule("dense_matmul")
+        return rule.min_batch if rule.enabled and not plan.knobs.rtr else None
+    return offload_min_batch(inv, plan, t)
+
+
+# Runs of identical layers (same structure, same devices for every tensor) replay the same allocation pattern;
+# once the allocator has gone through a few of them its free list repeats from layer to layer and the high-water
+# mark stops moving. We build only the first KEEP_PERIODS periods of each run and its last period, which keeps
+# the model's transitions (first/last layer, device boundaries, dense -> MoE) and makes planning fast on 61-layer
+# models. tests/planner/test_memory.py checks this against the full graph on every preset.
+KEEP_PERIODS = 3
+_PERIODS = (1, 2, 4)          # dense/MoE runs; gpt-oss SWA/full alternation; llama4-style patterns
+
+
+def _layer_signatures(inv: ModelInventory, plan: Plan, cells: tuple[int, ...]) -> list[tuple]:
+    hp, homes = inv.hparams, home_devices(inv, plan)
+    n = hp.n_layer - hp.n_nextn
+    sigs = []
+    for il in range(n):
+        devs = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(il, ()))
+        swa = hp.swa_layers[il] if il < len(hp.swa_layers) else False
+        sigs.append((il == n - 1, swa, cells[il], hp.n_head_kv[il], homes[il], devs))
+    return sigs
+
+
+def kept_layers(sigs: list[tuple], keep_periods: int = KEEP_PERIODS) -> tuple[int, ...]:
+    """Layer indices to build: every layer but the middle of long periodic runs of equal signatures."""
+    n, i, keep = len(sigs), 0, []
+    while i < n:
+        best = None
+        for p in _PERIODS:
+            j = i + p
+            while j < n and sigs[j] == sigs[j - p]:
+                j += 1
+            drop = (j - i - keep_periods * p - p) // p * p
+            if drop > 0 and (best is None or drop > best[1]):
+                best = (p, drop)
+        if best is None:
+            keep.append(i)
+            i += 1
+            continue
+        p, drop = best
+        keep.extend(range(i, i + keep_periods * p))
+        i += keep_periods * p + drop
+    return tuple(keep)
+
+
+def _graph_params(inv: ModelInventory, plan: Plan, n_tokens: int, n_outputs: int,
+                  layers: tuple[int, ...] | None) -> GraphParams:
+    knobs = plan.knobs
+    cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
+    hp = inv.hparams
+    swa = [c for il, c in enumerate(cells) if il < len(hp.swa_layers) and hp.swa_layers[il]]
+    return GraphParams(n_tokens, n_outputs, knobs.flash_attn, knobs.type_k, knobs.type_v, cells,
+                       swa_cells=swa[0] if swa else 0, base_cells=knobs.kv_size, layers=layers)
+
+
+class _Memo:
+    """A small LRU of pure results keyed by the inventory's identity (hashing a 1,000-tensor inventory on
+    every call would cost more than the lookup saves) and a hashable key."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.items = size, OrderedDict()
+
+    def get(self, inv: ModelInventory, key: tuple, make):
+        k = (id(inv), key)
+        hit = self.items.get(k)
+        if hit is not None and hit[0] is inv:
+            self.items.move_to_end(k)
+            return hit[1]
+        value = make()
+        self.items[k] = (inv, value)
+        if len(self.items) > self.size:
+            self.items.popitem(last=False)
+        return value
+
+
+_GRAPHS = _Memo(32)       # GraphParams -> Compiled graph
+_PEAKS = _Memo(256)       # (GraphParams, placement signature) -> peaks per device
+
+
+def _graph(inv: ModelInventory, params: GraphParams) -> Compiled:
+    return _GRAPHS.get(inv, (params,), lambda: Compiled(build_graph(inv, params)))
+
+
+class _Devices:
+    """Where weights and KV caches of a plan live, by the names the graph gives them."""
+
+    def __init__(self, inv: ModelInventory, plan: Plan) -> None:
+        self.plan, self.homes, self.out = plan, home_devices(inv, plan), output_device(inv, plan)
+        self.gpus = sorted({d for d in plan.assignment.values() if d != "CPU"}, key=device_sort_key)
+
+    def of(self, ext: str) -> str:
+        if ext.startswith("kv:"):
+            return "CPU" if self.plan.knobs.no_kv_offload else self.homes[int(ext[3:])]
+        if ext == TIED_OUTPUT:
+            return self.out
+        return self.plan.assignment.get(ext, "CPU")
+
+
+def _assign(c: Compiled, inv: ModelInventory, plan: Plan, where: _Devices) -> list[str]:
+    """Device of every tensor: the scheduler's passes 1, 2 and 4 (ggml-backend.cpp); externals where they live."""
+    n = len(c.tensors)
+    dev: list[str | None] = [None] * n
+    kind, src, root, tensors = c.kind, c.src, c.root, c.tensors
+    for i in range(n):
+        if kind[i] == 2:
+            dev[i] = where.of(tensors[i].ext)
+    for i in c.leafs:
+        dev[i] = "CPU"                                          # graph inputs: the last backend (CPU)
+    gpu0 = where.gpus[0] if where.gpus else None
+    for i in c.nodes:                                           # pass 1: pre-allocated sources and weights
+        r = root[i]
+        if r >= 0 and kind[r] == 2:
+            dev[i] = dev[r]
+            continue
+        t = tensors[i]
+        if t.op in ("ROPE", "FLASH_ATTN_EXT"):
+            continue
+        for s in src[i]:
+            if kind[s] == 2 and not tensors[s].ext.startswith("kv:"):
+                d = dev[s]
+                if d == "CPU" and gpu0 is not None:
+                    m = _offload_threshold(inv, plan, tensors[s].ext)
+                    if m is not None and _op_batch(t) >= m:
+                        d = gpu0
+                dev[i] = d
+                break
+    order = [i for i in c.nodes if not c.is_view_op[i]]
+    for seq, skip_cpu in ((order, True), (order[::-1], True), (order, False), (order[::-1], False)):
+        cur = None                                              # pass 2: expand gpu down/up, then the rest
+        for i in seq:
+            d = dev[i]
+            if d is not None:
+                cur = None if (skip_cpu and d == "CPU") else d
+            elif cur is not None:
+                dev[i] = cur
+    fallback = gpu0 or "CPU"
+    for i in c.nodes:                                           # pass 4: views follow their source
+        if dev[i] is None:
+            r = root[i]
+            dev[i] = (dev[r] or fallback) if r >= 0 else fallback
+    return dev
+
+
+def _split(c: Compiled, dev: list[str]) -> tuple[list[int], list[tuple[int, ...]]]:
+    """graph_copy of pass 5: at the start of each split, for every input from another device, a node that
+    consumes the source (input_dep) and the source's copy in the split's buffer (one copy per tensor and
+    device, reused by later splits); the split's nodes read the copy. A weight from another device also
+    starts a new split, so that its copy is freed before the next one is made. Appends the new tensors to c
+    (callers pass a private copy) and returns the node order and the rewired sources."""
+    src = list(c.src)
+    copies: dict[tuple[int, str], int] = {}
+    order: list[int] = []
+    pending: list[int] = []
+    inputs: list[tuple[int, int]] = []
+    kind, tensors = c.kind, c.tensors
+    cur = None
+
+    def flush() -> None:
+        for s, cp in inputs:
+            dep = c.add(GT("dep", (1,), "f32", "NONE", view_src=tensors[s], nbytes=0), (s,), -1)
+            dev.append(dev[s])
+            src.append((s,))
+            order.append(dep)
+            order.append(cp)
+        order.extend(pending)
+        pending.clear()
+        inputs.clear()
+
+    for i in c.nodes:
+        if c.is_view_op[i]:
+            pending.append(i)
+            continue
+        d = dev[i]
+        new_split = d != cur
+        if not new_split and inputs:
+            new_split = any(kind[s] == 2 and not tensors[s].ext.startswith("kv:") and dev[s] != d for s in src[i])
+        if new_split:
+            flush()
+            cur = d
+        srcs = src[i]
+        if any(dev[s] != d for s in srcs):
+            rewired = []
+            for s in srcs:
+                if dev[s] == d:
+                    rewired.append(s)
+                    continue
+                cp = copies.get((s, d))
+                if cp is None:
+                    t = tensors[s]
+                    cp = c.add(GT(t.name + "#" + d, t.ne, t.dtype, "NONE", nbytes=t.nbytes), (), -1)
+                    copies[(s, d)] = cp
+                    dev.append(d)
+                    src.append(())
+                    inputs.append((s, cp))
+                rewired.append(cp)
+            src[i] = tuple(rewired)
+        pending.append(i)
+    flush()
+    return order, src
+
+
+def _alignment(dev: str) -> int:
+    return ALIGNMENT.get(dev, GPU_ALIGNMENT)
+
+
+def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams) -> dict[str, int]:
+    c = _graph(inv, params)
+    if not any(d != "CPU" for d in plan.assignment.values()):
+        return allocate_compiled(c, c.leafs, c.nodes, ["CPU"] * len(c.tensors), _alignment)
+    where = _Devices(inv, plan)
+    dev = _assign(c, inv, plan, where)
+    if len(set(dev[i] for i in c.nodes)) == 1:
+        return allocate_compiled(c, c.leafs, c.nodes, dev, _alignment)
+    private = copy.copy(c)          # _split appends copy tensors: keep the cached graph intact
+    for name in ("tensors", "nbytes", "src", "root", "kind", "layout", "inplace", "output", "is_view_op"):
+        setattr(private, name, list(getattr(c, name)))
+    private.index = {}
+    private._layouts = dict(c._layouts)
+    order, src = _split(private, dev)
+    return allocate_compiled(private, private.leafs, order, dev, _alignment, src)
+
+
+def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True) -> dict[str, int]:
+    """Per-device compute buffer: the larger of the prompt (n_ubatch tokens, n_ubatch outputs) and the
+    one-token graph reservations, as sched_reserve makes them. reduce=False builds every layer (the layer
+    runs kept_layers drops give the same result; tests check it)."""
+    knobs = plan.knobs
     T = knobs.n_ubatch_eff
-    homes = home_devices(inv, plan)
-    gpus = sorted({d for d in plan.assignment.values() if d != "CPU"}, key=device_sort_key)
-    first_gpu = gpus[0] if gpus else "CPU"
-    out_dev = output_device(inv, plan)
-    peak: dict[str, int] = {}
-    inputs: dict[str, int] = {}
-
-    def bump(dev: str, live: int) -> None:
-        peak[dev] = max(peak.get(dev, 0), live)
-
-    for batch in ((T, 1) if T > 1 else (T,)):
-        for il in range(hp.n_layer - hp.n_nextn):
-            home = homes[il]
-            layer = inv.by_layer.get(il, ())
-            bump(home, _attn_live(inv, il, batch, knobs.kv_size, knobs.flash_attn))
-            # the FFN runs where its weights are, or on the GPU when a RAM-resident weight is offloaded
-            ffn_w = [t for t in layer if t.role in ("ffn_dense", "exps_gate", "exps_up", "exps_down", "exps_gate_up")]
-            on_cpu = [t for t in ffn_w if plan.assignment.get(t.name, "CPU") == "CPU"]
-            ffn_dev = home
-            if on_cpu and len(on_cpu) == len(ffn_w) and not any(_offloaded(inv, t, plan, batch, bool(gpus)) for t in on_cpu):
-                ffn_dev = "CPU"
-            elif ffn_w and home == "CPU":
-                dev_w = next((plan.assignment[t.name] for t in ffn_w if plan.assignment.get(t.name, "CPU") != "CPU"), None)
-                if dev_w is not None:
-                    ffn_dev = dev_w
-                elif any(_offloaded(inv, t, plan, batch, bool(gpus)) for t in on_cpu):
-                    ffn_dev = first_gpu
-            bump(ffn_dev, _ffn_live(inv, il, batch))
-            if ffn_dev != home:   # activations cross to the other device and back
-                inputs[ffn_dev] = max(inputs.get(ffn_dev, 0), F32 * batch * hp.n_embd)
-            # upload targets: full-size copies of the layer's RAM-resident weights its GPU ops use
-            if ffn_dev != "CPU" and batch == T:
-                up = sum(t.nbytes for t in on_cpu if _offloaded(inv, t, plan, batch, bool(gpus)))
-                inputs[ffn_dev] = max(inputs.get(ffn_dev, 0), up)
-        out_w = inv.by_name.get("output.weight") or inv.by_name["token_embd.weight"]
-        odev = out_dev
-        if odev == "CPU" and _offloaded(inv, out_w, plan, batch, bool(gpus)):
-            odev = first_gpu
-        bump(odev, _output_live(inv, batch))
-    for dev in set(homes) | {out_dev}:
-        inputs[dev] = inputs.get(dev, 0) + _mask_bytes(knobs, T)
-    devices = set(peak) | set(inputs)
-    return {d: peak.get(d, 0) + inputs.get(d, 0) for d in devices}
+    cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
+    sigs = _layer_signatures(inv, plan, cells)
+    layers = kept_layers(sigs) if reduce else None
+    others = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(None, ()))
+    placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, plan.dialect)
+    out: dict[str, int] = {}
+    for n_tokens, n_outputs in ((T, T), (1, 1)) if T > 1 else ((1, 1),):
+        params = _graph_params(inv, plan, n_tokens, n_outputs, layers)
+        peaks = _PEAKS.get(inv, (params, placement), lambda: _graph_peaks(inv, plan, params))
+        for d, b in peaks.items():
+            out[d] = max(out.get(d, 0), b)
+    return out
 
 
 # ---- everything -------------------------------------------------------------------------------------------------

@@ -240,40 +240,43 @@ class Scored:
     pp_tps: float
     tg_tps: float
 
-    def score(self, objective: str) -> float:
+    def score(self, objective: str) -> tuple[float, float]:
+        """(primary, tie-break): the objective first, the other speed second."""
         if objective == "pp":
-            return self.pp_tps
+            return self.pp_tps, self.tg_tps
         if objective == "balanced":
-            return (self.pp_tps * self.tg_tps) ** 0.5
-        return self.tg_tps
+            return (self.pp_tps * self.tg_tps) ** 0.5, self.tg_tps
+        return self.tg_tps, self.pp_tps
 
 
-def knob_variants(plan: Plan, budget: Budget, inv: ModelInventory, hw: HardwareProfile) -> list[Plan]:
-    """The same placement with op offload on and off, and CPU weights mmap'd or pinned (--no-mmap) when RAM
-    allows: the two switches that most change PP once experts sit in RAM (reference section 4)."""
+def knob_variants(knobs: Knobs) -> list[Knobs]:
+    """The same knobs with op offload on and off, and CPU weights mmap'd or pinned (no mmap): the two switches
+    that most change PP once experts sit in RAM (reference section 4), and that change the compute buffer and
+    host memory, so each gets its own placement."""
     from .plan import OffloadPolicy
-    out = []
-    for offload in (True, False):
-        for mmap in (True, False):
-            k = replace(plan.knobs, offload=OffloadPolicy.all(offload, plan.knobs.offload.moe_matmul.min_batch), mmap=mmap)
-            p = replace(plan, knobs=k)
-            if not mmap and not budget.fits(estimate(inv, p, hw)):
-                continue
-            out.append(p)
-    return out
+    mb = knobs.offload.moe_matmul.min_batch
+    return [replace(knobs, offload=OffloadPolicy.all(on, mb), mmap=mmap) for on in (True, False) for mmap in (True, False)]
 
 
 def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
                objective: str = "tg", margin: int = DEFAULT_MARGIN, n_prompt: int = 512) -> list[Scored]:
-    """Every proposal x knob variant that fits, scored by the cost model, best first."""
+    """Every proposal for every knob variant that fits, scored by the cost model, best first.
+    Raises BudgetError (from propose) when nothing fits at all."""
     from .cost import predict
     budget = Budget.from_hardware(hw, margin)
     scored: dict[str, Scored] = {}
-    for base in propose(inv, hw, knobs, dialect, margin):
-        for p in knob_variants(base, budget, inv, hw):
+    error: BudgetError | None = None
+    for k in knob_variants(knobs):
+        try:
+            plans = propose(inv, hw, k, dialect, margin)
+        except BudgetError as e:
+            error = error or e
+            continue
+        for p in plans:
             mem = estimate(inv, p, hw)
-            if not budget.fits(mem):
-                continue
-            pr = predict(inv, p, hw, n_prompt=n_prompt)
-            scored.setdefault(p.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
-    return sorted(scored.values(), key=lambda s: -s.score(objective))
+            if budget.fits(mem):
+                pr = predict(inv, p, hw, n_prompt=n_prompt)
+                scored.setdefault(p.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
+    if not scored:
+        raise error or BudgetError("nothing fits in the given memory")
+    return sorted(scored.values(), key=lambda s: s.score(objective), reverse=True)

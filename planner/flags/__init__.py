@@ -1,6 +1,6 @@
 """llama.cpp / ik_llama.cpp command lines <-> Plans.
 
-    render(plan, inv, tool="server") -> RenderedCommand     argv (no program) + env; .shell() for a paste-ready line
+    render(plan, inv, tool="server") -> RenderedCommand     a list[str] argv (no program) with .env, .notes, .shell()
     render_shell(plan, inv, tool="server") -> str            env prefix, program, shell-quoted argv
     parse(args, inv, dialect) -> ParsedCommand               assignment, Knobs, warnings, raw overrides, ...
     assign(inv, n_gpu_layers, overrides, dialect, ...)       the matcher alone
@@ -11,7 +11,7 @@ cmdline (table-driven argv in/out), mainline and ik (the tables and the op-offlo
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ..errors import FlagError
 from ..model import ModelInventory

@@ -19,8 +19,8 @@ from ..model import ModelInventory
 from ..plan import Knobs, OffloadPolicy, Plan
 from . import placement
 from .common import (
-    Override, SlotRule, apply_overrides, base_assignment, check_buft, gpu_index, gpu_slot_window, is_gpu,
-    shell_join, slot_devices,
+    MatchResult, Override, SlotRule, allocated_names, apply_overrides, base_assignment, check_buft, gpu_index,
+    gpu_slot_window, is_gpu, memo, shell_join, slot_devices,
 )
 
 Tool = Literal["server", "cli", "bench"]
@@ -46,7 +46,7 @@ WARNINGS: dict[str, str] = {
     "W014": "no -c", "W015": "flash attention auto", "W016": "ik -ncmoe with several GPUs",
     "W017": "no -ngl", "W018": "unknown -op id", "W019": "ik applies -ncmoe/-cmoe after every -ot",
     "W020": "server slots", "W021": "ik -amb below 128", "W022": "-op dense ops disagree",
-    "W023": "environment value", "W024": "unknown flag", "W025": "bench workload",
+    "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold",
     "W101": "layer homes not expressible", "W102": "token_embd on a GPU", "W103": "knob not expressible in bench",
 }
 
@@ -99,8 +99,13 @@ class ToolTable:
     def lookup(self) -> dict[str, Flag]:
         return {s: f for f in self.flags for s in f.spellings}
 
-    def keys(self) -> frozenset[str]:
+    @cached_property
+    def _keys(self) -> frozenset[str]:
         return frozenset(f.key for f in self.flags)
+
+    def keys(self) -> frozenset[str]:
+        """Setting keys this tool has a flag for."""
+        return self._keys
 
 
 @dataclass(frozen=True)
@@ -112,36 +117,39 @@ class Event:
 
 
 class WorkloadLike(Protocol):
+    """What llama-bench needs of a workload (runtime.engine.Workload fits; depth and repetitions optional)."""
     n_prompt: int
     n_gen: int
 
 
-@dataclass(frozen=True)
-class RenderedCommand:
-    """argv (without the program), the environment it needs, and notes about what could not be said exactly.
+class RenderedCommand(list):
+    """The argv (without the program) of a rendered plan: a list of str, plus what goes with it.
 
-    Iterating, indexing and len() go to argv, so `list(render(...))` is the argument list.
+    `env` holds environment variables the command needs (GGML_OP_OFFLOAD_MIN_BATCH), `notes` what could not be
+    said exactly (coded like parse warnings); `.shell()` is a paste-ready line. Treat it as read-only.
     """
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    dialect: str
-    tool: str
-    binary: str
-    notes: tuple[str, ...] = ()
+    __slots__ = ("env", "dialect", "tool", "binary", "notes")
 
-    def __iter__(self):
-        return iter(self.argv)
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None, dialect: str = "",
+                 tool: str = "server", binary: str = "", notes: Sequence[str] = ()) -> None:
+        super().__init__(argv)
+        self.env: dict[str, str] = dict(env or {})
+        self.dialect = dialect
+        self.tool = tool
+        self.binary = binary
+        self.notes: tuple[str, ...] = tuple(notes)
 
-    def __len__(self) -> int:
-        return len(self.argv)
-
-    def __getitem__(self, i):
-        return self.argv[i]
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return tuple(self)
 
     def shell(self, binary: str | None = None) -> str:
         """Shell-quoted line: environment assignments, the program (default: the tool's binary), argv."""
         prog = self.binary if binary is None else binary
-        return shell_join(([prog] if prog else []) + list(self.argv), self.env)
+        return shell_join(([prog] if prog else []) + list(self), self.env)
+
+    def __repr__(self) -> str:
+        return f"RenderedCommand({list(self)!r}, env={self.env!r}, tool={self.tool!r})"
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,7 @@ class ParsedCommand:
     tensor_split: tuple[float, ...] | None
     layer_devices: tuple[str, ...]       # device of each slot (index n_layer = output layer): KV follows it
     n_gpus: int
+    output_copy_device: str | None = None   # tied output: where llama.cpp puts the second token_embd (the output)
     env: dict[str, str] = field(default_factory=dict)
     workload: dict[str, int] = field(default_factory=dict)   # llama-bench: n_prompt, n_gen, n_depth, repetitions
 
@@ -168,6 +177,7 @@ PolicyRender = Callable[[Knobs, ToolTable, ModelInventory, Mapping[str, Any]],
                         tuple[list[tuple[str, Any]], dict[str, str]]]
 PolicyParse = Callable[[Mapping[str, Any], Sequence[Event], Mapping[str, str], ToolTable, list[str],
                         Mapping[str, Any]], tuple[OffloadPolicy, bool]]
+PlacementNotes = Callable[[Mapping[str, str], Knobs, ModelInventory], list[str]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,7 @@ class DialectSpec:
     tools: Mapping[str, ToolTable]
     render_policy: PolicyRender          # Knobs.offload / only_active_experts -> settings and environment
     parse_policy: PolicyParse            # settings, events, environment -> (OffloadPolicy, only_active_experts)
+    placement_notes: PlacementNotes      # dialect facts worth saying about a placement (e.g. ik's MoE threshold)
 
 
 # ---- argv in ---------------------------------------------------------------------------------------------
@@ -394,10 +405,7 @@ POLICY_FIELDS = ("offload", "only_active_experts")
 def knob_fields(spec: DialectSpec, tool: str) -> frozenset[str]:
     """Knobs fields a command line of this dialect and tool sets (the others keep their defaults)."""
     table = spec.tools[tool]
-    fields = {KNOB_KEYS[k][0] for k in table.keys() if k in KNOB_KEYS}
-    if tool == "bench":
-        fields |= {"n_ctx"} - table.ignored_knobs
-    return frozenset(fields | set(POLICY_FIELDS))
+    return frozenset({KNOB_KEYS[k][0] for k in table.keys() if k in KNOB_KEYS} | set(POLICY_FIELDS))
 
 
 def check_knobs(knobs: Knobs, table: ToolTable) -> None:
@@ -493,11 +501,15 @@ def _parse_ts(value: str, table: ToolTable, warnings: list[str]) -> tuple[float,
         raise FlagError(f"-ts {value!r}: proportions must be numbers like 3,1") from e
 
 
+ALL_LAYERS = 1 << 30     # ik: -cmoe is -ncmoe with "every" MoE layer (it sets ncmoe = 999)
+LIST_KEYS = frozenset({"ot", "ncmoe", "cmoe", "ncffn", "op"})   # flags that add up instead of replacing
+
+
 def _expand_ncmoe(rule: MoeRule, n: int, inv: ModelInventory, origin: str) -> list[Override]:
     if rule.order == "first_layers":
         layers = list(range(n))
     else:
-        moe = inv.moe_layers()
+        moe = memo(inv, "moe_layers", inv.moe_layers)
         layers = moe[max(len(moe) - n, 0):] if n > 0 else []
     return [Override(rule.ncmoe_template.format(i=i), "CPU", origin) for i in layers]
 
@@ -506,7 +518,7 @@ def expand_moe(rule: MoeRule, kind: str, n: int, inv: ModelInventory) -> list[Ov
     if kind == "cmoe":
         if rule.cmoe_pattern is not None:
             return [Override(rule.cmoe_pattern, "CPU", "-cmoe")]
-        return _expand_ncmoe(rule, 1 << 30, inv, "-cmoe")
+        return _expand_ncmoe(rule, ALL_LAYERS, inv, "-cmoe")
     return _expand_ncmoe(rule, n, inv, f"-ncmoe {n}")
 
 
@@ -526,35 +538,24 @@ def _infer_n_gpus(explicit: int | None, env: Mapping[str, str], ts: Sequence[flo
     return n
 
 
-def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInventory, spec: DialectSpec,
-              table: ToolTable, warnings: list[str], n_gpus: int | None, opts: Mapping[str, Any]) -> ParsedCommand:
-    hp = inv.hparams
-    n_layer = hp.n_layer
-    settings = _last(events)
-    if table.strict:
-        seen: dict[str, int] = {}
-        for e in events:
-            if e.pos >= 0 and e.key not in ("ot", "ncmoe", "cmoe", "ncffn", "op"):
-                seen[e.key] = seen.get(e.key, 0) + 1
-        for key, count in seen.items():
-            if count > 1:
-                warnings.append(f"W010 {key} given {count} times: llama.cpp uses the last value "
-                                f"({settings[key]!r}) and prints a DEPRECATED warning")
-    d = table.defaults
+@dataclass(frozen=True)
+class _Layout:
+    n_gpus: int
+    devices: list[str]                   # GPUs the layers are split over, in order
+    tensor_split: tuple[float, ...] | None
+    n_gpu_layers: int
 
-    # ---- devices and layers
+
+def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence[str], spec: DialectSpec,
+            table: ToolTable, n_layer: int, n_gpus: int | None, warnings: list[str]) -> _Layout:
+    """GPU count, the devices layers go to (-dev, -sm none/-mg), -ts and -ngl, with their warnings."""
     ts = _parse_ts(settings["ts"], table, warnings) if "ts" in settings else None
-    raw_ot: list[tuple[Event, str, str]] = []
-    for e in events:
-        if e.key == "ot":
-            for pat, buft in _split_overrides(e.value, table, e.spelling, warnings):
-                raw_ot.append((e, pat, buft))
     dev_list: list[str] | None = None
     if "dev" in settings:
         val = str(settings["dev"])
         dev_list = [] if val.strip() == "none" else [x.strip() for x in val.replace("/", ",").split(",") if x.strip()]
-    n = _infer_n_gpus(n_gpus, env, ts, [b for _, _, b in raw_ot] + (dev_list or []))
-    for _, _, buft in raw_ot:
+    n = _infer_n_gpus(n_gpus, env, ts, list(bufts) + (dev_list or []))
+    for buft in bufts:
         check_buft(buft, n)
     devices = dev_list if dev_list is not None else [f"CUDA{i}" for i in range(n)]
     for dname in devices:
@@ -572,66 +573,67 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
     if len(devices) > 1 and ts is None and settings.get("ngl", 1) != 0:
         warnings.append(f"W012 {len(devices)} GPUs and no -ts: llama.cpp splits layers by free memory "
                         f"{'(ik: by layer size) ' if spec.name == 'ik' else ''}; assumed an equal split")
-
-    ngl = settings.get("ngl", d.get("ngl", -1))
+    ngl = int(settings.get("ngl", table.defaults.get("ngl", -1)))
+    on_gpu = gpu_slot_window(n_layer, ngl, spec.slot_rule)[1]
     if "ngl" not in settings:
-        dflt = gpu_slot_window(n_layer, ngl, spec.slot_rule)[1]
-        where = "every layer on the CPU" if dflt == 0 else "every layer on the GPU"
+        where = "every layer on the GPU" if on_gpu else "every layer on the CPU"
         if spec.name == "mainline" and table.tool != "bench":
             where = "-ngl auto: -fit decides (with -fit off, every layer on the GPU)"
         warnings.append(f"W017 no -ngl: {spec.name} {table.binary} defaults to {where}; say -ngl N")
-    ngl_eff = n_layer + 1 if (ngl < 0 and spec.slot_rule == "last_slots") else max(ngl, 0)
-    if 0 < ngl_eff < n_layer + 1:
+    if 0 < on_gpu < n_layer + 1:
+        what = (f"the output layer and the last {on_gpu - 1} blocks" if spec.slot_rule == "last_slots"
+                else f"the last {on_gpu} blocks (no output layer)")
         other = "ik" if spec.name == "mainline" else "mainline"
-        warnings.append(f"W006 -ngl {ngl} of {n_layer + 1} slots: {spec.name} puts "
-                        + ("the output layer and the last " + str(ngl_eff - 1) + " blocks"
-                           if spec.slot_rule == "last_slots" else f"the last {ngl_eff} blocks (no output layer)")
-                        + f" on the GPU; {other} would differ")
+        warnings.append(f"W006 -ngl {ngl} of {n_layer + 1} slots: {spec.name} puts {what} on the GPU; "
+                        f"{other} would differ")
+    return _Layout(n, devices, ts, ngl)
 
-    # ---- the override list, in llama.cpp's order
+
+def _override_list(events: Sequence[Event], raw_ot: Sequence[tuple[Event, str, str]], inv: ModelInventory,
+                   spec: DialectSpec, table: ToolTable, n_devices: int, warnings: list[str]) -> list[Override]:
+    """llama.cpp's first-match list: -ot entries and -cmoe/-ncmoe/-ncffn expansions where the dialect puts them."""
     rule = table.moe
     overrides: list[Override] = []
     after: list[Override] = []
     ncmoe_last: int | None = None
     first_ot_pos = min((e.pos for e, _, _ in raw_ot if e.pos >= 0), default=None)
-    for e in sorted(events, key=lambda e: e.pos):
+    for e in sorted(events, key=lambda e: e.pos):       # environment (pos -1) first, as llama.cpp applies it
         if e.key == "ot":
-            overrides.extend(Override(p, b, e.spelling if e.pos >= 0 else "LLAMA_ARG_OVERRIDE_TENSOR")
-                             for ev, p, b in raw_ot if ev is e)
-        elif e.key in ("cmoe", "ncmoe", "ncffn"):
-            if rule is None:
-                raise FlagError(f"{e.spelling} is not a {table.binary} flag")
-            if e.key == "ncmoe" and e.value < 0:
-                raise FlagError(f"{e.spelling} {e.value}: must be >= 0")
-            if first_ot_pos is not None and e.pos >= 0 and e.pos < first_ot_pos and rule.placement == "after_user" \
-                    and e.key != "ncffn":
-                warnings.append(f"W019 {e.spelling} before -ot: {spec.name} {table.binary} applies it after "
-                                "every -ot override, whatever the order on the command line")
-            if e.key == "ncffn":
-                assert rule.ncffn_template is not None
-                overrides.extend(Override(rule.ncffn_template.format(i=i), "CPU", f"-ncffn {e.value}")
-                                 for i in range(e.value))
-                continue
-            kind, count = ("cmoe", 0) if e.key == "cmoe" else ("ncmoe", int(e.value))
-            if rule.accumulate:
-                target = overrides if rule.placement == "cmdline" else after
-                target.extend(expand_moe(rule, kind, count, inv))
-            else:
-                ncmoe_last = (1 << 30) if kind == "cmoe" else count
-    if ncmoe_last is not None:
-        assert rule is not None
-        after.extend(expand_moe(rule, "ncmoe", ncmoe_last, inv) if ncmoe_last < (1 << 30)
-                     else expand_moe(rule, "cmoe", 0, inv))
-        if len(devices) > 1 and spec.name == "ik":
+            origin = e.spelling if e.pos >= 0 else "LLAMA_ARG_OVERRIDE_TENSOR"
+            overrides.extend(Override(p, b, origin) for ev, p, b in raw_ot if ev is e)
+            continue
+        if e.key not in ("cmoe", "ncmoe", "ncffn"):
+            continue
+        if rule is None:
+            raise FlagError(f"{e.spelling} is not a {table.binary} flag")
+        if e.key != "cmoe" and e.value < 0:
+            raise FlagError(f"{e.spelling} {e.value}: must be >= 0")
+        if e.key == "ncffn" and rule.ncffn_template is not None:
+            overrides.extend(Override(rule.ncffn_template.format(i=i), "CPU", f"-ncffn {e.value}")
+                             for i in range(e.value))
+            continue
+        if rule.placement == "after_user" and first_ot_pos is not None and 0 <= e.pos < first_ot_pos:
+            warnings.append(f"W019 {e.spelling} before -ot: {spec.name} {table.binary} applies it after every -ot "
+                            "override, whatever the order on the command line")
+        kind, count = ("cmoe", 0) if e.key == "cmoe" else ("ncmoe", int(e.value))
+        if rule.accumulate:
+            (overrides if rule.placement == "cmdline" else after).extend(expand_moe(rule, kind, count, inv))
+        else:
+            ncmoe_last = ALL_LAYERS if kind == "cmoe" else count
+    if rule is not None and ncmoe_last is not None:
+        after.extend(expand_moe(rule, "cmoe", 0, inv) if ncmoe_last >= ALL_LAYERS
+                     else expand_moe(rule, "ncmoe", ncmoe_last, inv))
+        if n_devices > 1 and spec.name == "ik":
             warnings.append("W016 ik -ncmoe with several GPUs: the reference documents the one-GPU behaviour "
                             "(last N MoE layers); assumed the same")
-    overrides.extend(after)
+    return overrides + after
 
-    slots = slot_devices(n_layer, ngl, spec.slot_rule, devices, ts)
-    assignment, res = apply_overrides(base_assignment(inv, slots), overrides)
+
+def _match_warnings(overrides: Sequence[Override], res: MatchResult, rule: MoeRule | None,
+                    assignment: Mapping[str, str], warnings: list[str]) -> None:
     for idx, ov in enumerate(overrides):
         if ov.origin.startswith(("-ncmoe", "-ncffn")) or (ov.origin == "-cmoe" and rule and rule.cmoe_pattern is None):
-            continue
+            continue     # per-layer expansions that match nothing (dense layers) are expected
         if not res.matched[idx]:
             warnings.append(f"W001 pattern {ov.pattern!r} ({ov.origin}) matches no tensor")
         elif not any(res.first.get(nm) == idx for nm in res.matched[idx]):
@@ -642,29 +644,62 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         warnings.append(f"W007 token_embd.weight overridden to {te}: llama.cpp keeps the input layer on the CPU "
                         "by default; the embedding lookup gains little on a GPU and costs VRAM")
 
-    # ---- knobs
+
+def _fit_warning(settings: Mapping[str, Any], events: Sequence[Event], spec: DialectSpec, table: ToolTable,
+                 n_devices: int, warnings: list[str]) -> None:
+    if not (settings.get("fit", table.defaults.get("fit", False)) or "fitt" in settings):
+        return
+    unset = [f for f, k in (("-c", "ctx"), ("-ngl", "ngl")) if k not in settings and k in table.keys()]
+    if n_devices > 1 and "ts" not in settings:
+        unset.append("-ts")
+    if not any(e.key in ("ot", "cmoe", "ncmoe") for e in events):
+        unset.append("-ot/-cmoe/-ncmoe")
+    how = " (the default; add -fit off)" if "fit" not in settings and "fitt" not in settings else ""
+    if unset:
+        warnings.append(f"W009 fitting to device memory is on{how}: {spec.name} may change {', '.join(unset)}; "
+                        "explained as written")
+
+
+def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInventory, spec: DialectSpec,
+              table: ToolTable, warnings: list[str], n_gpus: int | None, opts: Mapping[str, Any]) -> ParsedCommand:
+    """Placement and knobs of a command line, the way llama.cpp would read it."""
+    n_layer = inv.hparams.n_layer
+    settings = _last(events)
+    if table.strict:
+        counts: dict[str, int] = {}
+        for e in events:
+            if e.pos >= 0 and e.key not in LIST_KEYS:
+                counts[e.key] = counts.get(e.key, 0) + 1
+        warnings.extend(f"W010 {key} given {c} times: llama.cpp uses the last value ({settings[key]!r}) and prints "
+                        "a DEPRECATED warning" for key, c in counts.items() if c > 1)
+    raw_ot = [(e, pat, buft) for e in events if e.key == "ot"
+              for pat, buft in _split_overrides(e.value, table, e.spelling, warnings)]
+    lay = _layout(settings, env, [b for _, _, b in raw_ot], spec, table, n_layer, n_gpus, warnings)
+    overrides = _override_list(events, raw_ot, inv, spec, table, len(lay.devices), warnings)
+    slots = slot_devices(n_layer, lay.n_gpu_layers, spec.slot_rule, lay.devices, lay.tensor_split)
+    assignment, res = apply_overrides(base_assignment(inv, slots), overrides, allocated_names(inv))
+    _match_warnings(overrides, res, table.moe, assignment, warnings)
+    output_copy = None
+    if inv.tied_output and "token_embd.weight" in assignment:
+        # the duplicate token_embd (the output) is matched by name too, so it follows token_embd's override;
+        # without one it goes where the output layer goes (llama-model-loader.cpp buft_for_tensor)
+        first = res.first.get("token_embd.weight")
+        output_copy = overrides[first].device if first is not None else slots[n_layer]
     knobs = _knobs(settings, events, env, inv, spec, table, warnings, opts)
-    fit_on = bool(settings.get("fit", d.get("fit", False))) or "fitt" in settings
-    if fit_on:
-        unset = [f for f, k in (("-c", "ctx"), ("-ngl", "ngl")) if k not in settings and k in table.keys()]
-        if len(devices) > 1 and "ts" not in settings:
-            unset.append("-ts")
-        if not any(e.key in ("ot", "cmoe", "ncmoe") for e in events):
-            unset.append("-ot/-cmoe/-ncmoe")
-        how = "(the default; add -fit off)" if "fit" not in settings and "fitt" not in settings else ""
-        if unset:
-            warnings.append(f"W009 fitting to device memory is on {how}: {spec.name} may change "
-                            f"{', '.join(unset)}; explained as written")
+    _fit_warning(settings, events, spec, table, len(lay.devices), warnings)
+    warnings.extend(spec.placement_notes(assignment, knobs, inv))
     workload: dict[str, int] = {}
     if table.tool == "bench":
+        d = table.defaults
         workload = {"n_prompt": int(settings.get("n_prompt", d["n_prompt"])),
                     "n_gen": int(settings.get("n_gen", d["n_gen"])),
                     "n_depth": int(settings.get("depth", d.get("depth", 0))),
                     "repetitions": int(settings.get("reps", d["reps"]))}
     return ParsedCommand(
         assignment=assignment, knobs=knobs, warnings=tuple(warnings), overrides=tuple(overrides),
-        dialect=spec.name, tool=table.tool, n_gpu_layers=ngl, tensor_split=ts, layer_devices=tuple(slots),
-        n_gpus=n, env=dict(env), workload=workload)
+        dialect=spec.name, tool=table.tool, n_gpu_layers=lay.n_gpu_layers, tensor_split=lay.tensor_split,
+        layer_devices=tuple(slots), n_gpus=lay.n_gpus, output_copy_device=output_copy, env=dict(env),
+        workload=workload)
 
 
 def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[str, str], inv: ModelInventory,
@@ -727,30 +762,34 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
 
 # ---- rendering ---------------------------------------------------------------------------------------------
 
-def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory):
-    def candidates(assignment: Mapping[str, str]) -> list[tuple[str, int]]:
-        if rule is None or not inv.moe_layers():
+def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory
+                    ) -> Callable[[Mapping[str, str], placement.ModelIndex], list[tuple[str, int]]]:
+    """The tool's -ncmoe N (largest exact N) and -cmoe, when their expansion only moves tensors the plan has on
+    the CPU; the solver keeps whichever renders shortest."""
+    def candidates(assignment: Mapping[str, str], idx: placement.ModelIndex) -> list[tuple[str, int]]:
+        moe_layers = list(idx.moe_layers)
+        if rule is None or not moe_layers:
             return []
         if rule.order == "first_layers":
             order = list(range(inv.hparams.n_layer))
         else:
-            order = list(reversed(inv.moe_layers()))
-        n = placement.clean_moe_prefix(assignment, inv, order,
+            order = list(reversed(moe_layers))
+        n = placement.clean_moe_prefix(assignment, idx, order,
                                        lambda i: Override(rule.ncmoe_template.format(i=i), "CPU"))
         out: list[tuple[str, int]] = []
         if n > 0:
             # mainline counts layer indices (leading dense layers included); trim to the last MoE layer covered
             if rule.order == "first_layers":
-                moe = [i for i in inv.moe_layers() if i < n]
+                moe = [i for i in moe_layers if i < n]
                 n = moe[-1] + 1 if moe else 0
             if n > 0:
                 out.append(("ncmoe", n))
         has_cmoe = any(f.key == "cmoe" for f in table.flags)
-        if has_cmoe and n >= (inv.hparams.n_layer if rule.order == "first_layers" else len(inv.moe_layers())):
+        if has_cmoe and n >= (moe_layers[-1] + 1 if rule.order == "first_layers" else len(moe_layers)):
             out.append(("cmoe", 0))
         elif has_cmoe and rule.cmoe_pattern is not None:
             cm = expand_moe(rule, "cmoe", 0, inv)
-            _, res = apply_overrides({nm: "CPU" for nm in assignment}, cm)
+            _, res = apply_overrides({nm: "CPU" for nm in assignment}, cm, idx.names)
             if all(assignment[x] == "CPU" for x in res.matched[0]):
                 out.append(("cmoe", 0))
         return out
@@ -758,8 +797,9 @@ def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory)
 
 
 def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *, opts: Mapping[str, Any],
-                workload: Any = None, model_path: str | None = None,
+                workload: WorkloadLike | None = None, model_path: str | None = None,
                 parse_back: Callable[[RenderedCommand], ParsedCommand]) -> RenderedCommand:
+    """argv + env for `plan` (placement from placement.solve, knobs from the tables), verified by parse_back."""
     if tool not in spec.tools:
         raise FlagError(f"unknown tool {tool!r}; expected one of {', '.join(spec.tools)}")
     table = spec.tools[tool]
@@ -797,7 +837,8 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
     settings += knob_settings(plan.knobs, table, notes)
     pol, env = spec.render_policy(plan.knobs, table, inv, opts)
     settings += pol
-    rc = RenderedCommand(tuple(spell(settings, table)), env, spec.name, tool, table.binary, tuple(notes))
+    notes.extend(spec.placement_notes(plan.assignment, plan.knobs, inv))
+    rc = RenderedCommand(spell(settings, table), env, spec.name, tool, table.binary, notes)
     verify(rc, plan, inv, spec, tool, parse_back)
     return rc
 
@@ -811,8 +852,7 @@ def verify(rc: RenderedCommand, plan: Plan, inv: ModelInventory, spec: DialectSp
         n = diff[0]
         raise FlagError(f"internal error: the rendered flags would put {len(diff)} tensors elsewhere than the plan "
                         f"(e.g. {n}: plan {plan.assignment[n]}, flags {back.assignment.get(n)}); not emitting them")
-    for fname in knob_fields(spec, tool) - spec.tools[tool].ignored_knobs - {"n_ctx"} | (
-            {"n_ctx"} if tool != "bench" else set()):
+    for fname in sorted(knob_fields(spec, tool) - spec.tools[tool].ignored_knobs):
         if getattr(back.knobs, fname) != getattr(plan.knobs, fname):
             raise FlagError(f"internal error: the rendered flags set {fname}={getattr(back.knobs, fname)!r}, the plan "
                             f"says {getattr(plan.knobs, fname)!r}; not emitting them")

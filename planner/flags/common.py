@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Iterable, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from ..errors import FlagError
 from ..model import ModelInventory, Tensor
 
 SlotRule = Literal["last_slots", "last_blocks"]
+T = TypeVar("T")
 OUTPUT_ROLES = frozenset({"output", "output_norm"})
 _GPU_RE = re.compile(r"^CUDA(\d+)$")
 DEVICE_RE = re.compile(r"^(CPU|CUDA\d+)$")
@@ -78,10 +80,7 @@ class Pattern:
     source: str
     python: str
     literal: str
-
-    @property
-    def rx(self) -> re.Pattern[str]:
-        return re.compile(self.python)
+    rx: re.Pattern[str]
 
 
 def _ecma_error(pattern: str, what: str) -> FlagError:
@@ -144,9 +143,9 @@ def translate_ecmascript(pattern: str) -> str:
             if i + 2 >= n or pattern[i + 2] not in ":=!":
                 raise _ecma_error(pattern, f"group {pattern[i:i + 4]!r}... is not ECMAScript (only (?: (?= (?! are)")
         if c == "{":
-            m = re.compile(r"\{(\d+)(,\d*)?\}").match(pattern, i)
+            m = _QUANTIFIER.match(pattern, i)
             if m is None or not out:
-                raise _ecma_error(pattern, "'{' must start a quantifier such as {3} (a comma would be split off anyway)")
+                raise _ecma_error(pattern, "'{' must start a quantifier such as {3} (a comma is split off anyway)")
         if c in "*+?}" and i + 1 < n and pattern[i + 1] == "+" and (c != "?" or _is_quantifier_q(pattern, i)):
             raise _ecma_error(pattern, f"possessive quantifier {c}+ is not ECMAScript")
         out.append(c)
@@ -167,6 +166,7 @@ def _is_quantifier_q(pattern: str, i: int) -> bool:
 
 
 _META = set(".[](){}*+?|^$\\")
+_QUANTIFIER = re.compile(r"\{(\d+)(,\d*)?\}")
 
 
 def literal_prefix(pattern: str) -> str:
@@ -193,8 +193,11 @@ def literal_prefix(pattern: str) -> str:
     return "".join(lit)
 
 
+@lru_cache(maxsize=8192)
 def compile_pattern(source: str) -> Pattern:
-    return Pattern(source, translate_ecmascript(source), literal_prefix(source))
+    """The Pattern for an -ot regex (a pure function of the text, memoised)."""
+    python = translate_ecmascript(source)
+    return Pattern(source, python, literal_prefix(source), re.compile(python))
 
 
 # ---- overrides and the matcher -------------------------------------------------------------------------------
@@ -210,20 +213,51 @@ class Override:
         return f"{self.pattern}={self.device}"
 
 
+_BLOCK_LITERAL = re.compile(r"^blk\.\d+\.")
+
+
+@dataclass(frozen=True)
+class NameIndex:
+    """Tensor names grouped by block, so a regex whose literal starts with 'blk.N.' is only tried on block N."""
+    names: tuple[str, ...]
+    by_block: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, names: Sequence[str]) -> "NameIndex":
+        by_block: dict[str, list[str]] = {}
+        for n in names:
+            if n.startswith("blk.") and "blk." not in n[4:]:
+                dot = n.find(".", 4)
+                key = n[:dot + 1]
+                if dot > 4 and key[4:dot].isdigit():
+                    by_block.setdefault(key, []).append(n)
+                    continue
+            if "blk." in n:
+                return cls(tuple(names))      # "blk." elsewhere in a name: no shortcut is safe
+        return cls(tuple(names), {k: tuple(v) for k, v in by_block.items()})
+
+    def candidates(self, literal: str) -> Sequence[str]:
+        m = _BLOCK_LITERAL.match(literal)
+        if m is None or not self.by_block:
+            return self.names
+        return self.by_block.get(m.group(0), ())
+
+
 @dataclass(frozen=True)
 class MatchResult:
     first: dict[str, int]              # tensor name -> index of the override that places it (first match)
     matched: tuple[tuple[str, ...], ...]   # per override: every allocated tensor its regex matches
 
 
-def match_overrides(names: Sequence[str], overrides: Sequence[Override]) -> MatchResult:
+def match_overrides(names: Sequence[str] | NameIndex, overrides: Sequence[Override]) -> MatchResult:
     """Apply overrides the way llama-model-loader.cpp does: per tensor, the first override whose regex matches."""
+    index = names if isinstance(names, NameIndex) else NameIndex.of(names)
     first: dict[str, int] = {}
     matched: list[tuple[str, ...]] = []
     for idx, ov in enumerate(overrides):
         pat = compile_pattern(ov.pattern)
-        rx, lit = pat.rx, pat.literal
-        hits = tuple(n for n in names if lit in n and rx.search(n) is not None)
+        search, lit = pat.rx.search, pat.literal
+        hits = tuple(n for n in index.candidates(lit) if lit in n and search(n) is not None)
         matched.append(hits)
         for n in hits:
             first.setdefault(n, idx)
@@ -231,6 +265,25 @@ def match_overrides(names: Sequence[str], overrides: Sequence[Override]) -> Matc
 
 
 # ---- -ngl slots ----------------------------------------------------------------------------------------------
+
+def memo(inv: ModelInventory, key: str, factory: Callable[[], T]) -> T:
+    """A value derived from `inv`, kept on the inventory the way its own cached_property values are.
+
+    ModelInventory is immutable, so an index built from it stays valid; entries live in the instance __dict__
+    (not dataclass fields: equality and hashing are unaffected) and die with the inventory.
+    """
+    store = getattr(inv, "__dict__", None)
+    if store is None:
+        return factory()
+    full = "_flags_" + key
+    if full not in store:
+        store[full] = factory()
+    return store[full]
+
+
+def allocated_names(inv: ModelInventory) -> NameIndex:
+    return memo(inv, "names", lambda: NameIndex.of([t.name for t in inv.allocated()]))
+
 
 def slot_of(t: Tensor, n_layer: int) -> int | None:
     """Slot of a tensor: its block index, n_layer for the output layer, None for the input layer (always CPU)."""
@@ -288,19 +341,19 @@ def slot_devices(n_layer: int, n_gpu_layers: int, rule: SlotRule, devices: Seque
     return out
 
 
+def _slot_table(inv: ModelInventory) -> tuple[tuple[str, int | None], ...]:
+    n_layer = inv.hparams.n_layer
+    return tuple((t.name, slot_of(t, n_layer)) for t in inv.allocated())
+
+
 def base_assignment(inv: ModelInventory, slots: Sequence[str]) -> dict[str, str]:
     """Every allocated tensor on its slot's device (token_embd and other input-layer tensors on the CPU)."""
-    n_layer = inv.hparams.n_layer
-    out: dict[str, str] = {}
-    for t in inv.allocated():
-        s = slot_of(t, n_layer)
-        out[t.name] = "CPU" if s is None else slots[s]
-    return out
+    return {name: "CPU" if s is None else slots[s] for name, s in memo(inv, "slot_table", lambda: _slot_table(inv))}
 
 
-def apply_overrides(base: Mapping[str, str], overrides: Sequence[Override]) -> tuple[dict[str, str], MatchResult]:
-    names = list(base)
-    res = match_overrides(names, overrides)
+def apply_overrides(base: Mapping[str, str], overrides: Sequence[Override], index: NameIndex | None = None
+                    ) -> tuple[dict[str, str], MatchResult]:
+    res = match_overrides(index if index is not None else NameIndex.of(list(base)), overrides)
     out = dict(base)
     for name, idx in res.first.items():
         out[name] = overrides[idx].device
@@ -320,7 +373,7 @@ def assign(inv: ModelInventory, n_gpu_layers: int, overrides: Iterable[Override 
     devs = list(devices) if devices is not None else [f"CUDA{i}" for i in range(n_gpus)]
     slots = slot_devices(inv.hparams.n_layer, n_gpu_layers, rule, devs, tensor_split)
     ovs = [o if isinstance(o, Override) else Override(o[0], o[1]) for o in overrides]
-    out, _ = apply_overrides(base_assignment(inv, slots), ovs)
+    out, _ = apply_overrides(base_assignment(inv, slots), ovs, allocated_names(inv))
     return out
 
 

@@ -31,7 +31,6 @@ CLASS_OPS: dict[str, tuple[str, ...]] = {
     "dense_matmul": ("MUL_MAT", "FUSED_UP_GATE"), "moe_matmul": ("MUL_MAT_ID",),
     "moe_fused_up_gate": ("MOE_FUSED_UP_GATE",), "output": ("MUL_MAT",),
 }
-MOE_OPS = frozenset({"MUL_MAT_ID", "MOE_FUSED_UP_GATE"})
 CUDA_MIN_BATCH_KEY = "offload-batch-size"
 
 _FA = {"auto": True, "1": True, "on": True, "off": False, "0": False}   # case-insensitive
@@ -279,8 +278,9 @@ def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapp
             elif op_id in name_of:
                 enabled[name_of[op_id]] = bool(val)
             else:
+                known = ", ".join(f"{k}={v}" for k, v in ids.items())
                 warnings.append(f"W018 {e.spelling}: op id {op_id} is not one of the ops we model in ik table "
-                                f"{opts.get('ik_op_table', '2025-08')} ({', '.join(f'{k}={v}' for k, v in ids.items())})")
+                                f"{opts.get('ik_op_table', '2025-08')} ({known})")
     if "FUSED_UP_GATE" in enabled and enabled["FUSED_UP_GATE"] != enabled["MUL_MAT"]:
         warnings.append("W022 -op sets MUL_MAT and FUSED_UP_GATE differently; dense_matmul follows MUL_MAT")
     mb = DEFAULT_MIN_BATCH
@@ -296,8 +296,24 @@ def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapp
     return policy, bool(settings.get("ooae", True))
 
 
+def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInventory) -> list[str]:
+    """ik offloads MoE ops only from ubatch >= min_batch * n_expert / n_expert_used (reference section 4)."""
+    hp = inv.hparams
+    rule = knobs.offload.moe_matmul
+    if not hp.is_moe or not rule.enabled:
+        return []
+    if not any(t.is_expert and assignment.get(t.name) == "CPU" for t in inv.allocated()):
+        return []
+    need = moe_offload_threshold(rule.min_batch, hp.n_expert, hp.n_expert_used)
+    if knobs.n_ubatch_eff >= need:
+        return []
+    return [f"W026 ik offloads MoE matmuls on CPU-resident experts only from ubatch {need} "
+            f"(= {rule.min_batch} * {hp.n_expert} / {hp.n_expert_used}); at ubatch {knobs.n_ubatch_eff} they run "
+            "on the CPU during prompt processing"]
+
+
 SPEC = DialectSpec(name="ik", slot_rule="last_blocks", tools=TABLES, render_policy=render_policy,
-                   parse_policy=parse_policy)
+                   parse_policy=parse_policy, placement_notes=placement_notes)
 
 
 def render(plan, inv, tool: str = "server", **kw):

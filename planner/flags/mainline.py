@@ -175,8 +175,12 @@ def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapp
     return OffloadPolicy.all(enabled, mb), True
 
 
+def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInventory) -> list[str]:
+    return []
+
+
 SPEC = DialectSpec(name="mainline", slot_rule="last_slots", tools=TABLES, render_policy=render_policy,
-                   parse_policy=parse_policy)
+                   parse_policy=parse_policy, placement_notes=placement_notes)
 
 
 def render(plan, inv, tool: str = "server", **kw):

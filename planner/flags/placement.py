@@ -1,9 +1,10 @@
 """From a tensor -> device assignment to -ngl, -ts and a compact -ot list (plus -cmoe/-ncmoe when shorter).
 
 Strategy (the rendered flags are always verified by parsing them back; see cmdline.render):
-1. Every slot (block or output layer) gets a home device: where the majority of its non-expert tensors live
-   (`home_devices`). llama.cpp keeps a layer's KV cache on the slot's device, so -ngl/-ts must reproduce the
-   homes whenever they can.
+1. Every slot (block or output layer) has a home device (`home_devices`): the device of the block's
+   attn_norm, of the output layer's output.weight (output_norm when tied), as planner/memory.py reads them.
+   llama.cpp keeps a layer's KV cache and activations on the slot's device, so -ngl/-ts must reproduce the
+   homes whenever they can (then no norm is ever overridden).
 2. A dynamic programme over -ngl and the ordered -ts partition finds the split that matches every home and,
    among those, leaves the fewest tensors as exceptions (when no split matches every home, the fewest
    mismatched homes).
@@ -20,8 +21,8 @@ from ..errors import FlagError
 from ..model import ModelInventory, Tensor
 from ..plan import device_sort_key
 from .common import (
-    DEVICE_RE, Override, SlotRule, alternation, apply_overrides, base_assignment, escape, gpu_index, group,
-    int_set_regex, is_gpu, match_overrides, slot_devices, slot_of,
+    DEVICE_RE, NameIndex, Override, SlotRule, allocated_names, alternation, apply_overrides, base_assignment,
+    gpu_index, group, int_set_regex, is_gpu, match_overrides, memo, slot_devices, slot_of,
 )
 
 BIG = 1 << 20   # cost of a home-device mismatch, in tensors
@@ -43,8 +44,42 @@ class PlacementFlags:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ModelIndex:
+    """What the solver looks up repeatedly about one inventory (built once per inventory, kept on it)."""
+    n_layer: int
+    by_name: Mapping[str, Tensor]
+    names: NameIndex
+    members: tuple[tuple[Tensor, ...], ...]           # per slot (index n_layer = output layer)
+    moe_layers: tuple[int, ...]
+    layer_suffixes: dict[int, tuple[str, ...]]       # block -> suffixes after "blk.N."
+    suffix_layers: dict[str, frozenset[int]]         # suffix -> blocks that have it
+
+    @classmethod
+    def of(cls, inv: ModelInventory) -> "ModelIndex":
+        return memo(inv, "model_index", lambda: cls._build(inv))
+
+    @classmethod
+    def _build(cls, inv: ModelInventory) -> "ModelIndex":
+        allocated = inv.allocated()
+        n_layer = inv.hparams.n_layer
+        slots: list[list[Tensor]] = [[] for _ in range(n_layer + 1)]
+        ls: dict[int, list[str]] = {}
+        sl: dict[str, set[int]] = {}
+        for t in allocated:
+            s = slot_of(t, n_layer)
+            if s is not None:
+                slots[s].append(t)
+            if t.layer is not None:
+                suf = t.name[len(f"blk.{t.layer}."):]
+                ls.setdefault(t.layer, []).append(suf)
+                sl.setdefault(suf, set()).add(t.layer)
+        return cls(n_layer, inv.by_name, allocated_names(inv), tuple(tuple(m) for m in slots), tuple(inv.moe_layers()),
+                   {k: tuple(v) for k, v in ls.items()}, {k: frozenset(v) for k, v in sl.items()})
+
+
 def check_assignment(assignment: Mapping[str, str], inv: ModelInventory) -> None:
-    names = {t.name for t in inv.allocated()}
+    names = set(allocated_names(inv).names)
     missing = names - assignment.keys()
     extra = assignment.keys() - names
     if missing:
@@ -57,25 +92,28 @@ def check_assignment(assignment: Mapping[str, str], inv: ModelInventory) -> None
         raise FlagError(f"plan uses unknown device {bad[0]!r}; devices are CPU, CUDA0, CUDA1, ...")
 
 
-def slot_members(inv: ModelInventory) -> list[list[Tensor]]:
-    n_layer = inv.hparams.n_layer
-    slots: list[list[Tensor]] = [[] for _ in range(n_layer + 1)]
-    for t in inv.allocated():
-        s = slot_of(t, n_layer)
-        if s is not None:
-            slots[s].append(t)
-    return slots
-
-
-def home_devices(assignment: Mapping[str, str], inv: ModelInventory) -> list[str | None]:
+def home_devices(assignment: Mapping[str, str], inv: ModelInventory, idx: ModelIndex | None = None
+                 ) -> list[str | None]:
     """Home device of each slot (index n_layer = output layer); None for a slot with no allocated tensor.
 
-    The home is the device holding most of the slot's non-expert tensors (all of them for an experts-only
-    slot); ties go to the first device in CUDA0 < CUDA1 < ... < CPU order. It is where llama.cpp must put
-    the slot (-ngl/-ts) so that the layer's KV cache lands there.
+    The home is the device of the slot's anchor tensor: `blk.N.attn_norm.weight` for a block, `output.weight`
+    (`output_norm.weight` when tied) for the output layer (planner/memory.py reads homes the same way). A slot
+    without its anchor falls back to where most of its non-expert tensors are (ties: CUDA0 < CUDA1 < ... < CPU).
+    It is where llama.cpp must put the slot (-ngl/-ts) so that the layer's KV cache lands there.
     """
+    return _homes(assignment, idx or ModelIndex.of(inv))
+
+
+ANCHORS = ("attn_norm.weight", "output.weight", "output_norm.weight")   # by preference, matched on name suffix
+
+
+def _homes(assignment: Mapping[str, str], idx: ModelIndex) -> list[str | None]:
     out: list[str | None] = []
-    for members in slot_members(inv):
+    for members in idx.members:
+        anchor = next((t for a in ANCHORS for t in members if t.name == a or t.name.endswith("." + a)), None)
+        if anchor is not None:
+            out.append(assignment[anchor.name])
+            continue
         core = [t for t in members if not t.is_expert] or members
         if not core:
             out.append(None)
@@ -88,11 +126,11 @@ def home_devices(assignment: Mapping[str, str], inv: ModelInventory) -> list[str
     return out
 
 
-def choose_split(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule, n_gpus: int) -> SlotSplit:
+def choose_split(assignment: Mapping[str, str], idx: ModelIndex, rule: SlotRule, n_gpus: int) -> SlotSplit:
     """-ngl and -ts (layer counts per GPU) that reproduce the home devices, with the fewest exceptions."""
-    n_layer = inv.hparams.n_layer
-    members = slot_members(inv)
-    homes = home_devices(assignment, inv)
+    n_layer = idx.n_layer
+    members = idx.members
+    homes = _homes(assignment, idx)
     devs = ["CPU"] + [f"CUDA{i}" for i in range(n_gpus)]
     # cost[s][d]: cost of putting slot s on devs[d]
     cost: list[list[int]] = []
@@ -158,34 +196,14 @@ def _strip_ext(suffix: str) -> str:
     return suffix
 
 
-@dataclass(frozen=True)
-class _Index:
-    """Per-layer suffixes and per-suffix layers of the allocated tensors, for overmatch checks."""
-    layer_suffixes: dict[int, tuple[str, ...]]
-    suffix_layers: dict[str, frozenset[int]]
-    names: tuple[str, ...]
-
-
-def _index(inv: ModelInventory) -> _Index:
-    ls: dict[int, list[str]] = {}
-    sl: dict[str, set[int]] = {}
-    for t in inv.allocated():
-        if t.layer is None:
-            continue
-        suf = t.name[len(f"blk.{t.layer}."):]
-        ls.setdefault(t.layer, []).append(suf)
-        sl.setdefault(suf, set()).add(t.layer)
-    return _Index({k: tuple(v) for k, v in ls.items()}, {k: frozenset(v) for k, v in sl.items()},
-                  tuple(t.name for t in inv.allocated()))
-
-
-def _group_pattern(layers: frozenset[int], suffixes: Sequence[str], idx: _Index) -> str:
+def _group_pattern(layers: frozenset[int], suffixes: Sequence[str], idx: ModelIndex) -> str:
     """Pattern matching exactly blk.L.S for L in layers, S in suffixes (verified by construction)."""
     sufs = sorted(suffixes)
     stems = sorted({_strip_ext(s) for s in sufs})
     # stems are prefixes after "blk.L.": usable when nothing else in those layers starts with one of them
-    if stems != sufs and all(x in suffixes for layer in layers for x in idx.layer_suffixes.get(layer, ())
-                             if any(x.startswith(st) for st in stems)):
+    suffix_set, stem_tuple = set(sufs), tuple(stems)
+    if stems != sufs and all(x in suffix_set for layer in layers for x in idx.layer_suffixes.get(layer, ())
+                             if x.startswith(stem_tuple)):
         body = stems
     else:
         body = sufs
@@ -200,11 +218,9 @@ def _group_pattern(layers: frozenset[int], suffixes: Sequence[str], idx: _Index)
     return "blk\\." + group(int_set_regex(layers)) + "\\." + alt
 
 
-def compact_overrides(exceptions: Mapping[str, str], inv: ModelInventory, idx: _Index | None = None
-                      ) -> list[Override]:
+def compact_overrides(exceptions: Mapping[str, str], idx: ModelIndex) -> list[Override]:
     """-ot entries (disjoint, so in any order) that move exactly the `exceptions` tensors to their devices."""
-    idx = idx or _index(inv)
-    by_name = inv.by_name
+    by_name = idx.by_name
     blk: dict[str, dict[str, set[int]]] = {}
     glob: dict[str, list[str]] = {}
     for name, dev in exceptions.items():
@@ -233,38 +249,39 @@ MoeExpander = Callable[[str, int], list[Override]]
 
 
 def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
-          moe_candidates: Callable[[Mapping[str, str]], list[tuple[str, int]]],
+          moe_candidates: Callable[[Mapping[str, str], "ModelIndex"], list[tuple[str, int]]],
           expand_moe: MoeExpander) -> PlacementFlags:
     """-ngl, -ts, -ot and an optional -cmoe/-ncmoe that together place every tensor where `assignment` says.
 
-    `moe_candidates(assignment)` proposes dialect shortcuts (("cmoe", 0), ("ncmoe", N)) whose expansion
+    `moe_candidates(assignment, index)` proposes dialect shortcuts (("cmoe", 0), ("ncmoe", N)) whose expansion
     `expand_moe(kind, n)` only moves tensors the plan has on the CPU; the cheapest rendering wins.
     """
     check_assignment(assignment, inv)
+    idx = ModelIndex.of(inv)
     gpus = [gpu_index(d) for d in set(assignment.values()) if is_gpu(d)]
     n_gpus = max(gpus) + 1 if gpus else 0
-    split = choose_split(assignment, inv, rule, n_gpus)
+    split = choose_split(assignment, idx, rule, n_gpus)
     devices = [f"CUDA{i}" for i in range(max(n_gpus, 1))]
     slots = slot_devices(inv.hparams.n_layer, split.n_gpu_layers, rule, devices, split.tensor_split)
     base = base_assignment(inv, slots)
-    idx = _index(inv)
     notes: list[str] = []
     if not split.homes_matched:
-        homes = home_devices(assignment, inv)
+        homes = home_devices(assignment, inv, idx)
         off = [s for s, h in enumerate(homes) if h is not None and h != slots[s]]
         notes.append(f"W101 -ngl/-ts cannot put every layer on its home device: slots {off[:8]} are on other "
                      "devices (their KV cache follows -ngl/-ts, not the -ot overrides)")
 
     def render_cost(ovs: Sequence[Override], moe: tuple[str, int] | None) -> int:
-        return sum(len(o.text()) + 1 for o in ovs) + (0 if moe is None else 8 + len(str(moe[1])))
+        moe_len = 0 if moe is None else (6 if moe[0] == "cmoe" else 8 + len(str(moe[1])))   # "-cmoe " / "-ncmoe N "
+        return sum(len(o.text()) + 1 for o in ovs) + (4 if ovs else 0) + moe_len
 
     best: tuple[int, list[Override], tuple[str, int] | None] | None = None
-    for moe in [None, *moe_candidates(assignment)]:
+    for moe in [None, *moe_candidates(assignment, idx)]:
         start = base
         if moe is not None:
-            start, _ = apply_overrides(base, expand_moe(*moe))
+            start, _ = apply_overrides(base, expand_moe(*moe), idx.names)
         exceptions = {n: d for n, d in assignment.items() if start[n] != d}
-        ovs = compact_overrides(exceptions, inv, idx)
+        ovs = compact_overrides(exceptions, idx)
         c = render_cost(ovs, moe)
         if best is None or c < best[0]:
             best = (c, ovs, moe)
@@ -275,19 +292,14 @@ def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
     return PlacementFlags(split.n_gpu_layers, split.tensor_split, tuple(best[1]), best[2], tuple(notes))
 
 
-def clean_moe_prefix(assignment: Mapping[str, str], inv: ModelInventory, order: Sequence[int],
+def clean_moe_prefix(assignment: Mapping[str, str], idx: ModelIndex, order: Sequence[int],
                      expand_layer: Callable[[int], Override]) -> int:
     """Longest N such that the per-layer expansions of order[:N] only match tensors the plan has on the CPU."""
     n = 0
-    by_layer = inv.by_layer
     for layer in order:
-        names = [t.name for t in by_layer.get(layer, ()) if t.role != "nextn"]
-        res = match_overrides(names, [expand_layer(layer)])
+        res = match_overrides(idx.names, [expand_layer(layer)])
         if any(assignment[x] != "CPU" for x in res.matched[0]):
             break
         n += 1
     return n
 
-
-def escape_name(name: str) -> str:
-    return escape(name)

@@ -1,8 +1,9 @@
 """Hand-checked cases for planner.flags: -ngl slots, -ot first match, -cmoe/-ncmoe, -ts, errors and warnings.
 
-The tiny model (built here with archs.build_inventory): qwen3moe, 4 blocks, block 0 dense (ffn_gate/up/down),
-blocks 1-3 MoE (ffn_gate_inp + ffn_{gate,down,up}_exps). Slots 0-3 are the blocks, slot 4 the output layer
-(output_norm + output). token_embd is the input layer and always starts on the CPU.
+The tiny model (built here with archs.build_inventory): qwen3moe, 4 blocks, block 0 without experts (qwen3moe's
+layer table has no dense FFN, so attention and norms only), blocks 1-3 MoE (ffn_gate_inp + ffn_{gate,down,up}_exps).
+Slots 0-3 are the blocks, slot 4 the output layer (output_norm + output). token_embd is the input layer and always
+starts on the CPU.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_ngl_between_warns_that_dialects_differ():
 
 def test_mainline_ngl_all_and_negative_mean_everything():
     for v in ("all", "-1", "auto"):
-        assert gpu_set(parse(["-ngl", v, "-fit", "off"], INV, "mainline").assignment) == set(NAMES) - {"token_embd.weight"}
+        a = parse(["-ngl", v, "-fit", "off"], INV, "mainline").assignment
+        assert gpu_set(a) == set(NAMES) - {"token_embd.weight"}
 
 
 def test_ik_server_without_ngl_keeps_everything_on_cpu():
@@ -165,7 +167,9 @@ def test_ik_bench_n_cpu_moe_2_takes_the_first_layer_indices():
 
 
 def test_ncffn_moves_dense_ffn_of_the_first_layers():
-    a = parse("-ngl 99 -ncffn 1", INV, "mainline").assignment
+    glm = tiny("glm4moe", 4)     # glm4moe block 0 is dense: ffn_gate/up/down; blocks 1-3 also have shared experts
+    a = parse("-ngl 99 -ncffn 2", glm, "mainline").assignment
+    # blk\.i\.ffn_(up|down|gate)\. for i = 0, 1: dense FFN of block 0; block 1 has none (shexp names differ)
     assert {n for n, d in a.items() if d == "CPU"} == {"token_embd.weight", "blk.0.ffn_gate.weight",
                                                         "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"}
 
@@ -195,7 +199,7 @@ def test_ts_with_partial_ngl_splits_the_gpu_slots_only():
 
 
 def test_assign_matches_parse():
-    a = assign(INV, 99, [Override(r"exps=CPU", "CPU")], "mainline", n_gpus=2, tensor_split=[3, 1])
+    a = assign(INV, 99, [Override("exps", "CPU")], "mainline", n_gpus=2, tensor_split=[3, 1])
     assert a == parse(["-ngl", "99", "-ts", "3,1", "-ot", "exps=CPU"], INV, "mainline").assignment
     assert assign(INV, 99, [("exps", "CPU")], "ik") == parse("-ngl 99 -ot exps=CPU", INV, "ik").assignment
 
@@ -252,7 +256,7 @@ def test_ik_unknown_flag_is_a_warning():
     assert any(w.startswith("W024") for w in p.warnings)
 
 
-@pytest.mark.parametrize("pattern", [r"exps++", r"(?P<x>exps)", r"(?<=ffn_)up", r"(?i)EXPS", r"exps\Z", r"[]a]",
+@pytest.mark.parametrize("pattern", [r"exps++", r"(?P<x>exps)", r"(?<!x)up", r"(?i)EXPS", r"exps\Z", r"[]a]",
                                      r"(?>exps)", "{2}x"])
 def test_regex_constructs_std_regex_reads_differently_are_rejected(pattern):
     with pytest.raises(FlagError, match="ECMAScript|regex"):
@@ -332,7 +336,7 @@ def plan_experts_on_cpu(layers: tuple[int, ...], dialect: str, knobs: Knobs = Kn
 
 
 def test_render_uses_ncmoe_when_it_is_exact_and_shorter():
-    assert list(render(plan_experts_on_cpu((1, 2), "mainline"), INV)) == [
+    assert render(plan_experts_on_cpu((1, 2), "mainline"), INV) == [
         "-ngl", "5", "-ncmoe", "3", "-fit", "off", "-c", "4096", "-np", "1", "-b", "2048", "-ub", "512", "-fa", "on"]
     assert list(render(plan_experts_on_cpu((1, 2, 3), "mainline"), INV))[:3] == ["-ngl", "5", "-cmoe"]
     # ik's server -ncmoe takes the last MoE layers: layers 1-2 need an explicit, compact -ot
@@ -356,7 +360,8 @@ def test_render_op_offload_per_dialect():
     k = Knobs(offload=OffloadPolicy.all(True, 64))
     rc = render(plan_experts_on_cpu((), "mainline", k), INV)
     assert rc.env == {"GGML_OP_OFFLOAD_MIN_BATCH": "64"}
-    assert render_shell(plan_experts_on_cpu((), "mainline", k), INV).startswith("GGML_OP_OFFLOAD_MIN_BATCH=64 llama-server ")
+    line = render_shell(plan_experts_on_cpu((), "mainline", k), INV)
+    assert line.startswith("GGML_OP_OFFLOAD_MIN_BATCH=64 llama-server ")
     mixed = Knobs(offload=OffloadPolicy(moe_matmul=OpRule(False)))
     with pytest.raises(FlagError, match="offload"):
         render(plan_experts_on_cpu((), "mainline", mixed), INV)
@@ -443,3 +448,65 @@ def test_alternation_factors_common_parts():
 def test_translate_keeps_plain_patterns():
     assert translate_ecmascript(r"blk\.(1|2)\.ffn_.*_exps") == r"blk\.(1|2)\.ffn_.*_exps"
     assert compile_pattern(r"blk\.1[0-9]\.x").literal == "blk.1"
+
+
+# ---- more of what llama.cpp does ------------------------------------------------------------------------------
+
+def test_tied_output_copy_follows_token_embd_override_else_the_output_slot():
+    inv = tiny(tied=True)
+    assert parse("-ngl 99", inv, "mainline").output_copy_device == "CUDA0"
+    # the duplicate is looked up as "token_embd.weight": an override of token_embd moves both copies
+    assert parse("-ngl 99 -ot token_embd=CPU", inv, "mainline").output_copy_device == "CPU"
+    assert parse("-ngl 99", INV, "mainline").output_copy_device is None
+
+
+def test_environment_overrides_come_before_the_command_line():
+    p = parse(["LLAMA_ARG_OVERRIDE_TENSOR=exps=CPU", "llama-server", "-ngl", "99", "-ot", "exps=CUDA0"],
+              INV, "mainline")
+    assert [(o.origin, o.device) for o in p.overrides] == [("LLAMA_ARG_OVERRIDE_TENSOR", "CPU"), ("-ot", "CUDA0")]
+    assert all(p.assignment[n] == "CPU" for n in EXPERTS)
+    assert parse("LLAMA_ARG_NO_KV_OFFLOAD=1 llama-server -ngl 99", INV, "mainline").knobs.no_kv_offload
+    assert not parse("LLAMA_ARG_NO_KV_OFFLOAD=1 llama-server -kvo", INV, "mainline").knobs.no_kv_offload
+
+
+def test_repeated_scalar_flag_uses_the_last_value_and_warns():
+    p = parse("-ngl 1 -ngl 99 --flash_attn off", INV, "mainline")
+    assert p.n_gpu_layers == 99 and "W010" in codes(p) and p.knobs.flash_attn is False
+
+
+def test_ik_moe_threshold_note():
+    # 8 experts, 2 used: ik offloads MUL_MAT_ID only from ubatch 32 * 8 / 2 = 128
+    p = parse("-ngl 99 -cmoe -ub 64 -b 64", INV, "ik")
+    assert "W026" in codes(p)
+    assert "W026" not in codes(parse("-ngl 99 -cmoe -ub 128", INV, "ik"))
+    rc = render(plan_experts_on_cpu((1, 2, 3), "ik", Knobs(n_ubatch=64)), INV)
+    assert any(n.startswith("W026") for n in rc.notes)
+
+
+def test_render_ik_extras_and_no_mmap_spellings():
+    k = Knobs(mla=2, amb=512, fmoe=False, rtr=True, mmap=False)
+    argv = list(render(plan_experts_on_cpu((), "ik", k), INV))
+    assert argv[argv.index("-mla") + 1] == "2" and argv[argv.index("-amb") + 1] == "512"
+    assert "-no-fmoe" in argv and "-rtr" in argv
+    bench = list(render(plan_experts_on_cpu((), "ik", k), INV, "bench"))
+    assert bench[bench.index("-fmoe") + 1] == "0" and bench[bench.index("-rtr") + 1] == "1"
+    assert bench[bench.index("-mmp") + 1] == "0"
+    main = list(render(plan_experts_on_cpu((), "mainline", Knobs(mmap=False)), INV))
+    assert main[main.index("-lm") + 1] == "none"           # this mainline has no --no-mmap
+    with pytest.raises(FlagError, match="mmap"):
+        render(plan_experts_on_cpu((), "ik", Knobs(rtr=True)), INV)
+
+
+def test_parse_accepts_a_rendered_command_and_multiline_paste():
+    p = plan_experts_on_cpu((2, 3), "mainline")
+    rc = render(p, INV)
+    assert parse(rc, INV, "mainline").assignment == p.assignment
+    pasted = "llama-server \\\n  " + " \\\n  ".join(shlex.quote(a) for a in rc)
+    assert parse(pasted, INV, "mainline").assignment == p.assignment
+
+
+def test_rendered_command_is_the_argv_list():
+    rc = render(plan_experts_on_cpu((), "mainline", Knobs(offload=OffloadPolicy.all(True, 64))), INV)
+    assert isinstance(rc, list) and all(isinstance(a, str) for a in rc)
+    assert rc.argv == tuple(rc) and rc.env == {"GGML_OP_OFFLOAD_MIN_BATCH": "64"} and rc.tool == "server"
+    assert rc.shell("").startswith("GGML_OP_OFFLOAD_MIN_BATCH=64 -ngl")

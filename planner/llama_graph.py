@@ -1,0 +1,447 @@
+"""llama.cpp's worst-case compute graph for a model, rebuilt in the miniature ggml of planner/ggml_graph.py.
+
+The builders mirror src/llama-graph.cpp (build_inp_embd, build_norm, build_qkv, build_attn, build_attn_mha,
+build_ffn, build_moe_ffn) and the per-architecture graphs in src/models/ (llama.cpp, qwen3moe.cpp,
+qwen2moe.cpp, deepseek2.cpp, openai-moe.cpp, glm4-moe.cpp) of the version vendored in llama-cpp-python 0.3.36:
+the same tensors, created and expanded in the same order, so that ggml-alloc's replay sees the graph that
+sched_reserve sees. Only what changes buffer sizes is kept (names and math parameters are dropped).
+
+What the graph reserve uses (src/llama-context.cpp sched_reserve / graph_reserve):
+- n_tokens = min(n_ctx, n_ubatch) with n_ubatch already clamped to n_batch = min(n_ctx, n_batch);
+  n_outputs = n_tokens for the prompt graph (n_outputs_max defaults to n_batch), 1 for the token graph.
+- the KV cache "full" context: n_kv = the cache size of the layer's cache (SWA layers: the SWA cache).
+- flash attention: f16 KQ mask [n_kv, n_tokens], V not transposed; without it an f32 mask, a transposed V
+  cache whose store index is [n_tokens * n_embd_v_gqa] i64, and KQ = [n_kv, n_tokens, n_head] f32.
+- a quantized K (V) cache whose head size is a multiple of 64 rotates q and k (v and the output) with a
+  Hadamard matrix (llama-kv-cache.cpp attn_rot_k/v, llama-impl.h llama_mul_mat_hadamard): a copy each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ggml_graph import GT, OUTPUT, Graph
+from .model import ModelInventory
+
+TIED_OUTPUT = "token_embd.weight@output"   # ext name of the duplicated token_embd used as the output
+QUANT_KV = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    n_tokens: int
+    n_outputs: int
+    flash_attn: bool
+    type_k: str
+    type_v: str
+    kv_cells: tuple[int, ...]       # per layer: cells of the cache the layer attends (its n_kv)
+    swa_cells: int = 0              # cells of the SWA cache (gpt-oss), 0 without one
+    base_cells: int = 0             # cells of the non-SWA cache
+    layers: tuple[int, ...] | None = None   # the layers to build, in order (None: all); see memory.py
+
+
+class _Builder:
+    """One graph: the model's weights as external tensors, the inputs, the layers, the output."""
+
+    def __init__(self, inv: ModelInventory, p: GraphParams) -> None:
+        self.inv, self.p, self.hp = inv, p, inv.hparams
+        self.g = Graph()
+        self.T = p.n_tokens
+        self._w: dict[str, GT] = {}
+
+    # ---- helpers ----
+
+    def w(self, name: str) -> GT | None:
+        t = self._w.get(name)
+        if t is None:
+            spec = self.inv.by_name.get(name)
+            if spec is None:
+                return None
+            t = self._w[name] = Graph.weight(name, spec.shape, spec.nbytes)
+        return t
+
+    def lw(self, il: int, suffix: str) -> GT | None:
+        return self.w(f"blk.{il}.{suffix}")
+
+    def norm(self, x: GT, weight: GT | None, name: str = "norm") -> GT:
+        g = self.g
+        cur = g.unary("RMS_NORM", x, name=name)
+        if weight is not None:
+            cur = g.binary("MUL", cur, weight, name=name + "_w")
+        return cur
+
+    def mm(self, w: GT, x: GT, bias: GT | None = None, name: str = "") -> GT:
+        cur = self.g.mul_mat(w, x, name=name)
+        if bias is not None:
+            cur = self.g.binary("ADD", cur, bias, name=name + "_b")
+        return cur
+
+    # ---- inputs (llama-graph.cpp build_inp_*) ----
+
+    def inputs(self) -> None:
+        g, T, E = self.g, self.T, self.hp.n_embd
+        tokens = Graph.input("inp_tokens", (T,), "i32")
+        embd_in = Graph.input("inp_embd", (E, T), "f32")
+        cur = g.get_rows(self.w("token_embd.weight"), tokens, name="embd")
+        g.expand(cur)                 # ggml_build_forward_select: both alternatives, the token path first
+        g.expand(embd_in)
+        self.inpL = cur
+        self.pos = Graph.input("inp_pos", (T,), "i32")
+
+    def kv_inputs(self, cells: int, tag: str, with_v: bool = True) -> dict[str, GT | None]:
+        """build_input_k_idxs / v_idxs / build_attn_inp_kq_mask / build_input_k_rot / v_rot of one cache."""
+        p, T, hp = self.p, self.T, self.hp
+        k_idxs = Graph.input(f"k_idxs{tag}", (T,), "i64")
+        v_idxs = None
+        if with_v:
+            n_v = hp.n_head_kv[0] * hp.head_dim_v
+            v_idxs = Graph.input(f"v_idxs{tag}", (T,) if p.flash_attn else (T * n_v,), "i64")
+        mask = Graph.input(f"kq_mask{tag}", (cells, T), "f16" if p.flash_attn else "f32")
+        return {"k_idxs": k_idxs, "v_idxs": v_idxs, "mask": mask,
+                "k_rot": self._rot(p.type_k, hp.head_dim_k, f"k_rot{tag}", largest=True) if with_v else None,
+                "v_rot": self._rot(p.type_v, hp.head_dim_v, f"v_rot{tag}", largest=False) if with_v else None}
+
+    @staticmethod
+    def _rot(kv_type: str, head_dim: int, name: str, largest: bool) -> GT | None:
+        if kv_type not in QUANT_KV or head_dim % 64:
+            return None
+        n = 64
+        if largest:                    # K: the largest power of two (>= 64) dividing the head size
+            while head_dim % (n * 2) == 0:
+                n *= 2
+        return Graph.input(name, (n, n), "f32")
+
+    def out_ids(self) -> GT:
+        return Graph.input("out_ids", (self.p.n_outputs,), "i32")
+
+    # ---- attention (build_attn + build_attn_mha) ----
+
+    def hadamard(self, x: GT, rot: GT) -> GT:
+        g = self.g
+        n = rot.ne[0]
+        total = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
+        r = g.reshape(x, (n, total // n)) if x.contig else g.cont(x, (n, total // n))
+        r = g.mul_mat(rot, r, name="hadamard")
+        return g.reshape(r, x.ne)
+
+    def cache(self, il: int, kind: str, ne: tuple[int, ...], dtype: str) -> GT:
+        return GT(f"cache_{kind}_l{il}", ne, dtype, ext=f"kv:{il}")
+
+    def attn_mha(self, q: GT, k: GT, v: GT, mask: GT, sinks: GT | None, v_mla: GT | None, v_trans: bool) -> GT:
+        g = self.g
+        q = g.view(q, q.ne)
+        q = g.permute(q, (0, 2, 1, 3))
+        k = g.permute(k, (0, 2, 1, 3))
+        v = g.permute(v, (0, 2, 1, 3))
+        if self.p.flash_attn:
+            if v_trans:
+                v = g.transpose(v)
+            if k.dtype == "f32":
+                k = g.op("CPY", k.ne, "f16", k, name="k_f16")
+            if v.dtype == "f32":
+                v = g.op("CPY", v.ne, "f16", v, name="v_f16")
+            cur = g.op("FLASH_ATTN_EXT", (v.ne[0], q.ne[2], q.ne[1], q.ne[3]), "f32", q, k, v, mask, sinks,
+                       name="fattn")
+            if v_mla is not None:
+                cur = g.permute(cur, (0, 2, 1, 3))
+                cur = g.mul_mat(v_mla, cur, name="fattn_mla")
+                cur = g.permute(cur, (0, 2, 1, 3))
+                cur = g.cont(cur, name="fattn_cont")
+            cur = g.reshape(cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]))
+        else:
+            kq = g.mul_mat(k, q, name="kq")
+            kq = g.op("SOFT_MAX", kq.ne, "f32", kq, mask, sinks, name="kq_soft_max")
+            if not v_trans:
+                v = g.cont(g.transpose(v), name="v_cont")
+            kqv = g.mul_mat(v, kq, name="kqv")
+            if v_mla is not None:
+                kqv = g.mul_mat(v_mla, kqv, name="kqv_mla")
+            cur = g.permute(kqv, (0, 2, 1, 3))
+            cur = g.cont(cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]), name="kqv_out")
+        g.expand(cur)
+        return cur
+
+    def attn_kv(self, il: int, inp: dict, q: GT, k: GT, v: GT, wo: GT, wo_b: GT | None, sinks: GT | None,
+                cells: int, order: str) -> GT:
+        """build_attn with a K+V cache (llama_kv_cache: order "qvk"; the iswa variant: "qkv")."""
+        g, hp, p = self.g, self.hp, self.p
+        if inp["k_rot"] is not None:
+            q = self.hadamard(q, inp["k_rot"])
+            k = self.hadamard(k, inp["k_rot"])
+        if inp["v_rot"] is not None:
+            v = self.hadamard(v, inp["v_rot"])
+        for t in ({"q": q, "k": k, "v": v}[c] for c in order):
+            g.expand(t)
+        hkv, dk, dv = hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v
+        v_trans = not p.flash_attn
+        kc = self.cache(il, "k", (dk * hkv, cells), p.type_k)
+        vc = self.cache(il, "v", (dv * hkv, cells), p.type_v)
+        g.expand(g.set_rows(kc, g.view(k, (dk * hkv, self.T)), inp["k_idxs"]))
+        if v_trans:
+            vv = g.reshape(v, (1, dv * hkv * self.T))
+        else:
+            vv = g.view(v, (dv * hkv, self.T))
+        g.expand(g.set_rows(vc, vv, inp["v_idxs"]))
+        k_view = g.view(kc, (dk, hkv, cells, 1))
+        v_view = g.view(vc, (cells, hkv, dv, 1) if v_trans else (dv, hkv, cells, 1))
+        cur = self.attn_mha(q, k_view, v_view, inp["mask"], sinks, None, v_trans)
+        if inp["v_rot"] is not None:
+            cur = self.hadamard(cur, inp["v_rot"])
+        return self.mm(wo, cur, wo_b, name="attn_out")
+
+    def qkv(self, il: int, cur: GT) -> tuple[GT, GT, GT]:
+        """build_qkv (separate Q/K/V weights, optional biases), reshaped to [head, n_head, T]."""
+        g, hp, T = self.g, self.hp, self.T
+        q = self.mm(self.lw(il, "attn_q.weight"), cur, self.lw(il, "attn_q.bias"), name="Qcur")
+        k = self.mm(self.lw(il, "attn_k.weight"), cur, self.lw(il, "attn_k.bias"), name="Kcur")
+        v = self.mm(self.lw(il, "attn_v.weight"), cur, self.lw(il, "attn_v.bias"), name="Vcur")
+        hkv = hp.n_head_kv[il]
+        return (g.reshape(q, (hp.head_dim_k, hp.n_head, T)), g.reshape(k, (hp.head_dim_k, hkv, T)),
+                g.reshape(v, (hp.head_dim_v, hkv, T)))
+
+    # ---- feed-forward (build_ffn, build_moe_ffn) ----
+
+    def ffn(self, cur: GT, up: GT, gate: GT, down: GT) -> GT:
+        """build_ffn with a parallel gate and SiLU: up, gate, swiglu(gate, up), down."""
+        g = self.g
+        tmp = g.mul_mat(up, cur, name="ffn_up")
+        x = g.mul_mat(gate, cur, name="ffn_gate")
+        x = g.binary("GLU", x, tmp, name="ffn_swiglu")
+        return g.mul_mat(down, x, name="ffn_down")
+
+    def moe(self, il: int, cur: GT, gating: str, norm_w: bool, probs_b: GT | None = None,
+            biased: bool = False) -> GT:
+        """build_moe_ffn: router, top-k, weights, up/gate/down per selected expert, weighted sum."""
+        g, hp = self.g, self.hp
+        E, T = cur.ne[0], cur.ne[1]
+        X, A = hp.n_expert, hp.n_expert_used
+        logits = g.mul_mat(self.lw(il, "ffn_gate_inp.weight"), cur, name="ffn_moe_logits")
+        if biased and self.lw(il, "ffn_gate_inp.bias") is not None:
+            logits = g.binary("ADD", logits, self.lw(il, "ffn_gate_inp.bias"), name="ffn_moe_logits_biased")
+        if gating == "softmax":
+            probs = g.unary("SOFT_MAX", logits, name="ffn_moe_probs")
+        elif gating == "sigmoid":
+            probs = g.unary("UNARY", logits, name="ffn_moe_probs")
+        else:                                           # softmax_weight (gpt-oss): weights get the softmax
+            probs = logits
+        selection = probs
+        if probs_b is not None:
+            selection = g.binary("ADD", probs, probs_b, name="ffn_moe_probs_biased")
+        argsort = g.op("ARGSORT", selection.ne, "i32", selection, name="ffn_moe_argsort")
+        selected = g.view(argsort, (A, T))
+        weights = g.get_rows(g.reshape(probs, (1, X, T)), selected, name="ffn_moe_weights")
+        if gating == "softmax_weight":
+            weights = g.unary("SOFT_MAX", g.reshape(weights, (A, T)), name="ffn_moe_weights_softmax")
+            weights = g.reshape(weights, (1, A, T))
+        if norm_w:
+            w2 = g.reshape(weights, (A, T))
+            total = g.op("SUM_ROWS", (1, T), "f32", w2, name="ffn_moe_weights_sum")
+            total = g.unary("CLAMP", total, name="ffn_moe_weights_sum_clamped")
+            weights = g.binary("DIV", w2, total, name="ffn_moe_weights_norm")
+            weights = g.reshape(weights, (1, A, T))
+        g.expand(weights)
+        x = g.reshape(cur, (E, 1, T))
+        up = g.mul_mat_id(self.lw(il, "ffn_up_exps.weight"), x, selected, name="ffn_moe_up")
+        if biased:
+            up = g.binary("ADD_ID", up, self.lw(il, "ffn_up_exps.bias"), selected, name="ffn_moe_up_biased")
+        gate = g.mul_mat_id(self.lw(il, "ffn_gate_exps.weight"), x, selected, name="ffn_moe_gate")
+        if biased:
+            gate = g.binary("ADD_ID", gate, self.lw(il, "ffn_gate_exps.bias"), selected, name="ffn_moe_gate_biased")
+        act = g.binary("GLU", gate, up, name="ffn_moe_swiglu")
+        experts = g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), act, selected, name="ffn_moe_down")
+        if biased:
+            experts = g.binary("ADD_ID", experts, self.lw(il, "ffn_down_exps.bias"), selected,
+                               name="ffn_moe_down_biased")
+        experts = g.binary("MUL", experts, weights, name="ffn_moe_weighted")
+        g.expand(experts)
+        views = [g.view(experts, (E, T)) for _ in range(A)]
+        for v in views:
+            g.expand(v)
+        out = views[0]
+        for v in views[1:]:
+            out = g.binary("ADD", out, v, name="ffn_moe_add")
+            g.expand(out)
+        if A == 1:
+            out = g.cont(out, name="ffn_moe_out")
+        return out
+
+    # ---- the output (result_norm, result_output) ----
+
+    def output(self, cur: GT) -> None:
+        g = self.g
+        cur = self.norm(cur, self.w("output_norm.weight"), name="result_norm")
+        cur.flags |= OUTPUT                     # res->t_embd
+        out_w = self.w("output.weight")
+        if out_w is None:                       # tied: token_embd loaded again as the output, on its device
+            emb = self.inv.by_name["token_embd.weight"]
+            out_w = Graph.weight("token_embd.weight", emb.shape, emb.nbytes, ext=TIED_OUTPUT)
+        logits = g.mul_mat(out_w, cur, name="result_output")
+        logits.flags |= OUTPUT                  # res->t_logits
+        g.expand(logits)
+
+    # ---- architectures (src/models/*.cpp) ----
+
+    def build(self) -> Graph:
+        arch = self.hp.arch
+        fn = {"llama": self._standard, "qwen2": self._standard, "qwen3": self._standard,
+              "qwen3moe": self._standard, "qwen2moe": self._standard, "glm4moe": self._standard,
+              "gpt-oss": self._gptoss, "deepseek2": self._deepseek2}.get(arch)
+        if fn is None:
+            fn = self._standard                 # llama-like fallback (llama4 ... share the skeleton)
+        fn()
+        return self.g
+
+    def _n_main(self) -> int:
+        return self.hp.n_layer - self.hp.n_nextn
+
+    def _layers(self) -> tuple[int, ...]:
+        return self.p.layers if self.p.layers is not None else tuple(range(self._n_main()))
+
+    def _standard(self) -> None:
+        """llama / qwen2 / qwen3 / qwen3moe / qwen2moe / glm4moe: norm, attention, residual, (MoE) FFN."""
+        g, hp, arch = self.g, self.hp, self.hp.arch
+        self.inputs()
+        inp = self.kv_inputs(self.p.kv_cells[0] if self.p.kv_cells else 0, "")
+        out_ids = self.out_ids()
+        inpL = self.inpL
+        n = self._n_main()
+        for il in self._layers():
+            inpSA = inpL
+            cur = self.norm(inpL, self.lw(il, "attn_norm.weight"), name="attn_norm")
+            q, k, v = self.qkv(il, cur)
+            qn, kn = self.lw(il, "attn_q_norm.weight"), self.lw(il, "attn_k_norm.weight")
+            if qn is not None:
+                q = self.norm(q, qn, name="Qcur_normed")
+            q = g.unary("ROPE", q, self.pos, name="Qcur_rope")
+            if kn is not None:
+                k = self.norm(k, kn, name="Kcur_normed")
+            k = g.unary("ROPE", k, self.pos, name="Kcur_rope")
+            cur = self.attn_kv(il, inp, q, k, v, self.lw(il, "attn_output.weight"), self.lw(il, "attn_output.bias"),
+                               None, self.p.kv_cells[il], "qvk")
+            if il == n - 1:
+                cur = g.get_rows(cur, out_ids, name="attn_out_rows")
+                inpSA = g.get_rows(inpSA, out_ids, name="inpSA_rows")
+            ffn_inp = g.binary("ADD", cur, inpSA, name="ffn_inp")
+            post = "post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"
+            cur = self.norm(ffn_inp, self.lw(il, post), name="ffn_norm")
+            moe = hp.moe_layers[il] if il < len(hp.moe_layers) else False
+            if not moe:
+                cur = self.ffn(cur, self.lw(il, "ffn_up.weight"), self.lw(il, "ffn_gate.weight"),
+                               self.lw(il, "ffn_down.weight"))
+            elif arch == "qwen2moe":
+                moe_out = self.moe(il, cur, "softmax", norm_w=False)
+                gate_inp = g.mul_mat(self.lw(il, "ffn_gate_inp_shexp.weight"), cur, name="ffn_shexp_gate_inp")
+                silu = g.unary("UNARY", gate_inp, name="ffn_shexp_silu")
+                gate = g.binary("DIV", silu, gate_inp, name="ffn_shexp_gate")
+                sh = self.ffn(cur, self.lw(il, "ffn_up_shexp.weight"), self.lw(il, "ffn_gate_shexp.weight"),
+                              self.lw(il, "ffn_down_shexp.weight"))
+                sh = g.binary("MUL", sh, gate, name="ffn_shexp_out")
+                cur = g.binary("ADD", moe_out, sh, name="ffn_out")
+            elif arch == "glm4moe":
+                moe_out = self.moe(il, cur, "sigmoid", norm_w=True, probs_b=self.lw(il, "exp_probs_b.bias"))
+                sh = self.ffn(cur, self.lw(il, "ffn_up_shexp.weight"), self.lw(il, "ffn_gate_shexp.weight"),
+                              self.lw(il, "ffn_down_shexp.weight"))
+                cur = g.binary("ADD", moe_out, sh, name="ffn_out")
+            else:                               # qwen3moe, llama (MoE branch): softmax, normalized weights
+                cur = self.moe(il, cur, "softmax", norm_w=True)
+            cur = g.binary("ADD", cur, ffn_inp, name="l_out")
+            inpL = cur
+        self.output(inpL)
+
+    def _gptoss(self) -> None:
+        """openai-moe.cpp: iswa cache, attention biases and sinks, MoE with biases and softmax-weight gating;
+        the last layer runs on every token and its output (t_h_nextn) is kept; out_ids select afterwards."""
+        g, hp, p = self.g, self.hp, self.p
+        self.inputs()
+        base = self.kv_inputs(p.base_cells, "")
+        swa = self.kv_inputs(p.swa_cells, "_swa")
+        out_ids = self.out_ids()
+        inpL = self.inpL
+        n = self._n_main()
+        for il in self._layers():
+            is_swa = hp.swa_layers[il] if il < len(hp.swa_layers) else False
+            inpSA = inpL
+            cur = self.norm(inpL, self.lw(il, "attn_norm.weight"), name="attn_norm")
+            q, k, v = self.qkv(il, cur)
+            q = g.unary("ROPE", q, self.pos, name="Qcur_rope")
+            k = g.unary("ROPE", k, self.pos, name="Kcur_rope")
+            cur = self.attn_kv(il, swa if is_swa else base, q, k, v, self.lw(il, "attn_output.weight"),
+                               self.lw(il, "attn_output.bias"), self.lw(il, "attn_sinks.weight"),
+                               p.kv_cells[il], "qkv")
+            ffn_inp = g.binary("ADD", cur, inpSA, name="ffn_inp")
+            cur = self.norm(ffn_inp, self.lw(il, "post_attention_norm.weight"), name="attn_post_norm")
+            cur = self.moe(il, cur, "softmax_weight", norm_w=False, biased=True)
+            cur = g.binary("ADD", cur, ffn_inp, name="l_out")
+            inpL = cur
+        inpL.flags |= OUTPUT                    # res->t_h_nextn
+        self.output(g.get_rows(inpL, out_ids, name="out_rows"))
+
+    def _deepseek2(self) -> None:
+        """deepseek2.cpp with MLA (absorbed attention over a K-only latent cache) and dense leading layers."""
+        g, hp, p, T = self.g, self.hp, self.p, self.T
+        self.inputs()
+        inp = self.kv_inputs(p.kv_cells[0] if p.kv_cells else 0, "", with_v=False)
+        out_ids = self.out_ids()
+        kvl, rope, H = hp.mla_kv_lora_rank, hp.n_rot, hp.n_head
+        inpL = self.inpL
+        n = self._n_main()
+        for il in self._layers():
+            inpSA = inpL
+            cur = self.norm(inpL, self.lw(il, "attn_norm.weight"), name="attn_norm")
+            if self.lw(il, "attn_q_a.weight") is not None:
+                q = g.mul_mat(self.lw(il, "attn_q_a.weight"), cur, name="q_a")
+                q = self.norm(q, self.lw(il, "attn_q_a_norm.weight"), name="q_a_norm")
+                q = g.mul_mat(self.lw(il, "attn_q_b.weight"), q, name="q_b")
+            else:
+                q = g.mul_mat(self.lw(il, "attn_q.weight"), cur, name="q")
+            dk = q.ne[0] // H
+            q = g.reshape(q, (dk, H, T))
+            kv_pe = g.mul_mat(self.lw(il, "attn_kv_a_mqa.weight"), cur, name="kv_cmpr_pe")
+            kv_cmpr = g.view(kv_pe, (kvl, T))
+            k_pe = g.view(kv_pe, (rope, 1, T))
+            k_pe = g.unary("ROPE", k_pe, self.pos, name="k_pe")
+            kv_cmpr = self.norm(kv_cmpr, self.lw(il, "attn_kv_a_norm.weight"), name="kv_cmpr")
+            nope = dk - rope
+            q_nope = g.view(q, (nope, H, T))
+            q_pe = g.view(q, (rope, H, T))
+            q_pe = g.unary("ROPE", q_pe, self.pos, name="q_pe")
+            q_nope = g.permute(q_nope, (0, 2, 1, 3))
+            q_abs = g.mul_mat(self.lw(il, "attn_k_b.weight"), q_nope, name="q_nope_absorbed")
+            q_abs = g.permute(q_abs, (0, 2, 1, 3))
+            qcur = g.op("CONCAT", (kvl + rope, H, T), "f32", q_abs, q_pe, name="Qcur")
+            kv_cmpr = g.reshape(kv_cmpr, (kvl, 1, T))
+            kcur = g.op("CONCAT", (kvl + rope, 1, T), "f32", kv_cmpr, k_pe, name="Kcur")
+            vcur = kv_cmpr
+            # build_attn(llm_graph_input_attn_k): q, v, k expanded; store K; V is a view of the K cache
+            for t in (qcur, vcur, kcur):
+                g.expand(t)
+            cells = p.kv_cells[il]
+            kc = self.cache(il, "k", (kvl + rope, cells), p.type_k)
+            g.expand(g.set_rows(kc, g.view(kcur, (kvl + rope, T)), inp["k_idxs"]))
+            k_view = g.view(kc, (kvl + rope, 1, cells, 1))
+            v_view = g.view(kc, (kvl, 1, cells, 1))
+            cur = self.attn_mha(qcur, k_view, v_view, inp["mask"], None, self.lw(il, "attn_v_b.weight"),
+                                v_trans=False)
+            cur = g.mul_mat(self.lw(il, "attn_output.weight"), cur, name="attn_out")
+            if il == n - 1:
+                cur = g.get_rows(cur, out_ids, name="attn_out_rows")
+                inpSA = g.get_rows(inpSA, out_ids, name="inpSA_rows")
+            ffn_inp = g.binary("ADD", cur, inpSA, name="ffn_inp")
+            cur = self.norm(ffn_inp, self.lw(il, "ffn_norm.weight"), name="ffn_norm")
+            if not (hp.moe_layers[il] if il < len(hp.moe_layers) else False):
+                cur = self.ffn(cur, self.lw(il, "ffn_up.weight"), self.lw(il, "ffn_gate.weight"),
+                               self.lw(il, "ffn_down.weight"))
+            else:
+                probs_b = self.lw(il, "exp_probs_b.bias")
+                gating = "sigmoid" if probs_b is not None else "softmax"
+                moe_out = self.moe(il, cur, gating, norm_w=True, probs_b=probs_b)
+                sh = self.ffn(cur, self.lw(il, "ffn_up_shexp.weight"), self.lw(il, "ffn_gate_shexp.weight"),
+                              self.lw(il, "ffn_down_shexp.weight"))
+                cur = g.binary("ADD", moe_out, sh, name="ffn_out")
+            cur = g.binary("ADD", cur, ffn_inp, name="l_out")
+            inpL = cur
+        self.output(inpL)
+
+
+def build_graph(inv: ModelInventory, params: GraphParams) -> Graph:
+    """The graph llama.cpp reserves for one ubatch of params.n_tokens tokens."""
+    return _Builder(inv, params).build()
