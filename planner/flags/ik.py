@@ -314,17 +314,3 @@ def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInven
 
 SPEC = DialectSpec(name="ik", slot_rule="last_blocks", tools=TABLES, render_policy=render_policy,
                    parse_policy=parse_policy, placement_notes=placement_notes)
-
-
-def render(plan, inv, tool: str = "server", **kw):
-    """ik_llama.cpp flags for `plan` (see planner.flags.render)."""
-    from dataclasses import replace
-
-    from . import render as _render
-    return _render(replace(plan, dialect="ik"), inv, tool, **kw)
-
-
-def parse(args, inv, **kw):
-    """Read an ik_llama.cpp command line (see planner.flags.parse)."""
-    from . import parse as _parse
-    return _parse(args, inv, "ik", **kw)

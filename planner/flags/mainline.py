@@ -181,16 +181,3 @@ def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInven
 
 SPEC = DialectSpec(name="mainline", slot_rule="last_slots", tools=TABLES, render_policy=render_policy,
                    parse_policy=parse_policy, placement_notes=placement_notes)
-
-
-def render(plan, inv, tool: str = "server", **kw):
-    """mainline flags for `plan` (see planner.flags.render)."""
-    from . import render as _render
-    from dataclasses import replace
-    return _render(replace(plan, dialect="mainline"), inv, tool, **kw)
-
-
-def parse(args, inv, **kw):
-    """Read a mainline command line (see planner.flags.parse)."""
-    from . import parse as _parse
-    return _parse(args, inv, "mainline", **kw)
