@@ -1,0 +1,42 @@
+"""The cost model as an engine: memory model + roofline predictor for a HardwareProfile (no hardware needed).
+
+Deterministic and instant; for planning hardware you do not have, for tests, and as the optimizer's prior.
+The smallest Engine, so also the example implementation of runtime/engine.py's contract: a plan over a
+GPU's memory is a failed Measurement (as a real out-of-memory would be), not an exception.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost import predict
+from planner.errors import InputError
+from planner.hardware import HardwareProfile, fmt_bytes
+from planner.memory import estimate
+from planner.model import ModelInventory
+from planner.plan import Plan
+
+from .engine import Measurement, Workload
+
+
+@dataclass
+class SimEngine:
+    hw: HardwareProfile
+    name: str = "sim"
+
+    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
+        n_gpus = len(self.hw.gpus)
+        for dev in plan.devices():
+            if dev != "CPU" and (not dev.startswith("CUDA") or int(dev[4:]) >= n_gpus):
+                raise InputError(f"plan puts tensors on {dev}, but the hardware profile {self.hw.name} has "
+                                 f"{n_gpus} GPU(s) (CUDA0..CUDA{n_gpus - 1})")
+        mem = estimate(inv, plan, self.hw)
+        peak = {d: m.total for d, m in mem.devices.items() if d != "CPU"}
+        host = mem.host_pinned + mem.host_mapped + sum(getattr(mem.devices.get("CPU"), k, 0) for k in ("kv", "compute", "overhead"))
+        for dev, used in peak.items():
+            have = self.hw.gpu(dev).vram_bytes
+            if used > have:
+                return Measurement.failed(f"out of memory on {dev}: needs {fmt_bytes(used)}, has {fmt_bytes(have)}",
+                                          peak_bytes=peak, host_bytes=host)
+        pr = predict(inv, plan, self.hw, n_prompt=max(workload.n_prompt, 1), depth=workload.depth)
+        return Measurement(pp_tps=pr.pp_tps if workload.n_prompt else 0.0, tg_tps=pr.tg_tps if workload.n_gen else 0.0,
+                           peak_bytes=peak, host_bytes=host, raw={"breakdown": pr.breakdown, "engine": "sim"})
