@@ -14,6 +14,11 @@ What the graph reserve uses (src/llama-context.cpp sched_reserve / graph_reserve
   cache whose store index is [n_tokens * n_embd_v_gqa] i64, and KQ = [n_kv, n_tokens, n_head] f32.
 - a quantized K (V) cache whose head size is a multiple of 64 rotates q and k (v and the output) with a
   Hadamard matrix (llama-kv-cache.cpp attn_rot_k/v, llama-impl.h llama_mul_mat_hadamard): a copy each.
+
+Checked byte for byte against llama.cpp's own buffers (tests/planner/test_memory_llamacpp.py on the CPU build,
+tests/planner/test_memory_cuda.py on CUDA logs) for llama, qwen3moe, qwen2moe, deepseek2 (MLA), gpt-oss and
+glm4moe. Other architectures (qwen2, qwen3, llama4) use the llama skeleton: llama4's chunked-attention cache,
+shared expert and sigmoid-before-FFN routing are not modelled, so its compute estimate is approximate.
 """
 from __future__ import annotations
 

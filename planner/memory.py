@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from .ggml_graph import GT, Compiled, allocate_compiled
 from .ggml_types import by_name
@@ -193,7 +194,7 @@ def _offload_threshold(inv: ModelInventory, plan: Plan, weight: str) -> int | No
 # once the allocator has gone through a few of them its free list repeats from layer to layer and the high-water
 # mark stops moving. We build only the first KEEP_PERIODS periods of each run and its last period, which keeps
 # the model's transitions (first/last layer, device boundaries, dense -> MoE) and makes planning fast on 61-layer
-# models. tests/planner/test_memory.py checks this against the full graph on every preset.
+# models. tests/planner/test_memory.py checks it against the full graph on every preset.
 KEEP_PERIODS = 3
 _PERIODS = (1, 2, 4)          # dense/MoE runs; gpt-oss SWA/full alternation; llama4-style patterns
 
@@ -205,7 +206,8 @@ def _layer_signatures(inv: ModelInventory, plan: Plan, cells: tuple[int, ...]) -
     for il in range(n):
         devs = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(il, ()))
         swa = hp.swa_layers[il] if il < len(hp.swa_layers) else False
-        sigs.append((il == n - 1, swa, cells[il], hp.n_head_kv[il], homes[il], devs))
+        moe = hp.moe_layers[il] if il < len(hp.moe_layers) else False
+        sigs.append((il == n - 1, moe, swa, cells[il], hp.n_head_kv[il], homes[il], devs))
     return sigs
 
 
@@ -270,11 +272,12 @@ def _graph(inv: ModelInventory, params: GraphParams) -> Compiled:
 
 
 class _Devices:
-    """Where weights and KV caches of a plan live, by the names the graph gives them."""
+    """Where weights and KV caches of a plan live, by the names the graph gives them; the GPUs the scheduler
+    has (the plan's, plus those of the machine: op offload uses CUDA0 even when no weight lives there)."""
 
-    def __init__(self, inv: ModelInventory, plan: Plan) -> None:
+    def __init__(self, inv: ModelInventory, plan: Plan, gpus: tuple[str, ...] = ()) -> None:
         self.plan, self.homes, self.out = plan, home_devices(inv, plan), output_device(inv, plan)
-        self.gpus = sorted({d for d in plan.assignment.values() if d != "CPU"}, key=device_sort_key)
+        self.gpus = sorted({d for d in plan.assignment.values() if d != "CPU"} | set(gpus), key=device_sort_key)
 
     def of(self, ext: str) -> str:
         if ext.startswith("kv:"):
@@ -343,14 +346,22 @@ def _split(c: Compiled, dev: list[str]) -> tuple[list[int], list[tuple[int, ...]
     kind, tensors = c.kind, c.tensors
     cur = None
 
+    def keep_until(kept: list[int], dev_of: str) -> int:
+        """A node that consumes `kept` (the scheduler's GGML_OP_NONE dependency node)."""
+        i = c.add(GT("dep", (1,), "f32", "NONE", view_src=tensors[kept[0]], nbytes=0), tuple(kept), -1)
+        dev.append(dev_of)
+        src.append(tuple(kept))
+        return i
+
     def flush() -> None:
         for s, cp in inputs:
-            dep = c.add(GT("dep", (1,), "f32", "NONE", view_src=tensors[s], nbytes=0), (s,), -1)
-            dev.append(dev[s])
-            src.append((s,))
-            order.append(dep)
+            order.append(keep_until([s], dev[s]))
             order.append(cp)
-        order.extend(pending)
+        deps = _cuda_alloc_deps(c, pending, src) if cur is not None and cur != "CPU" else {}
+        for i in pending:
+            order.append(i)
+            if i in deps:
+                order.append(keep_until(deps[i], cur))
         pending.clear()
         inputs.clear()
 
@@ -387,42 +398,120 @@ def _split(c: Compiled, dev: list[str]) -> tuple[list[int], list[tuple[int, ...]
     return order, src
 
 
+_MAX_REDUCED_EXPERTS = 15     # ggml-cuda.cu MOE_WEIGHTED_REDUCTION_MAX_EXPERTS
+
+
+def _cuda_alloc_deps(c: Compiled, split: list[int], src: list[tuple[int, ...]]) -> dict[int, list[int]]:
+    """Tensors the CUDA backend keeps alive for fusions (ggml-cuda.cu ggml_backend_cuda_graph_optimize):
+    {node: tensors kept until that node is allocated}. The MoE weighted reduction (MUL of the experts by their
+    weights, then the views and ADDs over n_expert_used) keeps the experts and the weights to the last ADD,
+    so the MUL cannot reuse the experts' memory; the top-k routing fusion keeps the router's tensors (and their
+    sources) to its last node."""
+    t, deps = c.tensors, {}
+    n = len(split)
+    ops = [t[i].op for i in split]
+    for k, i in enumerate(split):
+        op = ops[k]
+        if op == "MUL":
+            srcs = src[i]
+            if len(srcs) == 2:
+                ex, w = srcs
+                A = t[i].ne[1]
+                if t[ex].ne == t[i].ne and t[w].ne[0] == 1 and t[w].ne[1:] == t[i].ne[1:] \
+                        and 2 <= A <= _MAX_REDUCED_EXPERTS and k + 2 * A <= n \
+                        and all(ops[k + 1 + j] == "VIEW" for j in range(A)) \
+                        and all(ops[k + 1 + A + j] == "ADD" for j in range(A - 1)):
+                    deps.setdefault(split[k + 2 * A - 1], []).extend([ex, w])
+        elif op in ("SOFT_MAX", "UNARY") and len(src[i]) == 1 and k + 5 < n:
+            j = k + 1
+            if ops[j] != "RESHAPE":
+                continue
+            j += 1
+            if ops[j] == "ADD":                                  # exp_probs_b
+                j += 1
+            if ops[j:j + 3] != ["ARGSORT", "VIEW", "GET_ROWS"]:
+                continue
+            j += 3
+            if ops[j:j + 5] == ["RESHAPE", "SUM_ROWS", "CLAMP", "DIV", "RESHAPE"]:
+                j += 5
+            if ops[j:j + 1] == ["SCALE"]:
+                j += 1
+            n_expert = t[i].ne[0]
+            if n_expert & (n_expert - 1) and n_expert not in (288, 576) or n_expert > 576:
+                continue
+            last = j - 1
+            kept = []
+            for m in range(k, last):
+                kept.append(split[m])
+                kept.extend(src[split[m]])
+            deps.setdefault(split[last], []).extend(kept)
+    return deps
+
+
+def _cuda_sizes(c: Compiled, dev: list[str], n_tokens: int) -> list[int]:
+    """Allocation sizes on CUDA devices (ggml-cuda.cu ggml_backend_cuda_buffer_type_get_alloc_size): a flash
+    attention node's allocation also holds F16 copies of K and V when the cache is not F16 and the kernel is
+    the tile/MMA one (fattn.cu ggml_cuda_flash_attn_ext_get_alloc_size; the vector kernel, which handles
+    quantized caches itself, only runs for <= 2 tokens). An MLA V that is a view of K shares K's copy."""
+    sizes = c.nbytes
+    for i, t in enumerate(c.tensors):
+        if t.op != "FLASH_ATTN_EXT" or dev[i] == "CPU":
+            continue
+        q, k, v = (c.tensors[j] for j in c.src[i][:3])
+        convert_k = k.dtype != "f16" and (n_tokens > 2 or k.dtype == "f32")
+        convert_v = v.dtype != "f16" and (n_tokens > 2 or v.dtype == "f32")
+        if not (convert_k or convert_v):
+            continue
+        if sizes is c.nbytes:
+            sizes = list(c.nbytes)
+        end = sizes[i]
+        k_elems = k.ne[0] * k.ne[1] * k.ne[2] * k.ne[3]
+        v_elems = v.ne[0] * v.ne[1] * v.ne[2] * v.ne[3]
+        if convert_k:
+            end = -(-end // 128) * 128 + 2 * k_elems
+        if convert_v and not (v.view_src is not None and v.view_src is k.view_src):
+            end = -(-end // 128) * 128 + 2 * v_elems
+        sizes[i] = end
+    return sizes
+
+
 def _alignment(dev: str) -> int:
     return ALIGNMENT.get(dev, GPU_ALIGNMENT)
 
 
-def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams) -> dict[str, int]:
+def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams, gpus: tuple[str, ...]) -> dict[str, int]:
     c = _graph(inv, params)
-    if not any(d != "CPU" for d in plan.assignment.values()):
+    if not gpus and not any(d != "CPU" for d in plan.assignment.values()):
         return allocate_compiled(c, c.leafs, c.nodes, ["CPU"] * len(c.tensors), _alignment)
-    where = _Devices(inv, plan)
+    where = _Devices(inv, plan, gpus)
     dev = _assign(c, inv, plan, where)
-    if len(set(dev[i] for i in c.nodes)) == 1:
-        return allocate_compiled(c, c.leafs, c.nodes, dev, _alignment)
     private = copy.copy(c)          # _split appends copy tensors: keep the cached graph intact
-    for name in ("tensors", "nbytes", "src", "root", "kind", "layout", "inplace", "output", "is_view_op"):
+    for name in ("tensors", "src", "root", "kind", "layout", "inplace", "output", "is_view_op"):
         setattr(private, name, list(getattr(c, name)))
+    private.nbytes = list(_cuda_sizes(c, dev, params.n_tokens))
     private.index = {}
     private._layouts = dict(c._layouts)
     order, src = _split(private, dev)
     return allocate_compiled(private, private.leafs, order, dev, _alignment, src)
 
 
-def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True) -> dict[str, int]:
+def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Sequence[str] = ()) -> dict[str, int]:
     """Per-device compute buffer: the larger of the prompt (n_ubatch tokens, n_ubatch outputs) and the
-    one-token graph reservations, as sched_reserve makes them. reduce=False builds every layer (the layer
-    runs kept_layers drops give the same result; tests check it)."""
+    one-token graph reservations, as sched_reserve makes them. gpus: the machine's GPUs ("CUDA0", ...) when
+    they are more than the plan uses (with op offload, a plan with every weight in RAM still runs its prompt
+    on CUDA0). reduce=False builds every layer (kept_layers gives the same result; tests check it)."""
+    gpus = tuple(g for g in gpus if g != "CPU")
     knobs = plan.knobs
     T = knobs.n_ubatch_eff
     cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
     sigs = _layer_signatures(inv, plan, cells)
     layers = kept_layers(sigs) if reduce else None
     others = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(None, ()))
-    placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, plan.dialect)
+    placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, plan.dialect, gpus)
     out: dict[str, int] = {}
     for n_tokens, n_outputs in ((T, T), (1, 1)) if T > 1 else ((1, 1),):
         params = _graph_params(inv, plan, n_tokens, n_outputs, layers)
-        peaks = _PEAKS.get(inv, (params, placement), lambda: _graph_peaks(inv, plan, params))
+        peaks = _PEAKS.get(inv, (params, placement), lambda: _graph_peaks(inv, plan, params, gpus))
         for d, b in peaks.items():
             out[d] = max(out.get(d, 0), b)
     return out
@@ -431,6 +520,9 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True) -> dict[
 # ---- everything -------------------------------------------------------------------------------------------------
 
 def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None) -> MemoryReport:
+    # GPUs the plan leaves empty are not passed to compute_bytes: with op offload llama.cpp would still run the
+    # prompt there (-ngl 0 on a GPU box reserves a CUDA0 compute buffer), but a plan without GPU tensors is
+    # rendered and budgeted as a CPU-only run by propose.py.
     w, kv, comp = weight_bytes(inv, plan), kv_bytes(inv, plan), compute_bytes(inv, plan)
     devices = sorted(set(w) | set(kv) | set(comp) | {"CPU"}, key=device_sort_key)
     out = {}

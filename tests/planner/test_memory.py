@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from planner.memory import compute_bytes, estimate, kv_bytes, kv_cells, kv_layer_bytes, weight_bytes
 from planner.plan import Knobs, OffloadPolicy, Plan
-from planner.presets import load_preset
+from planner.presets import load_preset, preset_names
 
 from tiny import LAYER_DENSE, LAYER_EXPERTS, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, f32_inventory, qwen3moe_spec
 
@@ -101,10 +103,11 @@ def test_op_offload_adds_upload_targets_to_the_gpu_compute_buffer():
     assert estimate(inv, off).devices["CPU"].compute > estimate(inv, on).devices["CPU"].compute
 
 
-def test_reduced_graph_gives_the_full_graph_peaks():
+@pytest.mark.parametrize("name", preset_names())
+def test_reduced_graph_gives_the_full_graph_peaks(name):
     # compute_bytes builds only a few layers of each run of identical layers; the peaks must not change
-    inv = load_preset("DeepSeek-V3").inventory()
-    n = inv.n_layer
+    inv = load_preset(name).inventory()
+    n = inv.n_layer - inv.hparams.n_nextn
     plans = [
         _plan(inv, lambda t: "CPU", Knobs(n_ctx=8192, n_ubatch=512)),
         _plan(inv, lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0",

@@ -95,8 +95,8 @@ def error_table(request: pytest.FixtureRequest):
     def err(ours: int, theirs: int) -> str:
         return f"{100 * (ours - theirs) / theirs:+.2f}%" if theirs else "n/a"
 
-    lines = ["", "memory model vs llama.cpp (CPU build; MiB; theirs: weights and KV as logged, %.2f MiB; "
-             "compute %.4f MiB; err = (ours - theirs) / theirs)",
+    lines = ["", "memory model vs llama.cpp (CPU build; MiB; theirs: weights and KV as logged to 2 decimals, "
+             "compute to 4; err = (ours - theirs) / theirs)",
              "| case | weights ours/theirs | file-layout slack in theirs | KV ours/theirs/err% | "
              "compute ours/theirs/err% |",
              "|---|---|---|---|---|"]

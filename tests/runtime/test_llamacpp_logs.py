@@ -107,25 +107,25 @@ def test_breakdown_gpu_rows_follow_common_fit_cpp_format():
     assert rows["CUDA_Host"].compute == 64 * MiB and rows["Host"].model == 3900 * MiB
 
 
-def test_cuda_buffer_lines_and_a_pp_tg_graph_line():
-    # line formats of llama-model.cpp / llama-kv-cache.cpp / llama-context.cpp with a CUDA device
-    text = "\n".join([
-        "load_tensors: offloading output layer to GPU",
-        "load_tensors:        CUDA0 model buffer size = 17024.56 MiB",
-        "load_tensors:   CPU_Mapped model buffer size = 47104.00 MiB",
-        "load_tensors:   CPU_Mapped model buffer size =   640.25 MiB",
-        "llama_context: constructing llama_context",
-        "llama_kv_cache:      CUDA0 KV buffer size =  1088.00 MiB",
-        "sched_reserve:      CUDA0 compute buffer size =  2144.00 MiB",
-        "sched_reserve:  CUDA_Host compute buffer size =    80.01 MiB",
-        "sched_reserve: graph (pp bs=4096, tg bs=1): nodes = 4421 / 4419, splits = 62 / 2, input objects = 4 / 4",
-    ])
-    log = parse_log(text)
-    assert log.model_buffers == {"CUDA0": mib_to_bytes("17024.56"),
-                                 "CPU_Mapped": mib_to_bytes("47104.00") + mib_to_bytes("640.25")}
+def test_cuda_log_experts_in_ram():
+    # a real CUDA llama-bench -v block (H100): -ngl 99 -ot exps=CPU, one CPU_Mapped and one CUDA0 model buffer,
+    # the CPU backend's compute buffer is the pinned CUDA_Host one
+    text = read("cuda_h100_llamabench_cases.log")
+    block = text.split("=== CASE g2 ")[1].split("=== END g2")[0]
+    log = parse_log(block)
+    assert log.model_buffers == {"CPU_Mapped": mib_to_bytes("7.02"), "CUDA0": mib_to_bytes("1.02")}
     ctx = log.context
-    assert ctx.compute_buffers == {"CUDA0": 2144 * MiB, "CUDA_Host": mib_to_bytes("80.01")}
+    assert ctx.kv_buffers == {"CUDA0": MiB}
+    assert ctx.compute_buffers == {"CUDA0": mib_to_bytes("5.51"), "CUDA_Host": mib_to_bytes("2.01")}
+    assert ctx.compute("CUDA0") == mib_to_bytes("5.5098") and ctx.compute("CUDA_Host") == mib_to_bytes("2.0137")
     assert ctx.compute("CPU") == 0
+    assert ctx.graph.splits_pp > 1
+
+
+def test_pp_tg_graph_line():
+    # the form sched_reserve prints when the prompt and token graphs differ (llama-context.cpp)
+    line = "sched_reserve: graph (pp bs=4096, tg bs=1): nodes = 4421 / 4419, splits = 62 / 2, input objects = 4 / 4"
+    ctx = parse_log("llama_context: constructing llama_context\n" + line + "\n").context
     assert ctx.graph == GraphStats(4421, 62, 4419, 2)
 
 
