@@ -20,6 +20,7 @@ from planner.flags import home_devices, int_set_regex, knob_fields, parse, rende
 from planner.flags.common import SLOT_RULES, base_assignment, slot_devices
 from planner.model import Hparams, ModelInventory
 from planner.plan import KV_TYPES, Knobs, OffloadPolicy, OpRule, Plan
+from planner.presets import load_preset, preset_names
 
 
 def _inv(arch: str, n: int, *, embd: int, vocab: int, heads: int, kv: int, hd: int, ff: int, experts: int,
@@ -52,6 +53,8 @@ LARGE = [
          ff_exp=1536, shared=1, lead=3, nextn=1),
     _inv("gpt-oss", 36, embd=2880, vocab=201088, heads=64, kv=8, hd=64, ff=0, experts=128, used=4, ff_exp=2880),
 ]
+# every preset, at its real size and quant recipe
+PRESETS = [load_preset(name).inventory() for name in preset_names()]
 EXPERT_ROLES = ("exps_up", "exps_gate", "exps_down")
 
 
@@ -168,6 +171,13 @@ def test_round_trip_tiny(dialect, data):
 @given(data=st.data())
 def test_round_trip_large(dialect, data):
     check_round_trip(*data.draw(plans(LARGE, dialect)))
+
+
+@pytest.mark.parametrize("dialect", ["mainline", "ik"])
+@ROUNDTRIP
+@given(data=st.data())
+def test_round_trip_every_preset(dialect, data):
+    check_round_trip(*data.draw(plans(PRESETS, dialect)))
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
