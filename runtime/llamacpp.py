@@ -1,0 +1,666 @@
+"""The llamacpp engine: measure a Plan with the user's llama-bench (mainline or ik_llama.cpp) or ik's
+llama-sweep-bench, and use llama-fit-params as a memory oracle.
+
+    engine = LlamaCppEngine()                      # --llama-bench PATH, else $LLAMA_BENCH, else PATH
+    m = engine.measure(inv, plan, Workload(512, 128, 0, 3))
+    engine.command(inv, plan, workload).shell      # the exact command line it runs
+    oracle(inv, plan, "model.gguf", "llama-fit-params")   # {device: {model, context, compute}} in bytes
+
+How a run goes (contract: runtime/engine.py):
+1. The binary is probed once per path and mtime (`probe`): `--help` says the dialect (ik lists -mla/-fmoe/-rtr)
+   and which flags exist (-ot, -ncmoe, -nopo, -d, -fitt, -gp, -lm, the output formats); `--version` the build.
+   The -ngl semantics follow (reference section 2): ik counts the last blocks; mainline takes the output layer
+   first since PR #18148 (Dec 2025). A llama-bench with -fitt (PR #21304, Apr 2026) is newer than that; else
+   the build number decides; `ngl_rule=` overrides the guess. A plan whose placement would differ under the
+   binary's rule is refused rather than run wrong.
+2. planner.flags.render(plan, inv, "bench", workload=..., model_path=...) gives argv and environment
+   (GGML_OP_OFFLOAD_MIN_BATCH); every flag must be one the binary's --help lists. `-o jsonl` (mainline) or
+   `-o json` (ik) is added.
+3. The child runs in its own process group (and dies with us: PR_SET_PDEATHSIG), stdout and stderr to files;
+   GPU memory is sampled meanwhile (runtime/gpumem.py; baseline subtracted); host peak RSS comes from wait4.
+   Past `timeout_s` the whole group gets SIGTERM, then SIGKILL.
+4. Results: llama-bench makes one test per -p and per -n (separate contexts on one loaded model): pp_tps is
+   the prompt test's median rate, tg_tps the generation test's. Failures become Measurement(ok=False) with
+   raw["failure"] in {timeout, buft, args, oom, load, context, crash, error, no_output, no_gpu} and the log tail;
+   a load or context failure, a crash or an error exit (without -v llama-bench says only "failed to ..." or
+   "CUDA error") is re-run once with -v to capture the reason.
+peak_bytes: sampled device memory when NVML or nvidia-smi exist; else (verbose runs) what the -v log says
+llama.cpp allocated on each GPU; else nothing (a CPU-only machine).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from planner.errors import FlagError, InputError
+from planner.flags import parse, render
+from planner.flags.common import (
+    SLOT_RULES, Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
+    shell_join, slot_devices,
+)
+from planner.hardware import HardwareProfile
+from planner.memory import DeviceMemory, MemoryReport, estimate
+from planner.model import ModelInventory
+from planner.plan import Plan
+
+from . import gpumem
+from .engine import Measurement, Workload
+from .llamacpp_logs import parse_fit_print
+from .llamacpp_output import (
+    BenchResult, Failure, SweepRow, classify_failure, device_of_buft, log_device_bytes, log_memory,
+    parse_bench_output, parse_layer_devices, parse_override_lines, parse_sweep_output, tail,
+)
+
+Tool = Literal["bench", "sweep"]
+
+# Spellings that only ik_llama.cpp's llama-bench / common parser list (reference section 8).
+IK_MARKERS = frozenset({"-mla", "--mla-attn", "--mla-use", "-fmoe", "--fused-moe", "-rtr", "--run-time-repack",
+                        "-amb", "--attn-max-batch", "--attention-max-batch"})
+# What a binary can do, by the spellings that say so in its --help.
+ABILITIES: dict[str, tuple[str, ...]] = {
+    "override_tensor": ("-ot", "--override-tensor"),
+    "n_cpu_moe": ("-ncmoe", "--n-cpu-moe"),
+    "no_op_offload": ("-nopo", "--no-op-offload"),
+    "depth": ("-d", "--n-depth"),
+    "fit_target": ("-fitt", "--fit-target"),
+    "gen_at_depth": ("-gp",),
+    "load_mode": ("-lm", "--load-mode"),
+}
+# Mainline build that first has PR #18148 (merged 2025-12-17): approximate; only used when --help cannot tell.
+NGL_OUTPUT_FIRST_BUILD = 7450
+_FLAG_TOKEN = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+_OUTPUT_FORMATS = re.compile(r"--output <([a-z|]+)>")
+_BUILD = re.compile(r"build[: ]+(\d+)|version: (\d+)")
+_DEVICE_LINE = re.compile(r"^\s+(\S+): (.*) \((\d+) MiB, (\d+) MiB free\)\s*$", re.M)
+PROBE_TIMEOUT_S = 30.0
+# Failures whose reason llama-bench keeps to itself without -v (it silences llama.cpp's log; a CUDA out-of-memory
+# during compute then shows only as "CUDA error" and an abort): re-run once with -v to read it.
+RERUN_VERBOSE = frozenset({"load", "context", "crash", "error"})
+
+
+# ---- the binary -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BinaryInfo:
+    """What a llama-bench / llama-sweep-bench binary is and accepts (from its --help and --version)."""
+    path: Path
+    tool: Tool
+    dialect: str                      # "mainline" or "ik"
+    flags: frozenset[str]             # every spelling its --help lists
+    version: str                      # the --version line ("" when it has none)
+    build_number: int | None          # None when unknown (0 in llama-cpp-python's vendored build)
+    ngl_rule: SlotRule
+    ngl_rule_source: str              # how we know: "dialect", "-fitt in --help", "build number", "assumed", "given"
+    output_formats: tuple[str, ...]
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.flags
+
+    @property
+    def abilities(self) -> dict[str, bool]:
+        return {name: any(s in self.flags for s in spellings) for name, spellings in ABILITIES.items()}
+
+    @property
+    def output_format(self) -> str:
+        return "jsonl" if "jsonl" in self.output_formats else "json"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "tool": self.tool, "dialect": self.dialect, "version": self.version,
+                "build_number": self.build_number, "ngl_rule": self.ngl_rule, "ngl_rule_source": self.ngl_rule_source,
+                "output_formats": list(self.output_formats), "abilities": self.abilities}
+
+
+def find_binary(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The llama-bench to use: `explicit`, else $LLAMA_BENCH, else `llama-bench` on PATH (InputError if none)."""
+    env = os.environ if env is None else env
+    for what, value in (("--llama-bench", explicit), ("$LLAMA_BENCH", env.get("LLAMA_BENCH"))):
+        if value:
+            p = Path(value).expanduser()
+            if not p.is_file():
+                raise InputError(f"{what} {value}: no such file (give the path of llama-bench or llama-sweep-bench)")
+            if not os.access(p, os.X_OK):
+                raise InputError(f"{what} {value}: not executable")
+            return p
+    found = shutil.which("llama-bench", path=env.get("PATH"))
+    if found is None:
+        raise InputError("no llama-bench found: pass --llama-bench PATH, set $LLAMA_BENCH, or put llama-bench on PATH")
+    return Path(found)
+
+
+def _capture(argv: Sequence[str]) -> tuple[int, str]:
+    try:
+        r = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
+    except subprocess.TimeoutExpired as e:
+        raise InputError(f"{argv[0]} {' '.join(argv[1:])} did not finish in {PROBE_TIMEOUT_S:g} s") from e
+    return r.returncode, r.stdout + "\n" + r.stderr
+
+
+def probe(path: str | Path, ngl_rule: SlotRule | None = None) -> BinaryInfo:
+    """Probe a binary (cached per path, mtime and size): dialect, flags, version, -ngl rule."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from e
+    info = _probe(str(p), st.st_mtime_ns, st.st_size)
+    if ngl_rule is not None and ngl_rule != info.ngl_rule:
+        info = replace(info, ngl_rule=ngl_rule, ngl_rule_source="given")
+    return info
+
+
+@lru_cache(maxsize=32)
+def _probe(path: str, mtime_ns: int, size: int) -> BinaryInfo:
+    _, help_text = _capture([path, "--help"])
+    flags = frozenset(_FLAG_TOKEN.findall(help_text))
+    name = Path(path).name
+    if "sweep-bench" in help_text or "sweep-bench" in name:
+        tool: Tool = "sweep"
+    elif "--n-prompt" in flags:
+        tool = "bench"
+    else:
+        raise InputError(f"{path} does not look like llama-bench or llama-sweep-bench (its --help lists no "
+                         "--n-prompt); give the benchmark binary")
+    dialect = "ik" if flags & IK_MARKERS else "mainline"
+    version, build = "", None
+    if "--version" in flags and dialect == "mainline":
+        _, vtext = _capture([path, "--version"])
+        line = next((ln.strip() for ln in vtext.splitlines() if "version" in ln), "")
+        version = line
+        m = _BUILD.search(line)
+        if m is not None:
+            build = int(m.group(1) or m.group(2)) or None
+    if dialect == "ik":
+        rule, source = SLOT_RULES["ik"], "dialect"
+    elif "-fitt" in flags:
+        rule, source = "last_slots", "-fitt in --help (llama-bench gained it after PR #18148)"
+    elif build is not None:
+        rule = "last_slots" if build >= NGL_OUTPUT_FIRST_BUILD else "last_blocks"
+        source = f"build number {build} (PR #18148 ~ build {NGL_OUTPUT_FIRST_BUILD})"
+    else:
+        rule, source = "last_slots", "assumed (no build number, no -fitt): output layer first"
+    m = _OUTPUT_FORMATS.search(help_text)
+    formats = tuple(m.group(1).split("|")) if m else (("jsonl",) if "--output-format" in flags else ())
+    return BinaryInfo(Path(path), tool, dialect, flags, version, build, rule, source, formats)
+
+
+# ---- running a process --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunResult:
+    argv: tuple[str, ...]
+    returncode: int                    # negative: killed by that signal
+    stdout: str
+    stderr: str
+    wall_s: float
+    timed_out: bool
+    host_peak_bytes: int               # the child's peak RSS (wait4 rusage)
+    gpu_peak_bytes: dict[str, int]     # per CUDA device: peak in use minus the baseline before the start
+    gpu_baseline_bytes: dict[str, int]
+    gpu_samples: int
+    vram_source: str                   # "nvml", "nvidia-smi" or "none"
+
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    _PRCTL = _LIBC.prctl if _LIBC is not None else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _child_setup() -> None:
+    """In the child before exec: its own process group (we kill the group), and death with its parent."""
+    os.setpgid(0, 0)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(pid: int, deadline: float | None) -> tuple[int, int, Any] | None:
+    """wait4 the child until it exits (None if `deadline` passes first); polls, backing off to 50 ms."""
+    delay = 0.002
+    while True:
+        wpid, status, ru = os.wait4(pid, os.WNOHANG)
+        if wpid:
+            return wpid, status, ru
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+                sampler: gpumem.MemorySampler | None = None) -> RunResult:
+    """Run argv to completion (or to the time limit: then the whole process group is ended), sampling GPU memory."""
+    full_env = dict(os.environ if env is None else env)
+    baseline = sampler.used() if sampler is not None else {}
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(list(argv), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=full_env,
+                                    preexec_fn=_child_setup)
+        except OSError as e:
+            raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
+        timed_out, reaped, sampling = False, None, False
+        try:
+            if sampler is not None:
+                sampler.start()
+                sampling = True
+            reaped = _reap(proc.pid, None if timeout_s is None else t0 + timeout_s)
+            if reaped is None:
+                timed_out = True
+                _killpg(proc.pid, signal.SIGTERM)
+                reaped = _reap(proc.pid, time.monotonic() + 3.0)
+                if reaped is None:
+                    _killpg(proc.pid, signal.SIGKILL)
+                    reaped = _reap(proc.pid, None)
+        finally:
+            if reaped is None:                    # interrupted (KeyboardInterrupt): never leave it running
+                _killpg(proc.pid, signal.SIGKILL)
+                reaped = _reap(proc.pid, None)
+            _killpg(proc.pid, signal.SIGKILL)     # whatever the child left behind in its group
+            peak, n_samples = sampler.stop() if sampling else ({}, 0)
+        wall = time.monotonic() - t0
+        _, status, ru = reaped
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        out = fo.read().decode("utf-8", "replace")
+        err = fe.read().decode("utf-8", "replace")
+    delta = {i: max(b - baseline.get(i, 0), 0) for i, b in peak.items()}
+    return RunResult(tuple(argv), proc.returncode, out, err, wall, timed_out, int(ru.ru_maxrss) * 1024,
+                     gpumem.per_cuda_device(delta, full_env), gpumem.per_cuda_device(baseline, full_env), n_samples,
+                     sampler.source if sampler is not None else "none")
+
+
+# ---- the engine ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """What the engine runs for one measurement: argv (without the program) and the extra environment."""
+    program: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    notes: tuple[str, ...] = ()
+    sweep_depth: int | None = None     # llama-sweep-bench: the n_kv row to read
+    gpu_devices: tuple[str, ...] = ()  # the GPUs the plan uses (a build without a GPU backend fails the run)
+
+    @property
+    def shell(self) -> str:
+        return shell_join([self.program, *self.argv], self.env)
+
+
+_UNSET: Any = object()
+
+
+@dataclass
+class LlamaCppEngine:
+    """Measures plans with a real llama-bench (or ik llama-sweep-bench). See the module docstring."""
+    binary: str | Path | None = None
+    timeout_s: float = 900.0
+    sample_interval_s: float = 0.05
+    model_path: str | Path | None = None     # default: the inventory's source file
+    verbose: bool = False                     # always pass -v (log memory lines into raw["log_memory"])
+    ngl_rule: SlotRule | None = None          # override the detected -ngl semantics
+    sample_vram: bool = True
+    name: str = "llamacpp"
+    path: Path = field(init=False)
+    info: BinaryInfo = field(init=False)
+    _sampler: Any = field(init=False, default=_UNSET, repr=False)
+    _devices: Any = field(init=False, default=_UNSET, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise InputError(f"timeout must be positive, got {self.timeout_s}")
+        self.path = find_binary(self.binary)
+        self.info = probe(self.path, self.ngl_rule)
+
+    # -- pieces -------------------------------------------------------------------------------------------------------
+
+    def sampler(self) -> gpumem.MemorySampler | None:
+        if self._sampler is _UNSET:
+            self._sampler = gpumem.detect(self.sample_interval_s) if self.sample_vram else None
+        return self._sampler
+
+    def devices(self) -> dict[str, dict[str, Any]] | None:
+        """The devices this build sees ({"CUDA0": {"description", "total_bytes", "free_bytes"}}), from
+        `--list-devices` (mainline; cached per engine), or None when the binary cannot list them (ik)."""
+        if self._devices is _UNSET:
+            self._devices = None
+            if "--list-devices" in self.info.flags:
+                rc, text = _capture([str(self.path), "--list-devices"])
+                if rc == 0 and "Available devices" in text:
+                    self._devices = {m.group(1): {"description": m.group(2), "total_bytes": int(m.group(3)) << 20,
+                                                  "free_bytes": int(m.group(4)) << 20}
+                                     for m in _DEVICE_LINE.finditer(text)}
+        return self._devices
+
+    def _check_devices(self, plan: Plan) -> None:
+        have = self.devices()
+        if have is None:
+            return
+        want = [d for d in plan.devices() if d != "CPU"]
+        missing = [d for d in want if d not in have]
+        if missing:
+            listed = ", ".join(have) or "none"
+            raise InputError(f"the plan puts tensors on {missing[0]}, but {self.path.name} sees no such device "
+                             f"(it lists: {listed}{'; a CPU-only build?' if not have else ''})")
+
+    def _model(self, inv: ModelInventory) -> str:
+        p = self.model_path if self.model_path is not None else inv.source
+        if not p or not Path(p).is_file():
+            raise InputError(f"the llamacpp engine needs the model file; {p or inv.name!r} is not one "
+                             "(presets cannot run: write one with `offload-tuner synth`)")
+        return str(p)
+
+    def _check_flags(self, argv: Sequence[str], what: str) -> None:
+        if not self.info.flags:
+            return
+        missing = [a for a in argv if _FLAG_TOKEN.fullmatch(a) and a not in self.info.flags]
+        if missing:
+            raise InputError(f"{self.path.name} ({self.info.dialect}) does not accept {missing[0]}, which {what} "
+                             "needs (its --help lists no such flag); use a newer llama.cpp build")
+
+    def _check_ngl(self, inv: ModelInventory, plan: Plan, argv: Sequence[str], tool: str) -> None:
+        """Refuse a plan that the binary's -ngl rule would place differently from the renderer's rule."""
+        if self.info.ngl_rule == SLOT_RULES[plan.dialect]:
+            return
+        pc = parse(list(argv), inv, plan.dialect, tool=tool)
+        devices = [f"CUDA{i}" for i in range(max(pc.n_gpus, 1))]
+        slots = slot_devices(inv.hparams.n_layer, pc.n_gpu_layers, self.info.ngl_rule, devices, pc.tensor_split)
+        placed, _ = apply_overrides(base_assignment(inv, slots), pc.overrides, allocated_names(inv))
+        diff = [n for n, d in plan.assignment.items() if placed.get(n, d) != d]
+        if diff:
+            raise InputError(f"{self.path.name} counts -ngl as {self.info.ngl_rule} ({self.info.ngl_rule_source}), "
+                             f"so -ngl {pc.n_gpu_layers} would put {diff[0]} elsewhere than the plan; use a build "
+                             "with PR #18148 (output layer first) or pass ngl_rule= if the guess is wrong")
+
+    def command(self, inv: ModelInventory, plan: Plan, workload: Workload) -> EngineCommand:
+        """The command measure() runs for this plan (InputError if this binary cannot run it)."""
+        if plan.dialect != self.info.dialect:
+            raise InputError(f"the plan is for {plan.dialect}, but {self.path} is a {self.info.dialect} build; "
+                             f"re-plan with --dialect {self.info.dialect}")
+        model = self._model(inv)
+        self._check_devices(plan)
+        if self.info.tool == "sweep":
+            return self._sweep_command(inv, plan, workload, model)
+        notes: list[str] = []
+        extra: list[str] = []
+        wl: Workload | _RenderWorkload = workload
+        if wl.depth and not self.info.abilities["depth"]:
+            if not (self.info.abilities["gen_at_depth"] and wl.n_gen):
+                raise InputError(f"{self.path.name} has no -d (context depth {wl.depth}); measure at depth 0 or "
+                                 "use llama-sweep-bench")
+            extra = ["-gp", f"{workload.depth},{workload.n_gen}"]
+            notes.append(f"ik llama-bench has no -d: TG measured with -gp {workload.depth},{workload.n_gen}; "
+                         "PP at depth 0")
+            wl = _RenderWorkload(workload.n_prompt, 0, 0, workload.repetitions)
+        try:
+            rc = render(plan, inv, "bench", workload=wl, model_path=model)
+        except FlagError as e:
+            raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
+        # -o first: llama-bench's parser forgets an earlier bad argument (an unknown -ot buffer type) when a later
+        # -o parses (tools/llama-bench/llama-bench.cpp: invalid_param = !output_format_from_str(...))
+        argv = ["-o", self.info.output_format, *rc, *extra]
+        if self.verbose:
+            argv.append("-v")
+        self._check_flags(argv, "this plan")
+        self._check_ngl(inv, plan, list(rc), "bench")
+        return EngineCommand(str(self.path), tuple(argv), dict(rc.env), (*rc.notes, *notes),
+                             gpu_devices=tuple(d for d in plan.devices() if d != "CPU"))
+
+    def _sweep_command(self, inv: ModelInventory, plan: Plan, wl: Workload, model: str) -> EngineCommand:
+        ub = min(plan.knobs.n_batch, plan.knobs.n_ubatch)
+        row = wl.depth // ub * ub
+        n_ctx = row + max(ub, wl.n_gen)
+        p = replace(plan, knobs=replace(plan.knobs, n_ctx=n_ctx))
+        try:
+            rc = render(p, inv, "server", model_path=model)
+        except FlagError as e:
+            raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
+        argv = [*rc, "-n", str(max(wl.n_gen, 1)), "-nrep", str(wl.repetitions)]
+        if "--output-format" in self.info.flags:
+            argv += ["--output-format", "jsonl"]
+        if self.verbose:
+            argv.append("-v")
+        self._check_flags(argv, "this plan")
+        self._check_ngl(inv, p, list(rc), "server")
+        notes = (f"llama-sweep-bench: PP over one ubatch ({ub} tokens) and TG over {max(wl.n_gen, 1)} tokens, "
+                 f"both at a depth of {row} tokens (-c {n_ctx}); n_prompt is not used",)
+        return EngineCommand(str(self.path), tuple(argv), dict(rc.env), (*rc.notes, *notes), sweep_depth=row,
+                             gpu_devices=tuple(d for d in plan.devices() if d != "CPU"))
+
+    # -- running ----------------------------------------------------------------------------------------------------------
+
+    def _env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")   # CUDA numbering = nvidia-smi numbering
+        env.update(extra)
+        return env
+
+    def run(self, cmd: EngineCommand) -> RunResult:
+        return run_process([cmd.program, *cmd.argv], self._env(cmd.env), self.timeout_s, self.sampler())
+
+    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
+        cmd = self.command(inv, plan, workload)
+        return self.measure_command(cmd, workload)
+
+    def measure_args(self, args: Sequence[str], workload: Workload, env: Mapping[str, str] | None = None
+                     ) -> Measurement:
+        """Run this binary with hand-made arguments (e.g. llama.cpp's own -fitt) and read them like a plan's run."""
+        argv = list(args)
+        if self.info.tool == "bench" and "-o" not in argv and "--output" not in argv:
+            argv = ["-o", self.info.output_format, *argv]
+        if self.verbose and "-v" not in argv:
+            argv.append("-v")
+        return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), workload)
+
+    def measure_command(self, cmd: EngineCommand, workload: Workload) -> Measurement:
+        run = self.run(cmd)
+        pp, tg, tests, backends = self._results(run, cmd)
+        have = (pp is not None or workload.n_prompt == 0) and (tg is not None or workload.n_gen == 0)
+        failure = classify_failure(run.stdout, run.stderr, run.returncode, timed_out=run.timed_out,
+                                   timeout_s=self.timeout_s, have_results=have)
+        if failure is None:
+            failure = _check_echo(cmd, tests)
+        if failure is None and cmd.gpu_devices and backends and not any(b != "CPU" for b in backends):
+            failure = Failure("no_gpu", f"the plan puts tensors on {cmd.gpu_devices[0]}, but this build ran on "
+                                        f"{'/'.join(sorted(backends))} only (no GPU backend)")
+        log_run = run
+        if failure is not None and failure.kind in RERUN_VERBOSE and "-v" not in cmd.argv:
+            log_run = self.run(replace(cmd, argv=(*cmd.argv, "-v")))
+            failure = classify_failure(log_run.stdout, log_run.stderr, log_run.returncode or 1,
+                                       timed_out=log_run.timed_out, timeout_s=self.timeout_s,
+                                       have_results=False) or failure
+        return self._measurement(run, log_run, cmd, pp, tg, tests, failure)
+
+    def _results(self, run: RunResult, cmd: EngineCommand
+                 ) -> tuple[float | None, float | None, list[dict[str, Any]], set[str]]:
+        """(pp_tps, tg_tps, the tests as data, the backends the records name: empty when unknown)."""
+        if self.info.tool == "sweep":
+            rows = parse_sweep_output(run.stdout + "\n" + run.stderr)
+            row = _sweep_row(rows, cmd.sweep_depth or 0)
+            tests = [dataclasses.asdict(r) for r in rows]
+            return (row.pp_tps, row.tg_tps, tests, set()) if row is not None else (None, None, tests, set())
+        results = parse_bench_output(run.stdout)
+        pp = next((r for r in results if r.kind == "pp"), None)
+        tg = next((r for r in results if r.kind == "tg"), None)
+        return (pp.median_ts if pp else None, tg.median_ts if tg else None, [r.summary() for r in results],
+                {b for r in results for b in _backends(r)})
+
+    def _measurement(self, run: RunResult, log_run: RunResult, cmd: EngineCommand, pp: float | None,
+                     tg: float | None, tests: list[dict[str, Any]], failure: Failure | None) -> Measurement:
+        verbose = "-v" in log_run.argv
+        peak = {d: b for d, b in run.gpu_peak_bytes.items()}
+        source = run.vram_source
+        if run.vram_source == "none" and verbose:
+            peak = log_device_bytes(log_run.stderr)
+            source = "log" if peak else "none"
+        raw: dict[str, Any] = {
+            "engine": self.name, "binary": str(self.path), "dialect": self.info.dialect, "tool": self.info.tool,
+            "command": cmd.shell, "argv": list(cmd.argv), "env": dict(cmd.env), "notes": list(cmd.notes),
+            "tests": tests, "returncode": run.returncode, "wall_s": round(run.wall_s, 3), "timed_out": run.timed_out,
+            "vram_source": source, "vram_samples": run.gpu_samples, "vram_baseline_bytes": run.gpu_baseline_bytes,
+            "log_tail": tail(log_run.stderr),
+        }
+        if verbose:
+            raw["log_memory"] = log_memory(log_run.stderr)
+        if failure is not None:
+            raw["failure"] = failure.kind
+            raw["stdout_tail"] = tail(log_run.stdout, 3000)
+            raw["verbose_rerun"] = log_run is not run
+            return Measurement.failed(failure.message, pp_tps=pp or 0.0, tg_tps=tg or 0.0, peak_bytes=peak,
+                                      host_bytes=run.host_peak_bytes, raw=raw)
+        return Measurement(pp_tps=pp or 0.0, tg_tps=tg or 0.0, peak_bytes=peak, host_bytes=run.host_peak_bytes,
+                           raw=raw)
+
+
+@dataclass(frozen=True)
+class _RenderWorkload:
+    n_prompt: int
+    n_gen: int
+    depth: int
+    repetitions: int
+
+
+def _check_echo(cmd: EngineCommand, tests: Sequence[dict[str, Any]]) -> Failure | None:
+    """mainline llama-bench echoes the -ot set each test ran with: it must be one we passed (a bad -ot value
+    followed by a good -o is silently dropped by its parser)."""
+    if "-ot" not in cmd.argv:
+        return None
+    wanted = set(cmd.argv[cmd.argv.index("-ot") + 1].split(","))
+    for t in tests:
+        got = t.get("settings", {}).get("tensor_buft_overrides")
+        if got is not None and got not in wanted:
+            return Failure("args", f"llama-bench ran with -ot {got!r}, not {sorted(wanted)[0]!r}: it did not apply "
+                                   "our overrides")
+    return None
+
+
+def _backends(r: BenchResult) -> set[str]:
+    """Backends a llama-bench record says it ran with: mainline "backends" ("CUDA", "CPU", "CUDA,RPC"), ik "cuda"."""
+    f = r.fields
+    if isinstance(f.get("backends"), str):
+        return {b.strip() for b in f["backends"].split(",") if b.strip()}
+    if "cuda" in f:
+        return {"CUDA"} if f["cuda"] else {"CPU"}
+    return set()
+
+
+def _sweep_row(rows: Sequence[SweepRow], depth: int) -> SweepRow | None:
+    exact = [r for r in rows if r.n_kv == depth]
+    if exact:
+        return exact[0]
+    below = [r for r in rows if r.n_kv <= depth]
+    return below[-1] if below else None
+
+
+# ---- memory: what llama-bench allocates, and llama-fit-params as an oracle --------------------------------------------
+
+def bench_contexts(workload: Workload) -> list[int]:
+    """Context sizes of llama-bench's tests for a workload: one per test, n_prompt + depth and n_gen + depth
+    (tools/llama-bench/llama-bench.cpp to_llama_cparams; each test gets its own context, the model stays)."""
+    out = []
+    if workload.n_prompt:
+        out.append(workload.n_prompt + workload.depth)
+    if workload.n_gen:
+        out.append(workload.n_gen + workload.depth)
+    return out
+
+
+def bench_memory(inv: ModelInventory, plan: Plan, workload: Workload, hw: HardwareProfile | None = None
+                 ) -> MemoryReport:
+    """planner.memory.estimate for what a llama-bench run of the plan peaks at: per device, the larger of its
+    tests' contexts (the prompt test's n_ubatch-token graphs usually)."""
+    reports = [estimate(inv, replace(plan, knobs=replace(plan.knobs, n_ctx=c)), hw) for c in bench_contexts(workload)]
+    if not reports:
+        return estimate(inv, plan, hw)
+    devices: dict[str, DeviceMemory] = {}
+    for rep in reports:
+        for d, m in rep.devices.items():
+            if d not in devices or m.total > devices[d].total:
+                devices[d] = m
+    first = reports[0]
+    return MemoryReport(devices, first.host_mapped, first.host_pinned, first.notes)
+
+
+def oracle(inv: ModelInventory, plan: Plan, model_path: str | Path, fit_params_binary: str | Path, *,
+           timeout_s: float = 600.0) -> dict[str, dict[str, int]]:
+    """llama-fit-params -fitp on for the plan's flags (its dry-run allocations): {device: {"model", "context",
+    "compute"}} in bytes, floored to MiB by llama.cpp; "CPU" is its "Host" row. mainline only. InputError when
+    llama-fit-params cannot run the plan (the reason is in the message)."""
+    if plan.dialect != "mainline":
+        raise InputError("llama-fit-params is a mainline llama.cpp tool; the oracle needs a mainline plan")
+    exe = Path(fit_params_binary).expanduser()
+    if not exe.is_file():
+        raise InputError(f"--oracle {fit_params_binary}: no such file (give the path of llama-fit-params)")
+    try:
+        rc = render(plan, inv, "server", model_path=str(model_path))
+    except FlagError as e:
+        raise InputError(f"cannot render the plan for llama-fit-params: {e}") from e
+    env = {**os.environ, "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), **rc.env}
+    run = run_process([str(exe), *rc, "-fitp", "on"], env, timeout_s)
+    rows = parse_fit_print(run.stdout)
+    if run.returncode != 0 or run.timed_out or not rows:
+        f = classify_failure(run.stdout, run.stderr, run.returncode, timed_out=run.timed_out, timeout_s=timeout_s,
+                             have_results=bool(rows))
+        why = f.message if f is not None else "it printed no device rows"
+        raise InputError(f"llama-fit-params could not estimate this plan: {why}")
+    return {("CPU" if name == "Host" else name): {"model": r.model, "context": r.context, "compute": r.compute}
+            for name, r in rows.items()}
+
+
+# ---- where the loader really put things (-v) ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoaderPlacement:
+    """What a -v run of llama-bench logged: tensor -> device for every override that matched, slot -> device."""
+    overridden: dict[str, str]
+    layer_devices: dict[int, str]
+    log: str
+
+
+def loader_placement(binary: str | Path, model_path: str | Path, args: Sequence[str], *,
+                     timeout_s: float = 300.0) -> LoaderPlacement:
+    """Run llama-bench -v with placement arguments (-ngl, -ot, -ncmoe ...) on a one-token prompt and read the
+    loader's "buffer type overridden" and "layer N assigned to device" lines. RuntimeError if the run fails."""
+    argv = [str(binary), "-m", str(model_path), "-p", "1", "-n", "0", "-r", "1", "--no-warmup", "-o", "jsonl",
+            "-v", *args]
+    run = run_process(argv, None, timeout_s)
+    f = classify_failure(run.stdout, run.stderr, run.returncode, timed_out=run.timed_out, timeout_s=timeout_s)
+    if f is not None:
+        raise RuntimeError(f"llama-bench {' '.join(args)}: {f.message}")
+    over: dict[str, str] = {}
+    for name, buft in parse_override_lines(run.stderr):
+        over.setdefault(name, device_of_buft(buft))
+    return LoaderPlacement(over, parse_layer_devices(run.stderr), run.stderr)
+
+
+def our_overrides(inv: ModelInventory, args: Sequence[str], dialect: str = "mainline", tool: str = "bench",
+                  n_gpus: int | None = None) -> dict[str, str]:
+    """What our matcher says the same arguments override: tensor -> device of its first matching override."""
+    pc = parse(list(args), inv, dialect, tool=tool, n_gpus=n_gpus)
+    ovs: Sequence[Override] = pc.overrides
+    res = match_overrides(allocated_names(inv), ovs)
+    return {name: ovs[idx].device for name, idx in res.first.items()}
