@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-tuner clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/planner_speed.py
+
+bench-tuner: $(STAMP)    # ~5 min: the tuner against an exhaustive grid, TPE, random and a llama-optimus-like baseline
+	$(PY) benchmarks/tuner_quality.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis benchmarks/results

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from dataclasses import replace
 
@@ -213,10 +212,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if dev != "CPU" and int(dev[4:]) < len(hw.gpus) and m.total > hw.gpu(dev).vram_bytes:
             warnings.append(f"W100 {dev} needs {fmt_bytes(m.total)} but has {fmt_bytes(hw.gpu(dev).vram_bytes)}: "
                             "this command would run out of memory")
+    oracle = None
+    if getattr(args, "oracle", None):
+        from runtime.run_cli import oracle_compare   # llama-fit-params next to our memory model
+        oracle = oracle_compare(inv, plan, mem, args.model, args.oracle)
     if args.json:
         _emit_json({"model": inv.name, "dialect": args.dialect, "hardware": hw.name, "plan": plan.to_dict(),
                     **mem.to_dict(), "predicted": {"pp_tps": pred.pp_tps, "tg_tps": pred.tg_tps},
-                    "layers": layer_summary(inv, plan.assignment), "warnings": warnings})
+                    "layers": layer_summary(inv, plan.assignment), "warnings": warnings,
+                    **({"oracle": oracle[0]} if oracle else {})})
         return 0
     print(f"model:    {inventory_summary(inv)}")
     print(f"dialect:  {args.dialect}; hardware for the prediction: {hw.name}")
@@ -226,9 +230,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(memory_table(mem, {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}))
     print()
     print(f"predicted: PP {pred.pp_tps:.1f} t/s, TG {pred.tg_tps:.2f} t/s")
+    if oracle:
+        print(f"\nmemory: ours vs llama-fit-params ({args.oracle})\n{oracle[1]}")
     for w in warnings:
         print(f"warning: {w}")
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runtime.run_cli import run_main
+    return run_main(args)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -236,17 +247,226 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return synth_main(args) or 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    print(f"# offload-tuner demo: plan {DEMO_MODEL} on a {DEMO_GPU} GPU with dual-channel DDR5", flush=True)
-    ns = argparse.Namespace(model=DEMO_MODEL, gpu=DEMO_GPU, hardware=None, ctx=8192, ubatch=None, batch=None,
-                            kv_type=None, threads=None, dialect="mainline", objective="tg", margin="512MiB",
-                            json=False, top=8)
-    cmd_plan(ns)
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from runtime.calibrate import calibrate_main
+    return calibrate_main(args)
+
+
+def load_engine(name: str, hw: HardwareProfile, inv, args: argparse.Namespace):
+    """The Engine for --engine NAME. sim is always here; torch and llamacpp are looked up lazily in the runtime
+    (runtime/torch_engine, runtime/llamacpp.py, built through runtime.run_cli.make_engine as `run` does): a
+    module that is missing, or exposes no engine, is one line and exit 2."""
+    if name == "sim":
+        from runtime.sim import SimEngine
+        return SimEngine(hw)
+    import importlib.util
+    module = ENGINE_MODULES[name]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    if not found:
+        raise InputError(f"engine {name} is not available yet (no {module} in this install); use --engine sim")
+    if name == "torch" and not _cuda_available():
+        raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
+                         "(or run the same tune command where the GPU is)")
+    try:
+        from runtime.run_cli import make_engine
+    except ImportError as e:
+        raise InputError(f"engine {name} is not available yet (runtime.run_cli: {e})") from e
+    ns = argparse.Namespace(engine=name, llama_bench=getattr(args, "llama_bench", None),
+                            timeout=float(args.timeout) if getattr(args, "timeout", None) else 900.0, model=args.model)
+    return make_engine(ns, hw)
+
+
+ENGINE_MODULES = {"torch": "runtime.torch_engine", "llamacpp": "runtime.llamacpp"}
+
+
+def _nonneg(v: int, flag: str) -> int:
+    if v < 0:
+        raise InputError(f"{flag} must be >= 0, got {v}")
+    return v
+
+
+def _progress(total: int, quiet: bool):
+    """A tqdm bar on stderr counting engine runs (silent when stderr is not a TTY or with --quiet)."""
+    from tqdm import tqdm
+    bar = tqdm(total=total, desc="tune", unit="run", file=sys.stderr, dynamic_ncols=True,
+               disable=quiet or not sys.stderr.isatty())
+    state = {"start": None}
+
+    def update(tuner, trial) -> None:
+        if state["start"] is None:
+            state["start"] = tuner.n_measured - (1 if trial.user_attrs.get("measured") else 0)
+        done = min(total, tuner.n_measured - state["start"])
+        if done > bar.n:
+            bar.update(done - bar.n)
+        pts = [(tg, pp) for _, tg, pp in tuner.samples]
+        if pts:
+            bar.set_postfix_str(f"best TG {max(p[0] for p in pts):.1f} t/s, PP {max(p[1] for p in pts):.0f} t/s",
+                                refresh=False)
+        bar.refresh()
+    return bar, update
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .loader import load_model
+    from .objectives import parse_objective
+    from .report import write_study_report
+    from .search import Tuner, Workload, default_storage, slug
+    from .space import SpaceConfig
+    _positive(args.trials, "--trials")
+    _nonneg(args.pool, "--pool")
+    inv = load_model(args.model)
+    hw = _hardware(args)
+    objective = parse_objective(args.objective)
+    workload = Workload(n_prompt=_nonneg(args.n_prompt, "--n-prompt"), n_gen=_nonneg(args.n_gen, "--n-gen"),
+                        depth=_nonneg(args.depth, "--depth"), repetitions=_positive(args.reps, "--reps"))
+    if workload.n_prompt == 0 and workload.n_gen == 0:
+        raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
+    kv = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
+    bad = [k for k in kv if k not in KV_TYPES]
+    if not kv or bad:
+        raise InputError(f"--kv-types {args.kv_types!r}: expected a comma list of {', '.join(KV_TYPES)}")
+    engine = load_engine(args.engine, hw, inv, args)
+    info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
+    args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
+    storage = args.storage or default_storage(name)
+    from runtime.engine import Workload as EngineWorkload   # cli.py is where planner and runtime meet
+
+    def make_workload(w):
+        return EngineWorkload(n_prompt=w.n_prompt, n_gen=w.n_gen, depth=w.depth, repetitions=w.repetitions)
+    tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
+                  n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=parse_size(args.margin),
+                  config=SpaceConfig(kv_types=kv), study_name=name, storage=storage, fresh=args.fresh,
+                  seed=args.seed, pool_size=args.pool, make_workload=make_workload)
+    print(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
+          f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
+          f"{args.trials} runs", file=sys.stderr, flush=True)
+    bar, update = _progress(args.trials, args.quiet)
+    try:
+        result = tuner.run(args.trials, progress=update)
+    except KeyboardInterrupt:
+        bar.close()
+        n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
+        print(f"offload-tuner: interrupted; {n} finished trials are saved in {storage}: run the same command to "
+              "resume", file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+    out = Path(args.out) if args.out else Path("reports") / name
+    summary = None if args.no_report else write_study_report(tuner.study, out)
+    if args.json:
+        from .report import study_summary
+        s = summary or study_summary(tuner.study)
+        s = dict(s, storage=storage, run={"measured": result.measured, "trials": result.trials,
+                                          "elapsed_s": round(result.elapsed_s, 3), "stopped": result.stopped})
+        _emit_json(s)
+        return 0
+    _print_tune(tuner, result, summary or __import__("planner.report", fromlist=["x"]).study_summary(tuner.study),
+                storage, None if args.no_report else out)
+    return 0
+
+
+def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
+    print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
+          f"{s['n_trials']} trials in all ({counts}); storage {storage}")
+    if result.stopped:
+        print(f"note: {result.stopped}")
+    fit = s.get("cost_fit") or {}
+    if fit.get("err_prior"):
+        print(f"cost model refit on {fit['n']} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
+              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}")
+    rows = []
+    for b in s.get("baselines", []):
+        m = b.get("measured") or {}
+        rows.append([b["name"], f"{m.get('tg_tps', 0):.2f}" if b.get("ok") else "-",
+                     f"{m.get('pp_tps', 0):.1f}" if b.get("ok") else "-",
+                     fmt_bytes(sum((m.get("peak_bytes") or {}).values())) if b.get("ok") else (b.get("error") or "-")])
+    picks = [("best " + k.upper() if k in ("tg", "pp") else f"best {s['settings'].get('objective')}", r)
+             for k, r in s["best"].items() if r]
+    for title, r in picks:
+        rows.append([f"{title} (trial {r['trial']})", f"{r['tg_tps']:.2f}", f"{r['pp_tps']:.1f}",
+                     fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"])
+    from .report import table
     print()
-    user = ["-ngl", "99", "-ot", r"blk\.(1[0-9]|[0-9])\.ffn_.*_exps=CPU", "-c", "8192", "-ub", "1024"]
-    print(f"# and what a hand-written command does: explain {DEMO_MODEL} -- {shlex.join(user)}", flush=True)
-    return cmd_explain(argparse.Namespace(model=DEMO_MODEL, dialect="mainline", gpu=DEMO_GPU, hardware=None,
-                                          json=False, llama_args=user))
+    print(table(["config", "TG t/s", "PP t/s", "peak VRAM"], rows))
+    for title, r in picks:
+        print()
+        print(f"{title}: {r['label']}")
+        for tool, cmd in r["commands"].items():
+            print(f"  {tool}: {cmd}")
+    if out is not None:
+        print()
+        print(f"report: {out}/summary.md (and summary.html, trials.csv, report.json, PNG and SVG plots)")
+
+
+DEMO_STUDY = "demo"
+DEMO_HARDWARE = "rtx4090-ddr5"
+DEMO_TRIALS = 60
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job on the embedded default: a whole study on the sim engine, its report and the best flags."""
+    from pathlib import Path
+    from .search import STUDIES_DIR
+    print(f"# offload-tuner demo: tune {DEMO_MODEL} on a {DEMO_GPU} GPU ({DEMO_HARDWARE}, dual-channel DDR5) "
+          f"with the sim engine, {args.trials} runs, objective both (TG and PP)", flush=True)
+    for suffix in ("", "-wal", "-shm", "-journal"):       # a fresh study each run: repeated demos agree
+        Path(STUDIES_DIR / f"{DEMO_STUDY}.db{suffix}").unlink(missing_ok=True)
+    ns = argparse.Namespace(
+        model=DEMO_MODEL, engine="sim", hardware=DEMO_HARDWARE, gpu=DEMO_GPU, trials=args.trials, study=DEMO_STUDY,
+        storage=None, objective="both", n_prompt=2048, n_gen=128, depth=0, reps=1, dialect="mainline", ctx=8192,
+        margin="512MiB", kv_types="f16,q8_0", fresh=True, seed=0, pool=args.pool, out=None, no_report=False,
+        quiet=args.quiet, json=False, timeout=None)
+    rc = cmd_tune(ns)
+    if rc == 0 and _cuda_available():
+        print()
+        print("# a CUDA GPU is here: the same study measured on the bundled PyTorch runtime:")
+        print(f"offload-tuner tune {DEMO_MODEL} --engine torch --gpu {DEMO_GPU} --objective both --trials 40 "
+              "--study demo-torch --n-prompt 2048 --n-gen 128")
+    return rc
+
+
+def _cuda_available() -> bool:
+    """torch.cuda.is_available(), imported only when torch is installed; False on any failure."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+    if not (Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi")):
+        return False        # no NVIDIA driver: skip importing torch (seconds)
+    if importlib.util.find_spec("torch") is None:
+        return False
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:     # a broken torch install must not break the demo
+        return False
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .report import study_summary, write_study_report
+    from .search import default_storage, load_study
+    storage = args.storage or default_storage(args.study)
+    study = load_study(args.study, storage)
+    out = Path(args.out) if args.out else Path("reports") / args.study
+    s = write_study_report(study, out)
+    if args.json:
+        _emit_json(dict(s, storage=storage))
+        return 0
+    del study_summary
+    print(f"study {args.study}: {s['n_trials']} trials ({', '.join(f'{v} {k}' for k, v in sorted(s['counts'].items()))})")
+    for k, r in s["best"].items():
+        if r:
+            print(f"best {k}: TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, {r['label']})")
+            if r["commands"].get("llama-server"):
+                print(f"  {r['commands']['llama-server']}")
+    print(f"report: {out}/summary.md (and summary.html, trials.csv, report.json, PNG and SVG plots)")
+    return 0
 
 
 # ---- argparse -------------------------------------------------------------------------------------------------
@@ -293,15 +513,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dialect", choices=DIALECTS, default="mainline")
     _add_hw(p, False)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--oracle", metavar="PATH", help="llama-fit-params binary: its memory estimate beside ours")
     p.epilog = "then -- and the llama.cpp arguments, e.g. explain MODEL -- -ngl 99 -cmoe"
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("run", help="measure one plan on an engine (llamacpp, sim, torch)")
+    from runtime.run_cli import add_run_arguments
+    add_run_arguments(p)
+    p.epilog = "the plan: --plan FILE, or -- and the llama.cpp arguments"
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("synth", help="write a synthetic GGUF that llama.cpp loads")
     from runtime.synth import add_synth_arguments   # cli.py is where planner and runtime meet
     add_synth_arguments(p)
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("demo", help="the main job on the embedded default (no GPU or llama.cpp needed)")
+    p = sub.add_parser("calibrate", help="measure this machine's bandwidths, FLOP/s, PCIe and overheads (--hardware)")
+    from runtime.calibrate import add_calibrate_arguments
+    add_calibrate_arguments(p)
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("tune", help="search placements and knobs with Optuna for the best PP/TG within VRAM")
+    p.add_argument("model")
+    p.add_argument("--engine", choices=("sim", "torch", "llamacpp"), default="sim",
+                   help="what measures a candidate: sim (the cost model), torch, llamacpp")
+    _add_hw(p, True)
+    p.add_argument("--trials", type=int, default=40, help="engine runs to add to the study (default 40)")
+    p.add_argument("--study", help="study name (default from model, hardware, engine, objective); resumes it")
+    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/STUDY.db; postgresql://... for "
+                                     "several workers)")
+    p.add_argument("--objective", default="tg", help="tg, pp, both (Pareto) or an expression such as 'tg + 0.1*pp'")
+    p.add_argument("--n-prompt", type=int, default=2048, help="prompt tokens of the workload (default 2048)")
+    p.add_argument("--n-gen", type=int, default=128, help="generated tokens of the workload (default 128)")
+    p.add_argument("--depth", type=int, default=0, help="context depth before the workload (default 0)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per measurement (default 3)")
+    p.add_argument("--ctx", type=int, help="context the emitted commands reserve (default max(8192, depth+prompt+gen))")
+    p.add_argument("--dialect", choices=DIALECTS, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
+    p.add_argument("--llama-bench", metavar="PATH", help="llamacpp engine: llama-bench or llama-sweep-bench (else "
+                                                          "$LLAMA_BENCH, else llama-bench on PATH)")
+    p.add_argument("--margin", default="512MiB", help="VRAM kept free per GPU (default 512MiB; raised on OOM)")
+    p.add_argument("--kv-types", default="f16,q8_0", help="KV cache types the search may use (default f16,q8_0)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--pool", type=int, default=200, help="candidates the cost model pre-screens (default 200)")
+    p.add_argument("--timeout", type=float, help="seconds per measurement (llamacpp; default 900)")
+    p.add_argument("--fresh", action="store_true", help="delete the study of that name first")
+    p.add_argument("--out", help="report folder (default reports/STUDY)")
+    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("report", help="plots, Markdown/HTML summary, CSV and JSON of a study")
+    p.add_argument("study")
+    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/STUDY.db)")
+    p.add_argument("--out", help="folder (default reports/STUDY)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("demo", help="the main job on the embedded default: a sim-engine study, its report, the best "
+                                    "flags (no GPU or llama.cpp needed)")
+    p.add_argument("--trials", type=int, default=DEMO_TRIALS, help=f"engine runs (default {DEMO_TRIALS})")
+    p.add_argument("--pool", type=int, default=120, help="candidates the cost model pre-screens (default 120)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
     return ap
 

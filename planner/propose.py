@@ -159,14 +159,17 @@ def _plan(inv: ModelInventory, a: dict[str, str], knobs: Knobs, dialect: Dialect
 
 
 def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, budget: Budget, knobs: Knobs, dialect: Dialect,
-                   experts_on_cpu: bool) -> int:
-    """Largest number of trailing layers whose homes fit on the GPUs (binary search; fits is monotone)."""
+                   experts_on_cpu: bool, *, weights: list[float] | None = None, output_on_gpu: bool = True) -> int:
+    """Largest number of trailing layers whose homes fit on the GPUs (binary search; fits is monotone).
+
+    `weights` split the layers between GPUs (default: by VRAM); `output_on_gpu` puts the output layer with the
+    last homed layer (else it stays on the CPU). Returns -1 when not even zero layers fit (host RAM)."""
     gpus = gpu_names(len(hw.gpus))
-    weights = [float(g.vram_bytes) for g in hw.gpus]
+    weights = weights or [float(g.vram_bytes) for g in hw.gpus]
 
     def fits(n: int) -> bool:
         homes = split_homes(inv.n_layer, n, gpus, weights)
-        out_dev = homes[-1] if n > 0 else "CPU"
+        out_dev = homes[-1] if n > 0 and output_on_gpu else "CPU"
         a = assignment_from_homes(inv, homes, out_dev, "CPU" if experts_on_cpu else None)
         return budget.fits(estimate(inv, _plan(inv, a, knobs, dialect, ""), hw))
 

@@ -1,0 +1,761 @@
+"""The autotuner: an Optuna study over planner.space, measured on any Engine, screened by the memory model.
+
+One trial = one candidate of the space decoded into a Plan. Before anything runs:
+- the memory model judges it against every GPU's budget (VRAM minus the study's margin) and host RAM; one over
+  budget is never executed: the trial is PRUNED with the reason in its user attrs;
+- a plan already measured in this study is not measured again (the trial gets the same values);
+- when measuring is expensive (any engine but sim) a candidate the refitted cost model predicts to be well
+  below the best measured so far is PRUNED as "screened" and costs no run.
+A measured failure (out of memory, crash, time limit) is a FAIL trial with the error in its user attrs and the
+study goes on; an out-of-memory raises the study's margin for every later trial (user attr `margin_bytes`).
+
+Search efficiency: the study starts with the planner's proposals (propose.best_plans) and the cost model's
+predicted Pareto front over a pool of candidates, enqueued as trials; after every measurement the cost model's
+coefficients are refitted (planner.cost_fit) and, every other trial, the pool's best unmeasured candidate under
+the refitted model is enqueued ("surrogate"); the sampler (TPE) proposes the rest.
+
+Storage is Optuna's RDBStorage (SQLite under studies/ by default, any SQLAlchemy URL): every finished trial is
+committed when it ends, so Ctrl-C or kill -9 loses none; a heartbeat lets a resumed study fail (and retry once)
+trials a killed worker left RUNNING. Each trial stores its plan JSON, plan id, rendered commands, predicted and
+measured PP/TG and peak bytes per device (user attrs), so reports need neither the model file nor the engine.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .cost import predict
+from .cost_fit import CostFit, Terms, fit
+from .errors import InputError, OffloadTunerError
+from .hardware import GiB, MiB, HardwareProfile
+from .model import ModelInventory
+from .objectives import Objective, parse_objective
+from .plan import Dialect, Plan
+from .propose import DEFAULT_MARGIN, best_plans, propose
+from .space import Candidate, Space, SpaceConfig
+
+STUDIES_DIR = Path("studies")
+HEARTBEAT_S = 10
+GRACE_S = 30
+PATIENCE = 60              # trials in a row without a run before a session stops as converged
+SCREEN_RATIO = 0.85        # measure a sampler candidate only if predicted >= this x the best measured
+OOM_STEP = 256 * MiB       # an OOM raises the margin by at least this much
+MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
+_OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+
+
+class MeasurementFailed(OffloadTunerError):
+    """A run that failed for a reason of the run (OOM, crash, time limit): the trial is FAIL, the study goes on."""
+
+
+# ---- settings and storage -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """planner-side mirror of runtime.engine.Workload (planner never imports runtime)."""
+    n_prompt: int = 2048
+    n_gen: int = 128
+    depth: int = 0
+    repetitions: int = 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a study was made for; a resumed study must match (else it would mix incomparable trials)."""
+    model: str
+    model_id: str
+    engine: str
+    hardware: dict[str, Any]
+    dialect: str
+    objective: str
+    workload: dict[str, int]
+    n_ctx: int
+    space: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def differences(self, other: dict[str, Any]) -> list[str]:
+        mine = self.to_dict()
+        out = []
+        for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space"):
+            if other.get(k) != mine[k]:
+                out.append(k)
+        return out
+
+
+BUDGET_SHARES = (0.25, 0.5, 0.75, 1.0)
+
+
+def budget_levels(total_vram: int) -> list[int]:
+    """VRAM budgets the report lists a best config for: shares of all VRAM, rounded to whole GiB."""
+    levels = sorted({max(GiB, int(round(total_vram * f / GiB)) * GiB) for f in BUDGET_SHARES})
+    return [lv for lv in levels if lv <= max(total_vram, GiB)] or [total_vram]
+
+
+def default_storage(study: str) -> str:
+    return f"sqlite:///{STUDIES_DIR / (study + '.db')}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        p = url[len("sqlite:///"):]
+        return None if p in ("", ":memory:") else Path(p)
+    return None
+
+
+def make_storage(url: str | None):
+    """RDBStorage with heartbeat (stale RUNNING trials of a killed worker are failed and retried once);
+    None: in-memory (benchmarks, tests)."""
+    import optuna
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    path = sqlite_path(url)
+    kwargs: dict[str, Any] = {}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kwargs = {"connect_args": {"timeout": 60}}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    except Exception as e:   # sqlalchemy.exc.ArgumentError, OperationalError, ImportError of a DB driver
+        raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
+    if path is not None:
+        _sqlite_wal(storage.engine)
+    return storage
+
+
+def _sqlite_wal(engine) -> None:
+    """WAL journal with synchronous=NORMAL: a commit no longer waits for fsync (a trial costs ~15 commits), and a
+    killed process still loses no committed trial (only a power cut could lose the last ones)."""
+    import sqlalchemy
+
+    def pragmas(dbapi_conn, _record) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+    sqlalchemy.event.listen(engine, "connect", pragmas)
+    engine.dispose()          # connections opened while creating the tables predate the listener
+
+
+def study_exists(storage, name: str) -> bool:
+    return any(s.study_name == name for s in storage.get_all_studies())
+
+
+def load_study(name: str, url: str | None):
+    """An existing study (for `report`); InputError naming the studies there when it is missing."""
+    import optuna
+    path = sqlite_path(url) if url else None
+    if path is not None and not path.exists():
+        raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
+    storage = make_storage(url)
+    names = [s.study_name for s in storage.get_all_studies()]
+    if name not in names:
+        raise InputError(f"no study {name!r} in {url}; studies there: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "study"
+
+
+# ---- the tuner ------------------------------------------------------------------------------------------------
+
+@dataclass
+class _PoolEntry:
+    params: dict[str, Any]
+    plan_id: str
+    terms: Terms
+    gpu_bytes: dict[str, int]
+    host_need: int
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    storage: str | None
+    measured: int                  # engine runs this session
+    trials: int                    # trials this session (incl. pruned, duplicates)
+    elapsed_s: float
+    margin_bytes: int
+    fit: CostFit
+    stopped: str = ""              # why the loop ended early, if it did
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Tuner:
+    """One study: `Tuner(...).run(n)` measures n more candidates (screened and duplicate trials do not count).
+
+    `engine` is anything with the runtime.engine.Engine protocol; `hw` the machine as the memory model and the
+    cost model see it (the cost model's prior; for sim it is the engine's own). `prescreen` (default: the engine
+    is not sim) skips sampler candidates the refitted cost model predicts to be poor; `surrogate` enqueues the
+    pool's best candidate every other trial; `seed_trials` enqueues proposals, the predicted front and the
+    best-per-budget candidates. Switching those three off (and sampler="random") gives the plain baselines the
+    benchmark compares with. `storage` None keeps the study in memory."""
+
+    def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any, *, model: str = "",
+                 objective: Objective | str = "tg", workload: Workload = Workload(), dialect: Dialect = "mainline",
+                 n_ctx: int | None = None, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig(),
+                 study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
+                 prescreen: bool | None = None, surrogate: bool = True, seed_trials: bool = True,
+                 sampler: str = "tpe", pool_size: int = 200, baselines: bool = True, commands: bool = True,
+                 space: Space | None = None, make_workload: Callable[[Workload], Any] | None = None) -> None:
+        import optuna
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        self.inv, self.hw, self.engine = inv, hw, engine
+        self.objective = parse_objective(objective) if isinstance(objective, str) else objective
+        self.workload, self.dialect = workload, dialect
+        need = workload.depth + workload.n_prompt + workload.n_gen
+        self.n_ctx = n_ctx if n_ctx is not None else max(8192, -(-need // 256) * 256)
+        if self.n_ctx < need:
+            raise InputError(f"--ctx {self.n_ctx} is smaller than the workload's depth + n_prompt + n_gen = {need}")
+        self.config, self.seed, self.rng = config, seed, random.Random(seed)
+        self.prescreen = (getattr(engine, "name", "") != "sim") if prescreen is None else prescreen
+        self.surrogate, self.seed_trials, self.pool_size, self.want_baselines = surrogate, seed_trials, pool_size, baselines
+        # engines read n_prompt, n_gen, depth, repetitions; the CLI passes runtime.engine.Workload (planner never
+        # imports runtime), anything with those fields works
+        self.engine_workload = make_workload(workload) if make_workload else workload
+        self.study_name, self.storage_url = study_name, storage
+        self.margin_initial = margin
+        self.settings = Settings(model=model or inv.source or inv.name, model_id=inv.source or inv.name,
+                                 engine=getattr(engine, "name", type(engine).__name__), hardware=_hw_key(hw),
+                                 dialect=dialect, objective=self.objective.text, workload=asdict(workload),
+                                 n_ctx=self.n_ctx, space=config.to_dict())
+        self.study = self._open(fresh, sampler)
+        attrs = self.study.user_attrs
+        self.margin = max(margin, int(attrs.get("margin_bytes", 0)))
+        self.want_commands = commands
+        if space is not None and (space.margin, space.config, space.n_ctx, space.dialect) == \
+                (self.margin, config, self.n_ctx, dialect):
+            self.space = space          # a prepared one (benchmarks share a cached grid between methods)
+        else:
+            self.space = Space(inv, hw, dialect=dialect, n_ctx=self.n_ctx, margin=self.margin, config=config)
+        self.fit = CostFit.from_dict(attrs.get("cost_fit"))
+        self.pool: dict[str, _PoolEntry] = {}
+        self.measured: dict[str, tuple[int, tuple[float, ...] | None]] = {}   # plan id -> (trial, values)
+        self.samples: list[tuple[Terms, float, float]] = []
+        self.n_measured = 0
+        self.n_trials_session = 0
+        self.idle = 0                 # trials in a row that ran nothing (screened, duplicate, over budget)
+        self._queued_ids: set[str] = set()
+        # baseline runs by plan id: a trial of the same plan takes its measurement instead of running it again
+        self._baseline_runs = {b["plan_id"]: _Result.of(b["measured"]) for b in attrs.get("baselines", [])
+                               if b.get("plan_id") and b.get("measured")}
+        self._load_history()
+
+    # ---- study ----------------------------------------------------------------------------------------------
+
+    def _sampler(self, kind: str):
+        import optuna
+        if kind == "random":
+            return optuna.samplers.RandomSampler(seed=self.seed)
+        if kind != "tpe":
+            raise InputError(f"unknown sampler {kind!r}; expected tpe or random")
+        return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True, n_startup_trials=10,
+                                          constant_liar=True)
+
+    def _open(self, fresh: bool, sampler: str):
+        import optuna
+        storage = make_storage(self.storage_url)
+        if study_exists(storage, self.study_name):
+            if fresh:
+                optuna.delete_study(study_name=self.study_name, storage=storage)
+            else:
+                study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler))
+                old = study.user_attrs.get("settings", {})
+                diff = self.settings.differences(old)
+                if diff:
+                    raise InputError(f"study {self.study_name!r} in {self.storage_url} was made with other "
+                                     f"{', '.join(diff)}; pick another --study name, or --fresh to start it over")
+                return study
+        study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler),
+                                    directions=self.objective.directions)
+        study.set_user_attr("settings", self.settings.to_dict())
+        study.set_user_attr("objective_names", self.objective.names)
+        study.set_user_attr("margin_bytes", self.margin_initial)
+        study.set_user_attr("created", time.strftime("%Y-%m-%d %H:%M:%S"))
+        return study
+
+    def _load_history(self) -> None:
+        """Rebuild the measured-plan cache and the refit samples from the stored trials (resume)."""
+        from optuna.trial import TrialState
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            ua = t.user_attrs
+            pid = ua.get("plan_id")
+            if not pid or "measured" not in ua or ua.get("duplicate_of") is not None:
+                continue
+            m = ua["measured"]
+            self.measured[pid] = (t.number, tuple(t.values) if t.state == TrialState.COMPLETE and t.values else None)
+            if m.get("ok") and "terms" in ua:
+                self.samples.append((Terms.from_dict(ua["terms"]), m.get("tg_tps", 0.0), m.get("pp_tps", 0.0)))
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if "plan_id" in t.user_attrs:
+                self._queued_ids.add(t.user_attrs["plan_id"])
+        if self.samples:
+            self.fit = fit(self.samples)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            out[t.state.name.lower()] = out.get(t.state.name.lower(), 0) + 1
+        return out
+
+    # ---- predictions and the pool ---------------------------------------------------------------------------
+
+    def terms(self, plan: Plan) -> Terms:
+        w = self.workload
+        return Terms.of(predict(self.inv, plan, self.hw, n_prompt=max(w.n_prompt, 1), depth=w.depth))
+
+    def _score(self, tg: float, pp: float) -> float:
+        """One number per point (the objective; the geometric mean for "both"); a speed the workload does not
+        measure (n_gen or n_prompt 0) counts as 0."""
+        return self.objective.scalar(tg if self.workload.n_gen else 0.0, pp if self.workload.n_prompt else 0.0)
+
+    def _add_pool(self, cand: Candidate) -> None:
+        if not cand.fits or cand.key in self.pool or cand.memory is None:
+            return
+        cpu = cand.memory.devices.get("CPU")
+        host = cand.memory.host_pinned + (cpu.kv + cpu.compute + cpu.overhead if cpu else 0)
+        self.pool[cand.key] = _PoolEntry(dict(cand.params), cand.key, self.terms(cand.plan), cand.gpu_bytes(), host)
+
+    def _fits_now(self, e: _PoolEntry) -> bool:
+        b = self.space.budget
+        return e.host_need <= b.host and all(v <= b.gpus.get(d, 0) for d, v in e.gpu_bytes.items())
+
+    def build_pool(self) -> None:
+        for _ in range(self.pool_size):
+            self._add_pool(self.space.decode(self.space.random(self.rng)))
+
+    def _add_neighbours(self, params: dict[str, Any], limit: int = 40) -> None:
+        nb = self.space.neighbours(params)
+        self.rng.shuffle(nb)
+        for p in nb[:limit]:
+            self._add_pool(self.space.decode(self.space.fixed(p, default=lambda d: d.values[0])))
+
+    def _measured_points(self) -> list[tuple[float, float]]:
+        return [(tg, pp) for _, tg, pp in self.samples]
+
+    def _pick(self, k: int = 1, optimism: float = 1.03) -> list[_PoolEntry]:
+        """The pool's best unmeasured, not yet queued candidates under the refitted cost model: by predicted
+        objective, or (for "both") by predicted hypervolume improvement over the measured front."""
+        cands = [e for e in self.pool.values() if e.plan_id not in self.measured and e.plan_id not in self._queued_ids
+                 and self._fits_now(e)]
+        if not cands:
+            return []
+        tg, pp = self.fit.predict_many([e.terms for e in cands])
+        # candidates the model cannot tell apart from a measured plan (knobs it does not price) wait for the sampler
+        mtg, mpp = self.fit.predict_many([t for t, _, _ in self.samples])
+        seen = {_bin(a, b) for a, b in zip(mtg, mpp)}
+        keep = [i for i in range(len(cands)) if _bin(tg[i], pp[i]) not in seen]
+        cands, tg, pp = [cands[i] for i in keep], tg[keep], pp[keep]
+        if not cands:
+            return []
+        if self.objective.kind == "both":
+            front = _front(self._measured_points())
+            scale = (max([p[0] for p in front] + [float(tg.max()), 1e-9]), max([p[1] for p in front] + [float(pp.max()), 1e-9]))
+            scores = [_hvi((a * optimism / scale[0], b * optimism / scale[1]), [(x / scale[0], y / scale[1]) for x, y in front])
+                      for a, b in zip(tg, pp)]
+        else:
+            scores = [self._score(a, b) for a, b in zip(tg, pp)]
+        order = sorted(range(len(cands)), key=lambda i: -scores[i])
+        if self.samples:
+            if self.objective.kind == "both" and scores[order[0]] <= 0:
+                return []     # the model expects nothing of the pool to extend the measured front
+            if self.objective.kind != "both" and not self._promising(tg[order[0]], pp[order[0]])[0]:
+                return []
+        return [cands[i] for i in order[:k]]
+
+    def _front_seeds(self, k: int) -> list[_PoolEntry]:
+        """The cost model's predicted Pareto front (or top-k) of the pool, spread along the front."""
+        cands = [e for e in self.pool.values() if self._fits_now(e)]
+        if not cands:
+            return []
+        tg, pp = self.fit.predict_many([e.terms for e in cands])
+        if self.objective.kind != "both":
+            order = sorted(range(len(cands)), key=lambda i: -self._score(tg[i], pp[i]))
+            return [cands[i] for i in order[:k]]
+        idx = _front_indices(list(zip(tg.tolist(), pp.tolist())))
+        idx.sort(key=lambda i: tg[i])
+        if len(idx) <= k:
+            return [cands[i] for i in idx]
+        picks = sorted({round(j * (len(idx) - 1) / (k - 1)) for j in range(k)})
+        return [cands[idx[j]] for j in picks]
+
+    def _budget_seeds(self) -> list[tuple[int, _PoolEntry]]:
+        """For each smaller VRAM budget of the report (a quarter, half, three quarters of all VRAM), the pool's
+        best predicted candidate that stays under it: the report's best-per-budget rows get measured points."""
+        total = sum(g.vram_bytes for g in self.hw.gpus)
+        out = []
+        for level in budget_levels(total)[:-1]:
+            cands = [e for e in self.pool.values() if self._fits_now(e) and sum(e.gpu_bytes.values()) <= level]
+            if not cands:
+                continue
+            tg, pp = self.fit.predict_many([e.terms for e in cands])
+            if self.objective.kind == "both":     # the report lists the best TG and the best PP per budget
+                keys = [lambda j: (tg[j], pp[j]), lambda j: (pp[j], tg[j])]
+            else:
+                keys = [lambda j: self._score(tg[j], pp[j])]
+            for key in keys:
+                out.append((level, cands[max(range(len(cands)), key=key)]))
+        return out
+
+    # ---- seeding and baselines ------------------------------------------------------------------------------
+
+    def _objective_for_planner(self) -> str:
+        return {"tg": "tg", "pp": "pp"}.get(self.objective.kind, "balanced")
+
+    def _default_knobs(self):
+        return self.space.knobs(self.space.fixed(self.space.default_params()))
+
+    def enqueue_seeds(self) -> int:
+        """Enqueue the planner's proposals and the cost model's predicted front (once per study)."""
+        if self.study.user_attrs.get("seeded"):
+            return 0
+        seeds: list[tuple[dict[str, Any], str]] = []
+        try:
+            ranked = best_plans(self.inv, self.hw, self._default_knobs(), self.dialect, self._objective_for_planner(),
+                                self.margin, n_prompt=max(self.workload.n_prompt, 1))
+        except InputError:
+            ranked = []
+        for s in ranked[:6]:
+            seeds.append((self.space.proposal_params(s.plan.label, s.plan.knobs), f"proposal:{s.plan.label}"))
+        seeds.append((self.space.default_params(), "default"))
+        for e in self._front_seeds(6):
+            seeds.append((e.params, "cost-front"))
+        for level, e in self._budget_seeds():
+            seeds.append((e.params, f"budget:{level / GiB:.0f}GiB"))
+        n, seen = 0, set(self._queued_ids)
+        for params, source in seeds:
+            cand = self.space.decode(self.space.fixed(params))
+            self._add_pool(cand)
+            if not cand.fits or cand.key in seen:
+                continue
+            seen.add(cand.key)
+            self._enqueue(cand.params, cand.key, source)
+            n += 1
+        self.study.set_user_attr("seeded", True)
+        return n
+
+    def _enqueue(self, params: dict[str, Any], plan_id: str, source: str) -> None:
+        self.study.enqueue_trial(params, user_attrs={"source": source, "plan_id": plan_id}, skip_if_exists=True)
+        self._queued_ids.add(plan_id)
+
+    def baselines(self) -> list[dict[str, Any]]:
+        """Measure the reference points once per study: all experts in RAM (-ngl 99 -cmoe), a --fit-like fill
+        (experts on the CPU, then filled back to front), and the planner's first proposal."""
+        if "baselines" in self.study.user_attrs or not self.want_baselines:
+            return self.study.user_attrs.get("baselines", [])
+        out = []
+        knobs = self._default_knobs()
+        plans: list[tuple[str, Plan | None, str]] = []
+        try:
+            from .flags import parse
+            parsed = parse(["-ngl", "99", "-cmoe"], self.inv, self.dialect)
+            plans.append(("-ngl 99 -cmoe", Plan(self.settings.model_id, parsed.assignment, knobs, self.dialect,
+                                                "-ngl 99 -cmoe"), ""))
+        except InputError as e:
+            plans.append(("-ngl 99 -cmoe", None, str(e)))
+        try:
+            props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
+            fitlike = props.get("experts-cpu+fill-last")
+            plans.append(("--fit-like fill", fitlike, "" if fitlike else "no experts-cpu proposal"))
+        except InputError as e:
+            plans.append(("--fit-like fill", None, str(e)))
+        try:
+            first = best_plans(self.inv, self.hw, knobs, self.dialect, self._objective_for_planner(), self.margin,
+                               n_prompt=max(self.workload.n_prompt, 1))[0].plan
+            plans.append(("planner's first proposal", first, ""))
+        except InputError as e:
+            plans.append(("planner's first proposal", None, str(e)))
+        for name, plan, err in plans:
+            rec: dict[str, Any] = {"name": name, "ok": False, "error": err}
+            if plan is not None:
+                rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
+                from .memory import estimate
+                reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
+                if reason:
+                    rec["error"] = f"not run: over budget ({reason})"
+                else:
+                    m = self._measure(plan)
+                    rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error)
+                    if not m.ok and _OOM.search(m.error or ""):
+                        self._raise_margin(plan, m.error)
+                    self._baseline_runs[plan.id] = _Result.of(_mdict(m))
+                    if m.ok:
+                        self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
+            out.append(rec)
+        self.study.set_user_attr("baselines", out)
+        self._refit()
+        return out
+
+    def _describe(self, plan: Plan, terms: Terms | None = None, memory: Any = None) -> dict[str, Any]:
+        from .flags import render_shell
+        from .memory import estimate
+        cmds: dict[str, str] = {}
+        model_path = "MODEL.gguf" if self.settings.model.startswith("preset:") else self.settings.model
+        for tool in ("server", "cli", "bench") if self.want_commands else ():
+            try:
+                cmds[f"llama-{tool}"] = render_shell(plan, self.inv, tool, model_path=model_path,
+                                                     workload=self.workload if tool == "bench" else None)
+            except InputError as e:
+                cmds[f"llama-{tool}"] = f"# not expressible for llama-{tool}: {e}"
+            except Exception as e:    # a renderer bug must not end the study; the trial says what happened
+                cmds[f"llama-{tool}"] = f"# could not render for llama-{tool}: {type(e).__name__}: {e}"
+        terms = terms or self.terms(plan)
+        tg_fit, pp_fit = self.fit.predict(terms)
+        tg_prior, pp_prior = CostFit().predict(terms)
+        return {"plan_id": plan.id, "label": plan.label, "commands": cmds, "terms": terms,
+                "predicted": {"tg_tps": tg_fit, "pp_tps": pp_fit, "prior_tg_tps": tg_prior, "prior_pp_tps": pp_prior},
+                "memory": (memory or estimate(self.inv, plan, self.hw)).to_dict()}
+
+    # ---- measuring --------------------------------------------------------------------------------------------
+
+    def _measure(self, plan: Plan):
+        """engine.measure, with an exception of the engine (not of our input) turned into a failed result."""
+        try:
+            return self.engine.measure(self.inv, plan, self.engine_workload)
+        except InputError:
+            raise
+        except Exception as e:   # an engine bug must not end the study; the trial records it
+            return _Result(f"engine raised {type(e).__name__}: {e}")
+
+    def _raise_margin(self, plan: Plan, error: str) -> None:
+        from .memory import estimate
+        mem = estimate(self.inv, plan, self.hw)
+        step = OOM_STEP
+        for dev, m in mem.devices.items():
+            if dev != "CPU" and dev.startswith("CUDA") and int(dev[4:]) < len(self.hw.gpus):
+                step = max(step, self.hw.gpu(dev).vram_bytes - m.total + OOM_STEP)
+        cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else self.margin
+        new = min(max(self.margin + OOM_STEP, step), max(cap, self.margin))
+        if new <= self.margin:
+            return
+        events = list(self.study.user_attrs.get("margin_events", []))
+        events.append({"from": self.margin, "to": new, "plan_id": plan.id, "error": error[:200]})
+        self.margin = new
+        self.study.set_user_attr("margin_bytes", new)
+        self.study.set_user_attr("margin_events", events)
+        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=new, config=self.config)
+
+    def _refit(self) -> None:
+        if self.samples:
+            self.fit = fit(self.samples)
+            self.study.set_user_attr("cost_fit", self.fit.to_dict())
+
+    def _promising(self, tg: float, pp: float) -> tuple[bool, str]:
+        pts = self._measured_points()
+        if not pts:
+            return True, ""
+        if self.objective.kind == "both":
+            for mt, mp in pts:
+                if tg <= SCREEN_RATIO * mt and pp <= SCREEN_RATIO * mp:
+                    return False, (f"screened: predicted TG {tg:.2f} / PP {pp:.1f} t/s is dominated by measured "
+                                   f"{mt:.2f} / {mp:.1f} with a {1 - SCREEN_RATIO:.0%} allowance")
+            return True, ""
+        best = max(self._score(a, b) for a, b in pts)
+        s = self._score(tg, pp)
+        if best > 0 and s < SCREEN_RATIO * best:
+            return False, f"screened: predicted {self.objective.text} {s:.4g} < {SCREEN_RATIO} x best measured {best:.4g}"
+        return True, ""
+
+    def objective_fn(self, trial) -> float | tuple[float, ...]:
+        import optuna
+        self.n_trials_session += 1
+        source = trial.user_attrs.get("source", "sampler")
+        if source == "sampler":
+            trial.set_user_attr("source", "sampler")
+        cand = self.space.decode(lambda dim: dim.suggest(trial))
+        self._add_pool(cand)
+        plan = cand.plan
+        pooled = self.pool.get(plan.id)
+        info = self._describe(plan, pooled.terms if pooled else None, cand.memory) if cand.memory is not None \
+            else {"plan_id": plan.id, "label": plan.label}
+        trial.set_user_attr("plan_id", plan.id)
+        trial.set_user_attr("plan", plan.to_json())
+        trial.set_user_attr("candidate", {k: info[k] for k in ("label", "predicted", "memory", "commands") if k in info})
+        if not cand.fits:
+            trial.set_user_attr("pruned_reason", f"over budget: {cand.reason}")
+            raise optuna.TrialPruned(f"over budget: {cand.reason}")
+        prev = self.measured.get(plan.id)
+        if prev is not None:
+            trial.set_user_attr("duplicate_of", prev[0])
+            if prev[1] is None:
+                trial.set_user_attr("pruned_reason", f"same plan as failed trial {prev[0]}")
+                raise optuna.TrialPruned(f"same plan as failed trial {prev[0]}")
+            return prev[1] if self.objective.n_values > 1 else prev[1][0]
+        pred = info["predicted"]
+        if self.prescreen and source == "sampler":
+            ok, why = self._promising(pred["tg_tps"], pred["pp_tps"])
+            if not ok:
+                trial.set_user_attr("pruned_reason", why)
+                raise optuna.TrialPruned(why)
+        reused = self._baseline_runs.get(plan.id)
+        if reused is not None:        # a baseline already ran this plan: its run is this trial's
+            m = reused
+            trial.set_user_attr("reused_baseline_run", True)
+        else:
+            m = self._measure(plan)
+            self.n_measured += 1
+        self.idle = -1                # the callback adds one per trial
+        self._queued_ids.discard(plan.id)
+        trial.set_user_attr("measured", _mdict(m))
+        if not m.ok:
+            self.measured[plan.id] = (trial.number, None)
+            if reused is None and _OOM.search(m.error or ""):
+                self._raise_margin(plan, m.error)
+            raise MeasurementFailed(m.error or "the engine reported a failure without a message")
+        terms = info["terms"]
+        trial.set_user_attr("terms", terms.to_dict())
+        values = self.objective.values(m.tg_tps if self.workload.n_gen else 0.0, m.pp_tps if self.workload.n_prompt else 0.0)
+        if any(not math.isfinite(v) for v in values):
+            self.measured[plan.id] = (trial.number, None)
+            raise MeasurementFailed(f"objective {self.objective.text!r} is undefined at TG {m.tg_tps:.3g}, PP {m.pp_tps:.3g}")
+        improved = self._improves(m.tg_tps, m.pp_tps)
+        self.measured[plan.id] = (trial.number, values)
+        if reused is None:            # the baseline's run is in the samples already
+            self.samples.append((terms, m.tg_tps, m.pp_tps))
+        self._refit()
+        if improved and self.surrogate:
+            self._add_neighbours(cand.params, 40 if self.prescreen else 12)
+        return values if self.objective.n_values > 1 else values[0]
+
+    def _improves(self, tg: float, pp: float) -> bool:
+        pts = self._measured_points()
+        if not pts:
+            return True
+        if self.objective.kind == "both":
+            return not any(a >= tg and b >= pp for a, b in pts)
+        return self._score(tg, pp) > max(self._score(a, b) for a, b in pts)
+
+    # ---- the loop ---------------------------------------------------------------------------------------------
+
+    def run(self, n_trials: int, progress: Any = None, max_trials: int | None = None,
+            patience: int = PATIENCE) -> TuneResult:
+        """Measure `n_trials` more candidates. Stops early after `patience` trials in a row that ran nothing
+        (with pre-screening: the cost model expects nothing the sampler proposes to improve on the runs made),
+        or after max_trials trials (default 10 n + 50)."""
+        if n_trials < 1:
+            raise InputError(f"--trials must be at least 1, got {n_trials}")
+        t0 = time.perf_counter()
+        cap = max_trials if max_trials is not None else 10 * n_trials + 50
+        start_measured = self.n_measured
+        self.idle = 0
+        if self.surrogate or self.seed_trials:
+            self.build_pool()
+        if self.want_baselines:
+            self.baselines()
+        if self.seed_trials:
+            self.enqueue_seeds()
+        stop = {"why": ""}
+
+        def after(study, frozen) -> None:
+            if progress is not None:
+                progress(self, frozen)
+            if self.n_measured - start_measured >= n_trials:
+                study.stop()
+                return
+            if self.n_trials_session >= cap:
+                stop["why"] = f"stopped after {self.n_trials_session} trials ({cap} at most for {n_trials} runs)"
+                study.stop()
+                return
+            self.idle += 1
+            if self.idle >= patience:
+                stop["why"] = (f"converged: {self.idle} trials in a row were screened out, duplicates or over budget; "
+                               f"{self.n_measured - start_measured} of {n_trials} runs used")
+                study.stop()
+                return
+            if self.surrogate and (self.n_trials_session % 2 == 0) and not _waiting(study):
+                for e in self._pick():
+                    self._enqueue(e.params, e.plan_id, "surrogate")
+
+        self.study.optimize(self.objective_fn, n_trials=None, catch=(MeasurementFailed,), callbacks=[after],
+                            gc_after_trial=False)
+        return TuneResult(self.study_name, self.storage_url, self.n_measured - start_measured, self.n_trials_session,
+                          time.perf_counter() - t0, self.margin, self.fit, stop["why"], self.counts)
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Result:
+    """A measurement as the tuner keeps it (an engine exception turned into a failure; a stored baseline run)."""
+    error: str = ""
+    ok: bool = False
+    pp_tps: float = 0.0
+    tg_tps: float = 0.0
+    peak_bytes: dict = field(default_factory=dict)
+    host_bytes: int = 0
+    raw: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> "_Result":
+        return cls(error=d.get("error", ""), ok=bool(d.get("ok")), pp_tps=float(d.get("pp_tps", 0.0)),
+                   tg_tps=float(d.get("tg_tps", 0.0)), peak_bytes=dict(d.get("peak_bytes") or {}),
+                   host_bytes=int(d.get("host_bytes", 0)))
+
+
+def _mdict(m: Any) -> dict[str, Any]:
+    """A Measurement as stored on a trial (the engine's `raw` stays out: it can be large)."""
+    return {"pp_tps": float(m.pp_tps), "tg_tps": float(m.tg_tps), "ok": bool(m.ok), "error": str(m.error or ""),
+            "peak_bytes": {k: int(v) for k, v in dict(m.peak_bytes).items()}, "host_bytes": int(m.host_bytes)}
+
+
+
+
+def _hw_key(hw: HardwareProfile) -> dict[str, Any]:
+    return {"name": hw.name, "gpus": [[g.name, g.vram_bytes] for g in hw.gpus], "host_ram": hw.host.ram_bytes}
+
+
+def _waiting(study) -> bool:
+    from optuna.trial import TrialState
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _bin(tg: float, pp: float) -> tuple[int, int]:
+    """Predicted speeds equal to 0.1%."""
+    return (round(math.log(max(tg, 1e-12)) * 1000), round(math.log(max(pp, 1e-12)) * 1000))
+
+
+def _front_indices(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the non-dominated points (both coordinates maximised)."""
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
+    out, best_pp = [], -math.inf
+    for i in order:
+        if points[i][1] > best_pp:
+            out.append(i)
+            best_pp = points[i][1]
+    return out
+
+
+def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [points[i] for i in _front_indices(points)]
+
+
+def _hvi(p: tuple[float, float], front: list[tuple[float, float]]) -> float:
+    """Hypervolume (reference 0,0) that point p adds to `front` (both maximised)."""
+    def hv(pts: list[tuple[float, float]]) -> float:
+        pts = _front(pts)
+        pts.sort(key=lambda x: -x[0])
+        area, prev_y = 0.0, 0.0
+        for x, y in pts:
+            if y > prev_y:
+                area += x * (y - prev_y)
+                prev_y = y
+        return area
+    return hv(front + [p]) - hv(front)
+
+
+__all__ = ["Tuner", "TuneResult", "Workload", "Settings", "MeasurementFailed", "default_storage", "make_storage",
+           "load_study", "slug", "budget_levels"]

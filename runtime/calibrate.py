@@ -1,0 +1,277 @@
+"""`offload-tuner calibrate`: measure this machine's ceilings and write a HardwareProfile JSON (--hardware).
+
+What is measured (each the median of several timed runs after a warm-up, device-synchronised):
+- GPU: memory bandwidth as a GEMV reads it (a 1 GiB weight matrix in the compute dtype times a vector) and a
+  device-to-device copy; GEMM FLOP/s (8192 x 4096 x 4096); VRAM; the CUDA context + library overhead;
+- host: GEMV bandwidth on all threads (1 GiB; the best of torch.mv, W @ x, F.linear and the engine's own
+  expert kernel), a plain copy, GEMM FLOP/s at batch 512 and 32;
+- link: host -> GPU and GPU -> host, from page-locked and from ordinary memory (1 GiB);
+- overheads: a small kernel's launch (eager) and its cost inside a CUDA graph, a device split (GPU -> host ->
+  GPU round trip of one activation row with synchronisation), a CPU op's thread fork/join.
+The profile's per-layer overheads are those per-op costs times OPS_PER_LAYER (ggml runs ~20 nodes per MoE
+layer per token). Without a GPU the host terms are measured and the profile has no GPUs
+(calibration.gpu = "absent"). Everything measured is kept under "calibration" in the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from planner.errors import InputError
+from planner.hardware import GPU, HardwareProfile, Host, Link, Overheads, fmt_bytes
+
+GiB = 1 << 30
+OPS_PER_LAYER = 20
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise InputError("calibrate needs PyTorch (pip install torch)") from e
+    return torch
+
+
+def _median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _filled(torch, shape: tuple[int, ...], dtype, device) -> Any:
+    """A large tensor of finite random-looking values, filled fast (a 4M-value random pool, repeated)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    flat = t.view(-1)
+    pool = torch.randn(min(flat.numel(), 1 << 22), device=device).to(dtype)
+    for i in range(0, flat.numel(), pool.numel()):
+        n = min(pool.numel(), flat.numel() - i)
+        flat[i:i + n].copy_(pool[:n])
+    return t
+
+
+def measure_host(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | None = None,
+                 reps: int = 5) -> dict[str, float]:
+    torch = _torch()
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    if threads:
+        torch.set_num_threads(threads)
+    sync = lambda: None  # noqa: E731
+    esize = torch.finfo(dtype).bits // 8
+    k = 8192
+    n = max(256, size_bytes // (k * esize))
+    W = _filled(torch, (n, k), dtype, "cpu")
+    x = torch.randn(k).to(dtype)
+    out: dict[str, float] = {"threads": float(torch.get_num_threads())}
+    # GEMV through every route PyTorch offers (they differ 2x on some CPUs) and through the engine's own
+    # expert kernel (runtime/torch_engine/cpu_moe.py); the ceiling is the best of them
+    import torch.nn.functional as F
+    variants = {"mv": lambda: torch.mv(W, x), "matmul": lambda: W @ x[:, None],
+                "linear": lambda: F.linear(x[None], W)}
+    from runtime.torch_engine import cpu_moe
+    if cpu_moe.available(dtype):
+        ids = torch.zeros(1, 1, dtype=torch.int64)
+        W3 = W.unsqueeze(0)
+        n_threads = torch.get_num_threads()
+        variants["cpu_moe"] = lambda: cpu_moe.moe_up(x[None], ids, W3, n_threads)
+    for label, fn in variants.items():
+        t = _median_time(fn, sync, reps)
+        out[f"gemv_{label}_bytes_per_s"] = W.numel() * esize / t
+    out["gemv_bytes_per_s"] = max(out[f"gemv_{label}_bytes_per_s"] for label in variants)
+    dst = torch.empty_like(W)
+    t = _median_time(lambda: dst.copy_(W), sync, reps)
+    out["copy_bytes_per_s"] = 2 * W.numel() * esize / t
+    del dst
+    side = 4096 if size_bytes >= GiB // 4 else 1024
+    A = _filled(torch, (side, side), dtype, "cpu")
+    for batch in (512, 32):
+        X = torch.randn(side, batch).to(dtype)
+        t = _median_time(lambda: A @ X, sync, reps)
+        out[f"gemm_flops_b{batch}"] = 2 * side * side * batch / t
+    small = torch.randn(2048)
+    t = _median_time(lambda: [small.add_(1.0) for _ in range(100)], sync, reps)
+    out["cpu_op_s"] = t / 100
+    return out
+
+
+def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, reps: int = 10) -> dict[str, float]:
+    torch = _torch()
+    dev = torch.device(f"cuda:{index}")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    sync = lambda: torch.cuda.synchronize(dev)  # noqa: E731
+    esize = torch.finfo(dtype).bits // 8
+    props = torch.cuda.get_device_properties(dev)
+    out: dict[str, Any] = {"name": props.name}
+    a = torch.ones(256, 256, device=dev)
+    (a @ a).sum().item()
+    free, total = torch.cuda.mem_get_info(dev)
+    out["vram_bytes"] = float(total)
+    out["context_bytes"] = float(max(0, total - free - torch.cuda.memory_reserved(dev)))
+    k = 8192
+    n = max(256, size_bytes // (k * esize))
+    W = _filled(torch, (n, k), dtype, dev)
+    x = torch.randn(k, 1, device=dev).to(dtype)
+    t = _median_time(lambda: W @ x, sync, reps)
+    out["gemv_bytes_per_s"] = W.numel() * esize / t
+    dst = torch.empty_like(W)
+    t = _median_time(lambda: dst.copy_(W), sync, reps)
+    out["copy_bytes_per_s"] = 2 * W.numel() * esize / t
+    del dst, W
+    A = _filled(torch, (8192, 4096), dtype, dev)
+    B = _filled(torch, (4096, 4096), dtype, dev)
+    t = _median_time(lambda: A @ B, sync, reps)
+    out["gemm_flops"] = 2 * 8192 * 4096 * 4096 / t
+    del A, B
+    # the link, both ways, page-locked and ordinary host memory
+    nbytes = min(size_bytes, GiB)
+    dev_buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    for kind, pinned in (("pinned", True), ("pageable", False)):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        host.fill_(1)
+        t = _median_time(lambda: dev_buf.copy_(host, non_blocking=pinned), sync, max(3, reps // 2))
+        out[f"h2d_{kind}_bytes_per_s"] = nbytes / t
+        t = _median_time(lambda: host.copy_(dev_buf, non_blocking=pinned), sync, max(3, reps // 2))
+        out[f"d2h_{kind}_bytes_per_s"] = nbytes / t
+        del host
+    del dev_buf
+    # per-op costs: eager launch, inside a CUDA graph, and a GPU -> host -> GPU split of one row
+    small = torch.zeros(2048, device=dev)
+    t = _median_time(lambda: [small.add_(1.0) for _ in range(200)], sync, reps)
+    out["launch_s"] = t / 200
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        small.add_(1.0)
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    with torch.cuda.graph(graph):
+        for _ in range(200):
+            small.add_(1.0)
+    t = _median_time(graph.replay, sync, reps)
+    out["graph_op_s"] = t / 200
+    row = torch.zeros(1, 4096, device=dev)
+    host_row = torch.zeros(1, 4096, pin_memory=True)
+
+    def split() -> None:
+        host_row.copy_(row, non_blocking=True)
+        torch.cuda.current_stream(dev).synchronize()
+        row.copy_(host_row, non_blocking=True)
+    t = _median_time(split, sync, reps * 10)
+    out["split_s"] = t
+    return out
+
+
+def _ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | None = None,
+              name: str = "calibrated") -> tuple[HardwareProfile, dict[str, Any]]:
+    """Measure this machine (all its GPUs, its host): the HardwareProfile and every raw measurement."""
+    torch = _torch()
+    host = measure_host(dtype_name, size_bytes, threads)
+    gpus = [measure_gpu(i, dtype_name, size_bytes) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    defaults = Overheads()
+    overheads = defaults
+    link = Link(h2d_pinned=0.0, h2d_pageable=0.0)
+    if gpus:
+        g0 = gpus[0]
+        link = Link(h2d_pinned=g0["h2d_pinned_bytes_per_s"], h2d_pageable=g0["h2d_pageable_bytes_per_s"])
+        overheads = replace(defaults, per_split_s=g0["split_s"], per_layer_gpu_s=g0["graph_op_s"] * OPS_PER_LAYER,
+                            per_layer_cpu_s=host["cpu_op_s"] * OPS_PER_LAYER)
+    else:
+        overheads = replace(defaults, per_layer_cpu_s=host["cpu_op_s"] * OPS_PER_LAYER)
+    profile = HardwareProfile(
+        name=name,
+        gpus=tuple(GPU(name=g["name"], vram_bytes=int(g["vram_bytes"]), mem_bw=g["gemv_bytes_per_s"],
+                       flops=g["gemm_flops"], overhead_bytes=int(g["context_bytes"])) for g in gpus),
+        host=Host(ram_bytes=_ram_bytes(), mem_bw=host["gemv_bytes_per_s"], flops=host["gemm_flops_b512"],
+                  n_threads=int(host["threads"])),
+        link=link, overheads=overheads,
+        source=f"offload-tuner calibrate ({dtype_name}, {time.strftime('%Y-%m-%d %H:%M')})",
+    )
+    return profile, {"dtype": dtype_name, "host": host, "gpus": gpus, "gpu": "present" if gpus else "absent"}
+
+
+def profile_json(profile: HardwareProfile, calibration: dict[str, Any]) -> dict[str, Any]:
+    """The profile as `--hardware` reads it, with the raw measurements under "calibration"."""
+    return {**profile.to_dict(), "calibration": calibration}
+
+
+def _summary(d: dict[str, Any]) -> str:
+    c = d.get("calibration", {})
+    h = c.get("host", {})
+    gemv = ", ".join(f"{k[5:-12]} {v / 1e9:.0f}" for k, v in h.items() if k.startswith("gemv_") and k.count("_") > 3)
+    lines = [f"host: GEMV {h.get('gemv_bytes_per_s', 0) / 1e9:.1f} GB/s ({gemv}), copy {h.get('copy_bytes_per_s', 0) / 1e9:.1f}"
+             f" GB/s, GEMM {h.get('gemm_flops_b512', 0) / 1e12:.2f} TFLOP/s (batch 512), "
+             f"{h.get('gemm_flops_b32', 0) / 1e12:.2f} (batch 32), {int(h.get('threads', 0))} threads"]
+    if not c.get("gpus"):
+        lines.append("gpu: absent (no CUDA device): the profile has no GPUs; give --gpu sizes to plan for one")
+    for i, g in enumerate(c.get("gpus", [])):
+        lines.append(
+            f"CUDA{i} {g['name']}: {fmt_bytes(g['vram_bytes'])}, GEMV {g['gemv_bytes_per_s'] / 1e12:.2f} TB/s, copy "
+            f"{g['copy_bytes_per_s'] / 1e12:.2f} TB/s, GEMM {g['gemm_flops'] / 1e12:.0f} TFLOP/s, context "
+            f"{fmt_bytes(g['context_bytes'])}")
+        lines.append(
+            f"  link: H2D pinned {g['h2d_pinned_bytes_per_s'] / 1e9:.1f} GB/s, pageable "
+            f"{g['h2d_pageable_bytes_per_s'] / 1e9:.1f}; D2H pinned {g['d2h_pinned_bytes_per_s'] / 1e9:.1f}, pageable "
+            f"{g['d2h_pageable_bytes_per_s'] / 1e9:.1f}")
+        lines.append(f"  launch {g['launch_s'] * 1e6:.1f} us eager, {g['graph_op_s'] * 1e6:.2f} us in a graph; "
+                     f"split {g['split_s'] * 1e6:.1f} us")
+    return "\n".join(lines)
+
+
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="write the HardwareProfile JSON here (plan/tune accept it with --hardware)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="compute dtype (default bf16)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument("--size", default="1GiB", help="bytes per bandwidth test (default 1GiB)")
+    p.add_argument("--name", default="calibrated", help="profile name")
+    p.add_argument("--json", action="store_true", help="print the profile JSON on stdout")
+
+
+def calibrate_main(args: argparse.Namespace) -> int:
+    from planner.hardware import parse_size
+    size = parse_size(getattr(args, "size", None) or "1GiB")
+    profile, calibration = calibrate(getattr(args, "dtype", "bf16"), size, getattr(args, "threads", None),
+                                     getattr(args, "name", None) or "calibrated")
+    d = profile_json(profile, calibration)
+    text = json.dumps(d, indent=2)
+    out = getattr(args, "out", None)
+    if out:
+        Path(out).write_text(text + "\n")
+        print(f"wrote {out}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(text)
+    else:
+        print(_summary(d))
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="calibrate")
+    add_calibrate_arguments(ap)
+    sys.exit(calibrate_main(ap.parse_args()))
+
+
+__all__ = ["calibrate", "calibrate_main", "add_calibrate_arguments", "profile_json", "measure_host", "measure_gpu"]

@@ -1,0 +1,467 @@
+"""Compute primitives of the forward pass, with a fast path per device kind and batch size.
+
+Legend for shape comments: T tokens of the ubatch, D n_embd, H heads, Hkv KV heads, G = H / Hkv, N KV cells
+attended (or output rows), E experts, A experts used per token, P = T * A (token, expert) pairs in (t, a) order,
+F n_ff_exp, K a matmul's inner size.
+
+Routed experts stay stacked [E, N, K] as ffn_*_exps (gate and up of one device packed [E, 2F, D]); every path
+reads only the routed experts' weights, in place, never gathering them:
+- CPU, T <= CPU_GEMV_MAX_T (decode): cpu_moe's OpenMP GEMV over the chosen experts' rows (one parallel pass per
+  projection, where one F.linear per expert is bound by per-op overhead);
+- CPU, larger T (or no C compiler): tokens grouped by expert, one F.linear per active expert on a view;
+- CUDA, T <= GEMV_MAX_T: a Triton GEMV over the routed experts (ids read on the device: CUDA-graph safe);
+- CUDA, larger T, bf16: torch._grouped_mm over the tokens sorted by expert (no host sync either).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu_moe
+from .config import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+
+CPU_GEMV_MAX_T = 4      # cpu_moe's GEMV up to this many tokens (it reads the experts once per token)
+GEMV_MAX_T = 8
+GROUPED_MIN_T = 32
+
+
+# ---- norms, RoPE, attention -------------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm times the weight, in float32; the result in `dtype` (default: x's)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(dtype or x.dtype)
+
+
+def rope_tables(n_pos: int, n_rot: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n_pos, n_rot/2] float32: theta_i = p * base^(-2i/n_rot) (ggml_rope_ext without scaling)."""
+    inv = base ** (-torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)
+    ang = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().float().to(device), ang.sin().float().to(device)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int, kind: str) -> torch.Tensor:
+    """x [T, h, d]; cos/sin [T, n_rot/2]. neox rotates (i, i + n_rot/2), norm rotates (2i, 2i + 1)."""
+    xf = x.float()
+    r, rest = xf[..., :n_rot], xf[..., n_rot:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if kind == "neox":
+        x1, x2 = r[..., : n_rot // 2], r[..., n_rot // 2:]
+        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    else:
+        x1, x2 = r[..., 0::2], r[..., 1::2]
+        out = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    if rest.shape[-1]:
+        out = torch.cat([out, rest], dim=-1)
+    return out.to(x.dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, dk], k [Hkv, N, dk], v [Hkv, N, dv], mask [T, N] (True = attend) -> [T, H, dv].
+
+    GQA without repeating the cache: the G query heads of a KV head become G*T query rows of that head.
+    Sinks (gpt-oss): one extra logit per head in the softmax denominator (ggml_soft_max_add_sinks)."""
+    T, H, dk = q.shape
+    hkv, n = k.shape[0], k.shape[1]
+    g = H // hkv
+    if T == 1:      # decode: no copies (the one mask row broadcasts over the G query rows)
+        qg, m = q.reshape(hkv, g, dk), mask.view(1, n)
+    else:
+        qg = q.view(T, hkv, g, dk).permute(1, 2, 0, 3).reshape(hkv, g * T, dk)   # [Hkv, G*T, dk]
+        m = mask.unsqueeze(0).expand(g, T, n).reshape(g * T, n)                    # [G*T, N]
+    if sinks is None:
+        o = F.scaled_dot_product_attention(qg.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                           attn_mask=m[None, None], scale=scale)[0]
+    else:
+        scores = torch.matmul(qg.float(), k.float().transpose(1, 2)) * scale        # [Hkv, G*T, N]
+        scores = scores.masked_fill(~m.expand(g * T, n), float("-inf"))
+        sink = sinks.float().view(hkv, g, 1, 1).expand(hkv, g, T, 1).reshape(hkv, g * T, 1)
+        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :n]
+        o = torch.matmul(p, v.float()).to(q.dtype)
+    return o.view(hkv, g, T, -1).permute(2, 0, 1, 3).reshape(T, H, -1)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A prompt ubatch at depth 0 (T queries over its own T keys, k [Hkv, T, dk]): flash attention with a causal
+    mask and native GQA, no mask tensor. -> [T, H, dv]."""
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                       is_causal=True, scale=scale, enable_gqa=True)[0]     # [H, T, dv]
+    return o.transpose(0, 1)
+
+
+# ---- routing ---------------------------------------------------------------------------------------------------
+
+def route(logits: torch.Tensor, n_used: int, gating: str, norm: bool, scale: float,
+          probs_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] float32 -> (ids [T, A] int64, weights [T, A] float32), as llama-graph.cpp build_moe_ffn."""
+    if gating == "softmax_weight":
+        ids = torch.topk(logits, n_used, dim=-1).indices
+        w = torch.softmax(logits.gather(-1, ids), dim=-1)
+    else:
+        probs = torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits)
+        select = probs if probs_bias is None else probs + probs_bias.float()
+        ids = torch.topk(select, n_used, dim=-1).indices
+        w = probs.gather(-1, ids)
+    if norm:
+        w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+    if scale not in (0.0, 1.0):
+        w = w * scale
+    return ids, w
+
+
+def activation(gu: torch.Tensor, n_ff: int, kind: str) -> torch.Tensor:
+    """gu [..., 2F] (gate then up) -> [..., F] in gu's dtype, computed in float32."""
+    g, u = gu[..., :n_ff].float(), gu[..., n_ff:].float()
+    if kind == "swiglu_oai":    # ggml swiglu_oai: x = min(g, limit), y = clamp(u, -limit, limit)
+        g = g.clamp(max=SWIGLU_OAI_LIMIT)
+        u = u.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+        out = g * torch.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)
+    else:
+        out = F.silu(g) * u
+    return out.to(gu.dtype)
+
+
+# ---- routed experts ---------------------------------------------------------------------------------------------
+# Weights are stacked [E, N, K] as ffn_*_exps (gate and up of one device packed as [E, 2F, D]); x [T, K].
+
+def _groups(ids: torch.Tensor, n_expert: int) -> tuple[torch.Tensor, list[int]]:
+    """(pair order sorted by expert, count per expert on the host)."""
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=n_expert).tolist()
+    return order, counts
+
+
+def _loop_up(x: torch.Tensor, ids: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor:
+    """One F.linear per active expert on a view of the stack (tokens grouped by expert): [P, N] float32."""
+    T, A = ids.shape
+    order, counts = _groups(ids, tables[0].shape[0])
+    out = torch.empty(T * A, sum(t.shape[1] for t in tables), dtype=torch.float32, device=x.device)
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            pairs = order[start:start + c]
+            xe = x.index_select(0, pairs // A)
+            out[pairs] = torch.cat([F.linear(xe, t[e]) for t in tables], dim=-1).float()
+            start += c
+    return out
+
+
+def _loop_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    T, A = ids.shape
+    order, counts = _groups(ids, table.shape[0])
+    out = torch.zeros(T, table.shape[1], dtype=torch.float32, device=h.device)
+    wf = w.reshape(-1)
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            pairs = order[start:start + c]
+            y = F.linear(h.index_select(0, pairs), table[e]).float() * wf[pairs, None]
+            out.index_add_(0, pairs // A, y)
+            start += c
+    return out
+
+
+def _grouped_offsets(ids: torch.Tensor, n_expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_expert, dtype=torch.int32, device=ids.device)
+    counts.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
+    return order, torch.cumsum(counts, 0, dtype=torch.int32)
+
+
+def _grouped_up(x: torch.Tensor, ids: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor:
+    """torch._grouped_mm over the pairs sorted by expert (offsets on the device: no host sync)."""
+    T, A = ids.shape
+    order, offs = _grouped_offsets(ids, tables[0].shape[0])
+    xs = x.index_select(0, order // A)                                                          # [P, K]
+    ys = torch.cat([torch._grouped_mm(xs, t.transpose(-2, -1), offs=offs) for t in tables], dim=-1)   # [P, N]
+    out = torch.empty_like(ys, dtype=torch.float32)
+    out[order] = ys.float()
+    return out
+
+
+def _grouped_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    T, A = ids.shape
+    order, offs = _grouped_offsets(ids, table.shape[0])
+    ys = torch._grouped_mm(h.index_select(0, order), table.transpose(-2, -1), offs=offs).float()      # [P, D]
+    ys = ys * w.reshape(-1)[order, None]
+    return torch.zeros(T, table.shape[1], dtype=torch.float32, device=h.device).index_add_(0, order // A, ys)
+
+
+def grouped_mm_nt(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """rows of a (sorted by expert, group e ending at offs[e]) times w[e].T, w stacked [E, N, K]."""
+    return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+
+
+def grouped_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, tables: list[torch.Tensor],
+                    down: torch.Tensor, n_ff: int, act: str, mm: Callable = grouped_mm_nt) -> torch.Tensor:
+    """A prompt ubatch's routed experts on CUDA (bf16, no biases): the (token, expert) pairs sorted by expert
+    once, then up, activation, down and the routing weight in that order, the rows summed back per token in
+    float32. -> [T, D] float32. `mm` is the grouped product (a loop stands in for it in CPU tests)."""
+    T, A = ids.shape
+    order, offs = _grouped_offsets(ids, tables[0].shape[0])
+    xs = x.index_select(0, order // A)                                                           # [P, D]
+    gu = mm(xs, tables[0], offs) if len(tables) == 1 else torch.cat([mm(xs, t, offs) for t in tables], -1)
+    if act == "silu":
+        h = F.silu(gu[:, :n_ff]) * gu[:, n_ff:]                                                  # [P, F]
+    else:
+        h = activation(gu, n_ff, act)
+    y = mm(h, down, offs)                                                                        # [P, D]
+    y = y * w.reshape(-1).index_select(0, order).to(y.dtype).unsqueeze(-1)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return y.index_select(0, inverse).view(T, A, -1).sum(1, dtype=torch.float32)
+
+
+def grouped_ok(device: torch.device, T: int, dtype: torch.dtype) -> bool:
+    return (device.type == "cuda" and _grouped(T, dtype) and ("grouped_mm", device.index or 0)
+            not in CAPABILITIES.failed)
+
+
+class _Capability:
+    """Whether an optional fast path worked on a device (it is tried once, and dropped after a failure)."""
+
+    def __init__(self) -> None:
+        self.failed: set[tuple[str, int]] = set()
+
+    def run(self, name: str, device: torch.device, fast: Callable, fallback: Callable, *args):
+        key = (name, device.index or 0)
+        if key not in self.failed:
+            try:
+                return fast(*args)
+            except RuntimeError:
+                self.failed.add(key)
+        return fallback(*args)
+
+
+CAPABILITIES = _Capability()
+
+
+def _cuda_small(T: int) -> bool:
+    return T <= GEMV_MAX_T and triton_ok()
+
+
+def _grouped(T: int, dtype: torch.dtype) -> bool:
+    return T >= GROUPED_MIN_T and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+
+
+def experts_up(x: torch.Tensor, ids: torch.Tensor, tables: list[torch.Tensor], biases: list[torch.Tensor | None],
+               threads: int = 1) -> torch.Tensor:
+    """x [T, K] -> [P, N] float32 (N = the tables' rows, gate then up): x[t] @ W[ids[t, a]].T + b."""
+    T = x.shape[0]
+    if x.device.type == "cuda":
+        if _cuda_small(T):
+            y = torch.cat([moe_gemv(x, ids, t, per_pair=False) for t in tables], dim=-1)
+        elif _grouped(T, x.dtype):
+            y = CAPABILITIES.run("grouped_mm", x.device, _grouped_up, _loop_up, x, ids, tables)
+        else:
+            y = _loop_up(x, ids, tables)
+    elif T <= CPU_GEMV_MAX_T and cpu_moe.available(tables[0].dtype):
+        y = torch.cat([cpu_moe.moe_up(x, ids, t, threads) for t in tables], dim=-1)
+    else:
+        y = _loop_up(x, ids, tables)
+    if any(b is not None for b in biases):
+        flat = ids.reshape(-1)
+        y = y + torch.cat([b.index_select(0, flat).float() for b in biases if b is not None], dim=-1)
+    return y
+
+
+def experts_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: torch.Tensor,
+                 bias: torch.Tensor | None = None, threads: int = 1) -> torch.Tensor:
+    """h [P, F] -> [T, D] float32: sum over a of w[t, a] * (h[p] @ Wd[ids[t, a]].T + b)."""
+    T = ids.shape[0]
+    if h.device.type == "cuda":
+        if _cuda_small(T):
+            y = moe_gemv(h, ids, table, per_pair=True)
+            out = (y.view(T, -1, y.shape[-1]) * w.unsqueeze(-1)).sum(1)
+        elif _grouped(T, h.dtype):
+            out = CAPABILITIES.run("grouped_mm", h.device, _grouped_down, _loop_down, h, ids, w, table)
+        else:
+            out = _loop_down(h, ids, w, table)
+    elif T <= CPU_GEMV_MAX_T and cpu_moe.available(table.dtype):
+        out = cpu_moe.moe_down(h, ids, w, table, threads)
+    else:
+        out = _loop_down(h, ids, w, table)
+    if bias is not None:
+        out = out + (bias.index_select(0, ids.reshape(-1)).float().view(T, -1, bias.shape[-1])
+                     * w.unsqueeze(-1)).sum(1)
+    return out
+
+
+# ---- Triton GEMV over routed experts (CUDA) -------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def triton_ok() -> bool:
+    try:
+        import triton  # noqa: F401
+        return _moe_gemv_kernel() is not None
+    except Exception:
+        return False
+
+
+@lru_cache(maxsize=1)
+def _moe_gemv_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, w_ptr, ids_ptr, y_ptr, N, K, stride_x, stride_we, stride_wn,
+               A: tl.constexpr, PER_PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # y[p, n] = dot(w[ids[p], n, :], x[row(p), :]) for the BN rows n of this program
+        p = tl.program_id(0)
+        nb = tl.program_id(1)
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        row = p if PER_PAIR else p // A
+        on = nb * BN + tl.arange(0, BN)
+        nm = on < N
+        acc = tl.zeros((BN, BK), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            ok = k0 + tl.arange(0, BK)
+            km = ok < K
+            xv = tl.load(x_ptr + row * stride_x + ok, mask=km, other=0.0).to(tl.float32)
+            wt = tl.load(w_ptr + e * stride_we + on[:, None] * stride_wn + ok[None, :],
+                         mask=nm[:, None] & km[None, :], other=0.0).to(tl.float32)
+            acc += wt * xv[None, :]
+        tl.store(y_ptr + p * N + on, tl.sum(acc, axis=1), mask=nm)
+
+    return kernel
+
+
+def moe_gemv(x: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, per_pair: bool,
+             bn: int = 8, bk: int = 256) -> torch.Tensor:
+    """[P, N] float32: row(p) of x times table[ids[p]].T, table [E, N, K] with unit stride along K; one program
+    per (pair, BN rows), each streaming its rows once (graph-capturable: the ids stay on the device)."""
+    import triton
+    T, A = ids.shape
+    E, N, K = table.shape
+    x = x.contiguous()
+    y = torch.empty(T * A, N, dtype=torch.float32, device=x.device)
+    _moe_gemv_kernel()[(T * A, triton.cdiv(N, bn))](
+        x, table, ids.reshape(-1).contiguous(), y, N, K, x.stride(0), table.stride(0), table.stride(1),
+        A=A, PER_PAIR=per_pair, BN=bn, BK=bk, num_warps=4)
+    return y
+
+
+# ---- routing for CUDA decode: the router GEMV and the top-k selection as two Triton kernels -------------------
+
+@lru_cache(maxsize=1)
+def _select_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(l_ptr, lb_ptr, sb_ptr, ids_ptr, w_ptr, E, scale,
+               HAS_LB: tl.constexpr, HAS_SB: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr,
+               SCALE: tl.constexpr, A: tl.constexpr, BE: tl.constexpr):
+        # one token: logits (+ bias) -> probs (softmax / sigmoid / raw), top-A by selection score
+        # (+ exp_probs_b), the chosen probs as weights (softmax over the chosen logits for GATING 2)
+        t = tl.program_id(0)
+        oe = tl.arange(0, BE)
+        m = oe < E
+        lg = tl.load(l_ptr + t * E + oe, mask=m, other=float("-inf"))
+        if HAS_LB:
+            lg += tl.load(lb_ptr + oe, mask=m, other=0.0)
+        if GATING == 0:
+            ex = tl.exp(lg - tl.max(lg, axis=0))
+            p = ex / tl.sum(tl.where(m, ex, 0.0), axis=0)
+        elif GATING == 1:
+            p = 1.0 / (1.0 + tl.exp(-lg))
+        else:
+            p = lg
+        sel = p
+        if HAS_SB:
+            sel += tl.load(sb_ptr + oe, mask=m, other=0.0)
+        sel = tl.where(m, sel, float("-inf"))
+        total = 0.0
+        first = 0.0
+        for a in tl.static_range(A):
+            best = tl.max(sel, axis=0)
+            idx = tl.min(tl.where(sel == best, oe, BE), axis=0)
+            v = tl.sum(tl.where(oe == idx, p, 0.0), axis=0)
+            if GATING == 2:
+                if a == 0:
+                    first = v
+                v = tl.exp(v - first)
+            total += v
+            tl.store(ids_ptr + t * A + a, idx.to(tl.int64))
+            tl.store(w_ptr + t * A + a, v)
+            sel = tl.where(oe == idx, float("-inf"), sel)
+        tl.debug_barrier()
+        oa = tl.arange(0, A)
+        wv = tl.load(w_ptr + t * A + oa)
+        if GATING == 2 or NORM:
+            wv = wv / tl.maximum(total, 6.103515625e-5)
+        if SCALE:
+            wv = wv * scale
+        tl.debug_barrier()
+        tl.store(w_ptr + t * A + oa, wv)
+
+    return kernel
+
+
+def route_fast(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n_used: int, gating: str, norm: bool,
+               scale: float, probs_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """route() for decode on CUDA in two kernels (the GEMV reads the float32 router in place, bf16 x converted
+    in the kernel): ids [T, A] int64, weights [T, A] float32. n_used must be a power of two."""
+    T = x.shape[0]
+    E = w.shape[0]
+    logits = moe_gemv(x, torch.zeros(T, 1, dtype=torch.int64, device=x.device), w.unsqueeze(0),
+                      per_pair=False, bn=2)                                                    # [T, E] float32
+    ids = torch.empty(T, n_used, dtype=torch.int64, device=x.device)
+    weights = torch.empty(T, n_used, dtype=torch.float32, device=x.device)
+    import triton
+    _select_kernel()[(T,)](logits, bias if bias is not None else logits, probs_bias if probs_bias is not None
+                           else logits, ids, weights, E, float(scale),
+                           HAS_LB=bias is not None, HAS_SB=probs_bias is not None,
+                           GATING={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating], NORM=norm,
+                           SCALE=scale not in (0.0, 1.0), A=n_used, BE=triton.next_power_of_2(E))
+    return ids, weights
+
+
+# ---- compiled helpers for CUDA decode -------------------------------------------------------------------------
+
+def maybe_compiled(fn: Callable, enabled: bool) -> Callable:
+    """torch.compile(fn) (one fused kernel instead of several small ones inside a decode CUDA graph), falling
+    back to fn if compilation fails on first use."""
+    if not enabled:
+        return fn
+    compiled = torch.compile(fn, dynamic=False, fullgraph=False)
+    state = {"fn": compiled}
+
+    def call(*args, **kw):
+        try:
+            return state["fn"](*args, **kw)
+        except Exception:
+            if state["fn"] is fn:
+                raise
+            state["fn"] = fn
+            return fn(*args, **kw)
+    return call
+
+
+def causal_mask(pos: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """[T, n_kv]: cell j (holding position j) is visible to a query at pos if j <= pos."""
+    return torch.arange(n_kv, device=pos.device)[None, :] <= pos[:, None]
+
+
+def window_mask(pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int) -> torch.Tensor:
+    """[T, cells] for a ring of cells holding positions cell_pos (-1 empty): standard sliding window
+    (llama-hparams.cpp is_masked_swa: masked when pos - p >= n_swa)."""
+    cp = cell_pos[None, :]
+    q = pos[:, None]
+    return (cp >= 0) & (cp <= q) & (q - cp < n_swa)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, w, b)
+
+
+def ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
