@@ -432,19 +432,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cuda_available() -> bool:
-    """torch.cuda.is_available(), imported only when torch is installed; False on any failure."""
-    import importlib.util
-    import shutil
-    from pathlib import Path
-    if not (Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi")):
-        return False        # no NVIDIA driver: skip importing torch (seconds)
-    if importlib.util.find_spec("torch") is None:
-        return False
-    try:
-        import torch
-        return bool(torch.cuda.is_available())
-    except Exception:     # a broken torch install must not break the demo
-        return False
+    from runtime.gpumem import cuda_available   # torch lives in runtime/, imported only there
+    return cuda_available()
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -195,3 +195,19 @@ def per_cuda_device(values: Mapping[int, int], env: Mapping[str, str] | None = N
     if m is None:
         return {f"CUDA{i}": b for i, b in sorted(values.items())}
     return {f"CUDA{c}": values[s] for c, s in sorted(m.items()) if s in values}
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), importing torch only when an NVIDIA driver and torch are both present;
+    False on any failure (a broken torch install must not break the demo)."""
+    import importlib.util
+    from pathlib import Path
+    if not (Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi")):
+        return False        # no NVIDIA driver: skip importing torch (seconds)
+    if importlib.util.find_spec("torch") is None:
+        return False
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
