@@ -25,7 +25,7 @@ from .config import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 CPU_GEMV_MAX_T = 4      # cpu_moe's GEMV up to this many tokens (it reads the experts once per token)
 GEMV_MAX_T = 8
-GROUPED_MIN_T = 32
+GROUPED_MIN_T = 9       # = GEMV_MAX_T + 1: bf16 on CUDA never takes the (host-syncing) loop
 
 
 # ---- norms, RoPE, attention -------------------------------------------------------------------------------------
@@ -216,6 +216,12 @@ def grouped_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, tables:
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
     return y.index_select(0, inverse).view(T, A, -1).sum(1, dtype=torch.float32)
+
+
+def cuda_syncs(T: int, dtype: torch.dtype) -> bool:
+    """Whether the CUDA expert path for T tokens reads expert counts on the host (the per-expert loop):
+    such an op cannot be captured in a CUDA graph."""
+    return not (T <= GEMV_MAX_T and triton_ok()) and not _grouped(T, dtype)
 
 
 def grouped_ok(device: torch.device, T: int, dtype: torch.dtype) -> bool:
@@ -455,10 +461,6 @@ def window_mask(pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int) -> torch.
     cp = cell_pos[None, :]
     q = pos[:, None]
     return (cp >= 0) & (cp <= q) & (q - cp < n_swa)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, w, b)
 
 
 def ceil_to(n: int, m: int) -> int:

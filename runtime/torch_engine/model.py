@@ -490,8 +490,9 @@ class ForwardBuilder:
             for hh in hs:
                 hh.release()
             return y                                                                 # float32
+        syncs = only_active or (rt.devices.torch(run).type == "cuda" and K.cuda_syncs(T, dtype))
         self.b.add(f"blk.{il}.ffn_moe", run, "moe_matmul", (f"{il}.hn", f"{il}.ids", f"{il}.w"), (f"{il}.moe",),
-                   experts, offloaded=any(u.device != run for u in uses), host_sync=only_active)
+                   experts, offloaded=any(u.device != run for u in uses), host_sync=syncs)
 
     def _experts_split(self, il: int, T: int, runs: list[str]) -> None:
         """Gate, up and down of one layer run on different devices: one op per device, activations in between."""

@@ -51,13 +51,14 @@ def test_prompt_ubatch_graphs_equal_eager(arch: str) -> None:
     """A ubatch without uploads replays CUDA graphs from its second run on: same logits as eager runs."""
     inv = tiny_inventory(arch)
     plan = plan_for(inv, PLACEMENTS[0][1], knobs())
-    eager = TorchEngine(compute_dtype="fp32", use_cuda_graphs=False).load(inv, plan, min_cells=256)
-    graphs = TorchEngine(compute_dtype="fp32").load(inv, plan, min_cells=256)
+    # bf16: the grouped expert path (fp32 takes the per-expert loop, which reads counts on the host: eager)
+    eager = TorchEngine(use_cuda_graphs=False).load(inv, plan, min_cells=256)
+    graphs = TorchEngine().load(inv, plan, min_cells=256)
     for seed in range(3):
         tok = torch.randint(0, inv.hparams.n_vocab, (64,), generator=torch.Generator().manual_seed(seed))
         a, _ = eager.forward(tok, 0, n_out=4)
         b, _ = graphs.forward(tok, 0, n_out=4)
-        assert rel(b, a) < 1e-5, seed
+        assert rel(b, a) < 1e-3, seed
     program = graphs.program(64, 4, 256)
     assert program.graphs is not None and not program.graph_failed
     for m in (eager, graphs):

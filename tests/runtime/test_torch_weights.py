@@ -33,7 +33,7 @@ def test_gguf_tensors_equal_gguf_dequantize(tiny_gguf, quant: str) -> None:
         out = torch.empty(shape, dtype=torch.float32)
         src.fill(name, out)
         assert torch.equal(out, torch.from_numpy(_gguf_values(path, name))), f"{quant} {name}"
-        # into bf16 and into a strided (K-major) view: the same values, rounded
+        # into bf16 and into a strided (transposed) view: the same values, rounded
         if len(shape) == 3:
             store = torch.empty(shape[0], shape[2], shape[1], dtype=torch.bfloat16)
             src.fill(name, store.transpose(1, 2))
