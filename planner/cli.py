@@ -70,12 +70,14 @@ def commands_for(plan: Plan, inv, model: str) -> dict[str, str]:
 
 def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
     """Runs of consecutive layers with the same placement pattern: home device and where experts sit."""
+    from .flags import home_devices
+    homes = home_devices(assignment, inv)
     rows: list[dict] = []
     for il in range(inv.n_layer):
         tensors = [t for t in inv.by_layer.get(il, ()) if t.role != "nextn"]
         if not tensors:
             continue
-        home = assignment.get(f"blk.{il}.attn_norm.weight", "CPU")
+        home = homes[il] or "CPU"
         others = sorted({assignment.get(t.name, "CPU") for t in tensors if not t.is_expert})
         exps = {}
         for t in tensors:

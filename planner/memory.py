@@ -70,11 +70,10 @@ class MemoryReport:
 # ---- where things are -----------------------------------------------------------------------------------------
 
 def home_devices(inv: ModelInventory, plan: Plan) -> list[str]:
-    """Device of each layer's -ngl slot (KV, activations), from its attn_norm; CPU for unallocated layers."""
-    out = []
-    for il in range(inv.n_layer):
-        out.append(plan.assignment.get(f"blk.{il}.attn_norm.weight", "CPU"))
-    return out
+    """Device of each block's -ngl slot (KV, activations): the one rule flags/ renders -ngl/-ts from (the device of
+    blk.N.attn_norm.weight); CPU for blocks with nothing allocated (NextN)."""
+    from .flags.placement import home_devices as slot_homes
+    return [h or "CPU" for h in slot_homes(plan.assignment, inv)[: inv.n_layer]]
 
 
 def output_device(inv: ModelInventory, plan: Plan) -> str:

@@ -20,7 +20,7 @@ import torch
 
 from planner.errors import InputError
 from planner.hardware import fmt_bytes
-from planner.memory import kv_cells
+from planner.memory import home_devices, kv_cells
 from planner.model import ModelInventory
 from planner.plan import Plan, device_sort_key
 
@@ -415,8 +415,9 @@ def allocate_kv(cfg: ModelConfig, inv: ModelInventory, plan: Plan, devices: Devi
     compute dtype whatever type_k/type_v say."""
     knobs = plan.knobs
     out = []
+    homes = home_devices(inv, plan)
     for il in range(cfg.n_layer):
-        dev = "CPU" if knobs.no_kv_offload else plan.assignment.get(f"blk.{il}.attn_norm.weight", "CPU")
+        dev = "CPU" if knobs.no_kv_offload else homes[il]
         swa = bool(cfg.swa_layers[il]) and cfg.n_swa > 0
         cells = kv_cells(inv, knobs, il, plan.dialect)
         if not swa or cells >= knobs.kv_size:
