@@ -7,7 +7,11 @@ One trial = one candidate of the space decoded into a Plan. Before anything runs
 - when measuring is expensive (any engine but sim) a candidate the refitted cost model predicts to be well
   below the best measured so far is PRUNED as "screened" and costs no run.
 A measured failure (out of memory, crash, time limit) is a FAIL trial with the error in its user attrs and the
-study goes on; an out-of-memory raises the study's margin for every later trial (user attr `margin_bytes`).
+study goes on; an out-of-memory raises the study's margin for every later trial (user attr `margin_bytes`). So
+does a run whose measured peak on a GPU exceeds that GPU's budget (VRAM minus the margin the study was asked for):
+it is a FAIL trial too ("measured peak X GiB on CUDA0 over the budget Y GiB", the measurement kept in its user
+attrs), since a GPU with more VRAM than the budget (an 80 GB card tuned for 24 GiB) does not run out of memory
+where the memory model is wrong.
 
 Search efficiency: the study starts with the planner's proposals (propose.best_plans) and the cost model's
 predicted Pareto front over a pool of candidates, enqueued as trials; after every measurement the cost model's
@@ -37,7 +41,7 @@ from .hardware import GiB, MiB, HardwareProfile
 from .model import ModelInventory
 from .objectives import Objective, parse_objective
 from .plan import Dialect, Plan
-from .propose import DEFAULT_MARGIN, best_plans, propose
+from .propose import DEFAULT_MARGIN, Budget, best_plans, propose
 from .space import Candidate, Space, SpaceConfig
 
 STUDIES_DIR = Path("studies")
@@ -488,7 +492,7 @@ class Tuner:
                 if reason:
                     rec["error"] = f"not run: over budget ({reason})"
                 else:
-                    m = self._measure(plan)
+                    m = self._judge_peak(plan, self._measure(plan))
                     rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error)
                     if not m.ok and _OOM.search(m.error or ""):
                         self._raise_margin(plan, m.error)
@@ -531,7 +535,42 @@ class Tuner:
         except Exception as e:   # an engine bug must not end the study; the trial records it
             return _Result(f"engine raised {type(e).__name__}: {e}")
 
-    def _raise_margin(self, plan: Plan, error: str) -> None:
+    def _judge_peak(self, plan: Plan, m: Any) -> Any:
+        """`m`, or, when a successful run's measured peak on a GPU exceeds that GPU's budget, a failed result
+        that keeps the measured speeds and peaks, with the study's margin raised by at least the excess (as an
+        out-of-memory raises it). The worst GPU (largest excess) names the error.
+
+        The budget here is VRAM minus the margin the study was asked for, not the current (raised) one: the
+        raised margin is the memory model's allowance for its own error, and judging runs against it would
+        ratchet (an engine that holds a constant X bytes more than predicted would exceed every budget the
+        margin moves to, by X, until the margin reached its cap)."""
+        if not m.ok:
+            return m
+        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
+        worst: tuple[int, str, int, int] | None = None
+        for dev, peak in sorted(dict(m.peak_bytes).items()):
+            have = budget.get(dev)
+            if have is not None and peak > have and (worst is None or peak - have > worst[0]):
+                worst = (peak - have, dev, int(peak), have)
+        if worst is None:
+            return m
+        excess, dev, peak, have = worst
+        vram = self.hw.gpu(dev).vram_bytes
+        error = (f"measured peak {peak / GiB:.2f} GiB on {dev} over the budget {have / GiB:.2f} GiB "
+                 f"(VRAM {vram / GiB:.2f} GiB - margin {(vram - have) / MiB:.0f} MiB)")
+        # the memory model's error on this run (measured - predicted, the worst GPU): later candidates are held
+        # to VRAM - (the asked margin + that error), which this plan no longer fits
+        from .memory import estimate
+        predicted = estimate(self.inv, plan, self.hw).devices
+        gap = max((int(p) - predicted[d].total for d, p in dict(m.peak_bytes).items() if d in predicted), default=0)
+        self._raise_margin(plan, error, at_least=self.margin_initial + max(gap, 0))
+        return _Result(error=error, ok=False, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps),
+                       peak_bytes={k: int(v) for k, v in dict(m.peak_bytes).items()}, host_bytes=int(m.host_bytes))
+
+    def _raise_margin(self, plan: Plan, error: str, at_least: int = 0) -> None:
+        """Raise the margin (for every later trial) so that `plan` no longer fits any GPU it failed on: by the
+        predicted shortfall plus OOM_STEP, by at least OOM_STEP, and to at least `at_least` bytes; capped at
+        MAX_MARGIN_SHARE of the smallest GPU."""
         from .memory import estimate
         mem = estimate(self.inv, plan, self.hw)
         step = OOM_STEP
@@ -539,7 +578,7 @@ class Tuner:
             if dev != "CPU" and dev.startswith("CUDA") and int(dev[4:]) < len(self.hw.gpus):
                 step = max(step, self.hw.gpu(dev).vram_bytes - m.total + OOM_STEP)
         cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else self.margin
-        new = min(max(self.margin + OOM_STEP, step), max(cap, self.margin))
+        new = min(max(self.margin + OOM_STEP, step, at_least), max(cap, self.margin))
         if new <= self.margin:
             return
         events = list(self.study.user_attrs.get("margin_events", []))
@@ -606,7 +645,7 @@ class Tuner:
             m = reused
             trial.set_user_attr("reused_baseline_run", True)
         else:
-            m = self._measure(plan)
+            m = self._judge_peak(plan, self._measure(plan))   # a baseline's run was judged when it ran
             self.n_measured += 1
         self.idle = -1                # the callback adds one per trial
         self._queued_ids.discard(plan.id)

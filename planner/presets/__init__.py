@@ -1,7 +1,8 @@
 """Well-known models as data: GGUF metadata (as convert_hf_to_gguf.py writes it) plus a quant recipe.
 
-`load_preset("Qwen3-30B-A3B:Q4_K_M")` expands a preset into a full ModelInventory through the same arch
-tables that read real files (planner/archs.py), so a preset and a GGUF of the same model agree.
+`load_preset("Qwen3-30B-A3B:Q4_K_M")` expands a preset into a full ModelInventory through the same arch tables
+that read real files (planner/archs.py), so a preset and a GGUF of the same model agree. Every preset also has
+the recipes marked every_model in recipes.json (BF16: what convert_hf_to_gguf.py --outtype bf16 writes).
 """
 from __future__ import annotations
 
@@ -66,13 +67,19 @@ def recipe(quant: str, n_layer: int) -> TypeOf:
     rules = [(re.compile(p), t, cond) for p, t, cond in r["rules"]]
 
     def type_of(name: str, shape: tuple, layer: int | None) -> str:
-        if len(shape) == 1 or ".ffn_gate_inp" in name or name.endswith(".bias"):
-            return "F32"    # norms, biases, sinks and routers stay F32 (llama-quant.cpp)
+        if len(shape) == 1 or name.endswith("_norm.weight") or ".ffn_gate_inp" in name or not name.endswith(".weight"):
+            return "F32"    # norms, biases, sinks and routers stay F32 (convert_hf_to_gguf.py, llama-quant.cpp)
         for pattern, t, cond in rules:
             if pattern.search(name) and (cond is None or (layer is not None and _more_bits(layer, n_layer))):
                 return fit_type(t, shape[0])
         return fit_type(r["default"], shape[0])
     return type_of
+
+
+@lru_cache(maxsize=None)
+def _every_model_quants() -> tuple[str, ...]:
+    """Recipes any preset has (marked every_model: BF16, what convert_hf_to_gguf.py writes from any checkpoint)."""
+    return tuple(k for k, r in _read("recipes.json").items() if not k.startswith("_") and r.get("every_model"))
 
 
 def _find(name: str) -> tuple[str, dict]:
@@ -89,8 +96,9 @@ def load_preset(text: str) -> Preset:
     name, _, quant = body.partition(":")
     key, d = _find(name)
     quant = quant or d["default_quant"]
-    if quant not in d["quants"]:
-        raise InputError(f"preset {d['name']} has no quant {quant!r}; available: {', '.join(d['quants'])}")
+    available = d["quants"] + [q for q in _every_model_quants() if q not in d["quants"]]
+    if quant not in available:
+        raise InputError(f"preset {d['name']} has no quant {quant!r}; available: {', '.join(available)}")
     arch = d["arch"]
     meta = {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in d["metadata"].items()}}
     spec = spec_from_metadata(meta)

@@ -14,6 +14,7 @@ reads only the routed experts' weights, in place, never gathering them:
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Callable
 
@@ -167,8 +168,11 @@ def _loop_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: torch
 
 
 def _grouped_offsets(ids: torch.Tensor, n_expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pair order sorted by expert, end offset of each expert's group) on the device. The sort key is the
+    narrowest integer type that holds an expert id: a radix sort makes one pass per key byte."""
     flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
+    key = flat.to(torch.uint8 if n_expert <= 256 else torch.int16 if n_expert <= 32768 else torch.int32)
+    order = torch.argsort(key, stable=True)
     counts = torch.zeros(n_expert, dtype=torch.int32, device=ids.device)
     counts.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
     return order, torch.cumsum(counts, 0, dtype=torch.int32)
@@ -198,24 +202,29 @@ def grouped_mm_nt(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch
     return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
 
 
+def unsort_combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y [P, D] in expert order -> [T, D] float32: sum over a of w[t, a] * y[inverse[t * A + a]] (ggml scales
+    mul_mat_id's float32 rows by the weights and sums them; one fused kernel when compiled)."""
+    T, A = w.shape
+    return (y.index_select(0, inverse).view(T, A, -1).float() * w.unsqueeze(-1)).sum(1)
+
+
 def grouped_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, tables: list[torch.Tensor],
-                    down: torch.Tensor, n_ff: int, act: str, mm: Callable = grouped_mm_nt) -> torch.Tensor:
+                    down: torch.Tensor, n_ff: int, act: str, mm: Callable = grouped_mm_nt,
+                    act_fn: Callable | None = None, combine_fn: Callable = unsort_combine) -> torch.Tensor:
     """A prompt ubatch's routed experts on CUDA (bf16, no biases): the (token, expert) pairs sorted by expert
-    once, then up, activation, down and the routing weight in that order, the rows summed back per token in
-    float32. -> [T, D] float32. `mm` is the grouped product (a loop stands in for it in CPU tests)."""
+    once, then up, activation, down, and the rows weighted and summed back per token in float32. -> [T, D]
+    float32. `mm` is the grouped product (a loop stands in for it in CPU tests); act_fn(gu) and combine_fn are
+    compiled fusions where available."""
     T, A = ids.shape
     order, offs = _grouped_offsets(ids, tables[0].shape[0])
     xs = x.index_select(0, order // A)                                                           # [P, D]
     gu = mm(xs, tables[0], offs) if len(tables) == 1 else torch.cat([mm(xs, t, offs) for t in tables], -1)
-    if act == "silu":
-        h = F.silu(gu[:, :n_ff]) * gu[:, n_ff:]                                                  # [P, F]
-    else:
-        h = activation(gu, n_ff, act)
+    h = act_fn(gu) if act_fn is not None else activation(gu, n_ff, act)                         # [P, F]
     y = mm(h, down, offs)                                                                        # [P, D]
-    y = y * w.reshape(-1).index_select(0, order).to(y.dtype).unsqueeze(-1)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    return y.index_select(0, inverse).view(T, A, -1).sum(1, dtype=torch.float32)
+    return combine_fn(y, inverse, w)
 
 
 def cuda_syncs(T: int, dtype: torch.dtype) -> bool:
@@ -283,8 +292,7 @@ def experts_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: tor
     T = ids.shape[0]
     if h.device.type == "cuda":
         if _cuda_small(T):
-            y = moe_gemv(h, ids, table, per_pair=True)
-            out = (y.view(T, -1, y.shape[-1]) * w.unsqueeze(-1)).sum(1)
+            out = moe_down_combine(h, ids, w, table)
         elif _grouped(T, h.dtype):
             out = CAPABILITIES.run("grouped_mm", h.device, _grouped_down, _loop_down, h, ids, w, table)
         else:
@@ -300,6 +308,16 @@ def experts_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: tor
 
 
 # ---- Triton GEMV over routed experts (CUDA) -------------------------------------------------------------------
+# Decode reads each routed expert once per token: these kernels are bandwidth-bound, so their tile shape is
+# autotuned once per (N, K, dtype) on the first (eager, pre-capture) call.
+
+def _gemv_configs():
+    import triton
+    if os.environ.get("TRITON_INTERPRET") == "1":      # the CPU interpreter (tests of the kernels' math)
+        return [triton.Config({"BN": 8, "BK": 256})]
+    return [triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+            for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8) for s in (2, 3)]
+
 
 @lru_cache(maxsize=1)
 def triton_ok() -> bool:
@@ -315,13 +333,17 @@ def _moe_gemv_kernel():
     import triton
     import triton.language as tl
 
+    @triton.autotune(configs=_gemv_configs(), key=["N", "K", "A", "PER_PAIR", "NO_IDS"])
     @triton.jit
-    def kernel(x_ptr, w_ptr, ids_ptr, y_ptr, N, K, stride_x, stride_we, stride_wn,
-               A: tl.constexpr, PER_PAIR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        # y[p, n] = dot(w[ids[p], n, :], x[row(p), :]) for the BN rows n of this program
+    def moe_gemv_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, N, K, stride_x, stride_we, stride_wn,
+               A: tl.constexpr, PER_PAIR: tl.constexpr, NO_IDS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # y[p, n] = dot(w[ids[p], n, :], x[row(p), :]) for the BN rows n of this program (w[0] when NO_IDS)
         p = tl.program_id(0)
         nb = tl.program_id(1)
-        e = tl.load(ids_ptr + p).to(tl.int64)
+        if NO_IDS:
+            e = 0
+        else:
+            e = tl.load(ids_ptr + p).to(tl.int64)
         row = p if PER_PAIR else p // A
         on = nb * BN + tl.arange(0, BN)
         nm = on < N
@@ -335,22 +357,136 @@ def _moe_gemv_kernel():
             acc += wt * xv[None, :]
         tl.store(y_ptr + p * N + on, tl.sum(acc, axis=1), mask=nm)
 
-    return kernel
+    return moe_gemv_kernel
 
 
-def moe_gemv(x: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, per_pair: bool,
-             bn: int = 8, bk: int = 256) -> torch.Tensor:
+@lru_cache(maxsize=1)
+def _moe_down_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.autotune(configs=_gemv_configs(), key=["N", "K", "A"])
+    @triton.jit
+    def moe_down_kernel(h_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, N, K, stride_h, stride_we, stride_wn,
+               A: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # y[t, n] = sum_a wt[t, a] * dot(w[ids[t, a], n, :], h[t * A + a, :]): down and the weighted sum in one
+        t = tl.program_id(0)
+        nb = tl.program_id(1)
+        on = nb * BN + tl.arange(0, BN)
+        nm = on < N
+        acc = tl.zeros((BN, BK), dtype=tl.float32)
+        for a in tl.static_range(A):
+            p = t * A + a
+            e = tl.load(ids_ptr + p).to(tl.int64)
+            s = tl.load(wt_ptr + p)
+            for k0 in range(0, K, BK):
+                ok = k0 + tl.arange(0, BK)
+                km = ok < K
+                hv = tl.load(h_ptr + p * stride_h + ok, mask=km, other=0.0).to(tl.float32) * s
+                wt = tl.load(w_ptr + e * stride_we + on[:, None] * stride_wn + ok[None, :],
+                             mask=nm[:, None] & km[None, :], other=0.0).to(tl.float32)
+                acc += wt * hv[None, :]
+        tl.store(y_ptr + t * N + on, tl.sum(acc, axis=1), mask=nm)
+
+    return moe_down_kernel
+
+
+def moe_gemv(x: torch.Tensor, ids: torch.Tensor | None, table: torch.Tensor, per_pair: bool, A: int = 1
+             ) -> torch.Tensor:
     """[P, N] float32: row(p) of x times table[ids[p]].T, table [E, N, K] with unit stride along K; one program
-    per (pair, BN rows), each streaming its rows once (graph-capturable: the ids stay on the device)."""
+    per (pair, BN rows), each streaming its rows once (graph-capturable: the ids stay on the device).
+    ids None: a plain GEMV with table[0] for every row of x (P = rows of x)."""
+    import triton
+    if ids is not None:
+        T, A = ids.shape
+        P = T * A
+    else:
+        P = x.shape[0]
+    _, N, K = table.shape
+    x = x.contiguous()
+    y = torch.empty(P, N, dtype=torch.float32, device=x.device)
+    _moe_gemv_kernel()[lambda meta: (P, triton.cdiv(N, meta["BN"]))](
+        x, table, ids.reshape(-1).contiguous() if ids is not None else x, y, N, K, x.stride(0), table.stride(0),
+        table.stride(1), A=A, PER_PAIR=per_pair or ids is None, NO_IDS=ids is None)
+    return y
+
+
+def moe_down_combine(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """[T, D] float32 = sum over a of w[t, a] * h[t*A + a] @ table[ids[t, a]].T (experts_down's GEMV path)."""
     import triton
     T, A = ids.shape
-    E, N, K = table.shape
-    x = x.contiguous()
-    y = torch.empty(T * A, N, dtype=torch.float32, device=x.device)
-    _moe_gemv_kernel()[(T * A, triton.cdiv(N, bn))](
-        x, table, ids.reshape(-1).contiguous(), y, N, K, x.stride(0), table.stride(0), table.stride(1),
-        A=A, PER_PAIR=per_pair, BN=bn, BK=bk, num_warps=4)
+    _, N, K = table.shape
+    h = h.contiguous()
+    y = torch.empty(T, N, dtype=torch.float32, device=h.device)
+    _moe_down_kernel()[lambda meta: (T, triton.cdiv(N, meta["BN"]))](
+        h, table, ids.reshape(-1).contiguous(), w.reshape(-1).float().contiguous(), y, N, K, h.stride(0),
+        table.stride(0), table.stride(1), A=A)
     return y
+
+
+# ---- attention of one decode token (CUDA): the KV write and the attention in one kernel -----------------------
+
+@lru_cache(maxsize=1)
+def _decode_attention_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def decode_attention_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, scale, n_kv,
+               s_q, s_kn, s_vn, s_kch, s_kcn, s_vch, s_vcn, s_o,
+               G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+               BN: tl.constexpr):
+        # query head h attends to cells 0..pos of KV head h // G: the cached cells before pos, and the new
+        # token's k/v (from registers); the first query head of a KV head stores that k/v into cell pos
+        h = tl.program_id(0)
+        kvh = h // G
+        pos = tl.load(pos_ptr)
+        dk = tl.arange(0, BDK)
+        dv = tl.arange(0, BDV)
+        mk = dk < DK
+        mv = dv < DV
+        q = tl.load(q_ptr + h * s_q + dk, mask=mk, other=0.0).to(tl.float32)
+        kn = tl.load(kn_ptr + kvh * s_kn + dk, mask=mk, other=0.0)
+        vn = tl.load(vn_ptr + kvh * s_vn + dv, mask=mv, other=0.0)
+        if h % G == 0:
+            tl.store(kc_ptr + kvh * s_kch + pos * s_kcn + dk, kn.to(kc_ptr.dtype.element_ty), mask=mk)
+            tl.store(vc_ptr + kvh * s_vch + pos * s_vcn + dv, vn.to(vc_ptr.dtype.element_ty), mask=mv)
+        m = tl.sum(q * kn.to(kc_ptr.dtype.element_ty).to(tl.float32), axis=0) * scale
+        l = m * 0.0 + 1.0
+        acc = vn.to(vc_ptr.dtype.element_ty).to(tl.float32)
+        for j0 in range(0, n_kv, BN):     # n_kv (> pos) is static per captured graph; cells >= pos masked
+            oj = j0 + tl.arange(0, BN)
+            jm = oj < pos
+            k = tl.load(kc_ptr + kvh * s_kch + oj[:, None] * s_kcn + dk[None, :], mask=jm[:, None] & mk[None, :],
+                        other=0.0).to(tl.float32)
+            s = tl.where(jm, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            v = tl.load(vc_ptr + kvh * s_vch + oj[:, None] * s_vcn + dv[None, :], mask=jm[:, None] & mv[None, :],
+                        other=0.0).to(tl.float32)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            l = l * alpha + tl.sum(p, axis=0)
+            m = m_new
+        tl.store(o_ptr + h * s_o + dv, (acc / l).to(o_ptr.dtype.element_ty), mask=mv)
+
+    return decode_attention_kernel
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                     cache_v: torch.Tensor, pos: torch.Tensor, scale: float, n_kv: int) -> torch.Tensor:
+    """One token at position pos[0] < n_kv (on the device), q [H, Dk], k [Hkv, Dk], v [Hkv, Dv]: writes k/v into
+    cell pos of cache_k/cache_v [Hkv, cells, D] and attends to cells 0..pos (llama.cpp's causal mask) -> [H, Dv]."""
+    import triton
+    H, Dk = q.shape
+    Hkv, Dv = v.shape
+    o = torch.empty(H, Dv, dtype=q.dtype, device=q.device)
+    _decode_attention_kernel()[(H,)](
+        q, k, v, cache_k, cache_v, pos, o, float(scale), n_kv, q.stride(0), k.stride(0), v.stride(0),
+        cache_k.stride(0), cache_k.stride(1), cache_v.stride(0), cache_v.stride(1), o.stride(0),
+        G=H // Hkv, DK=Dk, DV=Dv, BDK=triton.next_power_of_2(Dk), BDV=triton.next_power_of_2(Dv), BN=64,
+        num_warps=4)
+    return o
 
 
 # ---- routing for CUDA decode: the router GEMV and the top-k selection as two Triton kernels -------------------
@@ -361,7 +497,7 @@ def _select_kernel():
     import triton.language as tl
 
     @triton.jit
-    def kernel(l_ptr, lb_ptr, sb_ptr, ids_ptr, w_ptr, E, scale,
+    def select_kernel(l_ptr, lb_ptr, sb_ptr, ids_ptr, w_ptr, E, scale,
                HAS_LB: tl.constexpr, HAS_SB: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr,
                SCALE: tl.constexpr, A: tl.constexpr, BE: tl.constexpr):
         # one token: logits (+ bias) -> probs (softmax / sigmoid / raw), top-A by selection score
@@ -407,7 +543,7 @@ def _select_kernel():
         tl.debug_barrier()
         tl.store(w_ptr + t * A + oa, wv)
 
-    return kernel
+    return select_kernel
 
 
 def route_fast(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n_used: int, gating: str, norm: bool,
@@ -416,8 +552,7 @@ def route_fast(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n_us
     in the kernel): ids [T, A] int64, weights [T, A] float32. n_used must be a power of two."""
     T = x.shape[0]
     E = w.shape[0]
-    logits = moe_gemv(x, torch.zeros(T, 1, dtype=torch.int64, device=x.device), w.unsqueeze(0),
-                      per_pair=False, bn=2)                                                    # [T, E] float32
+    logits = moe_gemv(x, None, w.unsqueeze(0), per_pair=True)                                # [T, E] float32
     ids = torch.empty(T, n_used, dtype=torch.int64, device=x.device)
     weights = torch.empty(T, n_used, dtype=torch.float32, device=x.device)
     import triton
@@ -436,7 +571,12 @@ def maybe_compiled(fn: Callable, enabled: bool) -> Callable:
     back to fn if compilation fails on first use."""
     if not enabled:
         return fn
-    compiled = torch.compile(fn, dynamic=False, fullgraph=False)
+    import torch._dynamo
+    cfg = torch._dynamo.config      # every layer shares one compiled graph per helper; shapes and dtypes vary
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 64))
+    compiled = torch.compile(fn, dynamic=None, fullgraph=False)   # static first, symbolic T after a second shape
     state = {"fn": compiled}
 
     def call(*args, **kw):

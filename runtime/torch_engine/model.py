@@ -7,6 +7,7 @@ Hkv KV heads, Dk/Dv head dims, E experts, A used per token, F n_ff_exp, L kv_lor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
@@ -121,6 +122,14 @@ class ForwardBuilder:
             return out
         return fetch
 
+    def helper(self, name: str, run: str) -> Callable | None:
+        """A compiled fusion of small ops (make_fast_helpers) for an op on `run`, or None: every op of a decode
+        program (CUDA graphs), and the GPU ops of a prompt ubatch (there the eager fp32 norms, RoPE and routing
+        are several full-size passes each)."""
+        if self.fast or (self.T > 1 and is_gpu(run)):
+            return self.rt.fast.get(name)
+        return None
+
     # ---- the program -------------------------------------------------------------------------------------------------
 
     def build(self, T: int, n_out: int, n_kv: int, fast: bool = False) -> Program:
@@ -179,7 +188,7 @@ class ForwardBuilder:
         decode), else the add on `home` and the norm where its weight says."""
         rt, eps, dtype = self.rt, self.cfg.rms_eps, self.rt.dtype
         fused = rt.rules.run_device(norm_name, batch) == home and rt.weights.device_of[norm_name] == home
-        fast = rt.fast.get("add_rms") if self.fast else None
+        fast = self.helper("add_rms", home)
 
         def add(x: torch.Tensor, a: torch.Tensor, sh: torch.Tensor | None = None,
                 g: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,6 +206,8 @@ class ForwardBuilder:
 
         def add_then_norm(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             if fast is not None:
+                if rows is not None:
+                    args = (args[0][rows], args[1][rows]) + args[2:]
                 return fast(w, *args)
             out = add(*args)
             return out, K.rms_norm(out, w, eps, dtype)
@@ -229,7 +240,7 @@ class ForwardBuilder:
         dev = rt.weights.device_of[name]
         run = rt.rules.run_device(name, batch)
         fetch = self.fetcher(self.uses([name]), run)
-        rms = rt.fast.get("rms_norm", K.rms_norm) if self.fast else K.rms_norm
+        rms = self.helper("rms_norm", run) or K.rms_norm
         dtype = rt.dtype
 
         def fn(x: torch.Tensor) -> torch.Tensor:
@@ -294,9 +305,12 @@ class ForwardBuilder:
         sinks = replica(rt.weights, p + "attn_sinks.weight", home, rt.devices) if cfg.sinks else None
         cos_t, sin_t = rt.rope(home)
         eps, n_rot, kind, scale, n_kv, n_swa = cfg.rms_eps, cfg.n_rot, cfg.rope_type, cfg.kq_scale, self.n_kv, cfg.n_swa
-        prep = rt.fast.get("qk_prep") if self.fast else None
+        prep = self.helper("qk_prep", home)
         # a whole prompt ubatch from position 0 (n_kv == T implies pos0 == 0): flash attention, causal, no mask
         causal = not cache.swa and sinks is None and n_kv == self.T and self.T > 1
+        # one decode token on CUDA: the KV write and the attention in one Triton kernel, no mask
+        one = (self.fast and self.T == 1 and not cache.swa and sinks is None and K.triton_ok()
+               and rt.devices.torch(home).type == "cuda")
 
         def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -309,6 +323,8 @@ class ForwardBuilder:
                 if qn is not None:
                     q, k = K.rms_norm(q, qn, eps), K.rms_norm(k, kn, eps)
                 q, k = K.rope(q, cs, sn, n_rot, kind), K.rope(k, cs, sn, n_rot, kind)
+            if one:
+                return K.decode_attention(q[0], k[0], v[0], cache.k, cache.v, pos, scale, n_kv).reshape(1, H * Dv)
             if cache.swa:
                 cell = pos % cache.cells
                 cache.cell_pos.index_copy_(0, cell, pos)
@@ -322,7 +338,7 @@ class ForwardBuilder:
             if causal:
                 return K.causal_attention(q, kk, vv, scale).reshape(T, H * Dv)
             return K.attention(q, kk, vv, mask, scale, sinks).reshape(T, H * Dv)
-        reads = (f"{il}.q", f"{il}.k", f"{il}.v", "pos") + (() if cache.swa or causal else (self._mask(home),))
+        reads = (f"{il}.q", f"{il}.k", f"{il}.v", "pos") + (() if cache.swa or causal or one else (self._mask(home),))
         self.b.add(p + "attn", home, "attention", reads, (f"{il}.o",), core)
 
     def mla(self, il: int) -> None:
@@ -408,7 +424,7 @@ class ForwardBuilder:
                    if rt.weights.has(p + "exp_probs_b.bias") else None)
         zb = rt.router_bias(il, run_r)
         A, gating, norm, scale = cfg.n_expert_used, cfg.gating, cfg.norm_topk, cfg.expert_weights_scale
-        route = rt.fast.get("route") if self.fast else None
+        route = self.helper("route", run_r)
         triton_route = (self.fast and rt.devices.torch(run_r).type == "cuda" and K.triton_ok()
                         and A & (A - 1) == 0 and run_r == rt.weights.device_of[rname])
         gate_bias = (replica(rt.weights, p + "ffn_gate_inp.bias", run_r, rt.devices)
@@ -462,22 +478,24 @@ class ForwardBuilder:
         n_ff, act, threads, dtype = cfg.n_ff_exp, cfg.activation, rt.threads, rt.dtype
         gemv_fast = (self.fast and rt.devices.torch(run).type == "cuda" and K.triton_ok() and n_up == 1
                      and not n_upb and down_b is None and "act" in rt.fast)
-        act_fast, combine = rt.fast.get("act"), rt.fast.get("combine")
-        grouped = n_up <= 2 and not n_upb and down_b is None
+        act_fast = rt.fast.get("act")
+        use_grouped = n_up <= 2 and not n_upb and down_b is None
+        grouped = partial(K.grouped_experts, act_fn=self.helper("act", run),
+                          combine_fn=self.helper("combine", run) or K.unsort_combine)
 
         def experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             active = torch.unique(ids).tolist() if only_active else None
             hs = fetch(active)
-            if grouped and K.grouped_ok(x.device, x.shape[0], x.dtype):     # CUDA prompt batches
+            if use_grouped and K.grouped_ok(x.device, x.shape[0], x.dtype):     # CUDA prompt batches
                 tables = [h.wait() for h in hs[:n_up]]
-                y = K.CAPABILITIES.run("grouped_mm", x.device, K.grouped_experts, _unfused, x, ids, w, tables,
+                y = K.CAPABILITIES.run("grouped_mm", x.device, grouped, _unfused, x, ids, w, tables,
                                        hs[-1].wait(), n_ff, act)
                 for hh in hs:
                     hh.release()
                 return y
             if gemv_fast:      # CUDA decode: four kernels (GEMV, activation, GEMV, weighted sum)
                 h = act_fast(K.moe_gemv(x, ids, hs[0].wait(), per_pair=False))
-                y = combine(K.moe_gemv(h, ids, hs[1].wait(), per_pair=True), w)
+                y = K.moe_down_combine(h, ids, w, hs[1].wait())
                 for hh in hs:
                     hh.release()
                 return y
@@ -576,11 +594,9 @@ def make_fast_helpers(cfg: ModelConfig, dtype: torch.dtype, enabled: bool, compi
     def route(logits, probs_b):
         return K.route(logits, A, gating, norm, scale, probs_b)
 
-    def act_fn(gu):                             # [P, 2F] float32 -> [P, F]
+    def act_fn(gu):                             # [P, 2F] -> [P, F] in the compute dtype
         return K.activation(gu, n_ff, act).to(dtype)
 
-    def combine(y, w):                          # [P, D] float32, w [T, A] -> [T, D] float32
-        return (y.view(w.shape[0], w.shape[1], -1) * w.unsqueeze(-1)).sum(1)
     return {"rms_norm": K.maybe_compiled(rms, compile), "add_rms": K.maybe_compiled(add_rms, compile),
             "qk_prep": K.maybe_compiled(qk_prep, compile), "route": K.maybe_compiled(route, compile),
-            "act": K.maybe_compiled(act_fn, compile), "combine": K.maybe_compiled(combine, compile)}
+            "act": K.maybe_compiled(act_fn, compile), "combine": K.maybe_compiled(K.unsort_combine, compile)}

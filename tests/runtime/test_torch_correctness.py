@@ -135,6 +135,22 @@ def test_fast_decode_program_equals_the_plain_one(arch: str) -> None:
     model.close()
 
 
+def test_prompt_program_with_fused_helpers_equals_the_plain_one(arch: str) -> None:
+    """A prompt ubatch's GPU ops take the fused helpers too (compiled on CUDA; plain functions here): same logits,
+    including the last layer, which keeps only the output rows."""
+    from runtime.torch_engine.model import make_fast_helpers
+    inv = tiny_inventory(arch)
+    engine = TorchEngine(compute_dtype="fp32", device_map="logical")
+    model = engine.load(inv, plan_for(inv, *PLACEMENTS[1][1:]), min_cells=64)
+    prompt = torch.randint(0, inv.hparams.n_vocab, (24,), generator=torch.Generator().manual_seed(3))
+    plain = model.prefill(prompt, 0, n_ubatch=24, n_out=3)
+    model._programs.clear()
+    model.rt.fast = make_fast_helpers(model.cfg, model.dtype, True, compile=False)
+    fused = model.prefill(prompt, 0, n_ubatch=24, n_out=3)
+    assert rel(fused, plain) < 1e-6
+    model.close()
+
+
 def test_causal_flash_path_for_prompts_at_depth_zero() -> None:
     """A 256-token ubatch from position 0 takes the mask-free causal path; its logits equal two 128-token
     ubatches' (which take the masked path)."""

@@ -99,6 +99,25 @@ def test_triton_routing_equals_route(gating: str, norm: bool, scale: float, with
     assert torch.allclose(wt.gather(-1, order), wt2.gather(-1, order2), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("H,Hkv,Dk,Dv,pos", [(8, 2, 64, 64, 0), (6, 3, 40, 24, 77), (32, 4, 128, 128, 300)])
+def test_decode_attention_kernel_equals_attention(H: int, Hkv: int, Dk: int, Dv: int, pos: int) -> None:
+    """The Triton decode kernel writes the token's k/v into cell pos and attends to cells 0..pos, as
+    index_copy_ + attention() with the causal mask do."""
+    torch.manual_seed(3)
+    dev = torch.device("cuda")
+    cells = 512
+    ck = torch.randn(Hkv, cells, Dk, device=dev)
+    cv = torch.randn(Hkv, cells, Dv, device=dev)
+    q, k, v = torch.randn(H, Dk, device=dev), torch.randn(Hkv, Dk, device=dev), torch.randn(Hkv, Dv, device=dev)
+    p = torch.tensor([pos], device=dev)
+    ck2, cv2 = ck.clone(), cv.clone()
+    got = K.decode_attention(q, k, v, ck, cv, p, 0.125, cells)
+    ck2[:, pos], cv2[:, pos] = k, v
+    want = K.attention(q[None], ck2, cv2, K.causal_mask(p, cells), 0.125)[0]
+    assert torch.equal(ck, ck2) and torch.equal(cv, cv2)
+    assert rel(got, want) < 1e-5
+
+
 def test_grouped_experts_on_gpu_match_the_loop() -> None:
     torch.manual_seed(2)
     dev = torch.device("cuda")
