@@ -47,6 +47,7 @@ from .space import Candidate, Space, SpaceConfig
 STUDIES_DIR = Path("studies")
 HEARTBEAT_S = 10
 GRACE_S = 30
+SCHEMA_RETRIES = 5        # opening a storage that other workers are creating at the same moment
 PATIENCE = 60              # trials in a row without a run before a session stops as converged
 SCREEN_RATIO = 0.85        # measure a sampler candidate only if predicted >= this x the best measured
 OOM_STEP = 256 * MiB       # an OOM raises the margin by at least this much
@@ -125,14 +126,22 @@ def make_storage(url: str | None):
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         kwargs = {"connect_args": {"timeout": 60}}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            storage = optuna.storages.RDBStorage(
-                url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
-    except Exception as e:   # sqlalchemy.exc.ArgumentError, OperationalError, ImportError of a DB driver
-        raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
+    for attempt in range(SCHEMA_RETRIES + 1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+            break
+        except Exception as e:   # sqlalchemy.exc.ArgumentError, OperationalError, ImportError of a DB driver
+            # workers started together on an empty database race to create Optuna's tables; the losers see
+            # "duplicate key" / "already exists" and find the tables there on a second try
+            text = str(e).lower()
+            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text):
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
     if path is not None:
         _sqlite_wal(storage.engine)
     return storage

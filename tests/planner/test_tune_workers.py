@@ -1,0 +1,130 @@
+"""Studies shared and resumed through a real database: two `tune` workers on one PostgreSQL study (a throwaway
+server started for the test), and a worker killed mid-trial whose RUNNING trial a later worker fails and retries
+(the storage's heartbeat)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from planner import cli, search
+from planner.hardware import GiB, load_hardware
+from planner.presets import load_preset
+from runtime.sim import SimEngine
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres_url():
+    """A PostgreSQL server of its own (initdb in a temporary folder, Unix socket only, trust auth), stopped after."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("no PostgreSQL server here (initdb and pg_ctl not on PATH)")
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver (pip install psycopg2-binary) is not installed")
+    run_as: list[str] = []
+    folder = Path(tempfile.mkdtemp(prefix="pg"))        # short: a Unix socket path is at most 107 bytes
+    if os.geteuid() == 0:                               # the server refuses to run as root
+        runuser = shutil.which("runuser")
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            user = None
+        if not (runuser and user):
+            shutil.rmtree(folder, ignore_errors=True)
+            pytest.skip("running as root, and no 'postgres' user and runuser to start the server with")
+        os.chown(folder, user.pw_uid, user.pw_gid)
+        run_as = [runuser, "-u", "postgres", "--"]
+    data, port = folder / "data", _free_port()
+    try:
+        subprocess.run(run_as + [initdb, "-D", str(data), "-U", "tuner", "--auth=trust"], check=True,
+                       capture_output=True, timeout=120)
+        subprocess.run(run_as + [pg_ctl, "-D", str(data), "-o", f"-k {folder} -p {port} -c listen_addresses=''",
+                                 "-w", "-l", str(folder / "log"), "start"], check=True, capture_output=True, timeout=60)
+        yield f"postgresql+psycopg2://tuner@/postgres?host={folder}&port={port}"
+    finally:
+        subprocess.run(run_as + [pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _tune_cmd(url: str, trials: int, seed: int) -> list[str]:
+    return [sys.executable, "-m", "planner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
+            str(trials), "--study", "shared", "--storage", url, "--pool", "0", "--quiet", "--no-report",
+            "--objective", "tg", "--seed", str(seed)]
+
+
+def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
+    import optuna
+    procs = [subprocess.Popen(_tune_cmd(postgres_url, 6, seed), cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    study = optuna.load_study(study_name="shared", storage=search.make_storage(postgres_url))
+    trials = study.get_trials(deepcopy=False)
+    assert len({t.number for t in trials}) == len(trials)
+    assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    # each worker added its 6 engine runs to the one study (a trial that repeats a plan, or took a baseline's
+    # run, made none)
+    runs = [t for t in trials if "measured" in t.user_attrs and "duplicate_of" not in t.user_attrs
+            and not t.user_attrs.get("reused_baseline_run")]
+    assert len(runs) >= 12
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert study.best_value == max(t.value for t in done)
+    # the report reads the shared study from the database
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["report", "shared", "--storage", postgres_url, "--out", str(tmp_path / "rep"), "--json"]) == 0
+    assert json.loads(buf.getvalue())["best"]["tg"]["tg_tps"] == pytest.approx(study.best_value)
+
+
+def test_a_killed_workers_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
+    """A worker killed mid-trial leaves a RUNNING trial whose heartbeat stops; once the grace period has passed, the
+    next worker fails it and queues it again (one retry, run in its turn among the queued trials)."""
+    import optuna
+    from optuna.storages import RetryFailedTrialCallback
+    monkeypatch.setattr(search, "GRACE_S", 1)
+    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
+    hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
+    wl = search.Workload(n_prompt=512, n_gen=64, depth=0, repetitions=1)
+
+    def tuner() -> search.Tuner:
+        return search.Tuner(inv, hw, SimEngine(hw), workload=wl, n_ctx=8192, storage=url, study_name="k",
+                            pool_size=40, baselines=False, objective="tg")
+    tuner().run(3)
+    # what a killed worker leaves: a trial RUNNING with a heartbeat that stopped
+    storage = search.make_storage(url)
+    study = optuna.load_study(study_name="k", storage=storage)
+    with pytest.warns(UserWarning, match="Heartbeat"):     # optuna: ask() is not optimize()
+        dead = study.ask()
+    storage.record_heartbeat(dead._trial_id)
+    time.sleep(2.5)
+    tuner().run(2)
+    trials = optuna.load_study(study_name="k", storage=search.make_storage(url)).get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    assert by_number[dead.number].state == optuna.trial.TrialState.FAIL
+    retries = [t for t in trials if RetryFailedTrialCallback.retried_trial_number(t) == dead.number]
+    assert len(retries) == 1
+    assert retries[0].state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.COMPLETE)
+    assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
