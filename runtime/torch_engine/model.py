@@ -308,7 +308,7 @@ class ForwardBuilder:
         prep = self.helper("qk_prep", home)
         # a whole prompt ubatch from position 0 (n_kv == T implies pos0 == 0): flash attention, causal, no mask
         causal = not cache.swa and sinks is None and n_kv == self.T and self.T > 1
-        # one decode token on CUDA: the KV write and the attention in one Triton kernel, no mask
+        # one decode token on CUDA: the KV write and the attention in Triton (split over the cache, merged), no mask
         one = (self.fast and self.T == 1 and not cache.swa and sinks is None and K.triton_ok()
                and rt.devices.torch(home).type == "cuda")
 
@@ -493,7 +493,7 @@ class ForwardBuilder:
                 for hh in hs:
                     hh.release()
                 return y
-            if gemv_fast:      # CUDA decode: four kernels (GEMV, activation, GEMV, weighted sum)
+            if gemv_fast:      # CUDA decode: three kernels (GEMV, activation, GEMV with the weighted sum)
                 h = act_fast(K.moe_gemv(x, ids, hs[0].wait(), per_pair=False))
                 y = K.moe_down_combine(h, ids, w, hs[1].wait())
                 for hh in hs:

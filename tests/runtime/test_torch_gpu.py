@@ -101,7 +101,7 @@ def test_triton_routing_equals_route(gating: str, norm: bool, scale: float, with
 
 @pytest.mark.parametrize("H,Hkv,Dk,Dv,pos", [(8, 2, 64, 64, 0), (6, 3, 40, 24, 77), (32, 4, 128, 128, 300)])
 def test_decode_attention_kernel_equals_attention(H: int, Hkv: int, Dk: int, Dv: int, pos: int) -> None:
-    """The Triton decode kernel writes the token's k/v into cell pos and attends to cells 0..pos, as
+    """The Triton decode kernels write the token's k/v into cell pos and attend to cells 0..pos, as
     index_copy_ + attention() with the causal mask do."""
     torch.manual_seed(3)
     dev = torch.device("cuda")
