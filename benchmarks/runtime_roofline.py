@@ -6,8 +6,10 @@ measured at ubatch 512 and 2048: TG (n_gen greedy steps) and PP (one ubatch of n
 next to the roofline from calibrated ceilings:
 - TG: the bytes one token reads on each device over that device's bandwidth, summed (GPU GEMV bandwidth for
   everything resident on the GPU, host GEMV bandwidth for the routed experts in RAM);
-- PP: per ubatch, max(compute, upload): compute = max(FLOPs / GPU GEMM rate, weight bytes read / GPU
-  bandwidth), upload = bytes uploaded for the offloaded expert ops (measured) / pinned host->GPU bandwidth.
+- PP: per ubatch, max(compute, upload): compute = the sum over the ubatch's matmuls and attentions of
+  max(FLOPs / GPU GEMM rate, weight bytes / GPU bandwidth) (planner/cost.py's per-op roofline), upload = bytes
+  uploaded for the offloaded expert ops (measured) / pinned host->GPU bandwidth. The JSON also has the looser
+  bound with compute = max(total FLOPs / rate, total bytes / bandwidth), as if every op overlapped every other.
 Writes runtime_roofline.json and runtime_roofline.md into --out after every row.
 
 On the GPU machine (python3 there has torch, no gguf or optuna; neither is needed here):
@@ -105,24 +107,32 @@ def tg_roofline(inv: ModelInventory, plan: Plan, esize: int, c: dict[str, float]
 
 def pp_roofline(inv: ModelInventory, plan: Plan, esize: int, c: dict[str, float], T: int,
                 upload_bytes: float) -> dict[str, float]:
-    """One ubatch of T tokens, logits of the last: every expert op runs on the GPU (T >= 32)."""
+    """One ubatch of T tokens, logits of the last: every expert op runs on the GPU (T >= 32). Compute is summed
+    per op, each op at max(FLOPs / GPU rate, bytes / GPU bandwidth), as planner/cost.py does: the kernels run
+    one after another, so a memory-bound op (a routed expert at ~T*A/E rows per expert) does not hide under a
+    compute-bound one. `pp_roof_overlap_tps` is the looser bound that assumes they overlap perfectly
+    (max of the totals). Norms, activations and sorts count nothing (a fused implementation has none)."""
     hp = inv.hparams
     frac_active = 1 - (1 - hp.n_expert_used / hp.n_expert) ** T      # experts any of T tokens is routed to
-    flops = read = 0.0
+    flops = read = per_op = 0.0
     for t in inv.allocated():
         if t.role == "token_embd" or len(t.shape) < 2:
             continue
         n = math.prod(t.shape)
         rows = 1 if t.role == "output" else T
-        flops += 2 * rows * (n * hp.n_expert_used / hp.n_expert if t.is_expert else n)
-        if plan.assignment[t.name] != "CPU":
-            read += _bytes(inv, t.name, esize) * (frac_active if t.is_expert else 1)
-    read += upload_bytes                              # the staged copies are read once more on the GPU
-    flops += hp.n_layer * 4 * hp.n_head * hp.head_dim_k * T * (T + 1) / 2     # causal attention at depth 0
-    compute_s = max(flops / c["gpu_flops"], read / c["gpu_bw"])
+        f = 2 * rows * (n * hp.n_expert_used / hp.n_expert if t.is_expert else n)
+        b = _bytes(inv, t.name, esize) * (frac_active if t.is_expert else 1)   # staged copies read once too
+        flops += f
+        read += b
+        per_op += max(f / c["gpu_flops"], b / c["gpu_bw"])
+    attn = 4 * hp.n_head * hp.head_dim_k * T * (T + 1) / 2                # causal attention at depth 0, a layer
+    flops += hp.n_layer * attn
+    per_op += hp.n_layer * attn / c["gpu_flops"]
     upload_s = upload_bytes / c["h2d"]
-    return {"pp_roof_tps": T / max(compute_s, upload_s), "pp_flops": flops, "pp_compute_s": compute_s,
-            "pp_upload_s": upload_s, "pp_bound": "upload" if upload_s > compute_s else "compute"}
+    overlap_s = max(flops / c["gpu_flops"], read / c["gpu_bw"])
+    return {"pp_roof_tps": T / max(per_op, upload_s), "pp_roof_overlap_tps": T / max(overlap_s, upload_s),
+            "pp_flops": flops, "pp_read_bytes": read, "pp_compute_s": per_op, "pp_upload_s": upload_s,
+            "pp_bound": "upload" if upload_s > per_op else "compute"}
 
 
 # ---- output --------------------------------------------------------------------------------------------------------------
@@ -133,14 +143,17 @@ def write(out: Path, rows: list[dict], meta: dict) -> None:
              "", f"Ceilings ({meta['ceilings']['source']}): GPU {meta['ceilings']['gpu_bw'] / 1e12:.2f} TB/s, "
              f"{meta['ceilings']['gpu_flops'] / 1e12:.0f} TFLOP/s; CPU {meta['ceilings']['cpu_bw'] / GB:.0f} GB/s; "
              f"H2D pinned {meta['ceilings']['h2d'] / GB:.1f} GB/s. TG = {meta['n_gen']} tokens, PP = one ubatch.", "",
+             "PP roofline: per op max(FLOPs / rate, bytes / bandwidth), summed, or the upload if longer; in "
+             "brackets the looser bound that lets all ops overlap (max of the totals).", "",
              "| placement | ubatch | TG t/s | TG roofline | TG % | PP t/s | PP roofline | PP % | PP bound | "
              "uploaded GB/ubatch | peak VRAM GiB | notes |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tg = (f"{r['tg_tps']:.1f} | {r['tg_roof_tps']:.1f} | {100 * r['tg_tps'] / r['tg_roof_tps']:.0f}%"
               if r.get("tg_tps") else "| |")
-        pp = (f"{r['pp_tps']:.0f} | {r['pp_roof_tps']:.0f} | {100 * r['pp_tps'] / r['pp_roof_tps']:.0f}% | {r['pp_bound']}"
-              if r.get("pp_tps") else "| | |")
+        pp = (f"{r['pp_tps']:.0f} | {r['pp_roof_tps']:.0f} ({r['pp_roof_overlap_tps']:.0f}) | "
+              f"{100 * r['pp_tps'] / r['pp_roof_tps']:.0f}% ({100 * r['pp_tps'] / r['pp_roof_overlap_tps']:.0f}%) | "
+              f"{r['pp_bound']}" if r.get("pp_tps") else "| | |")
         lines.append(f"| {r['placement']} | {r['ubatch']} | {tg} | {pp} | {r.get('upload_gb', 0):.1f} | "
                      f"{r.get('peak_gib', 0):.1f} | {r.get('error', '')} |")
     lines += ["", f"Total wall time {meta.get('wall_s', 0):.0f} s. JSON: runtime_roofline.json (samples, counters)."]

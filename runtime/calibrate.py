@@ -5,8 +5,8 @@ What is measured (several timed runs after a warm-up, device-synchronised):
   device-to-device copy; GEMM FLOP/s (8192 x 4096 x 4096); VRAM; the CUDA context + library overhead;
 - host: GEMV bandwidth on all threads (1 GiB; the best over two shapes, 65536 x 8192 and 16384 x 32768 in bf16,
   of torch.mv, W @ x, F.linear, x @ W.t() and the engine's own expert kernel), a plain copy, GEMM FLOP/s at
-  batch 512 and 32 (the best of A @ X, F.linear(Xt, A) and Xt @ A.t(): their speed differs up to ~15x at
-  batch 32);
+  batch 512 and 32 on the same 1 GiB weight (the best of W @ X, F.linear(Xt, W) and Xt @ W.t(): their speed
+  differs up to ~10x at batch 32);
 - link: host -> GPU and GPU -> host, from page-locked and from ordinary memory (1 GiB);
 - overheads: a small kernel's launch (eager) and its cost inside a CUDA graph, a device split (GPU -> host ->
   GPU round trip of one activation row with synchronisation), a CPU op's thread fork/join.
@@ -91,9 +91,9 @@ def _filled(torch, shape: tuple[int, ...], dtype, device) -> Any:
 GEMV_K = (8192, 32768)
 # GEMV routes: y = W x for W [N, K], x [K]
 GEMV_ROUTES = ("mv", "matmul", "linear", "matmul_t", "cpu_moe")
-# GEMM forms of Y = A X for A [side, side], X [side, batch] (Xt = X.T contiguous, [batch, side]). oneDNN takes
-# different kernels: at batch 32 on the GPU box A @ X ran at 0.14 TFLOP/s, F.linear(Xt, A) at 1.7 and
-# Xt @ A.t() at 2.1 (side 4096); at batch 512 all three ~3.5-4.3.
+# GEMM forms of Y = A X for A [N, K], X [K, batch] (Xt = X.T contiguous, [batch, K]). oneDNN takes different
+# kernels: at batch 32 on the GPU box A @ X ran at 0.14-1.2 TFLOP/s, F.linear(Xt, A) at 1.5-1.7 and Xt @ A.t()
+# at 1.6-2.1; at batch 512 all three ~3.2-3.8 (1 GiB weight).
 GEMM_FORMS = ("matmul", "linear", "matmul_t")
 
 
@@ -112,7 +112,7 @@ def _gemv_routes(torch, W, x, dtype) -> dict[str, Callable[[], Any]]:
 
 
 def _gemm_forms(torch, A, X) -> dict[str, Callable[[], Any]]:
-    """GEMM_FORMS -> a call computing A X (or its transpose)."""
+    """GEMM_FORMS -> a call computing A X (or its transpose), A [N, K], X [K, batch]."""
     import torch.nn.functional as F
     Xt = X.t().contiguous()
     return {"matmul": lambda: A @ X, "linear": lambda: F.linear(Xt, A), "matmul_t": lambda: Xt @ A.t()}
@@ -146,12 +146,12 @@ def measure_host(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int |
     dst = torch.empty_like(W)
     _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda: dst.copy_(W), sync, reps))
     del dst
-    side = 4096 if size_bytes >= GiB // 4 else 1024
-    A = _filled(torch, (side, side), dtype, "cpu")
+    # GEMM on the same weight as the GEMV (1 GiB: streamed from RAM, as a model's weights are, where a 4096 x
+    # 4096 matrix stays in the 300 MiB L3 between runs and ran ~15% faster at batch 512 on the GPU box)
     for batch in (512, 32):
-        X = torch.randn(side, batch).to(dtype)
-        flops = 2 * side * side * batch
-        for form, fn in _gemm_forms(torch, A, X).items():
+        X = torch.randn(W.shape[1], batch).to(dtype)
+        flops = 2 * W.numel() * batch
+        for form, fn in _gemm_forms(torch, W, X).items():
             _ceiling(out, f"gemm_{form}_flops_b{batch}", flops, _time(fn, sync, reps))
         top = max(GEMM_FORMS, key=lambda f: out[f"gemm_{f}_flops_b{batch}"])
         out[f"gemm_flops_b{batch}"] = out[f"gemm_{top}_flops_b{batch}"]

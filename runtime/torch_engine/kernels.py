@@ -222,8 +222,8 @@ def grouped_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, tables:
     gu = mm(xs, tables[0], offs) if len(tables) == 1 else torch.cat([mm(xs, t, offs) for t in tables], -1)
     h = act_fn(gu) if act_fn is not None else activation(gu, n_ff, act)                         # [P, F]
     y = mm(h, down, offs)                                                                        # [P, D]
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
+    inverse = torch.empty(order.numel(), dtype=torch.int32, device=order.device)
+    inverse[order] = torch.arange(order.numel(), dtype=torch.int32, device=order.device)
     return combine_fn(y, inverse, w)
 
 
@@ -588,18 +588,71 @@ def route_fast(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, n_us
                scale: float, probs_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """route() for decode on CUDA in two kernels (the GEMV reads the float32 router in place, bf16 x converted
     in the kernel): ids [T, A] int64, weights [T, A] float32. n_used must be a power of two."""
-    T = x.shape[0]
-    E = w.shape[0]
     logits = moe_gemv(x, None, w.unsqueeze(0), per_pair=True)                                # [T, E] float32
-    ids = torch.empty(T, n_used, dtype=torch.int64, device=x.device)
-    weights = torch.empty(T, n_used, dtype=torch.float32, device=x.device)
+    return select(logits, bias, n_used, gating, norm, scale, probs_bias)
+
+
+def select(logits: torch.Tensor, bias: torch.Tensor | None, n_used: int, gating: str, norm: bool, scale: float,
+           probs_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """route() from float32 logits [T, E] (+ bias) in one kernel, one program per token (on a 2048-token prompt
+    ubatch it replaces softmax, top-k, gather and the normalisation). n_used must be a power of two."""
     import triton
+    T, E = logits.shape
+    logits = logits.contiguous()
+    ids = torch.empty(T, n_used, dtype=torch.int64, device=logits.device)
+    weights = torch.empty(T, n_used, dtype=torch.float32, device=logits.device)
     _select_kernel()[(T,)](logits, bias if bias is not None else logits, probs_bias if probs_bias is not None
                            else logits, ids, weights, E, float(scale),
                            HAS_LB=bias is not None, HAS_SB=probs_bias is not None,
                            GATING={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating], NORM=norm,
                            SCALE=scale not in (0.0, 1.0), A=n_used, BE=triton.next_power_of_2(E))
     return ids, weights
+
+
+# ---- the weighted sum of a prompt ubatch's expert rows (CUDA) ----------------------------------------------------
+# The down projection leaves its rows in expert order; each token sums its A rows, read through the inverse of
+# the sort. One program per (token, BD columns); measured on the H100 (T 2048, A 8, D 2048): 50-65 us, where the
+# compiled torch version (index_select, multiply, sum) took 88.
+
+def _combine_configs():
+    import triton
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({"BD": 16})]
+    return [triton.Config({"BD": bd}, num_warps=w) for bd, w in ((512, 1), (1024, 1), (1024, 4), (2048, 8))]
+
+
+@lru_cache(maxsize=1)
+def _combine_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.autotune(configs=_combine_configs(), key=["D", "A"])
+    @triton.jit
+    def combine_kernel(y_ptr, inv_ptr, w_ptr, o_ptr, D, stride_y, A: tl.constexpr, BA: tl.constexpr,
+                       BD: tl.constexpr):
+        # o[t, d] = sum_a w[t, a] * y[inv[t * A + a], d] in float32
+        t = tl.program_id(0)
+        od = tl.program_id(1) * BD + tl.arange(0, BD)
+        dm = od < D
+        oa = tl.arange(0, BA)
+        am = oa < A
+        src = tl.load(inv_ptr + t * A + oa, mask=am, other=0).to(tl.int64)
+        wt = tl.load(w_ptr + t * A + oa, mask=am, other=0.0)
+        v = tl.load(y_ptr + src[:, None] * stride_y + od[None, :], mask=am[:, None] & dm[None, :], other=0.0)
+        tl.store(o_ptr + t.to(tl.int64) * D + od, tl.sum(v.to(tl.float32) * wt[:, None], axis=0), mask=dm)
+
+    return combine_kernel
+
+
+def combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """unsort_combine as one Triton kernel (y [P, D] in expert order, inverse [P] int32) -> [T, D] float32."""
+    import triton
+    T, A = w.shape
+    D = y.shape[1]
+    o = torch.empty(T, D, dtype=torch.float32, device=y.device)
+    _combine_kernel()[lambda meta: (T, triton.cdiv(D, meta["BD"]))](
+        y, inverse, w.float().contiguous(), o, D, y.stride(0), A=A, BA=triton.next_power_of_2(A))
+    return o
 
 
 # ---- compiled helpers for CUDA decode -------------------------------------------------------------------------

@@ -425,8 +425,8 @@ class ForwardBuilder:
         zb = rt.router_bias(il, run_r)
         A, gating, norm, scale = cfg.n_expert_used, cfg.gating, cfg.norm_topk, cfg.expert_weights_scale
         route = self.helper("route", run_r)
-        triton_route = (self.fast and rt.devices.torch(run_r).type == "cuda" and K.triton_ok()
-                        and A & (A - 1) == 0 and run_r == rt.weights.device_of[rname])
+        triton_select = rt.devices.torch(run_r).type == "cuda" and K.triton_ok() and A & (A - 1) == 0
+        triton_route = self.fast and triton_select and run_r == rt.weights.device_of[rname]
         gate_bias = (replica(rt.weights, p + "ffn_gate_inp.bias", run_r, rt.devices)
                      if rt.weights.has(p + "ffn_gate_inp.bias") else None)
         logit_bias = gate_bias if zb is None else (zb if gate_bias is None else gate_bias + zb)
@@ -442,6 +442,8 @@ class ForwardBuilder:
                 h.release()
             if zb is not None:
                 logits = logits + zb
+            if triton_select:   # CUDA prompt ubatch: the selection in one kernel
+                return K.select(logits, None, A, gating, norm, scale, probs_b)
             if route is not None:
                 return route(logits, probs_b)
             return K.route(logits, A, gating, norm, scale, probs_b)
@@ -476,12 +478,14 @@ class ForwardBuilder:
         n_up, n_upb = len(up), len(up_b)
         only_active = self._active(run, uses)
         n_ff, act, threads, dtype = cfg.n_ff_exp, cfg.activation, rt.threads, rt.dtype
-        gemv_fast = (self.fast and rt.devices.torch(run).type == "cuda" and K.triton_ok() and n_up == 1
+        on_cuda = rt.devices.torch(run).type == "cuda"
+        gemv_fast = (self.fast and on_cuda and K.triton_ok() and n_up == 1
                      and not n_upb and down_b is None and "act" in rt.fast)
         act_fast = rt.fast.get("act")
         use_grouped = n_up <= 2 and not n_upb and down_b is None
         grouped = partial(K.grouped_experts, act_fn=self.helper("act", run),
-                          combine_fn=self.helper("combine", run) or K.unsort_combine)
+                          combine_fn=K.combine if on_cuda and K.triton_ok()
+                          else self.helper("combine", run) or K.unsort_combine)
 
         def experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             active = torch.unique(ids).tolist() if only_active else None

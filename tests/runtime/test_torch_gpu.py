@@ -127,9 +127,35 @@ def test_grouped_experts_on_gpu_match_the_loop() -> None:
     w = torch.rand(T, A, device=dev)
     up = torch.randn(E, 2 * F, D, device=dev, dtype=torch.bfloat16) / 16
     down = torch.randn(E, D, F, device=dev, dtype=torch.bfloat16) / 16
-    got = K.grouped_experts(x, ids, w, [up], down, F, "silu")
     want = K._loop_down(K.activation(K._loop_up(x, ids, [up]), F, "silu").to(torch.bfloat16), ids, w, down)
-    assert rel(got, want) < 2e-2
+    for combine_fn in (K.unsort_combine, K.combine):        # the Triton weighted sum and the torch one
+        got = K.grouped_experts(x, ids, w, [up], down, F, "silu", combine_fn=combine_fn)
+        assert rel(got, want) < 2e-2
+
+
+def test_combine_kernel_equals_the_torch_weighted_sum() -> None:
+    torch.manual_seed(3)
+    dev = torch.device("cuda")
+    T, A, D = 300, 8, 2048 + 64          # D not a multiple of the column block: the masked tail
+    y = torch.randn(T * A, D, device=dev, dtype=torch.bfloat16)
+    inverse = torch.randperm(T * A, device=dev).to(torch.int32)
+    w = torch.rand(T, A, device=dev)
+    assert rel(K.combine(y, inverse, w), K.unsort_combine(y, inverse, w)) < 1e-6
+
+
+@pytest.mark.parametrize("gating,norm,scale,probs", [("softmax", True, 1.0, False), ("softmax", False, 2.5, False),
+                                                     ("sigmoid", True, 2.5, True), ("softmax_weight", True, 1.0, False)])
+def test_select_kernel_matches_route(gating: str, norm: bool, scale: float, probs: bool) -> None:
+    """The prompt-ubatch selection kernel against route(): the same experts, the same weights."""
+    torch.manual_seed(4)
+    dev = torch.device("cuda")
+    T, E, A = 512, 128, 8
+    logits = torch.randn(T, E, device=dev)
+    pb = torch.randn(E, device=dev) * 0.1 if probs else None
+    ids, w = K.select(logits, None, A, gating, norm, scale, pb)
+    ids_ref, w_ref = K.route(logits, A, gating, norm, scale, pb)
+    assert torch.equal(ids.sort(-1).values, ids_ref.sort(-1).values)
+    assert rel(w.gather(-1, ids.argsort(-1)), w_ref.gather(-1, ids_ref.argsort(-1))) < 1e-5
 
 
 def test_measure_on_gpu_reports_cuda_peaks_and_counters() -> None:
