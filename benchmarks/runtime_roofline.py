@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,6 +136,16 @@ def pp_roofline(inv: ModelInventory, plan: Plan, esize: int, c: dict[str, float]
             "pp_bound": "upload" if upload_s > per_op else "compute"}
 
 
+def gpu_state() -> str:
+    """Clocks, power, temperature and throttle reasons from nvidia-smi (a slow row is often a throttled GPU)."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,"
+                               "clocks_throttle_reasons.active", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 # ---- output --------------------------------------------------------------------------------------------------------------
 
 def write(out: Path, rows: list[dict], meta: dict) -> None:
@@ -166,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--placements", default="0,12,24,36,48", help="layers whose experts are in RAM (0: all on GPU)")
     ap.add_argument("--ubatch", default="512,2048")
     ap.add_argument("--n-gen", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5, help="timed runs per row (the median is reported)")
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--routing", default="uniform", help="uniform or zipf:S")
@@ -194,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                          compile=not args.no_compile, device_map="logical" if args.smoke else None)
     meta = {"model": inv.name, "dtype": args.dtype, "n_gen": args.n_gen, "reps": args.reps, "ceilings": c,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.smoke else "CPU",
-            "torch": torch.__version__, "threads": args.threads, "routing": args.routing}
+            "torch": torch.__version__, "threads": args.threads, "routing": args.routing,
+            "gpu_state_start": gpu_state()}
     rows: list[dict] = []
     for n_cpu in sorted(set(placements)):
         for i, ub in enumerate(ubatches):
@@ -227,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             write(out, rows, meta)
             print(json.dumps({k: v for k, v in row.items() if not isinstance(v, (list, dict))}), flush=True)
     meta["wall_s"] = time.perf_counter() - t_start
+    meta["gpu_state_end"] = gpu_state()
     write(out, rows, meta)
     print((out / "runtime_roofline.md").read_text())
     return 0

@@ -305,7 +305,13 @@ class ForwardBuilder:
         sinks = replica(rt.weights, p + "attn_sinks.weight", home, rt.devices) if cfg.sinks else None
         cos_t, sin_t = rt.rope(home)
         eps, n_rot, kind, scale, n_kv, n_swa = cfg.rms_eps, cfg.n_rot, cfg.rope_type, cfg.kq_scale, self.n_kv, cfg.n_swa
-        prep = self.helper("qk_prep", home)
+        prep: Callable | None
+        if rt.devices.torch(home).type == "cuda" and K.triton_ok():     # one Triton kernel each for Q and K
+            def prep(q, k, pos, cos_t, sin_t, qn, kn):
+                return (K.qk_rope(q, qn, pos, cos_t, sin_t, eps, n_rot, kind),
+                        K.qk_rope(k, kn, pos, cos_t, sin_t, eps, n_rot, kind))
+        else:
+            prep = self.helper("qk_prep", home)
         # a whole prompt ubatch from position 0 (n_kv == T implies pos0 == 0): flash attention, causal, no mask
         causal = not cache.swa and sinks is None and n_kv == self.T and self.T > 1
         # one decode token on CUDA: the KV write and the attention in Triton (split over the cache, merged), no mask

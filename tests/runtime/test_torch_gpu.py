@@ -133,6 +133,22 @@ def test_grouped_experts_on_gpu_match_the_loop() -> None:
         assert rel(got, want) < 2e-2
 
 
+@pytest.mark.parametrize("kind,n_rot,normed", [("neox", 128, True), ("norm", 64, True), ("neox", 64, False)])
+def test_qk_rope_kernel_equals_rms_norm_then_rope(kind: str, n_rot: int, normed: bool) -> None:
+    torch.manual_seed(5)
+    dev = torch.device("cuda")
+    T, H, Dk = 100, 6, 128
+    qkv = torch.randn(T, H * Dk + 64, device=dev, dtype=torch.bfloat16)
+    q = qkv[:, :H * Dk].view(T, H, Dk)                   # a strided view, as the fused QKV output gives
+    qn = torch.rand(Dk, device=dev) + 0.5 if normed else None
+    cos, sin = K.rope_tables(4096, n_rot, 1e6, dev)
+    pos = torch.randint(0, 4096, (T,), device=dev)
+    got = K.qk_rope(q, qn, pos, cos, sin, 1e-6, n_rot, kind)
+    x = K.rms_norm(q, qn, 1e-6) if normed else q
+    want = K.rope(x, cos.index_select(0, pos), sin.index_select(0, pos), n_rot, kind)
+    assert rel(got, want) < 1e-2          # bf16: one rounding apart at most
+
+
 def test_combine_kernel_equals_the_torch_weighted_sum() -> None:
     torch.manual_seed(3)
     dev = torch.device("cuda")
