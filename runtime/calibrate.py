@@ -93,7 +93,7 @@ GEMV_K = (8192, 32768)
 GEMV_ROUTES = ("mv", "matmul", "linear", "matmul_t", "cpu_moe")
 # GEMM forms of Y = A X for A [N, K], X [K, batch] (Xt = X.T contiguous, [batch, K]). oneDNN takes different
 # kernels: at batch 32 on the GPU box A @ X ran at 0.14-1.2 TFLOP/s, F.linear(Xt, A) at 1.5-1.7 and Xt @ A.t()
-# at 1.6-2.1; at batch 512 all three ~3.2-3.8 (1 GiB weight).
+# at 1.6-2.2; at batch 512 all three ~3.1-4.4 (1 GiB weight).
 GEMM_FORMS = ("matmul", "linear", "matmul_t")
 
 
@@ -146,8 +146,8 @@ def measure_host(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int |
     dst = torch.empty_like(W)
     _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda: dst.copy_(W), sync, reps))
     del dst
-    # GEMM on the same weight as the GEMV (1 GiB: streamed from RAM, as a model's weights are, where a 4096 x
-    # 4096 matrix stays in the 300 MiB L3 between runs and ran ~15% faster at batch 512 on the GPU box)
+    # GEMM on the same weight as the GEMV (1 GiB: streamed from RAM, as a model's weights are; a 4096 x 4096
+    # matrix stays in the 300 MiB L3 between runs). On the GPU box both gave 3.8-4.5 TFLOP/s at batch 512.
     for batch in (512, 32):
         X = torch.randn(W.shape[1], batch).to(dtype)
         flops = 2 * W.numel() * batch
