@@ -59,7 +59,8 @@ from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
-from planner.search import Workload, slug  # noqa: E402
+from planner.search import slug  # noqa: E402
+from planner.workload import Workload  # noqa: E402
 from planner.space import Space, SpaceConfig  # noqa: E402
 
 PHASES = ("grid", "study", "compare")
@@ -151,11 +152,6 @@ class Setup:
             log(f"engine {self._engine.name} ready")
         return self._engine
 
-    def engine_workload(self) -> Any:
-        from runtime.engine import Workload as EngineWorkload
-        w = self.workload
-        return EngineWorkload(n_prompt=w.n_prompt, n_gen=w.n_gen, depth=w.depth, repetitions=w.repetitions)
-
     def settings(self) -> dict[str, Any]:
         """What the grid was measured for; a resumed grid must match."""
         return {"model": self.args.model, "model_id": model_id(self.inv), "engine": self.args.engine,
@@ -239,7 +235,7 @@ def run_grid(s: Setup) -> dict[str, Any]:
         pr = predict(s.inv, plan, s.hw, n_prompt=max(s.workload.n_prompt, 1), depth=s.workload.depth)
         t0 = time.perf_counter()
         try:
-            m = engine.measure(s.inv, plan, s.engine_workload())
+            m = engine.measure(s.inv, plan, s.workload)
         except InputError:
             raise
         except Exception as e:     # an engine bug: a recorded failure, as the tuner records it
@@ -307,8 +303,7 @@ def run_study(s: Setup) -> None:
     engine = s.engine()
     tuner = Tuner(s.inv, s.hw, engine, model=s.args.model, objective="both", workload=s.workload,
                   dialect="mainline", n_ctx=s.n_ctx, margin=s.margin, config=s.config, study_name=s.study_name,
-                  storage=s.storage, seed=s.args.seed, pool_size=s.args.pool,
-                  make_workload=lambda w: s.engine_workload())
+                  storage=s.storage, seed=s.args.seed, pool_size=s.args.pool)
     log(f"study {s.study_name} in {s.storage}: {done} runs made, {left} to go")
     stop = {"why": ""}
 

@@ -316,17 +316,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .loader import load_model
     from .objectives import parse_objective
     from .report import write_study_report
-    from .search import Tuner, Workload, default_storage, slug
+    from .search import Tuner, default_storage, slug
+    from .workload import Workload
     from .space import SpaceConfig
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
     inv = load_model(args.model)
     hw = _hardware(args)
     objective = parse_objective(args.objective)
+    if args.n_prompt == 0 and args.n_gen == 0:
+        raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
     workload = Workload(n_prompt=_nonneg(args.n_prompt, "--n-prompt"), n_gen=_nonneg(args.n_gen, "--n-gen"),
                         depth=_nonneg(args.depth, "--depth"), repetitions=_positive(args.reps, "--reps"))
-    if workload.n_prompt == 0 and workload.n_gen == 0:
-        raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
     kv = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
     bad = [k for k in kv if k not in KV_TYPES]
     if not kv or bad:
@@ -336,14 +337,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
     storage = args.storage or default_storage(name)
-    from runtime.engine import Workload as EngineWorkload   # cli.py is where planner and runtime meet
-
-    def make_workload(w):
-        return EngineWorkload(n_prompt=w.n_prompt, n_gen=w.n_gen, depth=w.depth, repetitions=w.repetitions)
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
                   n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=parse_size(args.margin),
                   config=SpaceConfig(kv_types=kv), study_name=name, storage=storage, fresh=args.fresh,
-                  seed=args.seed, pool_size=args.pool, make_workload=make_workload)
+                  seed=args.seed, pool_size=args.pool)
     print(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
           f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
           f"{args.trials} runs", file=sys.stderr, flush=True)

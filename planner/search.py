@@ -43,6 +43,7 @@ from .objectives import Objective, parse_objective
 from .plan import Dialect, Plan
 from .propose import DEFAULT_MARGIN, Budget, best_plans, propose
 from .space import Candidate, Space, SpaceConfig
+from .workload import Workload
 
 STUDIES_DIR = Path("studies")
 HEARTBEAT_S = 10
@@ -60,14 +61,6 @@ class MeasurementFailed(OffloadTunerError):
 
 
 # ---- settings and storage -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Workload:
-    """planner-side mirror of runtime.engine.Workload (planner never imports runtime)."""
-    n_prompt: int = 2048
-    n_gen: int = 128
-    depth: int = 0
-    repetitions: int = 3
 
 
 @dataclass(frozen=True)
@@ -217,12 +210,12 @@ class Tuner:
     benchmark compares with. `storage` None keeps the study in memory."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any, *, model: str = "",
-                 objective: Objective | str = "tg", workload: Workload = Workload(), dialect: Dialect = "mainline",
+                 objective: Objective | str = "tg", workload: Workload = Workload(n_prompt=2048), dialect: Dialect = "mainline",
                  n_ctx: int | None = None, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig(),
                  study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
                  prescreen: bool | None = None, surrogate: bool = True, seed_trials: bool = True,
                  sampler: str = "tpe", pool_size: int = 200, baselines: bool = True, commands: bool = True,
-                 space: Space | None = None, make_workload: Callable[[Workload], Any] | None = None) -> None:
+                 space: Space | None = None) -> None:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -236,9 +229,6 @@ class Tuner:
         self.config, self.seed, self.rng = config, seed, random.Random(seed)
         self.prescreen = (getattr(engine, "name", "") != "sim") if prescreen is None else prescreen
         self.surrogate, self.seed_trials, self.pool_size, self.want_baselines = surrogate, seed_trials, pool_size, baselines
-        # engines read n_prompt, n_gen, depth, repetitions; the CLI passes runtime.engine.Workload (planner never
-        # imports runtime), anything with those fields works
-        self.engine_workload = make_workload(workload) if make_workload else workload
         self.study_name, self.storage_url = study_name, storage
         self.margin_initial = margin
         self.settings = Settings(model=model or inv.source or inv.name, model_id=inv.source or inv.name,
@@ -538,7 +528,7 @@ class Tuner:
     def _measure(self, plan: Plan):
         """engine.measure, with an exception of the engine (not of our input) turned into a failed result."""
         try:
-            return self.engine.measure(self.inv, plan, self.engine_workload)
+            return self.engine.measure(self.inv, plan, self.workload)
         except InputError:
             raise
         except Exception as e:   # an engine bug must not end the study; the trial records it

@@ -20,20 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from planner.errors import InputError
 from planner.model import ModelInventory
 from planner.plan import Plan
-
-
-@dataclass(frozen=True)
-class Workload:
-    n_prompt: int = 512
-    n_gen: int = 128
-    depth: int = 0
-    repetitions: int = 3
-
-    def __post_init__(self) -> None:
-        if self.n_prompt < 0 or self.n_gen < 0 or self.depth < 0 or self.repetitions < 1:
-            raise InputError(f"bad workload {self}: token counts must be >= 0 and repetitions >= 1")
-        if self.n_prompt == 0 and self.n_gen == 0:
-            raise InputError("bad workload: n_prompt and n_gen are both 0, nothing to measure")
+from planner.workload import Workload  # noqa: F401  (the shared type, re-exported for engines)
 
 
 @dataclass(frozen=True)
