@@ -475,7 +475,7 @@ class Tuner:
         for params, source in seeds:
             if self.max_seeds is not None and n >= self.max_seeds:
                 break
-            cand = self.space.decode(self.space.fixed(params))
+            cand = self.space.decode(self.space.fixed(self.space.legal(params), default=lambda d: d.values[0]))
             self._add_pool(cand)
             if not cand.fits or cand.key in seen:
                 continue

@@ -307,6 +307,17 @@ class Space:
                         f"(VRAM - {fmt_bytes(self.hw.gpu(dev).vram_bytes - budget.gpus.get(dev, 0))} margin)")
         return ""
 
+    def legal(self, params: dict[str, Any]) -> dict[str, Any]:
+        """params with each value one its dim allows (a seed made for the full space, in a settled one: a
+        choice the space fixed becomes its one value, a number snaps to the nearest step)."""
+        out = {}
+        for k, v in params.items():
+            dim = self.dims.get(k)
+            if dim is None:
+                continue
+            out[k] = (v if v in dim.values else dim.values[0]) if dim.kind == "cat" else dim.snap(v)
+        return out
+
     def label(self, p: dict[str, Any], knobs: Knobs | None = None) -> str:
         """Short description: expert fill per GPU, order, homes, output; then the knobs that differ by candidate."""
         fills = [p.get(f"fill.{g}", 0.0) for g in self.gpus]
