@@ -3,10 +3,10 @@
 -ncmoe N; its search; its confirmation: the finalists and --fit re-measured interleaved), on the synthetic
 Qwen3-30B-A3B-shaped Q4_0 model of benchmarks/llamacpp_gpu.py.
 
-Writes tune_vs_fit.json, tune_vs_fit.md and tune_vs_fit.png to --out (default $OUT, else <workdir>/report): per
+Writes NAME.json, NAME.md and NAME.png (--name, default tune_vs_fit) to --out (default $OUT, else <workdir>/report): per
 budget and depth the confirmed --fit, best TG (at no more VRAM than --fit measured) and balanced (best TG with PP
 >= 1.5x --fit's) configs with medians, spreads, VRAM and flags, their ratios to --fit, the -ncmoe baseline and the
-study's front. Also runs.jsonl: every llama-bench run of the studies in the format of the shared calibration data
+study's front. Also NAME_runs.jsonl: every llama-bench run of the studies in the format of the shared calibration data
 (llama_bench_args, env, pp_tps, tg_tps, peak_vram_mib), for the cost-model benchmark.
 
 Resumable across 10-minute device calls: each cell (budget, depth) is an Optuna study in <workdir>/tune_vs_fit.db
@@ -161,9 +161,9 @@ def runs_jsonl(studies, path: Path) -> int:
     return n
 
 
-def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, name: str = "tune_vs_fit") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tune_vs_fit.json").write_text(json.dumps({"meta": meta, "budgets": rows}, indent=2, default=str))
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "budgets": rows}, indent=2, default=str))
     L = ["# offload-tuner against llama.cpp's own --fit", "",
          f"{meta['date']}; {meta.get('gpu') or 'no GPU (CPU dry run)'}; model {Path(meta['model']).name} "
          f"({meta['model_gib']:.2f} GiB); workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; "
@@ -200,9 +200,11 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
     if noisy:
         L += ["Noisy runs (a run's CV over its repetitions > 5%):", ""] + [f"- {s} {role}: {'; '.join(seen) or '-'}"
                                                                            for s, role, seen in noisy] + [""]
-    L += ["![TG and PP against VRAM](tune_vs_fit.png)", ""]
-    (out / "tune_vs_fit.md").write_text("\n".join(L))
-    plot(rows, out / "tune_vs_fit.png")
+    if meta.get("note"):
+        L += [meta["note"], ""]
+    L += [f"![TG and PP against VRAM]({name}.png)", ""]
+    (out / f"{name}.md").write_text("\n".join(L))
+    plot(rows, out / f"{name}.png")
 
 
 def _vs_server(p: dict[str, Any] | None) -> str:
@@ -241,6 +243,30 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def prepare(args, workdir: Path) -> dict[str, Any]:
+    """The engine, model and hardware for the runs (args gets them); the report's meta."""
+    import llamacpp_gpu as lg
+    from runtime.llamacpp import LlamaCppEngine
+    if args.cpu:
+        from runtime.llamacpp_build import ensure_built
+        bench = args.llama_bench or ensure_built()["llama-bench"]
+    else:
+        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
+    if not model.exists():
+        lg.write_model(model, args.cpu)
+    inv = load_inventory(model)
+    hw = load_hardware(args.hardware)
+    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
+    devs = engine.devices() or {}
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
+            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None, "binary": engine.info.to_dict(),
+            "model": str(model), "model_gib": model.stat().st_size / GiB, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+            "reps": args.reps, "runs": args.runs, "confirm": args.confirm, "hardware": hw.name}
+    args.engine, args.inv, args.hw = engine, inv, hw
+    return meta
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="dry run: CPU build, tiny model, every plan all-CPU")
@@ -262,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-left", type=float, default=100.0,
                     help="seconds a cell needs to start (its baselines run in one go; default 100)")
     ap.add_argument("--hardware", default="gpu-box")
+    ap.add_argument("--name", default="tune_vs_fit", help="file stem of the report (default tune_vs_fit)")
+    ap.add_argument("--note", type=Path, help="with --report-only: a Markdown file of notes for the report")
+    ap.add_argument("--report-only", type=Path, metavar="JSON", help="rewrite the report from <workdir>'s studies, "
+                    "running nothing, with the meta of this earlier tune_vs_fit.json")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + args.time_budget
@@ -274,33 +304,21 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     args.storage = f"sqlite:///{workdir / 'tune_vs_fit.db'}"
-    import llamacpp_gpu as lg
-    from runtime.llamacpp import LlamaCppEngine
-    if args.cpu:
-        from runtime.llamacpp_build import ensure_built
-        bench = args.llama_bench or ensure_built()["llama-bench"]
+    if args.report_only:
+        meta = json.loads(args.report_only.read_text())["meta"]
+        if args.note:
+            meta["note"] = args.note.read_text()
     else:
-        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
-    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
-    if not model.exists():
-        lg.write_model(model, args.cpu)
-    inv = load_inventory(model)
-    hw = load_hardware(args.hardware)
-    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
-    devs = engine.devices() or {}
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
-            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None, "binary": engine.info.to_dict(),
-            "model": str(model), "model_gib": model.stat().st_size / GiB, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-            "reps": args.reps, "runs": args.runs, "confirm": args.confirm, "hardware": hw.name}
+        meta = prepare(args, workdir)
     import optuna
     finished = True
-    for depth in depths:
+    for depth in depths if not args.report_only else ():
         for b in budgets:
             if deadline - time.monotonic() < args.min_left:     # baselines run without a deadline check
                 finished = False
                 log(f"{cell_name(b, depth)}: not started, {deadline - time.monotonic():.0f} s left")
                 break
-            ok = run_cell(args, engine, inv, hw, b, depth, deadline)
+            ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline)
             finished &= ok
             log(f"{cell_name(b, depth)}: {'confirmed' if ok else 'not finished: run again'}")
     from planner.search import make_storage
@@ -309,9 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     studies = [optuna.load_study(study_name=cell_name(b, d), storage=storage) for d in depths for b in budgets
                if cell_name(b, d) in names]
     rows = [cell_row(st, int(st.study_name.split("-")[1][:-1]), int(st.study_name.split("-d")[1])) for st in studies]
-    write_report(rows, meta, out)
-    n = runs_jsonl(studies, out / "runs.jsonl")
-    log(f"report: {out}/tune_vs_fit.md ({len(rows)} cells, {n} runs in runs.jsonl); "
+    write_report(rows, meta, out, args.name)
+    n = runs_jsonl(studies, out / f"{args.name}_runs.jsonl")
+    log(f"report: {out}/{args.name}.md ({len(rows)} cells, {n} runs in runs.jsonl); "
         f"{'all cells confirmed' if finished else 'work left: run again'}")
     return 0 if finished else 3
 

@@ -535,7 +535,7 @@ class Tuner:
                 if fit.chosen_args:
                     try:
                         plan = flag_plan(self.inv, list(fit.chosen_args), knobs, self.dialect, self.settings.model_id)
-                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan))
+                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False))
                     except InputError as e:
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
@@ -558,18 +558,25 @@ class Tuner:
         self._refit()
         return out
 
-    def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "") -> dict[str, Any]:
-        """A baseline that is a plan: measured (and judged) like a trial, its run reused by a trial of it."""
+    def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "", judged: bool = True
+                     ) -> dict[str, Any]:
+        """A baseline that is a plan: measured (and judged) like a trial, its run reused by a trial of it. An
+        unjudged one (llama.cpp's own choice, a reference) is run whatever the memory model says of it, and a
+        peak over the budget is noted rather than failed."""
         rec: dict[str, Any] = {"name": name, "kind": kind, "ok": False, "error": err, "runs": 0}
         if plan is None:
             return rec
         rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
         from .memory import estimate
         reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
-        if reason:
+        if reason and judged:
             rec["error"] = f"not run: over budget ({reason})"
             return rec
-        m = self._judge_peak(plan, self._measure(plan))
+        m = self._measure(plan)
+        if judged:
+            m = self._judge_peak(plan, m)
+        elif m.ok:
+            rec["over_budget"] = self._over(dict(m.peak_bytes))
         rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error, runs=1, plan=plan.to_json())
         if not m.ok and _OOM.search(m.error or ""):
             self._raise_margin(plan, m.error)
@@ -577,6 +584,12 @@ class Tuner:
         if m.ok:
             self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
         return rec
+
+    def _over(self, peaks: dict[str, int]) -> str:
+        """Which GPUs a reference run's peaks put over the budget ('' when none)."""
+        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
+        return "; ".join(f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
+                         if d in budget and v > budget[d])
 
     def _ncmoe_record(self, knobs) -> dict[str, Any]:
         """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
@@ -604,14 +617,10 @@ class Tuner:
         arguments to run it again."""
         from .flags.common import shell_join
         m = fit.measurement
-        peaks = {k: int(v) for k, v in dict(m.peak_bytes).items()}
-        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
-        over = [f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
-                if d in budget and v > budget[d]]
         rec: dict[str, Any] = {
             "name": "--fit", "kind": "engine-fit", "ok": bool(m.ok), "error": str(m.error or ""), "runs": 1,
             "measured": _mdict(m), "argv": list(fit.argv), "env": dict(fit.env), "target_bytes": fit.target_bytes,
-            "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": "; ".join(over),
+            "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": self._over(dict(m.peak_bytes)),
             "commands": {"llama-bench": shell_join(["llama-bench", *fit.argv], fit.env)},
             "label": "llama.cpp's own --fit" + (f" ({fit.note})" if fit.note else "")}
         if fit.chosen_args:
