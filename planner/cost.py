@@ -22,7 +22,7 @@ PP (one ubatch of T tokens; a prompt is ceil(n_prompt / T) ubatches):
   sync           per MoE layer whose experts are uploaded: the expert ids read back (a D2H copy + stream sync);
                  per CPU segment: a round trip as in TG
   launch         kernel launches (no CUDA graphs at batch > 1) and the extra split per uploaded weight
-  output         the output layer, computed for the prompt's last token only (per ubatch share)
+  CUDAi_output / cpu_output   the output layer, for the prompt's last token only (its share per ubatch)
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ class EngineFacts:
                                        # GLU, weights, adds); each pays a kernel launch (no CUDA graph at batch > 1)
     nofa_score_passes: float = 4.0     # without flash attention the f32 score matrix [n_kv, T, n_head] is written
                                        # by KQ, read+written by soft_max, read by KQV (llama-graph.cpp build_attn_mha)
-    cpu_thread_exp: float = 1.0        # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
-    synthetic_expert_pool: float = 128.0   # experts a ubatch's tokens spread over in runtime.synth's random-weight
+    cpu_thread_exp: float = 0.817       # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
+    synthetic_expert_pool: float = 9.21   # experts a ubatch's tokens spread over in runtime.synth's random-weight
                                            # models (routing collapses: attention averages random values)
 
 
@@ -118,11 +118,11 @@ _EXPERT_ORDER = {"exps_gate": 0, "exps_gate_up": 0, "exps_up": 1, "exps_down": 2
 
 
 def _graph_order(inv: ModelInventory) -> list[Tensor]:
-    """Matmul weights in the order the graph uses them: per layer attention, router, dense/shared FFN, then the
-    routed experts gate, up, down (llama-graph.cpp build_moe_ffn); the output last."""
+    """Layer weights in the order the graph uses them: per layer norms, attention, router, dense/shared FFN, then
+    the routed experts gate, up, down (llama-graph.cpp build_moe_ffn). The output comes after (predict)."""
     out: list[Tensor] = []
     for il in inv.layers():
-        ts = [t for t in inv.by_layer.get(il, ()) if len(t.shape) >= 2 and t.role != "nextn"]
+        ts = [t for t in inv.by_layer.get(il, ()) if t.role != "nextn"]
         out += [t for t in ts if not t.is_expert]
         out += sorted((t for t in ts if t.is_expert), key=lambda t: _EXPERT_ORDER.get(t.role, 1))
     return out
@@ -179,6 +179,12 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         dev = plan.assignment.get(t.name, "CPU")
         active = used_tg if t.is_expert else 1.0
         flops_tok = 2 * _params(t) * active            # per token, MAC = 2 flops
+        if len(t.shape) < 2:     # norms, biases: read with their layer's ops, never a split of their own
+            if dev != "CPU":
+                add(tg, f"{dev}_read", t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff))
+            else:
+                add(tg, "cpu_read", t.nbytes / cpu_bw)
+            continue
         # TG: batch 1 never reaches the offload threshold; the op runs where its weight is
         seq_tg.append(dev)
         if dev != "CPU":
@@ -217,11 +223,17 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
             g = gpu_of(out_dev)
             s = out_w.nbytes / (g.mem_bw * ov.gpu_eff)
             add(tg, f"{out_dev}_read", s)
+            add(pp, f"{out_dev}_output", s / n_ub)
         else:
             s = max(out_w.nbytes / cpu_bw, active_flops / cpu_rate)
             add(tg, "cpu_read", s)
+            add(pp, "cpu_output", s / n_ub)
         seq_tg.append(out_dev)
-        add(pp, "output", s / n_ub)
+    for t in inv.by_layer.get(None, ()):                # output_norm: read with the output
+        if len(t.shape) < 2:
+            dev = plan.assignment.get(t.name, "CPU")
+            add(tg, f"{dev}_read" if dev != "CPU" else "cpu_read",
+                t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff if dev != "CPU" else cpu_bw))
     if emb is not None:                                 # GET_ROWS on the CPU: one row per token
         row = emb.nbytes / max(hp.n_vocab, 1)
         add(tg, "cpu_read", row / cpu_bw)
@@ -256,8 +268,10 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     cpu_moe_layers = len({t.layer for t in weights if t.is_expert and plan.assignment.get(t.name, "CPU") == "CPU"})
     tg["launch"] = n_gpu_layers * ov.per_layer_gpu_s + (n_cpu_layers + cpu_moe_layers) * ov.per_layer_cpu_s
     tg["sync"] = _round_trips(seq_tg) * ov.per_split_s
+    matmuls = [t for t in weights if len(t.shape) >= 2]
+    cpu_pp_layers = len({t.layer for t, d in zip(matmuls, seq_pp) if d == "CPU"})
     add(pp, "launch", n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s
-        + (n_cpu_layers + sum(1 for d in seq_pp if d == "CPU")) * ov.per_layer_cpu_s / 3)
+        + (n_cpu_layers + cpu_pp_layers) * ov.per_layer_cpu_s)
     pp["sync"] += _round_trips(seq_pp) * ov.per_split_s
     tg_s = sum(tg.values())
     pp_s = sum(pp.values())

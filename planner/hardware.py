@@ -69,8 +69,9 @@ class Link:
 
 @dataclass(frozen=True)
 class Overheads:
-    """Fixed costs (calibrate measures them) and the share of each calibrated ceiling llama.cpp's kernels reach
-    (calibrate cannot run those kernels: the defaults are llama.cpp's on the GPU box, docs/cost_model.md)."""
+    """Fixed costs (calibrate measures them) and the share of each ceiling llama.cpp's kernels reach. A
+    calibrated profile holds PyTorch's ceilings and LLAMACPP_SHARES (calibrate cannot run llama.cpp's kernels);
+    the spec-sheet presets give effective rates, so their GEMM shares stay 1."""
     per_split_s: float = 25e-6      # a GPU -> CPU -> GPU round trip (activation copies + synchronisation)
     per_layer_gpu_s: float = 12e-6  # kernel launches of one layer on the GPU per token (graphs amortise)
     per_layer_cpu_s: float = 20e-6  # thread-pool work of one layer's CPU ops per token
@@ -78,8 +79,15 @@ class Overheads:
     cpu_eff: float = 0.70           # fraction of host mem_bw reached by CPU decode
     launch_s: float = 5e-6          # one GPU kernel launch outside a CUDA graph (prompt ubatches)
     sync_s: float = 20e-6           # a small GPU -> host read-back and stream synchronisation
-    gpu_gemm_eff: float = 0.15      # fraction of the GPU's GEMM FLOP/s llama.cpp's quantized GEMMs reach
-    cpu_gemm_eff: float = 0.10      # fraction of the host's GEMM FLOP/s ggml's CPU quantized GEMMs reach
+    gpu_gemm_eff: float = 1.0       # fraction of the GPU's GEMM FLOP/s llama.cpp's quantized GEMMs reach
+    cpu_gemm_eff: float = 1.0       # fraction of the host's GEMM FLOP/s ggml's CPU quantized GEMMs reach
+
+
+# Shares of calibrate's PyTorch ceilings (bf16 GEMV/GEMM, HardwareProfile's mem_bw and flops) that llama.cpp
+# reached on the GPU box (H100 + 16-core Xeon; Q4_0 weights; MMVQ/MMQ on the GPU, ggml's vec-dot kernels on the
+# CPU), fitted on the even lines of tests/planner/data/h100_llamacpp_runs.jsonl (benchmarks/cost_model.py --fit;
+# held-out figures in docs/cost_model.md). calibrate writes them into every profile it measures.
+LLAMACPP_SHARES: dict[str, float] = {"gpu_eff": 0.567, "cpu_eff": 0.433, "gpu_gemm_eff": 0.124, "cpu_gemm_eff": 0.0893}
 
 
 @dataclass(frozen=True)
