@@ -44,7 +44,9 @@ class EngineFacts:
                                        # GLU, weights, adds); each pays a kernel launch (no CUDA graph at batch > 1)
     nofa_score_passes: float = 4.0     # without flash attention the f32 score matrix [n_kv, T, n_head] is written
                                        # by KQ, read+written by soft_max, read by KQV (llama-graph.cpp build_attn_mha)
-    cpu_thread_exp: float = 0.817       # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
+    split_inputs: int = 3              # tensors a CPU expert split copies in from the GPU, each a synchronous
+                                       # copy (ggml_backend_sched_compute_splits): activations, expert ids, weights
+    cpu_thread_exp: float = 0.716       # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
     synthetic_expert_pool: float = 9.21   # experts a ubatch's tokens spread over in runtime.synth's random-weight
                                            # models (routing collapses: attention averages random values)
 
@@ -265,14 +267,10 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     # ---- fixed costs: launches, CPU thread-pool work, device round trips
     n_gpu_layers = sum(1 for h in homes if h != "CPU")
     n_cpu_layers = len(homes) - n_gpu_layers
-    cpu_moe_layers = len({t.layer for t in weights if t.is_expert and plan.assignment.get(t.name, "CPU") == "CPU"})
-    tg["launch"] = n_gpu_layers * ov.per_layer_gpu_s + (n_cpu_layers + cpu_moe_layers) * ov.per_layer_cpu_s
-    tg["sync"] = _round_trips(seq_tg) * ov.per_split_s
-    matmuls = [t for t in weights if len(t.shape) >= 2]
-    cpu_pp_layers = len({t.layer for t, d in zip(matmuls, seq_pp) if d == "CPU"})
-    add(pp, "launch", n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s
-        + (n_cpu_layers + cpu_pp_layers) * ov.per_layer_cpu_s)
-    pp["sync"] += _round_trips(seq_pp) * ov.per_split_s
+    tg["launch"] = n_gpu_layers * ov.per_layer_gpu_s + n_cpu_layers * ov.per_layer_cpu_s
+    tg["sync"] = _round_trips(seq_tg) * ov.per_split_s * facts.split_inputs
+    add(pp, "launch", n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s + n_cpu_layers * ov.per_layer_cpu_s)
+    pp["sync"] += _round_trips(seq_pp) * ov.per_split_s * facts.split_inputs
     tg_s = sum(tg.values())
     pp_s = sum(pp.values())
     breakdown = {f"tg.{k}": v for k, v in tg.items()} | {f"pp.{k}": v for k, v in pp.items()}

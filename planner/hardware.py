@@ -87,7 +87,7 @@ class Overheads:
 # reached on the GPU box (H100 + 16-core Xeon; Q4_0 weights; MMVQ/MMQ on the GPU, ggml's vec-dot kernels on the
 # CPU), fitted on the even lines of tests/planner/data/h100_llamacpp_runs.jsonl (benchmarks/cost_model.py --fit;
 # held-out figures in docs/cost_model.md). calibrate writes them into every profile it measures.
-LLAMACPP_SHARES: dict[str, float] = {"gpu_eff": 0.567, "cpu_eff": 0.433, "gpu_gemm_eff": 0.124, "cpu_gemm_eff": 0.0893}
+LLAMACPP_SHARES: dict[str, float] = {"gpu_eff": 0.548, "cpu_eff": 0.367, "gpu_gemm_eff": 0.124, "cpu_gemm_eff": 0.0893}
 
 
 @dataclass(frozen=True)
