@@ -8,8 +8,9 @@ TG (one token, batch 1: no op offload, ggml-backend.cpp compares the batch with 
   CUDAi_read   weight bytes the token touches on GPU i (n_expert_used / n_expert of an expert tensor)
   CUDAi_kv     the layer's KV cells at the context depth
   cpu_read     the same on the CPU, at the CPU's decode rate for the thread count
-  sync         one GPU -> CPU -> GPU round trip per CPU segment of the graph (ggml_backend_sched splits)
-  launch       per-layer kernel / thread-pool costs on the GPU and on the CPU
+  sync         per CPU segment of the graph (ggml_backend_sched splits): its inputs copied from the GPU, each
+               with a synchronisation (EngineFacts.split_inputs x a calibrated round trip)
+  launch       per-layer kernel launches on the GPU, thread-pool work of layers homed on the CPU
 
 PP (one ubatch of T tokens; a prompt is ceil(n_prompt / T) ubatches):
   CUDAi_compute  GPU matmuls: max(FLOPs / (GEMM rate x gpu_gemm_eff), bytes of the weights (the experts the
@@ -20,7 +21,7 @@ PP (one ubatch of T tokens; a prompt is ceil(n_prompt / T) ubatches):
                  ubatch uses) at pinned or pageable speed
   upload_calls   one cudaMemcpyAsync per contiguous run of used experts
   sync           per MoE layer whose experts are uploaded: the expert ids read back (a D2H copy + stream sync);
-                 per CPU segment: a round trip as in TG
+                 per CPU segment: its input copies as in TG
   launch         kernel launches (no CUDA graphs at batch > 1) and the extra split per uploaded weight
   CUDAi_output / cpu_output   the output layer, for the prompt's last token only (its share per ubatch)
 """
@@ -46,9 +47,9 @@ class EngineFacts:
                                        # by KQ, read+written by soft_max, read by KQV (llama-graph.cpp build_attn_mha)
     split_inputs: int = 3              # tensors a CPU expert split copies in from the GPU, each a synchronous
                                        # copy (ggml_backend_sched_compute_splits): activations, expert ids, weights
-    cpu_thread_exp: float = 0.716       # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
+    cpu_thread_exp: float = 0.716      # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
     synthetic_expert_pool: float = 9.21   # experts a ubatch's tokens spread over in runtime.synth's random-weight
-                                           # models (routing collapses: attention averages random values)
+                                          # models (routing collapses: attention averages random values)
 
 
 LLAMACPP = EngineFacts()
