@@ -384,6 +384,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
+    from .cost_fit import CostFit
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
     print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s['n_trials']} trials in all ({counts}); storage {storage}")
@@ -392,7 +393,8 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     fit = s.get("cost_fit") or {}
     if fit.get("err_prior"):
         print(f"cost model refit on {fit['n']} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
-              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}")
+              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}"
+              f"; terms moved: {CostFit.from_dict(fit).describe_moves()}")
     rows = []
     for b in s.get("baselines", []):
         m = b.get("measured") or {}

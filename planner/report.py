@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .cost_fit import CostFit
 from .hardware import fmt_bytes
 from .memory import MemoryReport
 from .model import ModelInventory
@@ -385,7 +386,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
     if fit.get("err_prior"):
         L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
                  f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
-                 f"{fit['err_fit'].get('pp', 0):.1%}")
+                 f"{fit['err_fit'].get('pp', 0):.1%}; terms moved: {CostFit.from_dict(fit).describe_moves()}")
         L.append("")
     L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
     L += _confirmed_markdown(s)
