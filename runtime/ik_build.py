@@ -1,0 +1,144 @@
+"""Build a CPU ik_llama.cpp (llama-bench, llama-sweep-bench, llama-cli) from the pinned source, once per machine.
+
+The source is ik_llama.cpp at commit 8337e4cd (2026-08-15), pruned to what these three programs need
+(vendor/README.md says what is inside). It is looked up in this order: $OFFLOAD_TUNER_IK_TARBALL, the copy
+committed under vendor/, and ../shared/vendor beside the repository; none of them is needed at run time, only by
+the tests and by `python -m runtime.ik_build`. The build is cached under ~/.cache/offload-tuner/ (override with
+$OFFLOAD_TUNER_CACHE) behind a file lock, like runtime/llamacpp_build.py for mainline.
+
+Why the CMake options (the cold build went from ~23 min to about a third of that on 2 cores, docs/ik_llama.md):
+- GGML_IQK_FLASH_ATTENTION=OFF, GGML_IQK_FA_ALL_QUANTS=OFF: ik's CPU flash-attention kernels (one template
+  instantiation per head size and KV type) are the slowest files; ggml's generic CPU flash attention still runs
+  -fa on, and no test measures CPU speed.
+- -O1 instead of -O3: the iqk GEMM files are template-heavy; -O1 compiles them several times faster and the tiny
+  test models still run in milliseconds. GGML_IQK_MUL_MAT stays ON: ggml.c calls into it unconditionally (the
+  build fails without it) and the stubs abort on x86 without AVX2.
+- examples/CMakeLists.txt is replaced by one that adds only llama-bench, main (llama-cli) and sweep-bench, and
+  the top-level add_subdirectory(pocs) is dropped: the pruned tarball lacks the other folders.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+IK_COMMIT = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
+TARBALL_NAME = "ik_llama.cpp-8337e4cd.tar.xz"
+TARBALL_SHA256 = "ca3ae31d0511ec62120f998d0b146945d278435b5c93365c4e12eb50c35ced97"
+TARGETS = ("llama-bench", "llama-sweep-bench", "llama-cli")
+ENV_TARBALL = "OFFLOAD_TUNER_IK_TARBALL"
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_CCACHE=OFF",
+    "-DGGML_IQK_FLASH_ATTENTION=OFF", "-DGGML_IQK_FA_ALL_QUANTS=OFF",
+    "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
+)
+# examples/CMakeLists.txt for the pruned tree: the three programs only (vendor README).
+_EXAMPLES_CMAKE = """find_package(Threads REQUIRED)
+include_directories(${CMAKE_CURRENT_SOURCE_DIR})
+add_subdirectory(llama-bench)
+add_subdirectory(main)
+add_subdirectory(sweep-bench)
+"""
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class IkSourceMissing(FileNotFoundError):
+    """No copy of the pinned ik_llama.cpp tarball was found (the message lists where we looked)."""
+
+
+class IkBuildError(RuntimeError):
+    """The ik_llama.cpp build could not be made (checksum or compile failed)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("OFFLOAD_TUNER_CACHE", Path.home() / ".cache" / "offload-tuner"))
+
+
+def build_dir() -> Path:
+    return cache_dir() / f"ik_llama.cpp-{IK_COMMIT[:8]}-cpu"
+
+
+def binary(name: str) -> Path:
+    return build_dir() / "build" / "bin" / name
+
+
+def tarball_candidates() -> list[Path]:
+    env = os.environ.get(ENV_TARBALL)
+    return ([Path(env)] if env else []) + [_REPO / "vendor" / TARBALL_NAME,
+                                            _REPO.parent / "shared" / "vendor" / TARBALL_NAME]
+
+
+def find_tarball() -> Path:
+    """The first existing copy of the pinned tarball; IkSourceMissing (listing the places) otherwise."""
+    for p in tarball_candidates():
+        if p.is_file():
+            return p
+    raise IkSourceMissing(f"{TARBALL_NAME} not found (looked in {', '.join(str(p) for p in tarball_candidates())}); "
+                          f"set ${ENV_TARBALL} to a copy")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _extract(tarball: Path, src: Path) -> None:
+    digest = _sha256(tarball)
+    if digest != TARBALL_SHA256:
+        raise IkBuildError(f"sha256 of {tarball} is {digest}, expected {TARBALL_SHA256}")
+    prefix = "ik_llama.cpp/"
+    tmp = src.with_name(src.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(tarball) as tar:
+        members = []
+        for m in tar.getmembers():
+            if m.name.startswith(prefix) and len(m.name) > len(prefix):
+                m.name = m.name[len(prefix):]
+                members.append(m)
+        tar.extractall(tmp, members=members, filter="data")
+    (tmp / "examples" / "CMakeLists.txt").write_text(_EXAMPLES_CMAKE)
+    top = tmp / "CMakeLists.txt"
+    top.write_text(top.read_text().replace("add_subdirectory(pocs)", "# add_subdirectory(pocs)  (pruned)"))
+    shutil.rmtree(src, ignore_errors=True)
+    tmp.rename(src)
+
+
+def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
+    """Return {target: path}, building what is missing. Safe to call from several processes at once.
+
+    Raises IkSourceMissing when no tarball is found, IkBuildError when the checksum or the compile fails."""
+    root = build_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [t for t in targets if not binary(t).exists()]
+        if missing:
+            src = root / "src"
+            if not (src / "CMakeLists.txt").exists():
+                _extract(find_tarball(), src)
+            bld = root / "build"
+            steps = [
+                ["cmake", "-S", str(src), "-B", str(bld), *CMAKE_OPTIONS],
+                ["cmake", "--build", str(bld), "-j", str(os.cpu_count() or 2), "--target", *missing],
+            ]
+            print(f"offload-tuner: building ik_llama.cpp {IK_COMMIT[:8]} ({' '.join(missing)}), once per machine "
+                  "(~10 min on 2 cores)...", file=log)
+            for cmd in steps:
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise IkBuildError(f"{' '.join(cmd[:3])} failed: {(r.stdout + r.stderr).strip()[-800:]}")
+    return {t: binary(t) for t in targets}
+
+
+if __name__ == "__main__":
+    for name, path in ensure_built().items():
+        print(name, path)
