@@ -534,8 +534,9 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
             overhead = DEFAULT_GPU_OVERHEAD
         out[d] = DeviceMemory(w.get(d, 0), kv.get(d, 0), comp.get(d, 0), overhead)
     cpu_w = w.get("CPU", 0)
-    # mainline mmaps CPU weights (page cache); --no-mmap, and ik with any CPU override, copy them (pinned)
-    has_override = any(dev == "CPU" for name, dev in plan.assignment.items() if "blk." in name) and \
-        any(dev != "CPU" for dev in plan.assignment.values())
-    pinned = (not plan.knobs.mmap) or (plan.dialect == "ik" and has_override)
+    # CPU weights are mmap'd (page cache) unless mmap is off. ik too: tensors an -ot sends to RAM land in its
+    # default host buffer type, which ik maps from the file like the plain CPU one (ik 8337e4cd src/llama.cpp
+    # ~4735: `buft == llama_default_buffer_type_cpu(true) || buft == ggml_backend_cpu_buffer_type()`); -rtr turns
+    # mmap off (Knobs.mmap False).
+    pinned = not plan.knobs.mmap
     return MemoryReport(out, host_mapped=0 if pinned else cpu_w, host_pinned=cpu_w if pinned else 0)

@@ -28,6 +28,9 @@ import tarfile
 from pathlib import Path
 
 IK_COMMIT = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
+# ik's build number is the commit count of its history (cmake/build-info.cmake: git rev-list --count HEAD); the
+# tarball has no .git, so we write the pinned values in and the binaries print "version: 4840 (8337e4cd)".
+IK_BUILD_NUMBER = 4840
 TARBALL_NAME = "ik_llama.cpp-8337e4cd.tar.xz"
 TARBALL_SHA256 = "ca3ae31d0511ec62120f998d0b146945d278435b5c93365c4e12eb50c35ced97"
 TARGETS = ("llama-bench", "llama-sweep-bench", "llama-cli")
@@ -106,6 +109,9 @@ def _extract(tarball: Path, src: Path) -> None:
                 members.append(m)
         tar.extractall(tmp, members=members, filter="data")
     (tmp / "examples" / "CMakeLists.txt").write_text(_EXAMPLES_CMAKE)
+    info = tmp / "cmake" / "build-info.cmake"
+    info.write_text(info.read_text().replace("set(BUILD_NUMBER 0)", f"set(BUILD_NUMBER {IK_BUILD_NUMBER})")
+                    .replace('set(BUILD_COMMIT "unknown")', f'set(BUILD_COMMIT "{IK_COMMIT[:8]}")'))
     top = tmp / "CMakeLists.txt"
     top.write_text(top.read_text().replace("add_subdirectory(pocs)", "# add_subdirectory(pocs)  (pruned)"))
     shutil.rmtree(src, ignore_errors=True)
