@@ -6,13 +6,13 @@ committed under vendor/, and ../shared/vendor beside the repository; none of the
 the tests and by `python -m runtime.ik_build`. The build is cached under ~/.cache/offload-tuner/ (override with
 $OFFLOAD_TUNER_CACHE) behind a file lock, like runtime/llamacpp_build.py for mainline.
 
-Why the CMake options (the cold build went from ~23 min to about a third of that on 2 cores, docs/ik_llama.md):
-- GGML_IQK_FLASH_ATTENTION=OFF, GGML_IQK_FA_ALL_QUANTS=OFF: ik's CPU flash-attention kernels (one template
-  instantiation per head size and KV type) are the slowest files; ggml's generic CPU flash attention still runs
-  -fa on, and no test measures CPU speed.
-- -O1 instead of -O3: the iqk GEMM files are template-heavy; -O1 compiles them several times faster and the tiny
-  test models still run in milliseconds. GGML_IQK_MUL_MAT stays ON: ggml.c calls into it unconditionally (the
-  build fails without it) and the stubs abort on x86 without AVX2.
+Why the CMake options (cold build times: docs/ik_llama.md):
+- GGML_IQK_FA_ALL_QUANTS=OFF: ik's CPU flash-attention kernels are instantiated for f16, bf16, q8_0 and q6_0
+  KV caches only (every quant type otherwise); the tests use f16 and q8_0.
+- -O1 instead of -O3: the iqk GEMM and flash-attention files are template-heavy; -O1 compiles them several times
+  faster and the tiny test models still run in milliseconds; no test measures CPU speed.
+- What cannot go: GGML_IQK_MUL_MAT=OFF does not compile (ggml.c calls iqk_mul_mat_4d and friends
+  unconditionally), and GGML_IQK_FLASH_ATTENTION=OFF does not link (ggml.c still calls iqk_flash_attn_noalibi).
 - examples/CMakeLists.txt is replaced by one that adds only llama-bench, main (llama-cli) and sweep-bench, and
   the top-level add_subdirectory(pocs) is dropped: the pruned tarball lacks the other folders.
 """
@@ -38,7 +38,7 @@ ENV_TARBALL = "OFFLOAD_TUNER_IK_TARBALL"
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_CCACHE=OFF",
-    "-DGGML_IQK_FLASH_ATTENTION=OFF", "-DGGML_IQK_FA_ALL_QUANTS=OFF",
+    "-DGGML_IQK_FLASH_ATTENTION=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF",
     "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
 )
 # examples/CMakeLists.txt for the pruned tree: the three programs only (vendor README).
