@@ -107,7 +107,10 @@ def _extract(tarball: Path, src: Path) -> None:
             if m.name.startswith(prefix) and len(m.name) > len(prefix):
                 m.name = m.name[len(prefix):]
                 members.append(m)
-        tar.extractall(tmp, members=members, filter="data")
+        try:
+            tar.extractall(tmp, members=members, filter="data")
+        except TypeError:      # Python < 3.11.4 (the GPU box's python3): no filter argument
+            tar.extractall(tmp, members=members)
     (tmp / "examples" / "CMakeLists.txt").write_text(_EXAMPLES_CMAKE)
     info = tmp / "cmake" / "build-info.cmake"
     info.write_text(info.read_text().replace("set(BUILD_NUMBER 0)", f"set(BUILD_NUMBER {IK_BUILD_NUMBER})")
@@ -116,6 +119,16 @@ def _extract(tarball: Path, src: Path) -> None:
     top.write_text(top.read_text().replace("add_subdirectory(pocs)", "# add_subdirectory(pocs)  (pruned)"))
     shutil.rmtree(src, ignore_errors=True)
     tmp.rename(src)
+
+
+def prepare_source(dest: Path, tarball: Path | None = None) -> Path:
+    """The patched source tree (what ensure_built compiles) at dest/src; benchmarks/llamacpp_gpu.sh build-ik
+    builds the CUDA binaries from it."""
+    src = Path(dest) / "src"
+    if not (src / "CMakeLists.txt").exists():
+        src.parent.mkdir(parents=True, exist_ok=True)
+        _extract(tarball or find_tarball(), src)
+    return src
 
 
 def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
@@ -146,5 +159,8 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
 
 
 if __name__ == "__main__":
-    for name, path in ensure_built().items():
-        print(name, path)
+    if len(sys.argv) >= 3 and sys.argv[1] == "--source":      # --source DIR [TARBALL]
+        print(prepare_source(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None))
+    else:
+        for name, path in ensure_built().items():
+            print(name, path)
