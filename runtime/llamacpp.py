@@ -44,6 +44,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from planner.builds import Build
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render
 from planner.flags.common import (
@@ -107,6 +108,11 @@ class BinaryInfo:
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
+
+    @property
+    def build(self) -> Build:
+        """The target build for rendering (planner/builds.py); an unknown number means the pinned build."""
+        return Build(self.dialect, self.build_number, self.version)  # type: ignore[arg-type]
 
     @property
     def abilities(self) -> dict[str, bool]:
@@ -177,7 +183,7 @@ def _probe(path: str, mtime_ns: int, size: int) -> BinaryInfo:
                          "--n-prompt); give the benchmark binary")
     dialect = "ik" if flags & IK_MARKERS else "mainline"
     version, build = "", None
-    if "--version" in flags and dialect == "mainline":
+    if "--version" in flags:
         _, vtext = _capture([path, "--version"])
         line = next((ln.strip() for ln in vtext.splitlines() if "version" in ln), "")
         version = line
@@ -417,7 +423,7 @@ class LlamaCppEngine:
                          "PP at depth 0")
             wl = _RenderWorkload(workload.n_prompt, 0, 0, workload.repetitions)
         try:
-            rc = render(plan, inv, "bench", workload=wl, model_path=model)
+            rc = render(plan, inv, "bench", workload=wl, model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         # -o first: llama-bench's parser forgets an earlier bad argument (an unknown -ot buffer type) when a later
@@ -436,7 +442,7 @@ class LlamaCppEngine:
         n_ctx = row + max(ub, wl.n_gen)
         p = replace(plan, knobs=replace(plan.knobs, n_ctx=n_ctx))
         try:
-            rc = render(p, inv, "server", model_path=model)
+            rc = render(p, inv, "server", model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         argv = [*rc, "-n", str(max(wl.n_gen, 1)), "-nrep", str(wl.repetitions)]
