@@ -115,6 +115,13 @@ def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> 
     n_kv = hp.n_head_kv[il] if il < len(hp.n_head_kv) else hp.n_head_kv[-1]
     cells = kv_cells(inv, knobs, il, dialect)
     tk, tv = by_name(KV_TYPE[knobs.type_k]), by_name(KV_TYPE[knobs.type_v])
+    if hp.is_mla and dialect == "ik" and knobs.mla and not knobs.flash_attn:
+        # ik without flash attention (llama_model::cache_size): -mla 1 keeps c^KV (K type) and kv^T (V type, a
+        # kv_lora_rank row per token); -mla 2/3 only c^KV, in the V type
+        width = hp.mla_kv_lora_rank + hp.n_rot
+        if knobs.mla == 1:
+            return cells * tk.row_bytes(width) + tv.row_bytes(hp.mla_kv_lora_rank * cells)
+        return cells * tv.row_bytes(width)
     if hp.is_mla and not (dialect == "ik" and knobs.mla == 0):
         # one K-only cache of kv_lora_rank + n_rot per token (the GGUF's key_length, head_count_kv 1)
         return cells * tk.row_bytes(hp.mla_kv_lora_rank + hp.n_rot)

@@ -69,6 +69,11 @@ Tool = Literal["bench", "sweep"]
 # Spellings that only ik_llama.cpp's llama-bench / common parser list (reference section 8).
 IK_MARKERS = frozenset({"-mla", "--mla-attn", "--mla-use", "-fmoe", "--fused-moe", "-rtr", "--run-time-repack",
                         "-amb", "--attn-max-batch", "--attention-max-batch"})
+# ik's common parser (llama-sweep-bench) accepts these always but lists them in --help only when the build can
+# offload to a GPU (common.cpp gpt_params_print_usage: `if (llama_supports_gpu_offload())`).
+IK_GPU_ONLY_HELP = frozenset({"-ngl", "--gpu-layers", "--n-gpu-layers", "-ts", "--tensor-split", "-op",
+                              "--offload-policy", "-no-ooae", "--no-offload-only-active-experts", "-mg",
+                              "--main-gpu", "-sm", "--split-mode"})
 # What a binary can do, by the spellings that say so in its --help.
 ABILITIES: dict[str, tuple[str, ...]] = {
     "override_tensor": ("-ot", "--override-tensor"),
@@ -383,7 +388,8 @@ class LlamaCppEngine:
     def _check_flags(self, argv: Sequence[str], what: str) -> None:
         if not self.info.flags:
             return
-        missing = [a for a in argv if _FLAG_TOKEN.fullmatch(a) and a not in self.info.flags]
+        hidden = IK_GPU_ONLY_HELP if (self.info.dialect, self.info.tool) == ("ik", "sweep") else frozenset()
+        missing = [a for a in argv if _FLAG_TOKEN.fullmatch(a) and a not in self.info.flags and a not in hidden]
         if missing:
             raise InputError(f"{self.path.name} ({self.info.dialect}) does not accept {missing[0]}, which {what} "
                              "needs (its --help lists no such flag); use a newer llama.cpp build")

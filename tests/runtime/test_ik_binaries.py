@@ -12,7 +12,6 @@ GPU-only behaviour (the byte -ts split, -ncmoe over GPUs) is in tests/planner/te
 Every run is tiny (a few-MB synthetic model, -n 1 / -p 8)."""
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import replace
@@ -29,6 +28,7 @@ from planner.memory import estimate
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
 from runtime.engine import Workload
 from runtime.llamacpp import LlamaCppEngine, probe
+from runtime.llamacpp_output import parse_bench_output
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
 pytestmark = pytest.mark.ik
@@ -38,8 +38,12 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("ik_models")
-    return {arch: write_gguf(d / f"{arch}.gguf", tiny_spec(arch), uniform_recipe("Q8_0"))[0]
-            for arch in ("qwen3moe", "deepseek2", "gpt-oss")}
+    # ik accepts a mainline-converted MLA model (one KV head) only with DeepSeek's own widths: K 576 = kv_lora 512
+    # + rope 64, V 512, n_rot 64, heads a multiple of 4 (src/llama-hparams.cpp ~1083, else it aborts)
+    specs = {"qwen3moe": tiny_spec("qwen3moe"), "gpt-oss": tiny_spec("gpt-oss"),
+             "deepseek2": tiny_spec("deepseek2", kv_lora_rank=512, n_rot=64, head_dim_k=576, head_dim_v=512,
+                                    head_dim_k_mla=128, head_dim_v_mla=64)}
+    return {arch: write_gguf(d / f"{arch}.gguf", spec, uniform_recipe("Q8_0"))[0] for arch, spec in specs.items()}
 
 
 def run(argv: list[str], timeout_s: float = 300.0) -> subprocess.CompletedProcess:
@@ -75,7 +79,9 @@ def cases(models):
          Plan("m", experts_on_cpu(q), Knobs(offload=OffloadPolicy(
              dense_matmul=OpRule(True, 64), moe_matmul=OpRule(False, 64), moe_fused_up_gate=OpRule(False, 64),
              output=OpRule(True, 64)), only_active_experts=False, n_threads=1), "ik"),
-         ["-op", "-no-ooae", "-cuda", "-ot"]),
+         ["-op", "-no-ooae", "-cuda", "-cmoe"]),
+        ("ot", models["qwen3moe"], q, Plan("m", everything_on(q, "CUDA0", **{"blk.0.ffn_up_exps.weight": "CPU"}),
+                                          Knobs(n_threads=1), "ik"), ["-ot"]),
         ("all-op-off", models["qwen3moe"], q, Plan("m", experts_on_cpu(q), Knobs(offload=OffloadPolicy.all(False),
                                                                               n_threads=1), "ik"), ["-op"]),
         ("mla+amb+no-fmoe", models["deepseek2"], ds,
@@ -102,6 +108,26 @@ def _op_lines(log: str) -> dict[str, str]:
     return dict(re.findall(r"Setting offload policy for op (\w+) to (ON|OFF)", log))
 
 
+def accepted_by_the_common_parser(cli: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """common.cpp parses argv in order and throws at the first unknown flag or bad value; `--version` last exits
+    0 only when everything before it parsed. (llama-cli cannot generate from our synthetic models: they carry no
+    tokenizer, and ik's llama-cli asserts on one.)"""
+    return run([cli, *argv, "--version"])
+
+
+def sweep(ik_binaries, argv: list[str]) -> subprocess.CompletedProcess:
+    """llama-sweep-bench reads the same flags (random tokens, no tokenizer needed): loads, builds the context."""
+    return run([ik_binaries["llama-sweep-bench"], *argv, "-n", "2", "-nrep", "1"])
+
+
+def test_the_acceptance_check_rejects_what_ik_rejects(ik_binaries, models):
+    cli = ik_binaries["llama-cli"]
+    assert accepted_by_the_common_parser(cli, ["-m", str(models["qwen3moe"]), "-ngl", "9"]).returncode == 0
+    for bad in (["-fmoe"], ["-op", "x"], ["-ot", "exps"], ["-ooae"], ["-mla"]):
+        r = accepted_by_the_common_parser(cli, ["-m", str(models["qwen3moe"]), *bad])
+        assert r.returncode != 0 and "version: 4840" not in r.stderr, bad
+
+
 def test_every_flag_the_renderer_emits_is_accepted_by_llama_cli(ik_binaries, models):
     names = {v: k for k, v in ik_flags.OP_TABLES["2025-08"].items()}
     for case, path, inv, plan, flags in cases(models):
@@ -109,10 +135,18 @@ def test_every_flag_the_renderer_emits_is_accepted_by_llama_cli(ik_binaries, mod
         for f in flags:
             assert f in rc, (case, list(rc))
         extra = ["-ger"] if case == "ncmoe" else []       # -ger: accepted, not rendered (not modelled)
-        r = run([ik_binaries["llama-cli"], *rc, *extra, "-p", "hi", "-n", "1", "--no-warmup"])
+        r = accepted_by_the_common_parser(ik_binaries["llama-cli"], [*rc, *extra])
+        if case == "ts":
+            # a CPU build has llama_max_devices() == 1 and refuses any -ts (common.cpp: size >= max devices);
+            # a CUDA build takes up to 16 proportions. The proportions themselves: tests/planner/test_flags_ik.py
+            assert r.returncode != 0 and "invalid parameter for argument: -ts" in r.stderr, r.stderr[-500:]
+            continue
+        assert r.returncode == 0 and "version: 4840" in r.stderr, (case, list(rc), r.stderr[-1000:])
+        server = render(plan, inv, "server", model_path=str(path))
+        assert list(server) == list(rc)                   # one parser, one line
+        r = sweep(ik_binaries, [*rc, *extra])
         log = r.stdout + r.stderr
         assert r.returncode == 0, (case, list(rc), log[-2000:])
-        assert "error:" not in log.lower().replace("error: none", ""), (case, log[-2000:])
         # -op: ik names the ops our table maps the ids to
         if "-op" in rc:
             pairs = rc[rc.index("-op") + 1].split(",")
@@ -135,17 +169,20 @@ def test_every_flag_the_renderer_emits_is_accepted_by_llama_bench(ik_binaries, m
             assert "no -op" in str(e) and not plan.knobs.offload.moe_matmul.enabled, case
             continue
         r = run([ik_binaries["llama-bench"], "-o", "json", *rc])
+        if case == "ts":           # one device in a CPU build: llama-bench refuses -ts too
+            assert r.returncode != 0, (r.stdout + r.stderr)[-500:]
+            continue
         assert r.returncode == 0, (case, list(rc), (r.stdout + r.stderr)[-2000:])
-        rows = json.loads(r.stdout)
-        assert [row["n_prompt"] for row in rows] == [8, 0] and rows[1]["n_gen"] == 2, case
-        k = plan.knobs
-        assert (rows[0]["n_ubatch"], rows[0]["type_k"], rows[0]["mla_attn"]) == (k.n_ubatch, k.type_k, k.mla), case
+        rows = parse_bench_output(r.stdout)      # ik's JSON is not always valid JSON: the engine's reader
+        assert [(t.n_prompt, t.n_gen) for t in rows] == [(8, 0), (0, 2)], case
+        k, f = plan.knobs, rows[0].fields
+        assert (f["n_ubatch"], f["type_k"], f["mla_attn"]) == (k.n_ubatch, k.type_k, k.mla), case
 
 
 def test_a_gpu_buffer_name_is_refused_by_a_cpu_build_as_our_parser_refuses_it(ik_binaries, models):
     q = load_inventory(models["qwen3moe"])
-    args = ["-m", str(models["qwen3moe"]), "-ngl", "99", "-ot", r"blk\.0\.ffn_up_exps=CUDA0", "-p", "hi", "-n", "1"]
-    r = run([ik_binaries["llama-cli"], *args])
+    args = ["-m", str(models["qwen3moe"]), "-ngl", "99", "-ot", r"blk\.0\.ffn_up_exps=CUDA0"]
+    r = accepted_by_the_common_parser(ik_binaries["llama-cli"], args)
     assert r.returncode != 0 and "Available buffer types" in r.stderr
     with pytest.raises(FlagError, match="unknown buffer type 'CUDA0'"):
         parse(args, q, "ik", tool="cli", n_gpus=0)
@@ -183,8 +220,8 @@ def _buffers(log: str) -> dict[str, int]:
 def test_model_and_kv_buffers_match_the_memory_model(ik_binaries, models, arch, knobs):
     inv = load_inventory(models[arch])
     plan = Plan("m", everything_on(inv), knobs, "ik")
-    rc = render(plan, inv, "cli", model_path=str(models[arch]))
-    r = run([ik_binaries["llama-cli"], *rc, "-p", "hi", "-n", "1", "--no-warmup"])
+    rc = render(plan, inv, "server", model_path=str(models[arch]))
+    r = sweep(ik_binaries, list(rc))
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     bufs = _buffers(r.stdout + r.stderr)
     mem = estimate(inv, plan).devices["CPU"]
@@ -192,3 +229,7 @@ def test_model_and_kv_buffers_match_the_memory_model(ik_binaries, models, arch, 
     model = sum(v for k, v in bufs.items() if k.endswith(" model"))
     assert abs(model - mem.weights) <= MiB // 100, (bufs, mem)
     assert abs(bufs.get("CPU KV", 0) - mem.kv) <= MiB // 100, (bufs, mem)
+    # compute is NOT held here: the memory model replays mainline's graphs, and ik's (fused MoE, MLA, its own
+    # allocator order) reserve other sizes: on these tiny models 3.5-5.2 MiB logged vs 5.5-12.5 modelled, except
+    # -mla 1 without FA (13.1 vs 12.6). Printed for the record; docs/ik_llama.md lists it as an open gap.
+    print(f"ik compute {arch}: log {bufs['CPU compute'] / MiB:.2f} MiB, model {mem.compute / MiB:.2f} MiB")
