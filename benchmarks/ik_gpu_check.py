@@ -4,7 +4,8 @@ cannot show (docs/ik_llama.md)? One device command, a minute with the build in p
     bash benchmarks/llamacpp_gpu.sh build-ik            # once (resumable)
     PYTHONPATH=. python3 benchmarks/ik_gpu_check.py [--bin DIR] [--out DIR]
 
-For each command line (tiny synthetic models, `-p hi -n 1`) it compares, from ik's own log:
+For each command line (tiny synthetic models, run with llama-sweep-bench, which reads the server's flags and needs
+no tokenizer) it compares, from ik's own log:
 - "Tensor NAME (...) buffer type overridden to BUFT" against our matcher's override list (-ot, -ncmoe, the
   several-GPU -ncmoe spread, -ngl 0 dropping everything);
 - "Setting default device in layer N to D" against our byte-based -ts split (2+ GPUs);
@@ -47,9 +48,9 @@ def gpu_count() -> int:
     return len([ln for ln in out.splitlines() if ln.startswith("GPU ")])
 
 
-def check(cli: Path, model: Path, args: str, n_gpus: int) -> dict:
+def check(sweep: Path, model: Path, args: str, n_gpus: int) -> dict:
     inv = load_inventory(model)
-    argv = [str(cli), "-m", str(model), *args.split(), "-c", "512", "-p", "hi", "-n", "1", "--no-warmup"]
+    argv = [str(sweep), "-m", str(model), *args.split(), "-c", "512", "-n", "2", "-nrep", "1"]
     r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=300)
     log = r.stdout + r.stderr
     out: dict = {"args": args, "model": model.name, "rc": r.returncode, "mismatches": []}
@@ -87,15 +88,17 @@ def main() -> int:
     ap.add_argument("--bin", default="benchmarks/results/llamacpp_gpu/ik_llama.cpp-cuda/build/bin")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args()
-    cli = Path(args.bin) / "llama-cli"
+    sweep = Path(args.bin) / "llama-sweep-bench"
     n = gpu_count()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     models = {}
-    for arch, kw in (("qwen3moe", {"n_layer": 6}), ("deepseek2", {})):
+    # deepseek2 with DeepSeek's MLA widths: ik refuses other one-KV-head MLA models (src/llama-hparams.cpp ~1083)
+    ds = dict(kv_lora_rank=512, n_rot=64, head_dim_k=576, head_dim_v=512, head_dim_k_mla=128, head_dim_v_mla=64)
+    for arch, kw in (("qwen3moe", {"n_layer": 6}), ("deepseek2", {"n_layer": 5, **ds})):
         models[arch] = write_gguf(out_dir / f"ik-check-{arch}.gguf", tiny_spec(arch, **kw), uniform_recipe("Q8_0"))[0]
     cases = CASES_1 + (CASES_2 if n >= 2 else [])
-    rows = [check(cli, models[arch], c, n) for arch in models for c in cases]
+    rows = [check(sweep, models[arch], c, n) for arch in models for c in cases]
     (out_dir / "ik_gpu_check.json").write_text(json.dumps({"gpus": n, "rows": rows}, indent=2))
     lines = [f"# ik placement on {n} GPU(s) vs planner/flags", "", "| model | args | ok | notes |", "|---|---|---|---|"]
     lines += [f"| {r['model']} | `{r['args']}` | {'yes' if r.get('ok') else 'NO'} | {'; '.join(r['mismatches'])[:200]} |"
