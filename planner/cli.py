@@ -91,6 +91,17 @@ def commands_for(plan: Plan, inv, model: str, build: Build | None = None) -> Com
     return Commands(lines, cannot)
 
 
+def _op_words(plan: Plan) -> str:
+    """on / off, or which op classes are off (ik -op)."""
+    pol = plan.knobs.offload
+    off = [op for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output") if not pol.rule(op).enabled]
+    if not off:
+        return "on"
+    if len(off) == 4:
+        return "off"
+    return "moe off" if set(off) == {"moe_matmul", "moe_fused_up_gate"} else "partly off"
+
+
 def _mmap_words(plan: Plan, build: Build) -> str:
     """How the target spells the plan's mmap choice (mainline -lm none since PR 20834; --no-mmap before; ik)."""
     if plan.knobs.mmap:
@@ -209,7 +220,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
     print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
-    print(f"best ({args.objective}): {best.plan.label}, op offload {'on' if best.plan.knobs.offload.any_enabled else 'off'}, "
+    print(f"best ({args.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
     print(f"target:   {build.describe()}")
     print()
@@ -222,7 +233,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for tool, why in cmds.cannot.items():
         print(f"{tool}: cannot express this plan: {why}")
     print()
-    rows = [[s.plan.label, "on" if s.plan.knobs.offload.any_enabled else "off", "yes" if s.plan.knobs.mmap else "no",
+    rows = [[s.plan.label, _op_words(s.plan), "yes" if s.plan.knobs.mmap else "no",
              " ".join(fmt_bytes(m.total) for d, m in sorted(s.memory.devices.items()) if d != "CPU"),
              f"{s.pp_tps:.1f}", f"{s.tg_tps:.2f}"] for s in ranked[: args.top]]
     print(table(["candidate", "op offload", "mmap", "GPU total", "PP t/s", "TG t/s"], rows))

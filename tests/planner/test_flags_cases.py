@@ -139,8 +139,12 @@ def test_ot_value_is_split_on_commas_into_separate_overrides():
 
 
 def test_override_moves_a_tensor_of_a_cpu_layer_to_the_gpu():
-    a = parse(["-ngl", "0", "-ot", r"blk\.0\.attn_q\.weight=CUDA0"], INV, "ik").assignment
-    assert gpu_set(a) == {"blk.0.attn_q.weight"}
+    # ik -ngl 1: blk 3 on the GPU, blk 0 a CPU layer whose attn_q the -ot moves (with -ngl 0 ik would drop the
+    # -ot since PR 2209: test_ik_ngl_0_drops_every_override_and_ncmoe; older builds kept it)
+    a = parse(["-ngl", "1", "-ot", r"blk\.0\.attn_q\.weight=CUDA0"], INV, "ik").assignment
+    assert gpu_set(a) == {"blk.0.attn_q.weight"} | layer_names(3)
+    old = parse(["-ngl", "0", "-ot", r"blk\.0\.attn_q\.weight=CUDA0"], INV, "ik", build=Build("ik", 4000))
+    assert gpu_set(old.assignment) == {"blk.0.attn_q.weight"}
 
 
 def test_mainline_cmoe_after_ot_leaves_the_ot_in_charge():
