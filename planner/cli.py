@@ -91,6 +91,18 @@ def commands_for(plan: Plan, inv, model: str, build: Build | None = None) -> Com
     return Commands(lines, cannot)
 
 
+def _target_build(args: argparse.Namespace) -> Build:
+    """--build DIALECT:N, or the path of a llama.cpp program (its --help and --version say), else pinned."""
+    spec = getattr(args, "build", None)
+    if spec and ("/" in spec or spec.startswith(".")):
+        from runtime.llamacpp import build_of_binary      # cli.py is where planner and runtime meet
+        build = build_of_binary(spec)
+        if build.dialect != args.dialect:
+            raise InputError(f"--build {spec} is a {build.dialect} program; say --dialect {build.dialect}")
+        return build
+    return parse_build(spec, args.dialect)
+
+
 def _op_words(plan: Plan) -> str:
     """on / off, or which op classes are off (ik -op)."""
     pol = plan.knobs.offload
@@ -198,7 +210,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     hw = _hardware(args)
     knobs = _knobs(args)
     margin = parse_size(args.margin)
-    build = parse_build(args.build, args.dialect)
+    build = _target_build(args)
     if args.dialect == "ik" and inv.hparams.is_mla and args.amb is None:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif args.dialect == "ik" and args.amb is not None:
@@ -249,7 +261,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     inv = load_model(args.model)
     if not args.llama_args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
-    parsed = parse(args.llama_args, inv, args.dialect, build=parse_build(args.build, args.dialect))
+    parsed = parse(args.llama_args, inv, args.dialect, build=_target_build(args))
     plan = Plan(inv.source or inv.name, parsed.assignment, parsed.knobs, args.dialect, "explained")
     n_gpus = max([int(d[4:]) + 1 for d in plan.assignment.values() if d.startswith("CUDA")] or [0])
     hw = _hardware(args, required=False)
@@ -528,9 +540,10 @@ def _add_knobs(p: argparse.ArgumentParser) -> None:
 
 
 def _add_build(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--build", metavar="DIALECT:N", help="the engine build the printed lines are for, as "
-                   "`llama-server --version` numbers it (e.g. ik:4840, mainline:10114); default: the pinned builds "
-                   "(ik 8337e4cd = 4840, mainline as in llama-cpp-python 0.3.36)")
+    p.add_argument("--build", metavar="DIALECT:N|PATH", help="the engine build the printed lines are for, as "
+                   "`llama-server --version` numbers it (e.g. ik:4840, mainline:10114), or the path of the program "
+                   "(its --help and --version are read); default: the pinned builds (ik 8337e4cd = 4840, mainline "
+                   "as in llama-cpp-python 0.3.36)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,7 +44,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from planner.builds import Build
+from planner.builds import Build, from_version
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render
 from planner.flags.common import (
@@ -159,6 +159,19 @@ def _capture(argv: Sequence[str]) -> tuple[int, str]:
     except subprocess.TimeoutExpired as e:
         raise InputError(f"{argv[0]} {' '.join(argv[1:])} did not finish in {PROBE_TIMEOUT_S:g} s") from e
     return r.returncode, r.stdout + "\n" + r.stderr
+
+
+def build_of_binary(path: str | Path) -> Build:
+    """The build any llama.cpp / ik_llama.cpp program is (llama-server, llama-cli, llama-bench ...): the dialect
+    from its --help (ik lists -mla/-fmoe/-rtr/-amb), the number from --version (llama-bench of ik has no
+    --version: its number is then unknown and the pinned build is assumed)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputError(f"--build {path}: no such file (give DIALECT:NUMBER or the path of a llama.cpp program)")
+    _, help_text = _capture([str(p), "--help"])
+    dialect = "ik" if frozenset(_FLAG_TOKEN.findall(help_text)) & IK_MARKERS else "mainline"
+    rc, vtext = _capture([str(p), "--version"])
+    return from_version(vtext if rc == 0 else "", dialect)  # type: ignore[arg-type]
 
 
 def probe(path: str | Path, ngl_rule: SlotRule | None = None) -> BinaryInfo:

@@ -573,7 +573,8 @@ def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence
         warnings.append(f"W013 -sm {sm}: placement is explained as the layer split (-sm layer)")
     if len(devices) > 1 and ts is None and settings.get("ngl", 1) != 0:
         warnings.append(f"W012 {len(devices)} GPUs and no -ts: llama.cpp splits layers by free memory "
-                        f"{'(ik: by layer size) ' if spec.name == 'ik' else ''}; assumed an equal split")
+                        f"{'(ik: free memory shared out by cumulative layer bytes) ' if spec.name == 'ik' else ''}"
+                        "; assumed an equal split")
     ngl = int(settings.get("ngl", table.defaults.get("ngl", -1)))
     on_gpu = gpu_slot_window(n_layer, ngl, spec.slot_rule)[1]
     if "ngl" not in settings:

@@ -233,3 +233,15 @@ def test_model_and_kv_buffers_match_the_memory_model(ik_binaries, models, arch, 
     # allocator order) reserve other sizes: on these tiny models 3.5-5.2 MiB logged vs 5.5-12.5 modelled, except
     # -mla 1 without FA (13.1 vs 12.6). Printed for the record; docs/ik_llama.md lists it as an open gap.
     print(f"ik compute {arch}: log {bufs['CPU compute'] / MiB:.2f} MiB, model {mem.compute / MiB:.2f} MiB")
+
+
+def test_plan_reads_the_target_build_from_the_binary(ik_binaries, capsys):
+    from planner.cli import main
+    from runtime.llamacpp import build_of_binary
+    assert build_of_binary(ik_binaries["llama-cli"]).number == 4840
+    assert build_of_binary(ik_binaries["llama-cli"]).dialect == "ik"
+    assert main(["plan", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "--dialect", "ik",
+                 "--build", str(ik_binaries["llama-cli"])]) == 0
+    assert "target:   ik build 4840 (version 4840 (8337e4cd))" in capsys.readouterr().out
+    assert main(["plan", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "--build", str(ik_binaries["llama-cli"])]) == 2
+    assert "say --dialect ik" in capsys.readouterr().err
