@@ -91,6 +91,8 @@ class SpaceConfig:
     amb: tuple[int, ...] = (0, 256, 512)          # ik
     fmoe: tuple[bool, ...] = (True, False)        # ik
     rtr: tuple[bool, ...] = (False, True)         # ik
+    op_per_class: bool = True                     # ik: one -op switch per op class; False for ik's llama-bench,
+                                                  # which has no -op: offload stays on, only its batch is tuned
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -153,9 +155,10 @@ class Space:
             # (-fmoe, the default), MOE_FUSED_UP_GATE for the experts' up/gate; -no-ooae; -cuda offload-batch-size
             # (min_batch); -rtr; -amb; -mla (docs/ik_llama.md)
             add("fmoe", "cat", c.fmoe)
-            add("offload_moe", "cat", c.offload)
-            add("offload_fused", "cat", c.offload)
-            add("offload_dense", "cat", c.offload)
+            if c.op_per_class:
+                add("offload_moe", "cat", c.offload)
+                add("offload_fused", "cat", c.offload)
+                add("offload_dense", "cat", c.offload)
             add("only_active", "cat", c.only_active)
             add("rtr", "cat", c.rtr)
             add("amb", "cat", c.amb)
@@ -188,9 +191,10 @@ class Space:
                   type_k=kv, type_v=kv)
         if self.dialect == "ik":
             fmoe = ask(d["fmoe"])
-            moe_on = ask(d["offload_moe"])
-            fused_on = ask(d["offload_fused"]) if fmoe else moe_on    # without -fmoe there is no fused op
-            dense_on = ask(d["offload_dense"])
+            per_class = self.config.op_per_class
+            moe_on = ask(d["offload_moe"]) if per_class else True
+            fused_on = ask(d["offload_fused"]) if fmoe and per_class else moe_on   # without -fmoe: no fused op
+            dense_on = ask(d["offload_dense"]) if per_class else moe_on
             rtr = ask(d["rtr"])
             mb = 2 ** ask(d["min_batch_log2"]) if (moe_on or fused_on or dense_on) and not rtr else 32
             dense, moe, fused = OpRule(dense_on, mb), OpRule(moe_on, mb), OpRule(fused_on, mb)

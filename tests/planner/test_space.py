@@ -112,3 +112,19 @@ def test_ik_space_has_an_offload_switch_per_op_class_and_the_ik_knobs():
     # without fused MoE there is no fused op: the switch is not asked
     c = space.decode(space.fixed({**p, "fmoe": False}))
     assert "offload_fused" not in c.params and "-no-fmoe" in render(c.plan, inv, "server")
+
+
+def test_ik_space_without_op_per_class_renders_for_llama_bench():
+    # ik's llama-bench has no -op: with op_per_class off op offload stays on (its batch, -cuda
+    # offload-batch-size, is still tuned), which llama-bench can run
+    inv = load_preset("DeepSeek-V2-Lite:Q4_K_M").inventory()
+    hw = load_hardware("rtx3090-ddr4").with_vram([8 * GiB])
+    space = Space(inv, hw, dialect="ik", n_ctx=8192, config=SpaceConfig(op_per_class=False))
+    assert not {"offload_moe", "offload_fused", "offload_dense"} & set(space.dims)
+    rng = random.Random(3)
+    for _ in range(6):
+        c = space.decode(space.random(rng))
+        pol = c.plan.knobs.offload
+        assert {pol.rule(op).enabled for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output")} == {True}
+        if c.fits:
+            assert "-op" not in render(c.plan, inv, "bench")
