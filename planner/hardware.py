@@ -21,8 +21,9 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": MiB, "m
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str | int) -> int:
-    """'24GiB', '24G' (binary, as llama.cpp and nvidia-smi mean it), '24576MiB', '24GB' (decimal), '24000000000'."""
+def parse_size(text: str | int, allow_zero: bool = False) -> int:
+    """'24GiB', '24G' (binary, as llama.cpp and nvidia-smi mean it), '24576MiB', '24GB' (decimal), '24000000000';
+    0 only with allow_zero (a margin may be none, a GPU may not)."""
     if isinstance(text, int):
         return text
     m = _SIZE.match(str(text))
@@ -30,8 +31,8 @@ def parse_size(text: str | int) -> int:
     if m is None or unit not in _UNITS:
         raise InputError(f"bad size {text!r}: use e.g. 24GiB, 24G, 24576MiB or a number of bytes")
     value = float(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise InputError(f"bad size {text!r}: must be positive")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InputError(f"bad size {text!r}: must be {'>= 0' if allow_zero else 'positive'}")
     return int(value)
 
 
