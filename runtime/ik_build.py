@@ -150,7 +150,7 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
                 ["cmake", "--build", str(bld), "-j", str(os.cpu_count() or 2), "--target", *missing],
             ]
             print(f"offload-tuner: building ik_llama.cpp {IK_COMMIT[:8]} ({' '.join(missing)}), once per machine "
-                  "(~10 min on 2 cores)...", file=log)
+                  "(~13 min on 2 busy cores)...", file=log)
             for cmd in steps:
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0:
