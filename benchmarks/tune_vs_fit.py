@@ -43,7 +43,7 @@ from planner.space import SpaceConfig  # noqa: E402
 from planner.workload import Workload  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
-CONFIRM_CONTENDERS = 3      # --fit, best TG, balanced: what confirmation costs per round
+CONFIRM_CONTENDERS = 4      # --fit, its server placement, best TG, balanced: what confirmation costs per round
 
 
 def log(msg: str) -> None:
@@ -73,7 +73,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
         log(f"{tuner.study_name}: baselines")
     # the search gets what the baselines and the confirmation leave of --runs (baselines are measured first,
     # inside run(); 3 assumed until they are)
-    n_base = runs["baselines"] or 3
+    n_base = runs["baselines"] or 4
     n_search = args.runs - n_base - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
     if n_search > 0 and time.monotonic() < deadline:
         res = tuner.run(n_search, deadline=deadline, patience=40)
@@ -100,6 +100,8 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         if key == "fit":
             ref = next(b for b in s["baselines"] if b.get("kind") == "engine-fit")
             return ref["commands"].get("llama-server") or ref["commands"]["llama-bench"]
+        if key == "fit-server":
+            return next(b for b in s["baselines"] if b.get("kind") == "engine-fit-server")["commands"]["llama-server"]
         if key and key.startswith("trial:"):
             row = df[df["trial"] == int(key.split(":")[1])]
             return str(row["llama-server"].iloc[0]) if not row.empty else ""
@@ -112,13 +114,18 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         return {"tg": r["tg"]["median"], "pp": r["pp"]["median"], "tg_range": [r["tg"]["lo"], r["tg"]["hi"]],
                 "pp_range": [r["pp"]["lo"], r["pp"]["hi"]], "vram_mib": r["vram_bytes"] / MiB, "flags": flags(key),
                 "name": r["name"], "tg_vs_fit": r.get("tg_vs_fit"), "pp_vs_fit": r.get("pp_vs_fit"),
+                "tg_vs_fit_server": r.get("tg_vs_fit_server"), "pp_vs_fit_server": r.get("pp_vs_fit_server"),
                 "noisy": r["noisy"], "seen": r["seen"]}
     fit, best, bal = pick("fit"), pick(conf.get("picks", {}).get("best_tg")), pick(conf.get("picks", {}).get("balanced"))
+    fit_server = pick("fit-server")
     ncmoe = next((b for b in s["baselines"] if b.get("kind") == "ncmoe"), None)
-    ratio = (lambda a, k: a[k] / fit[k] if a and fit and fit[k] else None)
+    def ratio(a, k, base=None):
+        base = base or fit
+        return a[k] / base[k] if a and base and base[k] else None
     return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s["engine_runs"]["total"],
             "engine_runs": s["engine_runs"], "front_share": s["front_share"], "confirmed": bool(conf),
-            "fit": fit, "best_tg": best, "balanced": bal,
+            "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal,
+            "best_tg_ratio_vs_fit_server": ratio(best, "tg", fit_server) if fit_server else None,
             "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"), "balanced_pp_ratio": ratio(bal, "pp"),
             "ncmoe": None if ncmoe is None else {"name": ncmoe["name"], "ok": ncmoe.get("ok"), "error": ncmoe.get("error"),
                                                  **({k: ncmoe["measured"][k] for k in ("tg_tps", "pp_tps")}
@@ -164,7 +171,8 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
          "confirmation); every number below is a confirmed median over interleaved re-runs in one device call, "
          "[min-max] its spread; x: ratio to --fit's median, 'tie' when inside the larger spread.", "",
          "| budget | depth | runs | --fit TG / PP / VRAM MiB | best TG: TG / PP / VRAM MiB | TG x | balanced: TG / PP / VRAM MiB "
-         "| TG x | PP x | best -ncmoe: TG / PP / VRAM MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+         "| TG x | PP x | best -ncmoe: TG / PP / VRAM MiB | --fit's placement in a server: TG / PP / VRAM MiB | best TG x it |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(p: dict[str, Any] | None) -> str:
         return f"{p['tg']:.2f} / {p['pp']:.0f} / {p['vram_mib']:.0f}" if p else "-"
@@ -178,10 +186,11 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
             (nc.get("error") or "-")
         L.append(f"| {r['budget_gib']} GiB | {r['depth']} | {r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'} | "
                  f"{cell(r['fit'])} | {cell(r['best_tg'])} | {verdict(r['best_tg'], 'tg')} | {cell(r['balanced'])} | "
-                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} |")
+                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} | {cell(r.get('fit_server'))} | "
+                 f"{_vs_server(r['best_tg'])} |")
     L += ["", "Commands (llama-server lines; --fit as llama-bench ran it):", ""]
     for r in sorted(rows, key=lambda r: (r["depth"], r["budget_gib"])):
-        for role in ("fit", "best_tg", "balanced"):
+        for role in ("fit", "fit_server", "best_tg", "balanced"):
             if r.get(role):
                 L += [f"- {r['budget_gib']} GiB, depth {r['depth']}, {role}: `{r[role]['flags']}`"]
     L += ["", "Runs per study: " + "; ".join(f"{r['study']}: {r['engine_runs']}, {r['front_share'] or 0:.0%} near the "
@@ -194,6 +203,11 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
     L += ["![TG and PP against VRAM](tune_vs_fit.png)", ""]
     (out / "tune_vs_fit.md").write_text("\n".join(L))
     plot(rows, out / "tune_vs_fit.png")
+
+
+def _vs_server(p: dict[str, Any] | None) -> str:
+    v = (p or {}).get("tg_vs_fit_server")
+    return f"{v['ratio']:.3f} {v['verdict']}" if v else "-"
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -69,6 +69,7 @@ MARGIN_SLACK = 64 * MiB    # learnt margin = the memory model's worst under-pred
 # the H100 box -204..+72 MiB over 74 runs (issue 10), the torch runtime holds 1.4-2.3 GiB of upload staging the
 # llama.cpp model does not count; the sim engine is the model.
 MEMORY_ERROR_PRIOR = {"sim": 0, "llamacpp": 256 * MiB, "torch": 512 * MiB}
+SERVER_FIT = "--fit's placement in a server"   # llama-fit-params' pick for the whole workload, run as a plan
 BALANCED_PP = 1.5          # "balanced": the best TG among configs with at least this x --fit's PP
 MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
 _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
@@ -486,13 +487,16 @@ class Tuner:
         return n
 
     def _fill_max_seeds(self) -> list[tuple[dict[str, Any], str]]:
-        """Every GPU filled with experts as far as the budget goes, with the smallest KV type: for TG at the
-        smallest ubatch (least compute buffer, so the most experts) and at 512; for PP at the largest two
-        ubatches. TG rises with every expert tensor moved to VRAM, so these are where a TG study ends up."""
+        """Every GPU filled with experts as far as the budget goes: for TG at the smallest ubatch (the least
+        compute buffer, so the most experts; llama-bench's generation test caps its ubatch at its context anyway)
+        and at 512; for PP at the largest two ubatches. TG rises with every expert tensor moved to VRAM, so these
+        are where a TG study ends up."""
         d = self.space.dims
         if not any(name.startswith("fill.") for name in d):
             return []
-        kv = min(d["kv"].values, key=lambda k: {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4}.get(k, 9))
+        # the default (full-precision) KV: on the H100 runs of issue 10 a q8_0 cache cost ~10% TG at the same
+        # placement (flash-attention decode over a quantized cache), more than the experts its room bought
+        kv = self.space.default_params()["kv"]
         ubs = list(d["ubatch_log2"].values)
         wanted = [(ubs[0], "tg"), (d["ubatch_log2"].snap(9), "tg"), (ubs[-1], "pp"), (ubs[max(len(ubs) - 2, 0)], "pp")]
         if self.objective.kind == "pp":
@@ -528,6 +532,12 @@ class Tuner:
             if fit is not None:
                 keep(self._fit_record(fit))
                 done.add("--fit")
+                if fit.chosen_args:
+                    try:
+                        plan = flag_plan(self.inv, list(fit.chosen_args), knobs, self.dialect, self.settings.model_id)
+                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan))
+                    except InputError as e:
+                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
             try:
                 props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
@@ -912,11 +922,19 @@ class Tuner:
         if self.objective.kind == "pp" and rows:
             roles.setdefault(max(rows, key=lambda r: r[2])[0], []).append("best_pp")
         out = [Contender("fit", ref["name"], ("fit",))] if ref else []
+        server = next((b for b in self.study.user_attrs.get("baselines", [])
+                       if b.get("kind") == "engine-fit-server" and b.get("ok")), None)
+        if server is not None:
+            out.append(Contender("fit-server", server["name"], ("fit_server",)))
         out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
         return out
 
     def _measure_contender(self, c: Contender) -> dict[str, Any]:
-        if c.trial is None:
+        if c.key == "fit-server":
+            rec = next(b for b in self.study.user_attrs["baselines"] if b.get("kind") == "engine-fit-server")
+            plan = Plan.from_json(rec["plan"])
+            m = self._judge_peak(plan, self._measure(plan))
+        elif c.trial is None:
             ref = self.reference() or {}
             if ref.get("argv"):
                 m = self._measure_args(ref["argv"], ref.get("env") or {})
@@ -970,16 +988,18 @@ def confirmed_record(results: list[Confirmed], rounds: int) -> dict[str, Any]:
     """Each contender's medians and spreads, its ratios to the reference (win / tie / loss), and the picks by
     median: the best TG at no more VRAM than the reference, and the best TG with >= BALANCED_PP x its PP."""
     ref = next((r for r in results if "fit" in r.contender.roles), None)
+    server = next((r for r in results if "fit_server" in r.contender.roles), None)
     rows = []
     for r in results:
         d = r.to_dict()
-        if ref is not None and r is not ref:
-            for name, a, b in (("tg", r.tg, ref.tg), ("pp", r.pp, ref.pp)):
-                cmp = compare(a, b)
-                d[f"{name}_vs_fit"] = cmp.to_dict() if cmp else None
-            d["vram_vs_fit"] = r.vram_bytes / ref.vram_bytes if ref.vram_bytes else None
+        for tag, base in (("fit", ref), ("fit_server", server)):
+            if base is not None and r is not base:
+                for name, a, b in (("tg", r.tg, base.tg), ("pp", r.pp, base.pp)):
+                    cmp = compare(a, b)
+                    d[f"{name}_vs_{tag}"] = cmp.to_dict() if cmp else None
+                d[f"vram_vs_{tag}"] = r.vram_bytes / base.vram_bytes if base.vram_bytes else None
         rows.append(d)
-    others = [r for r in results if r is not ref and r.tg.samples]
+    others = [r for r in results if r is not ref and r is not server and r.tg.samples]
     picks: dict[str, Any] = {}
     cap = ref.vram_bytes if ref is not None and ref.vram_bytes else math.inf
     tg_ok = [r for r in others if r.vram_bytes <= cap]

@@ -519,8 +519,8 @@ class LlamaCppEngine:
         """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (None when this binary
         has no -fitt: ik, or mainline before PR #21304). -fitt is the free memory llama.cpp must leave on each
         device: what is free now minus the budget (llama-bench takes one value for all devices, so the
-        tightest GPU's). Also asks llama-fit-params (beside llama-bench, when there) which placement it picks
-        for the prompt's context, so the study can start from it."""
+        tightest GPU's). Also asks llama-fit-params (beside llama-bench, when there) which placement
+        `llama-server --fit` picks for the workload's context, which the study measures beside it."""
         if not self.info.abilities["fit_target"] or self.info.tool != "bench":
             return None
         sampler = self.sampler()
@@ -536,12 +536,15 @@ class LlamaCppEngine:
 
     def _fit_choice(self, inv: ModelInventory, workload: Workload, target_mib: int, knobs: Sequence[str]
                     ) -> tuple[str, ...]:
-        """llama-fit-params' placement for the prompt test's context ((), when it is missing or fails)."""
+        """llama-fit-params' placement for the whole workload's context, what `llama-server --fit on -c N` would
+        pick for it ((), when the tool is missing or fails). llama-bench -fitt fits each of its tests on its own
+        (the generation test to an n_gen-token context and ubatch), so its TG comes from a larger placement than
+        any one server that takes the prompt could hold; this one is what a user's server runs."""
         exe = self.path.with_name("llama-fit-params")
         if not exe.is_file():
             return ()
         kn = [("on" if v == "1" else v) if k == "-fa" else v for k, v in zip(knobs[::2], knobs[1::2])]
-        argv = [str(exe), "-m", self._model(inv), "-c", str(workload.n_prompt + workload.depth), "-fitt",
+        argv = [str(exe), "-m", self._model(inv), "-c", str(workload.depth + workload.n_prompt + workload.n_gen), "-fitt",
                 str(target_mib), "-np", "1", *(x for pair in zip(knobs[::2], kn) for x in pair)]
         run = run_process(argv, self._env({}), 600)
         line = next((ln.strip() for ln in run.stdout.splitlines() if ln.startswith("-c ")), None)
