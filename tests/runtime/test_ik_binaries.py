@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 def run(argv: list[str], timeout_s: float = 300.0) -> subprocess.CompletedProcess:
+    # in a temporary folder: ik's programs write llama.log into their working folder
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, errors="replace", timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
 
 
 def everything_on(inv, device: str = "CPU", **moved: str) -> dict[str, str]:
