@@ -212,6 +212,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     knobs = _knobs(args)
     margin = parse_size(args.margin)
     build = _target_build(args)
+    from .builds import Feature
+    if args.dialect == "ik" and not build.has(Feature.ONLY_ACTIVE_EXPERTS):
+        knobs = replace(knobs, only_active_experts=False)   # before ik PR 698 every expert is uploaded
     if args.dialect == "ik" and inv.hparams.is_mla and args.amb is None:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif args.dialect == "ik" and args.amb is not None:

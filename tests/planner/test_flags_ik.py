@@ -151,3 +151,14 @@ def test_deepseek_v3_on_one_24gib_gpu_plans_the_ik_way(capsys):
     server = next(line for line in out.splitlines() if line.strip().startswith("llama-server "))
     assert "-mla 3" in server and "-amb 512" in server and "exps=CPU" in server
     assert "-ngl 0 " not in server and "-fmoe" not in server     # ik's server only knows -no-fmoe
+
+
+def test_plan_for_an_older_ik_build_uses_its_flags(capsys):
+    # build 3850: op ids of PR 689 (no FUSED_UP_GATE yet), -ts by layer counts (before PR 1466), every expert
+    # uploaded (before PR 698): no -ooae / -no-ooae at all
+    from planner.cli import main
+    assert main(["plan", "preset:gpt-oss-120b", "--gpu", "24GiB,24GiB", "--dialect", "ik", "--build", "ik:3850"]) == 0
+    out = capsys.readouterr().out
+    server = next(line for line in out.splitlines() if line.strip().startswith("llama-server "))
+    assert "-op 27,0,28,0,30,0" in server and "-ts 18,19" in server and "ooae" not in server
+    assert "target:   ik build 3850" in out
