@@ -162,3 +162,25 @@ def test_plan_for_an_older_ik_build_uses_its_flags(capsys):
     server = next(line for line in out.splitlines() if line.strip().startswith("llama-server "))
     assert "-op 27,0,28,0,30,0" in server and "-ts 18,19" in server and "ooae" not in server
     assert "target:   ik build 3850" in out
+
+
+def test_llama_bench_n_cpu_moe_acts_where_it_stands_among_the_ot_options():
+    # examples/llama-bench add_cpu_buft_overrides appends to the same list as -ot, in command-line order;
+    # the server appends -ncmoe after every -ot instead
+    inv = _inv()
+    first = parse([*"-ngl 99 --n-cpu-moe 2 -ot".split(), r"blk\.1\.ffn_up_exps=CUDA0"], inv, "ik", tool="bench")
+    assert first.assignment["blk.1.ffn_up_exps.weight"] == "CPU"          # blk 1's pattern matched first
+    after = parse([*"-ngl 99 -ot".split(), r"blk\.1\.ffn_up_exps=CUDA0", "--n-cpu-moe", "2"], inv, "ik", tool="bench")
+    assert after.assignment["blk.1.ffn_up_exps.weight"] == "CUDA0"
+    server = parse([*"-ngl 99 -ncmoe 48 -ot".split(), r"blk\.1\.ffn_up_exps=CUDA0"], inv, "ik")
+    assert server.assignment["blk.1.ffn_up_exps.weight"] == "CUDA0"       # the -ot wins wherever it stands
+
+
+def test_the_bench_line_spells_the_servers_ncmoe_as_explicit_ot():
+    # server -ncmoe 10 = the LAST 10 MoE layers; llama-bench's --n-cpu-moe 10 would be the FIRST 10
+    inv = _inv()
+    plan = parse("llama-server -ngl 99 -ncmoe 10 -c 8192", inv, "ik").to_plan()
+    bench = render(plan, inv, "bench")
+    assert "--n-cpu-moe" not in bench and bench[bench.index("-ot") + 1] == \
+        r"blk\.(3[89]|4[0-7])\.ffn_(down|gate|up)_exps=CPU"
+    assert parse(bench, inv, "ik", tool="bench").assignment == plan.assignment
