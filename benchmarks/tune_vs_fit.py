@@ -65,16 +65,14 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
                   config=config, study_name=cell_name(budget_gib, depth), storage=args.storage, seed=args.seed,
                   pool_size=args.pool)
-    done = study_summary(tuner.study)
-    runs = done["engine_runs"]
-    if tuner.study.user_attrs.get("confirmed"):
+    if "confirmed" in tuner.study.user_attrs:
         return True
     if "baselines" not in tuner.study.user_attrs:
         log(f"{tuner.study_name}: baselines")
-    # the search gets what the baselines and the confirmation leave of --runs (baselines are measured first,
-    # inside run(); 3 assumed until they are)
-    n_base = runs["baselines"] or 4
-    n_search = args.runs - n_base - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
+        tuner.baselines()
+    # the search gets what the baselines and the confirmation leave of --runs
+    runs = study_summary(tuner.study)["engine_runs"]
+    n_search = args.runs - runs["baselines"] - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
     if n_search > 0 and time.monotonic() < deadline:
         res = tuner.run(n_search, deadline=deadline, patience=40)
         log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "

@@ -408,6 +408,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     config = SpaceConfig(kv_types=kv)
     if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
         config = config.settled(hw.host.n_threads, args.dialect)
+    if args.dialect == "ik" and getattr(info, "tool", None) == "bench":
+        config = replace(config, op_per_class=False)     # ik's llama-bench has no -op (docs/ik_llama.md)
     rounds = args.confirm if args.confirm is not None else (0 if engine.name == "sim" else CONFIRM_ROUNDS)
     _nonneg(rounds, "--confirm")
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,

@@ -970,11 +970,11 @@ class Tuner:
                 deadline: float | None = None) -> dict[str, Any]:
         """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.confirm) and
         judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
-        confirmation resumes). Returns that record ({} when there is nothing to confirm, or when `deadline`
-        passed before the last sample: call again to go on)."""
+        confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
+        when `deadline` passed before the last sample: call again to go on)."""
         contenders = self.finalists(n_tg)
-        if rounds < 1 or not contenders:
-            return {}
+        if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
+            return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
         keys = [c.key for c in contenders]
         stored = self.study.user_attrs.get("confirmation") or {}
         log = SampleLog(list(stored.get("rows", [])) if stored.get("keys") == keys else [])
