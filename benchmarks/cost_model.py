@@ -81,7 +81,7 @@ def report(runs: list[Run], inv: ModelInventory, hw: HardwareProfile, name: str,
     worst_pp = sorted(scored, key=lambda s: -abs(s.err_pp))[:WORST]
     return {
         "name": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "runs_file": runs_path, "hardware": hw_text, "hardware_profile": hw.to_dict(), "model": inv.name or inv.source,
+        "runs_file": runs_path, "fit_runs": _same_file(runs_path, FIT_RUNS), "hardware": hw_text, "hardware_profile": hw.to_dict(), "model": inv.name or inv.source,
         "engine_facts": asdict(LLAMACPP),
         "mape": {"all": mape(scored), "even_lines": mape(s for s in scored if s.run.index in ti),
                  "odd_lines": mape(s for s in scored if s.run.index not in ti)},
@@ -90,6 +90,17 @@ def report(runs: list[Run], inv: ModelInventory, hw: HardwareProfile, name: str,
         "worst_tg": [s.run.index for s in worst_tg], "worst_pp": [s.run.index for s in worst_pp],
         "runs": [_row(s) for s in scored],
     }
+
+
+FIT_RUNS = Path(__file__).resolve().parents[1] / "tests" / "planner" / "data" / "h100_llamacpp_runs.jsonl"
+
+
+def _same_file(a: str | Path, b: Path) -> bool:
+    """Whether the runs are the ones the engine constants were fitted on (their even lines)."""
+    try:
+        return Path(a).read_bytes() == b.read_bytes()
+    except OSError:
+        return False
 
 
 def markdown(d: dict[str, Any]) -> str:
@@ -104,9 +115,13 @@ def markdown(d: dict[str, Any]) -> str:
          "Predicted by `run --engine sim` (planner.cost) from the profile alone, no measurement of these runs.", "",
          "| runs | n | TG MAPE | PP MAPE |", "|---|---|---|---|",
          f"| all | {m['all']['n']} | {pct(m['all']['tg'])} | {pct(m['all']['pp'])} |",
-         f"| even lines (the shared H100 file: what the engine constants were fitted on) | {m['even_lines']['n']} | "
-         f"{pct(m['even_lines']['tg'])} | {pct(m['even_lines']['pp'])} |",
-         f"| odd lines (held out) | {m['odd_lines']['n']} | {pct(m['odd_lines']['tg'])} | {pct(m['odd_lines']['pp'])} |",
+         *([f"| even lines (what the engine constants were fitted on) | {m['even_lines']['n']} | "
+            f"{pct(m['even_lines']['tg'])} | {pct(m['even_lines']['pp'])} |",
+            f"| odd lines (held out) | {m['odd_lines']['n']} | {pct(m['odd_lines']['tg'])} | {pct(m['odd_lines']['pp'])} |"]
+           if d.get("fit_runs") else []),
+         "", ("The engine constants were fitted on the even lines of this file." if d.get("fit_runs") else
+              "None of these runs was used to fit the engine constants (they were fitted on the even lines of "
+              "tests/planner/data/h100_llamacpp_runs.jsonl)."),
          "", "## Op offload on vs off", ""]
     pairs = d["offload_pairs"]
     if pairs:
