@@ -42,7 +42,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .cost import predict
 from .confirm import CONFIRM_ROUNDS, Confirmed, Contender, SampleLog, compare, schedule
@@ -580,7 +580,8 @@ class Tuner:
         rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error, runs=1, plan=plan.to_json())
         if not m.ok and _OOM.search(m.error or ""):
             self._raise_margin(plan, m.error)
-        self._baseline_runs[plan.id] = _Result.of(_mdict(m))
+        if judged:     # a trial of the same plan takes this run (an unjudged one may be over the budget)
+            self._baseline_runs[plan.id] = _Result.of(_mdict(m))
         if m.ok:
             self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
         return rec
