@@ -19,13 +19,14 @@ Why the CMake options (cold build times: docs/ik_llama.md):
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+from .llamacpp_build import cache_dir, sha256_of
 
 IK_COMMIT = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
 # ik's build number is the commit count of its history (cmake/build-info.cmake: git rev-list --count HEAD); the
@@ -59,10 +60,6 @@ class IkBuildError(RuntimeError):
     """The ik_llama.cpp build could not be made (checksum or compile failed)."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("OFFLOAD_TUNER_CACHE", Path.home() / ".cache" / "offload-tuner"))
-
-
 def build_dir() -> Path:
     return cache_dir() / f"ik_llama.cpp-{IK_COMMIT[:8]}-cpu"
 
@@ -86,16 +83,8 @@ def find_tarball() -> Path:
                           f"set ${ENV_TARBALL} to a copy")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _extract(tarball: Path, src: Path) -> None:
-    digest = _sha256(tarball)
+    digest = sha256_of(tarball)
     if digest != TARBALL_SHA256:
         raise IkBuildError(f"sha256 of {tarball} is {digest}, expected {TARBALL_SHA256}")
     prefix = "ik_llama.cpp/"

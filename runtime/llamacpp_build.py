@@ -39,7 +39,7 @@ def binary(name: str) -> Path:
     return build_dir() / "build" / "bin" / name
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -56,7 +56,7 @@ def _fetch_sdist(dest: Path) -> Path:
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not tarball.exists():
             raise BuildError(f"could not download llama-cpp-python {SDIST_VERSION}: {r.stderr.strip()[-400:]}")
-    digest = _sha256(tarball)
+    digest = sha256_of(tarball)
     if digest != SDIST_SHA256:
         tarball.unlink()
         raise BuildError(f"sha256 of {tarball.name} is {digest}, expected {SDIST_SHA256}; deleted, retry")
