@@ -10,8 +10,9 @@ import sys
 from dataclasses import replace
 
 from .errors import InputError
-from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, load_hardware, parse_size
+from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
 from .plan import DIALECTS, KV_TYPES, Knobs, Plan
+from .validate import check_dialect
 
 DEMO_MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
 DEMO_GPU = "16GiB"
@@ -26,11 +27,9 @@ def _emit_json(obj: object) -> None:
 
 
 def _hardware(args: argparse.Namespace, required: bool = True) -> HardwareProfile | None:
-    if getattr(args, "hardware", None):
-        hw = load_hardware(args.hardware)
-        return hw.with_vram([parse_size(s) for s in args.gpu.split(",")]) if args.gpu else hw
-    if getattr(args, "gpu", None):
-        return from_gpu_sizes(args.gpu)
+    hw = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
+    if hw is not None:
+        return hw
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
     return None
@@ -153,9 +152,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .propose import Budget, best_plans
     from .report import inventory_summary, memory_table, table
     inv = load_model(args.model)
+    check_dialect(inv, args.dialect)
     hw = _hardware(args)
     knobs = _knobs(args)
-    margin = parse_size(args.margin)
+    margin = parse_size(args.margin, allow_zero=True)
+    if args.top < 1:
+        raise InputError(f"--top {args.top}: list at least 1 candidate")
     ranked = best_plans(inv, hw, knobs, args.dialect, args.objective, margin)
     best = ranked[0]
     budget = Budget.from_hardware(hw, margin)
@@ -199,12 +201,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     inv = load_model(args.model)
     if not args.llama_args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
-    parsed = parse(args.llama_args, inv, args.dialect)
+    check_dialect(inv, args.dialect)
+    hw = _hardware(args, required=False)
+    # the declared hardware bounds the device names (llama.cpp refuses a buffer type of a GPU it does not see)
+    parsed = parse(args.llama_args, inv, args.dialect, n_gpus=len(hw.gpus) if hw is not None else None)
     plan = Plan(inv.source or inv.name, parsed.assignment, parsed.knobs, args.dialect, "explained")
     n_gpus = max([int(d[4:]) + 1 for d in plan.assignment.values() if d.startswith("CUDA")] or [0])
-    hw = _hardware(args, required=False)
     if hw is None:
-        hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, 1)))
+        hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
     mem = estimate(inv, plan, hw)
     pred = predict(inv, plan, hw)
     warnings = list(parsed.warnings)
@@ -338,7 +342,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
     storage = args.storage or default_storage(name)
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
-                  n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=parse_size(args.margin),
+                  n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=parse_size(args.margin, allow_zero=True),
                   config=SpaceConfig(kv_types=kv), study_name=name, storage=storage, fresh=args.fresh,
                   seed=args.seed, pool_size=args.pool)
     print(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "

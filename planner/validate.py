@@ -18,12 +18,15 @@ Facts and their sources (llama.cpp vendored in llama-cpp-python 0.3.36):
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .archs import ArchSpec, tensor_shapes
 from .errors import GGUFError, InputError
 from .ggml_types import BY_NAME
 from .model import ModelInventory
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 # Keys llama.cpp reads with required=true, per architecture (the general ones for every architecture).
 REQUIRED_KEYS_ALL = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon")
@@ -144,3 +147,36 @@ def check_dialect(inv: ModelInventory, dialect: str) -> None:
         if t.ggml_type not in MAINLINE_TYPES:
             raise InputError(f"tensor {t.name!r} has type {t.ggml_type}, which mainline llama.cpp does not load "
                              "(an ik_llama.cpp type): use --dialect ik")
+
+
+def check_plan(plan: "Plan", n_gpus: int | None, where: str) -> None:
+    """A Plan from outside (a --plan file): device names that exist, knobs of the right types and ranges."""
+    import dataclasses
+    from .flags.common import DEVICE_RE
+    from .plan import Knobs, OffloadPolicy
+    for name, dev in plan.assignment.items():
+        if not isinstance(dev, str) or DEVICE_RE.match(dev) is None:
+            raise InputError(f"{where}: tensor {name!r} is placed on {str(dev)[:40]!r}, which is not a device name "
+                             "(CPU, CUDA0, CUDA1, ...)")
+        if n_gpus is not None and dev != "CPU" and int(dev[4:]) >= n_gpus:
+            raise InputError(f"{where}: tensor {name!r} is placed on {dev}, but the hardware has "
+                             f"{', '.join(['CPU'] + [f'CUDA{i}' for i in range(n_gpus)])}")
+    base = Knobs()
+    for f in dataclasses.fields(Knobs):
+        v, ref = getattr(plan.knobs, f.name), getattr(base, f.name)
+        if isinstance(ref, OffloadPolicy):
+            ok = isinstance(v, OffloadPolicy) and all(
+                isinstance(getattr(v, op).enabled, bool) and type(getattr(v, op).min_batch) is int
+                and getattr(v, op).min_batch >= 0 for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output"))
+        else:
+            ok = type(v) is type(ref)
+        if not ok:
+            raise InputError(f"{where}: knob {f.name} is {str(v)[:40]!r}, expected {type(ref).__name__}")
+    k = plan.knobs
+    for fname, low in (("n_ctx", 1), ("n_batch", 1), ("n_ubatch", 1), ("n_seq", 1), ("n_threads", 0), ("amb", 0)):
+        if not low <= getattr(k, fname) <= (1 << 31) - 1:
+            raise InputError(f"{where}: knob {fname} is {getattr(k, fname)}, expected {low} to {(1 << 31) - 1}")
+    from .plan import KV_TYPES
+    for fname in ("type_k", "type_v"):
+        if getattr(k, fname) not in KV_TYPES:
+            raise InputError(f"{where}: knob {fname} is {getattr(k, fname)[:20]!r}; valid: {', '.join(KV_TYPES)}")
