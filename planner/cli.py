@@ -9,7 +9,7 @@ import json
 import sys
 from dataclasses import replace
 
-from .errors import InputError
+from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
 from .plan import DIALECTS, KV_TYPES, Knobs, Plan
 from .validate import check_dialect
@@ -336,13 +336,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bad = [k for k in kv if k not in KV_TYPES]
     if not kv or bad:
         raise InputError(f"--kv-types {args.kv_types!r}: expected a comma list of {', '.join(KV_TYPES)}")
+    margin = parse_size(args.margin, allow_zero=True)
+    _check_budget(hw, margin)
+    name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
+    storage = args.storage or default_storage(name)
+    out = Path(args.out) if args.out else Path("reports") / name
+    if not args.no_report:                        # checked now, not after a study of minutes
+        from .storage import check_output_folder
+        check_output_folder(out, "--out")
+    from .search import make_storage
+    make_storage(storage)                         # the driver, the folder, the database answer
     engine = load_engine(args.engine, hw, inv, args)
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
     args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
-    name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
-    storage = args.storage or default_storage(name)
+    check_dialect(inv, args.dialect)
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
-                  n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=parse_size(args.margin, allow_zero=True),
+                  n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=margin,
                   config=SpaceConfig(kv_types=kv), study_name=name, storage=storage, fresh=args.fresh,
                   seed=args.seed, pool_size=args.pool)
     print(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
@@ -359,8 +368,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 130
     finally:
         bar.close()
-    out = Path(args.out) if args.out else Path("reports") / name
-    summary = None if args.no_report else write_study_report(tuner.study, out)
+    from optuna.trial import TrialState
+    if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
+                          f"minus the {fmt_bytes(margin)} margin ({result.trials} trials, none complete); give more "
+                          "--gpu memory or a smaller --margin")
+    summary = None if args.no_report else _write_report(tuner.study, out)
     if args.json:
         from .report import study_summary
         s = summary or study_summary(tuner.study)
@@ -371,6 +384,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _print_tune(tuner, result, summary or __import__("planner.report", fromlist=["x"]).study_summary(tuner.study),
                 storage, None if args.no_report else out)
     return 0
+
+
+def _check_budget(hw: HardwareProfile, margin: int) -> None:
+    """Nothing can fit when a GPU's VRAM minus the margin does not even hold the CUDA context."""
+    for i, g in enumerate(hw.gpus):
+        free = g.vram_bytes - margin
+        if free <= g.overhead_bytes:
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the {fmt_bytes(margin)} margin "
+                              f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
+                              "give more --gpu memory or a smaller --margin")
+
+
+def _write_report(study, out):
+    from .report import write_study_report
+    try:
+        return write_study_report(study, out)
+    except OSError as e:
+        raise InputError(f"cannot write the report to {out}: {e.strerror or e}") from e
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
@@ -444,9 +475,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .report import study_summary, write_study_report
     from .search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
-    study = load_study(args.study, storage)
     out = Path(args.out) if args.out else Path("reports") / args.study
-    s = write_study_report(study, out)
+    from .storage import check_output_folder
+    check_output_folder(out, "--out")
+    study = load_study(args.study, storage)
+    s = _write_report(study, out)
     if args.json:
         _emit_json(dict(s, storage=storage))
         return 0
