@@ -791,6 +791,9 @@ def _batch_semantics(vals: dict[str, Any], table: ToolTable, warnings: list[str]
     nb, nub = int(vals.get("n_batch", base.n_batch)), int(vals.get("n_ubatch", base.n_ubatch))
     if nb == 0 and nub == 0:
         raise FlagError("-b 0 with -ub 0: llama.cpp refuses the context (n_batch and n_ubatch cannot both be zero)")
+    if table.int_ranges and (nb < 0 or nub < 0):
+        raise FlagError(f"{'-b' if nb < 0 else '-ub'} {nb if nb < 0 else nub}: llama-bench refuses a negative value "
+                        "(invalid range format)")
     ctx = int(vals.get("n_ctx", base.n_ctx))
     nb_run = min(ctx, nb % UINT32)
     if table.dialect == "ik" and nb_run < IK_MIN_BATCH:
