@@ -491,7 +491,8 @@ def load_inventory(path: str | os.PathLike[str]) -> ModelInventory:
     hp = spec.hparams
     check_metadata(header.metadata, hp.arch, str(path))
     check_hparams(spec, str(path))
-    check_tensors(spec, {t.name: t.shape for t in header.tensors}, str(path))
+    check_tensors(spec, {t.name: t.shape for t in header.tensors}, str(path),
+                  {t.name: t.type_name for t in header.tensors})
     tensors = tuple(make_tensor(hp, t.name, t.shape, t.type_name, t.nbytes) for t in header.tensors)
     name = header.metadata.get("general.name")
     return ModelInventory(hp.arch, hp, tensors, name=name if isinstance(name, str) else "", source=str(path),

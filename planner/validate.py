@@ -44,7 +44,11 @@ QKV_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "llama
 GATE_UP_ARCHS = frozenset({"deepseek2"})
 # Graph asserts: n_embd_head_v == n_embd_head_k (and == n_rot where listed); src/models/<arch>.cpp graph ctor.
 HEAD_DIM_RULES: dict[str, bool] = {"llama": True, "qwen2": True, "qwen3": True, "qwen3moe": True, "qwen2moe": True,
-                                   "llama4": True, "glm4moe": False}
+                                   "llama4": True, "glm4moe": False, "gpt-oss": True}
+# (gpt-oss: openai-moe.cpp sizes Q/K/V by n_head * n_rot, so the rope dimension must be the head size.)
+# Architectures whose loader creates output.weight as required (no tied-embedding fallback): qwen2moe.cpp,
+# openai-moe.cpp (flags 0 where the others pass TENSOR_NOT_REQUIRED).
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "gpt-oss"})
 MOE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "deepseek2", "gpt-oss", "glm4moe", "llama4"})
 LLAMA_MAX_EXPERTS = 1024                     # llama-hparams.h
 MAINLINE_TYPES = frozenset(t.name for t in BY_NAME.values() if t.id < 43)   # ggml.h GGML_TYPE_COUNT = 43
@@ -72,9 +76,10 @@ def expected_shapes(spec: ArchSpec, names: set[str]) -> tuple[dict[str, tuple[in
     """(required, optional) tensor name -> shape for a file holding `names`, with the fused variants the
     architecture's loader takes where the file has them."""
     hp = spec.hparams
-    required = dict(tensor_shapes(spec, tied_output="output.weight" not in names))
+    tied = "output.weight" not in names and hp.arch not in OUTPUT_REQUIRED
+    required = dict(tensor_shapes(spec, tied_output=tied))
     optional: dict[str, tuple[int, ...]] = {}
-    if "output.weight" not in names:
+    if tied:
         optional["output.weight"] = (hp.n_embd, hp.n_vocab)
     for il in range(hp.n_layer):
         p = f"blk.{il}."
@@ -88,10 +93,19 @@ def expected_shapes(spec: ArchSpec, names: set[str]) -> tuple[dict[str, tuple[in
                     del required[p + f"attn_{x}.weight"]
                 required[p + "attn_qkv.weight"] = (hp.n_embd, q + k + v)
                 optional[p + "attn_qkv.bias"] = (q + k + v,)
+            if il >= hp.n_layer - hp.n_nextn:     # create_tensor_qkv with TENSOR_SKIP: every variant optional
+                for x in ("q", "k", "v", "qkv"):
+                    if p + f"attn_{x}.weight" in required:
+                        optional[p + f"attn_{x}.weight"] = required.pop(p + f"attn_{x}.weight")
+                optional.setdefault(p + "attn_qkv.weight", (hp.n_embd, q + k + v))
+                optional.setdefault(p + "attn_qkv.bias", (q + k + v,))
         if hp.arch in GATE_UP_ARCHS and p + "ffn_gate_up_exps.weight" in names and p + "ffn_up_exps.weight" in required:
             e, f, x = required.pop(p + "ffn_up_exps.weight")
             del required[p + "ffn_gate_exps.weight"]
             required[p + "ffn_gate_up_exps.weight"] = (e, 2 * f, x)
+    if hp.arch == "deepseek2":
+        for name in [n for n in required if n.endswith("exp_probs_b.bias")]:
+            optional[name] = required.pop(name)     # deepseek2.cpp: TENSOR_NOT_REQUIRED (glm4-moe.cpp: required)
     return required, optional
 
 
@@ -115,15 +129,47 @@ def check_hparams(spec: ArchSpec, source: str) -> None:
         if rule and hp.n_rot != hp.head_dim_k:
             raise GGUFError(f"{source}: rope.dimension_count {hp.n_rot} differs from the head size {hp.head_dim_k}; "
                             f"llama.cpp's {hp.arch} graph asserts they are equal")
+    for il, hkv in enumerate(hp.n_head_kv):
+        if not hkv or hkv > hp.n_head or hp.n_head % hkv:
+            raise GGUFError(f"{source}: layer {il} has {hkv} KV heads for {hp.n_head} heads; llama.cpp needs a "
+                            "divisor of the head count (grouped-query attention)")
+    if hp.n_rot < 1:
+        raise GGUFError(f"{source}: rope.dimension_count is 0; llama.cpp needs at least 1 (it hangs or asserts)")
+    if hp.is_mla and any(h != 1 for h in hp.n_head_kv):
+        raise GGUFError(f"{source}: MLA with {max(hp.n_head_kv)} KV heads; llama.cpp's MLA cache has one (the "
+                        "converter writes attention.head_count_kv = 1) and its graph asserts on any other")
+    if hp.is_mla and hp.head_dim_k != hp.mla_kv_lora_rank + hp.n_rot:
+        raise GGUFError(f"{source}: MLA key size {hp.head_dim_k} is not kv_lora_rank {hp.mla_kv_lora_rank} + rope "
+                        f"{hp.n_rot}; llama.cpp's graph asserts it is")
+    if not hp.is_mla and hp.n_rot > hp.head_dim_k:
+        raise GGUFError(f"{source}: rope.dimension_count {hp.n_rot} is more than the head size {hp.head_dim_k}; "
+                        "llama.cpp's ROPE asserts n_dims <= ne0 at the first decode")
     if hp.is_mla and spec.head_dim_k_mla - hp.n_rot < 1:
         raise GGUFError(f"{source}: key_length_mla {spec.head_dim_k_mla} leaves no room beside the rope dimension "
                         f"{hp.n_rot}; llama.cpp asserts n_embd_head_qk_nope >= 1")
 
 
-def check_tensors(spec: ArchSpec, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
-    """Every tensor llama.cpp creates is there with its shape, and every tensor in the file is one it creates."""
+def _f32_only(name: str) -> bool:
+    """Tensors llama.cpp uses as operands of element-wise ops (RMS-norm weights, biases, attention sinks): the CPU
+    backend's MUL / ADD / ADD_ID take them only as F32 and abort at the first decode otherwise (observed with the
+    CPU llama-bench for F16 and BF16); converters and llama-quantize always write them F32."""
+    return name.endswith((".bias", "_norm.weight", "attn_sinks.weight"))
+
+
+def check_tensors(spec: ArchSpec, shapes: Mapping[str, tuple[int, ...]], source: str,
+                  types: Mapping[str, str] | None = None) -> None:
+    """Every tensor llama.cpp creates is there with its shape and a type it can use, and every tensor in the file
+    is one it creates."""
     required, optional = expected_shapes(spec, set(shapes))
     arch = spec.hparams.arch
+    n_main = spec.hparams.n_layer - spec.hparams.n_nextn
+    for name, t in (types or {}).items():
+        layer = name.split(".")[1] if name.startswith("blk.") else ""
+        if layer.isdigit() and int(layer) >= n_main:
+            continue                  # NextN blocks are skipped at load: never computed
+        if t != "F32" and _f32_only(name):
+            raise GGUFError(f"{source}: tensor {name!r} is {t}; llama.cpp needs norm weights, biases and sinks as "
+                            "F32 (its element-wise ops abort at the first decode otherwise)")
     for name, shape in shapes.items():
         want = required.get(name, optional.get(name))
         if want is None:
