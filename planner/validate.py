@@ -133,8 +133,9 @@ def check_hparams(spec: ArchSpec, source: str) -> None:
         if not hkv or hkv > hp.n_head or hp.n_head % hkv:
             raise GGUFError(f"{source}: layer {il} has {hkv} KV heads for {hp.n_head} heads; llama.cpp needs a "
                             "divisor of the head count (grouped-query attention)")
-    if hp.n_rot < 1:
-        raise GGUFError(f"{source}: rope.dimension_count is 0; llama.cpp needs at least 1 (it hangs or asserts)")
+    if hp.n_rot < 1 or hp.n_rot % 2:
+        raise GGUFError(f"{source}: rope.dimension_count is {hp.n_rot}; llama.cpp's ROPE needs an even number of at "
+                        "least 2 (it asserts or hangs at the first decode)")
     if hp.is_mla and any(h != 1 for h in hp.n_head_kv):
         raise GGUFError(f"{source}: MLA with {max(hp.n_head_kv)} KV heads; llama.cpp's MLA cache has one (the "
                         "converter writes attention.head_count_kv = 1) and its graph asserts on any other")
