@@ -344,9 +344,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if not args.no_report:                        # checked now, not after a study of minutes
         from .storage import check_output_folder
         check_output_folder(out, "--out")
+    engine = load_engine(args.engine, hw, inv, args)
     from .search import make_storage
     make_storage(storage)                         # the driver, the folder, the database answer
-    engine = load_engine(args.engine, hw, inv, args)
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
     args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
     check_dialect(inv, args.dialect)
@@ -449,6 +449,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .search import STUDIES_DIR
     print(f"# offload-tuner demo: tune {DEMO_MODEL} on a {DEMO_GPU} GPU ({DEMO_HARDWARE}, dual-channel DDR5) "
           f"with the sim engine, {args.trials} runs, objective both (TG and PP)", flush=True)
+    for folder in (STUDIES_DIR, Path("reports")):
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"demo writes into {folder}/, but {folder} here is a file; run it in another folder")
     for suffix in ("", "-wal", "-shm", "-journal"):       # a fresh study each run: repeated demos agree
         Path(STUDIES_DIR / f"{DEMO_STUDY}.db{suffix}").unlink(missing_ok=True)
     ns = argparse.Namespace(

@@ -94,12 +94,14 @@ def lock_sqlite(path: Path) -> None:
 
 
 def check_output_folder(folder: Path, flag: str) -> None:
-    """A report folder that can be written, checked before the study runs (created if missing)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"{flag} {folder}: cannot create the folder: {e.strerror or e}") from e
-    if not folder.is_dir():
-        raise InputError(f"{flag} {folder} is not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {folder}: no permission to write there")
+    """A report folder that can be written (it, or the nearest folder above it that exists), checked before the
+    study runs; nothing is created here."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{flag} {folder}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {folder}: no permission to write in {probe}")
