@@ -9,6 +9,7 @@ import json
 import sys
 from dataclasses import replace
 
+from .confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
 from .plan import DIALECTS, KV_TYPES, Knobs, Plan
@@ -281,6 +282,7 @@ def load_engine(name: str, hw: HardwareProfile, inv, args: argparse.Namespace):
     except ImportError as e:
         raise InputError(f"engine {name} is not available yet (runtime.run_cli: {e})") from e
     ns = argparse.Namespace(engine=name, llama_bench=getattr(args, "llama_bench", None),
+                            cpu_stand_in=getattr(args, "cpu_stand_in", False),
                             timeout=float(args.timeout) if getattr(args, "timeout", None) else 900.0, model=args.model)
     return make_engine(ns, hw)
 
@@ -336,8 +338,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bad = [k for k in kv if k not in KV_TYPES]
     if not kv or bad:
         raise InputError(f"--kv-types {args.kv_types!r}: expected a comma list of {', '.join(KV_TYPES)}")
-    margin = parse_size(args.margin, allow_zero=True)
-    _check_budget(hw, margin)
+    margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
+    _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
     storage = args.storage or default_storage(name)
     out = Path(args.out) if args.out else Path("reports") / name
@@ -350,9 +352,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
     args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
     check_dialect(inv, args.dialect)
+    config = SpaceConfig(kv_types=kv)
+    if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
+        config = config.settled(hw.host.n_threads, args.dialect)
+    rounds = args.confirm if args.confirm is not None else (0 if engine.name == "sim" else CONFIRM_ROUNDS)
+    _nonneg(rounds, "--confirm")
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
                   n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=margin,
-                  config=SpaceConfig(kv_types=kv), study_name=name, storage=storage, fresh=args.fresh,
+                  config=config, study_name=name, storage=storage, fresh=args.fresh,
                   seed=args.seed, pool_size=args.pool)
     print(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
           f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
@@ -360,6 +367,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bar, update = _progress(args.trials, args.quiet)
     try:
         result = tuner.run(args.trials, progress=update)
+        if rounds:
+            bar.close()
+            print(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds",
+                  file=sys.stderr, flush=True)
+            tuner.confirm(rounds)
     except KeyboardInterrupt:
         bar.close()
         n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
@@ -371,13 +383,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
     if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
-                          f"minus the {fmt_bytes(margin)} margin ({result.trials} trials, none complete); give more "
-                          "--gpu memory or a smaller --margin")
+                          f"minus the {fmt_bytes(tuner.margin)} margin ({result.trials} trials, none complete); give "
+                          "more --gpu memory or a smaller --margin")
     summary = None if args.no_report else _write_report(tuner.study, out)
     if args.json:
         from .report import study_summary
         s = summary or study_summary(tuner.study)
         s = dict(s, storage=storage, run={"measured": result.measured, "trials": result.trials,
+                                          "engine_runs": s.get("engine_runs"),
                                           "elapsed_s": round(result.elapsed_s, 3), "stopped": result.stopped})
         _emit_json(s)
         return 0
@@ -457,8 +470,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
         model=DEMO_MODEL, engine="sim", hardware=DEMO_HARDWARE, gpu=DEMO_GPU, trials=args.trials, study=DEMO_STUDY,
         storage=None, objective="both", n_prompt=2048, n_gen=128, depth=0, reps=1, dialect="mainline", ctx=8192,
-        margin="512MiB", kv_types="f16,q8_0", fresh=True, seed=0, pool=args.pool, out=None, no_report=False,
-        quiet=args.quiet, json=False, timeout=None)
+        margin="auto", kv_types="f16,q8_0", fresh=True, seed=0, pool=args.pool, out=None, no_report=False,
+        quiet=args.quiet, json=False, timeout=None, confirm=None, space=None)
     rc = cmd_tune(ns)
     if rc == 0 and _cuda_available():
         print()
@@ -579,7 +592,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dialect", choices=DIALECTS, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
     p.add_argument("--llama-bench", metavar="PATH", help="llamacpp engine: llama-bench or llama-sweep-bench (else "
                                                           "$LLAMA_BENCH, else llama-bench on PATH)")
-    p.add_argument("--margin", default="512MiB", help="VRAM kept free per GPU (default 512MiB; raised on OOM)")
+    p.add_argument("--margin", default="auto", help="VRAM kept free per GPU for the memory model's error: auto "
+                   "(default: learnt from the runs, starting at the engine's known error) or a size, 0 allowed "
+                   "(kept, raised only by an out-of-memory or a run over the budget)")
+    p.add_argument("--cpu-stand-in", action="store_true", help="llamacpp: run every plan with all its tensors "
+                   "on the CPU: a dry run of a GPU study's whole pipeline on a CPU-only build (its speeds and "
+                   "peaks are not the GPU plans')")
+    p.add_argument("--confirm", type=int, help="rounds of interleaved re-measurement of the finalists and --fit "
+                   f"before the study reports (default {CONFIRM_ROUNDS}; 0 for the sim engine, which is exact)")
+    p.add_argument("--space", choices=("settled", "full"), help="settled: threads, flash attention, batch, "
+                   "output layer, mmap and op offload fixed at what won on real engines, so runs go to placement, "
+                   "ubatch and KV (default for llamacpp and torch); full: search every knob (default for sim)")
     p.add_argument("--kv-types", default="f16,q8_0", help="KV cache types the search may use (default f16,q8_0)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--pool", type=int, default=200, help="candidates the cost model pre-screens (default 200)")

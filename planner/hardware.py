@@ -26,7 +26,7 @@ MAX_SIZE = 1 << 50            # 1 PiB: far above any GPU or host memory; a large
 
 def parse_size(text: str | int, allow_zero: bool = False) -> int:
     """'24GiB', '24G' (binary, as llama.cpp and nvidia-smi mean it), '24576MiB', '24GB' (decimal), '24000000000'.
-    Whole bytes from 1 (0 with allow_zero) to 1 PiB."""
+    Whole bytes from 1 (0 with allow_zero: a margin may be none, a GPU may not) to 1 PiB."""
     if isinstance(text, bool):
         raise InputError(f"bad size {text!r}: use e.g. 24GiB, 24G, 24576MiB or a number of bytes")
     m = None if isinstance(text, int) else _SIZE.match(str(text))

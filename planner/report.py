@@ -71,7 +71,7 @@ def trials_frame(study: Any) -> "Any":
         c = ua.get("candidate", {})
         m = ua.get("measured", {})
         pred = c.get("predicted", {})
-        peak = m.get("peak_bytes") or {}
+        peak = m.get("peak_at_ctx") or m.get("peak_bytes") or {}     # at the emitted context (search.peaks_at_ctx)
         predicted_gpu = {d: v["total"] for d, v in c.get("memory", {}).get("devices", {}).items() if d != "CPU"}
         row: dict[str, Any] = {
             "trial": t.number, "state": t.state.name.lower(), "source": ua.get("source", "sampler"),
@@ -82,7 +82,8 @@ def trials_frame(study: Any) -> "Any":
             "prior_tg_tps": pred.get("prior_tg_tps"), "prior_pp_tps": pred.get("prior_pp_tps"),
             "vram_bytes": sum(peak.values()) if peak else (sum(predicted_gpu.values()) or None),
             "vram_source": "measured" if peak else "predicted",
-            "host_bytes": m.get("host_bytes"),
+            "host_bytes": m.get("host_bytes"), "cv": m.get("cv"),
+            "engine_run": "measured" in ua and ua.get("duplicate_of") is None and not ua.get("reused_baseline_run"),
             "duplicate_of": ua.get("duplicate_of"),
             "error": m.get("error") or ua.get("pruned_reason") or "",
         }
@@ -186,15 +187,73 @@ def study_summary(study: Any, df: "Any" | None = None) -> dict[str, Any]:
         for r in by_number.get(t.number, []):
             r["devices"] = t.user_attrs.get("candidate", {}).get("memory", {}).get("devices", {})
             r["measurement"] = t.user_attrs.get("measured", {})
+    baselines = attrs.get("baselines", [])
+    ref = next((b for b in baselines if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok")), None)
+    budget = _budget_bytes(settings, attrs)
+    front = _front_rows(df) if not df.empty else []
+    for r in [*front, *best.values(), *(x for b in per_budget for x in (b["tg"], b["pp"]))]:
+        if r:
+            r.update(_ratios(r, ref, budget))
+    for b in baselines:
+        if b.get("ok") and b is not ref:
+            b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
+                              "vram_bytes": _vram(b["measured"])}, ref, budget))
+    runs = {"baselines": int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
+            "trials": int(df["engine_run"].sum()) if not df.empty else 0,
+            "confirmation": len((attrs.get("confirmation") or {}).get("rows", []))}
+    runs["total"] = sum(runs.values())
     return {
-        "study": study.study_name, "settings": settings,
+        "study": study.study_name, "settings": settings, "engine_runs": runs, "budget_bytes": budget,
+        "reference": ref["name"] if ref else None, "confirmed": attrs.get("confirmed"),
+        "front_share": _front_share(df, ref) if not df.empty else None,
         "counts": {str(k): int(v) for k, v in counts.items()}, "n_trials": int(len(df)),
         "margin_bytes": attrs.get("margin_bytes"), "margin_events": attrs.get("margin_events", []),
-        "cost_fit": attrs.get("cost_fit"), "best": best, "pareto": _front_rows(df) if not df.empty else [],
-        "per_budget": per_budget, "baselines": attrs.get("baselines", []),
+        "cost_fit": attrs.get("cost_fit"), "best": best, "pareto": front,
+        "per_budget": per_budget, "baselines": baselines,
         "failed": [{"trial": int(r["trial"]), "error": r["error"]} for _, r in df[df["state"] == "fail"].iterrows()]
         if not df.empty else [],
     }
+
+
+def _vram(measured: dict[str, Any]) -> int:
+    return sum((measured.get("peak_at_ctx") or measured.get("peak_bytes") or {}).values())
+
+
+def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
+    """All GPUs' VRAM less the margin asked for (none when it is learnt): what a config may use."""
+    total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
+    if not total:
+        return None
+    n = len(settings.get("hardware", {}).get("gpus", []))
+    asked = 0 if attrs.get("margin_rule", "learnt") == "learnt" else int(attrs.get("margin_bytes") or 0)
+    return total - n * asked
+
+
+def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -> dict[str, Any]:
+    """TG x, PP x and VRAM x of a config against the reference (--fit), from single runs; and its budget use."""
+    out: dict[str, Any] = {}
+    if budget and r.get("vram_bytes"):
+        out["budget_share"] = r["vram_bytes"] / budget
+    if ref is not None:
+        m = ref["measured"]
+        for key, have, base in (("tg_x", r.get("tg_tps"), m.get("tg_tps")), ("pp_x", r.get("pp_tps"), m.get("pp_tps")),
+                                ("vram_x", r.get("vram_bytes"), _vram(m))):
+            out[key] = have / base if have is not None and base else None
+    return out
+
+
+def _front_share(df: "Any", ref: dict[str, Any] | None) -> float | None:
+    """Share of the engine runs that landed near the placement front: within 10% of the best TG or of the best
+    PP measured at no more VRAM (the rest went to configs far below it)."""
+    runs = df[df["engine_run"] & df["ok"] & df["vram_bytes"].notna()]
+    if runs.empty:
+        return None
+    near = 0
+    for _, r in runs.iterrows():
+        cheaper = runs[runs["vram_bytes"] <= r["vram_bytes"]]
+        if r["tg_tps"] >= 0.9 * cheaper["tg_tps"].max() or r["pp_tps"] >= 0.9 * cheaper["pp_tps"].max():
+            near += 1
+    return near / len(runs)
 
 
 def _plots(df: "Any", summary: dict[str, Any], out: Path) -> list[str]:
@@ -217,9 +276,16 @@ def _plots(df: "Any", summary: dict[str, Any], out: Path) -> list[str]:
             ax.step(fr["vram_bytes"] / GiB, fr[col], where="post", c="C3", lw=1.5, zorder=2)
             ax.scatter(fr["vram_bytes"] / GiB, fr[col], s=30, c="C3", label="Pareto front (speed vs VRAM)", zorder=3)
         for i, b in enumerate(base):
-            vram = sum((b.get("measured", {}).get("peak_bytes") or {}).values())
-            ax.scatter([vram / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90, zorder=4,
-                       edgecolor="k", label=b["name"])
+            ax.scatter([_vram(b["measured"]) / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90,
+                       zorder=4, edgecolor="k", label=b["name"])
+        conf = [c for c in (summary.get("confirmed") or {}).get("results", []) if c["vram_bytes"]]
+        if conf:
+            key = col.split("_")[0]
+            ax.errorbar([c["vram_bytes"] / GiB for c in conf], [c[key]["median"] for c in conf],
+                        yerr=[[c[key]["median"] - c[key]["lo"] for c in conf], [c[key]["hi"] - c[key]["median"] for c in conf]],
+                        fmt="o", mfc="none", c="C2", capsize=3, zorder=5, label="confirmed (median, range)")
+        if summary.get("budget_bytes"):
+            ax.axvline(summary["budget_bytes"] / GiB, ls=":", c="C1", lw=1.2, label="budget")
         total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
         if total:
             ax.axvline(total / GiB, ls="--", c="0.4", lw=1, label="VRAM")
@@ -305,14 +371,25 @@ def summary_markdown(s: dict[str, Any]) -> str:
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
          f"- trials: {s['n_trials']} (" + ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items())) + ")"
          + (f"; safety margin {fmt_bytes(s['margin_bytes'])}" if s.get("margin_bytes") else ""), ""]
+    runs = s.get("engine_runs") or {}
+    if runs:
+        L.append(f"- engine runs: {runs.get('total', 0)} (baselines {runs.get('baselines', 0)}, search "
+                 f"{runs.get('trials', 0)}, confirmation {runs.get('confirmation', 0)})"
+                 + (f"; {s['front_share']:.0%} of the search and baseline runs landed within 10% of the front"
+                    if s.get("front_share") is not None else ""))
+    if s.get("budget_bytes"):
+        ctx_note = (" VRAM is the peak the emitted command uses at its context: measured at the engine's own "
+                    "context, plus the memory model's difference to the emitted one where it is larger.")
+        L.append(f"- budget: {fmt_bytes(s['budget_bytes'])} of VRAM (all GPUs);" + ctx_note)
     fit = s.get("cost_fit") or {}
     if fit.get("err_prior"):
         L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
                  f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
                  f"{fit['err_fit'].get('pp', 0):.1%}")
         L.append("")
-    L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", "",
-          "## Best configurations", ""]
+    L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
+    L += _confirmed_markdown(s)
+    L += ["## Best configurations (single runs)", ""]
     sections = [("Best TG", s["best"].get("tg")), ("Best PP", s["best"].get("pp"))]
     if s["best"].get("objective"):
         sections.insert(0, (f"Best `{st.get('objective')}` = {s['best']['objective']['value']:.4g}", s["best"]["objective"]))
@@ -324,10 +401,14 @@ def summary_markdown(s: dict[str, Any]) -> str:
         for tool, cmd in r["commands"].items():
             L += [f"{tool}:", "", "```", cmd, "```", ""]
     if s["pareto"]:
-        L += ["## TG/PP Pareto front", "", "| trial | TG t/s | PP t/s | VRAM | placement |", "|---|---|---|---|---|"]
+        ref = s.get("reference") or "the reference"
+        L += ["## TG/PP Pareto front", "", f"Ratios are to {ref}, from single runs.", "",
+              "| trial | TG t/s | PP t/s | VRAM | of budget | TG x | PP x | VRAM x | placement |",
+              "|---|---|---|---|---|---|---|---|---|"]
         for r in s["pareto"]:
             tg, pp, vram = _fmt_row(r)
-            L.append(f"| {r['trial']} | {tg} | {pp} | {vram} | {r['label']} |")
+            L.append(f"| {r['trial']} | {tg} | {pp} | {vram} | {_pct(r.get('budget_share'))} | {_x(r.get('tg_x'))} | "
+                     f"{_x(r.get('pp_x'))} | {_x(r.get('vram_x'))} | {r['label']} |")
         L.append("")
     if s["per_budget"]:
         L += ["## Best per VRAM budget", "", "| VRAM budget | best TG (t/s, trial) | best PP (t/s, trial) |",
@@ -345,21 +426,71 @@ def summary_markdown(s: dict[str, Any]) -> str:
                           "  ```", "  " + r["commands"]["llama-server"], "  ```"]
         L.append("")
     if s["baselines"]:
-        L += ["## Baselines", "", "| baseline | TG t/s | PP t/s | VRAM | note |", "|---|---|---|---|---|"]
+        L += ["## Baselines", "", "| baseline | TG t/s | PP t/s | VRAM | TG x | PP x | note |",
+              "|---|---|---|---|---|---|---|"]
         for b in s["baselines"]:
             m = b.get("measured") or {}
-            vram = sum((m.get("peak_bytes") or {}).values())
+            vram = _vram(m)
+            note = b.get("error") or b.get("note") or ""
+            if b.get("over_budget"):
+                note = (note + "; " if note else "") + f"over the budget: {b['over_budget']}"
             L.append(f"| {b['name']} | {m.get('tg_tps', 0):.2f} | {m.get('pp_tps', 0):.1f} | "
-                     f"{fmt_bytes(vram) if vram else '-'} | {b.get('error') or ''} |")
+                     f"{fmt_bytes(vram) if vram else '-'} | {_x(b.get('tg_x'))} | {_x(b.get('pp_x'))} | {note} |")
         L.append("")
         for b in s["baselines"]:
-            if b.get("commands", {}).get("llama-server"):
-                L += [f"- {b['name']}: `{b['commands']['llama-server']}`"]
+            for tool in ("llama-server", "llama-bench"):
+                if b.get("commands", {}).get(tool):
+                    L += [f"- {b['name']} ({tool}): `{b['commands'][tool]}`"]
+                    break
         L.append("")
     if s["failed"]:
         L += ["## Failed trials", ""] + [f"- trial {f['trial']}: {f['error']}" for f in s["failed"][:20]] + [""]
     L += ["![history](history.png)", "", "Files: trials.csv (every trial), report.json, *.png / *.svg plots.", ""]
     return "\n".join(L)
+
+
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
+
+
+ROLE_NAMES = {"fit": "reference", "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
+              "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
+              "best_tg_over_fit_vram": "best TG (all over its VRAM)"}
+
+
+def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
+    """The confirmed finalists against the reference: medians, spread, ratios with their verdicts, noisy runs."""
+    from .hardware import fmt_bytes
+    c = s.get("confirmed") or {}
+    if not c.get("results"):
+        return []
+    L = ["## Confirmed against " + (s.get("reference") or "the reference"), "",
+         f"Each config re-measured {c['rounds']} times, interleaved with the others (A B C A B C ..., the order "
+         "rotated each round); medians with [min-max]. A ratio whose edge is inside the larger relative spread of "
+         "the two sides (at least 1%) is a tie.", "",
+         "| config | role | TG t/s | PP t/s | VRAM | TG x | PP x | runs noisy (CV > 5%) |", "|---|---|---|---|---|---|---|---|"]
+    for r in c["results"]:
+        def sp(k: str) -> str:
+            d = r[k]
+            return f"{d['median']:.2f} [{d['lo']:.2f}-{d['hi']:.2f}]" if d["samples"] else "-"
+
+        def vs(k: str) -> str:
+            v = r.get(f"{k}_vs_fit")
+            return f"{v['ratio']:.3f}x {v['verdict']}" if v else "-"
+        roles = ", ".join(ROLE_NAMES.get(x, x) for x in r["roles"])
+        noisy = ("yes" + (": " + "; ".join(r["seen"])[:120] if r["seen"] else "")) if r["noisy"] else "no"
+        L.append(f"| {r['name']} | {roles} | {sp('tg')} | {sp('pp')} | {fmt_bytes(r['vram_bytes']) if r['vram_bytes'] else '-'} "
+                 f"| {vs('tg')} | {vs('pp')} | {noisy} |")
+    L.append("")
+    names = {r["key"]: r["name"] for r in c["results"]}
+    for role, key in c.get("picks", {}).items():
+        L.append(f"- picked by median, {ROLE_NAMES.get(role, role)}: {names.get(key, key)}")
+    L.append("")
+    return L
 
 
 def summary_html(s: dict[str, Any], markdown: str) -> str:

@@ -18,6 +18,16 @@ predicted Pareto front over a pool of candidates, enqueued as trials; after ever
 coefficients are refitted (planner.cost_fit) and, every other trial, the pool's best unmeasured candidate under
 the refitted model is enqueued ("surrogate"); the sampler (TPE) proposes the rest.
 
+Budgets mean what users mean: `--gpu 16GiB` is the peak VRAM the emitted command may use at the emitted
+context (`--ctx`). A run measures at the engine's own context (llama-bench: n_prompt + depth), so the memory
+model's difference between the two contexts is added to each measured peak before it is judged. The margin is
+the memory model's own error, learnt from the runs (`margin=None`, the default: it starts at the engine's known
+error and becomes the largest under-prediction seen plus MARGIN_SLACK); a fixed margin is kept as given.
+
+Baselines (planner.baselines): the engine's own `--fit` where it has one, `-ngl 99 -cmoe` and the best
+`-ncmoe N`. Confirmation (planner.confirm, `Tuner.confirm`): the finalists and `--fit` re-measured interleaved,
+judged by the median and its spread.
+
 Storage is Optuna's RDBStorage (SQLite under studies/ by default, any SQLAlchemy URL): every finished trial is
 committed when it ends, so Ctrl-C or kill -9 loses none; a heartbeat lets a resumed study fail (and retry once)
 trials a killed worker left RUNNING. Each trial stores its plan JSON, plan id, rendered commands, predicted and
@@ -30,11 +40,13 @@ import random
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .cost import predict
+from .confirm import CONFIRM_ROUNDS, Confirmed, Contender, SampleLog, compare, schedule
+from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
 from .errors import InputError, OffloadTunerError
 from .hardware import GiB, MiB, HardwareProfile
@@ -52,6 +64,12 @@ SCHEMA_RETRIES = 5        # opening a storage that other workers are creating at
 PATIENCE = 60              # trials in a row without a run before a session stops as converged
 SCREEN_RATIO = 0.85        # measure a sampler candidate only if predicted >= this x the best measured
 OOM_STEP = 256 * MiB       # an OOM raises the margin by at least this much
+MARGIN_SLACK = 64 * MiB    # learnt margin = the memory model's worst under-prediction so far + this
+# The memory model's known error per engine before a run says more (predicted - measured peak): llama-bench on
+# the H100 box -204..+72 MiB over 74 runs (issue 10), the torch runtime holds 1.4-2.3 GiB of upload staging the
+# llama.cpp model does not count; the sim engine is the model.
+MEMORY_ERROR_PRIOR = {"sim": 0, "llamacpp": 256 * MiB, "torch": 512 * MiB}
+BALANCED_PP = 1.5          # "balanced": the best TG among configs with at least this x --fit's PP
 MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
 _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
 
@@ -214,7 +232,7 @@ class Tuner:
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any, *, model: str = "",
                  objective: Objective | str = "tg", workload: Workload = Workload(n_prompt=2048), dialect: Dialect = "mainline",
-                 n_ctx: int | None = None, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig(),
+                 n_ctx: int | None = None, margin: int | None = None, config: SpaceConfig = SpaceConfig(),
                  study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
                  prescreen: bool | None = None, surrogate: bool = True, seed_trials: bool = True,
                  sampler: str = "tpe", pool_size: int = 200, baselines: bool = True, commands: bool = True,
@@ -233,15 +251,28 @@ class Tuner:
         self.prescreen = (getattr(engine, "name", "") != "sim") if prescreen is None else prescreen
         self.surrogate, self.seed_trials, self.pool_size, self.want_baselines = surrogate, seed_trials, pool_size, baselines
         self.study_name, self.storage_url = study_name, storage
-        self.margin_initial = margin
+        if margin is not None and margin < 0:
+            raise InputError(f"--margin must be >= 0, got {margin}")
+        engine_name = getattr(engine, "name", "")
+        # the budget runs are judged against: VRAM minus the margin asked for (none when the margin is learnt)
+        self.margin_asked = margin
+        self.margin_initial = margin if margin is not None else 0
+        prior = margin if margin is not None else MEMORY_ERROR_PRIOR.get(engine_name, DEFAULT_MARGIN)
+        # the context the engine's run holds (llama-bench: the prompt test's); the emitted commands hold n_ctx.
+        # An engine without run_context (sim: the memory model at n_ctx) measures at n_ctx itself.
+        run_context = getattr(engine, "run_context", None)
+        self.run_ctx = min(run_context(workload), self.n_ctx) if run_context else self.n_ctx
         self.settings = Settings(model=model or inv.source or inv.name, model_id=inv.source or inv.name,
                                  engine=getattr(engine, "name", type(engine).__name__), hardware=_hw_key(hw),
                                  dialect=dialect, objective=self.objective.text, workload=asdict(workload),
                                  n_ctx=self.n_ctx, space=config.to_dict())
+        self._margin_prior = prior
         self.study = self._open(fresh, sampler)
         attrs = self.study.user_attrs
-        self.margin = max(margin, int(attrs.get("margin_bytes", 0)))
+        stored = int(attrs.get("margin_bytes", prior))
+        self.margin = stored if margin is None else max(margin, stored)
         self.want_commands = commands
+        self.max_seeds: int | None = None      # run() caps the seed trials of an expensive engine
         if space is not None and (space.margin, space.config, space.n_ctx, space.dialect) == \
                 (self.margin, config, self.n_ctx, dialect):
             self.space = space          # a prepared one (benchmarks share a cached grid between methods)
@@ -293,7 +324,8 @@ class Tuner:
                                     directions=self.objective.directions, load_if_exists=True)   # race-free
         study.set_user_attr("settings", self.settings.to_dict())
         study.set_user_attr("objective_names", self.objective.names)
-        study.set_user_attr("margin_bytes", self.margin_initial)
+        study.set_user_attr("margin_bytes", self._margin_prior)
+        study.set_user_attr("margin_rule", "learnt" if self.margin_asked is None else "fixed")
         study.set_user_attr("created", time.strftime("%Y-%m-%d %H:%M:%S"))
         return study
 
@@ -433,7 +465,7 @@ class Tuner:
         """Enqueue the planner's proposals and the cost model's predicted front (once per study)."""
         if self.study.user_attrs.get("seeded"):
             return 0
-        seeds: list[tuple[dict[str, Any], str]] = []
+        seeds: list[tuple[dict[str, Any], str]] = self._fill_max_seeds()
         try:
             ranked = best_plans(self.inv, self.hw, self._default_knobs(), self.dialect, self._objective_for_planner(),
                                 self.margin, n_prompt=max(self.workload.n_prompt, 1))
@@ -448,7 +480,9 @@ class Tuner:
             seeds.append((e.params, f"budget:{level / GiB:.0f}GiB"))
         n, seen = 0, set(self._queued_ids)
         for params, source in seeds:
-            cand = self.space.decode(self.space.fixed(params))
+            if self.max_seeds is not None and n >= self.max_seeds:
+                break
+            cand = self.space.decode(self.space.fixed(self.space.legal(params), default=lambda d: d.values[0]))
             self._add_pool(cand)
             if not cand.fits or cand.key in seen:
                 continue
@@ -458,57 +492,128 @@ class Tuner:
         self.study.set_user_attr("seeded", True)
         return n
 
+    def _fill_max_seeds(self) -> list[tuple[dict[str, Any], str]]:
+        """Every GPU filled with experts as far as the budget goes, with the smallest KV type: for TG at the
+        smallest ubatch (least compute buffer, so the most experts) and at 512; for PP at the largest two
+        ubatches. TG rises with every expert tensor moved to VRAM, so these are where a TG study ends up."""
+        d = self.space.dims
+        if not any(name.startswith("fill.") for name in d):
+            return []
+        kv = min(d["kv"].values, key=lambda k: {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4}.get(k, 9))
+        ubs = list(d["ubatch_log2"].values)
+        wanted = [(ubs[0], "tg"), (d["ubatch_log2"].snap(9), "tg"), (ubs[-1], "pp"), (ubs[max(len(ubs) - 2, 0)], "pp")]
+        if self.objective.kind == "pp":
+            wanted.reverse()
+        out = []
+        for ub, why in dict.fromkeys(wanted):
+            p = self.space.default_params()
+            p.update({f"fill.{g}": 1.0 for g in self.space.gpus}, kv=kv, ubatch_log2=ub, order="last", partial=True)
+            out.append((p, f"fill-max:{why}"))
+        return out
+
     def _enqueue(self, params: dict[str, Any], plan_id: str, source: str) -> None:
         self.study.enqueue_trial(params, user_attrs={"source": source, "plan_id": plan_id}, skip_if_exists=True)
         self._queued_ids.add(plan_id)
 
     def baselines(self) -> list[dict[str, Any]]:
-        """Measure the reference points once per study: all experts in RAM (-ngl 99 -cmoe), a --fit-like fill
-        (experts on the CPU, then filled back to front), and the planner's first proposal."""
+        """Measure the reference points once per study (planner.baselines): the engine's own --fit (or, for an
+        engine without one, the --fit-like fill, labelled an imitation), -ngl 99 -cmoe, and the best -ngl 99
+        -ncmoe N that fits. Each record is stored as it is made (a killed study resumes after the last one)."""
         if "baselines" in self.study.user_attrs or not self.want_baselines:
             return self.study.user_attrs.get("baselines", [])
-        out = []
-        knobs = self._default_knobs()
-        plans: list[tuple[str, Plan | None, str]] = []
-        try:
-            from .flags import parse
-            parsed = parse(["-ngl", "99", "-cmoe"], self.inv, self.dialect)
-            plans.append(("-ngl 99 -cmoe", Plan(self.settings.model_id, parsed.assignment, knobs, self.dialect,
-                                                "-ngl 99 -cmoe"), ""))
-        except InputError as e:
-            plans.append(("-ngl 99 -cmoe", None, str(e)))
-        try:
-            props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
-            fitlike = props.get("experts-cpu+fill-last")
-            plans.append(("--fit-like fill", fitlike, "" if fitlike else "no experts-cpu proposal"))
-        except InputError as e:
-            plans.append(("--fit-like fill", None, str(e)))
-        try:
-            first = best_plans(self.inv, self.hw, knobs, self.dialect, self._objective_for_planner(), self.margin,
-                               n_prompt=max(self.workload.n_prompt, 1))[0].plan
-            plans.append(("planner's first proposal", first, ""))
-        except InputError as e:
-            plans.append(("planner's first proposal", None, str(e)))
-        for name, plan, err in plans:
-            rec: dict[str, Any] = {"name": name, "ok": False, "error": err}
-            if plan is not None:
-                rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
-                from .memory import estimate
-                reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
-                if reason:
-                    rec["error"] = f"not run: over budget ({reason})"
-                else:
-                    m = self._judge_peak(plan, self._measure(plan))
-                    rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error)
-                    if not m.ok and _OOM.search(m.error or ""):
-                        self._raise_margin(plan, m.error)
-                    self._baseline_runs[plan.id] = _Result.of(_mdict(m))
-                    if m.ok:
-                        self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
+        out: list[dict[str, Any]] = list(self.study.user_attrs.get("baselines_partial", []))
+        done = {b["name"] for b in out}
+
+        def keep(rec: dict[str, Any]) -> None:
             out.append(rec)
+            self.study.set_user_attr("baselines_partial", out)
+
+        knobs = self._default_knobs()
+        own_fit = getattr(self.engine, "own_fit", None)
+        if own_fit is not None and "--fit" not in done and "--fit-like fill (imitation)" not in done:
+            fit = own_fit(self.inv, self.workload, Budget.from_hardware(self.hw, self.margin_initial).gpus)
+            if fit is not None:
+                keep(self._fit_record(fit))
+                done.add("--fit")
+        if "--fit" not in done and "--fit-like fill (imitation)" not in done:
+            try:
+                props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
+                fitlike = props.get("experts-cpu+fill-last")
+                keep(self._plan_record("--fit-like fill (imitation)", "fit-like", fitlike,
+                                       "" if fitlike else "no experts-cpu proposal"))
+            except InputError as e:
+                keep(self._plan_record("--fit-like fill (imitation)", "fit-like", None, str(e)))
+        if "-ngl 99 -cmoe" not in done:
+            try:
+                plan = flag_plan(self.inv, ["-ngl", "99", "-cmoe"], knobs, self.dialect, self.settings.model_id)
+                keep(self._plan_record("-ngl 99 -cmoe", "cmoe", plan))
+            except InputError as e:
+                keep(self._plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
+        if not any(b.get("kind") == "ncmoe" for b in out):
+            keep(self._ncmoe_record(knobs))
         self.study.set_user_attr("baselines", out)
         self._refit()
         return out
+
+    def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "") -> dict[str, Any]:
+        """A baseline that is a plan: measured (and judged) like a trial, its run reused by a trial of it."""
+        rec: dict[str, Any] = {"name": name, "kind": kind, "ok": False, "error": err, "runs": 0}
+        if plan is None:
+            return rec
+        rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
+        from .memory import estimate
+        reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
+        if reason:
+            rec["error"] = f"not run: over budget ({reason})"
+            return rec
+        m = self._judge_peak(plan, self._measure(plan))
+        rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error, runs=1, plan=plan.to_json())
+        if not m.ok and _OOM.search(m.error or ""):
+            self._raise_margin(plan, m.error)
+        self._baseline_runs[plan.id] = _Result.of(_mdict(m))
+        if m.ok:
+            self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
+        return rec
+
+    def _ncmoe_record(self, knobs) -> dict[str, Any]:
+        """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
+        over the budget (NCMOE_TRIES runs at most)."""
+        from .memory import estimate
+
+        def fits(plan: Plan) -> bool:
+            return not self.space.over_budget(estimate(self.inv, plan, self.hw))
+        n = smallest_ncmoe(self.inv, knobs, self.dialect, self.settings.model_id, fits)
+        if n is None:
+            return {"name": "best -ncmoe", "kind": "ncmoe", "ok": False, "runs": 0,
+                    "error": "not run: not even -ncmoe with every layer fits the budget"}
+        runs, rec = 0, {}
+        for k in range(n, min(n + NCMOE_TRIES, self.inv.n_layer + 1)):
+            plan = flag_plan(self.inv, ["-ngl", "99", "-ncmoe", str(k)], knobs, self.dialect, self.settings.model_id)
+            rec = self._plan_record(f"-ngl 99 -ncmoe {k}", "ncmoe", plan)
+            runs += rec.get("runs", 0)
+            rec.update(runs=runs, ncmoe=k)
+            if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
+                break
+        return rec
+
+    def _fit_record(self, fit: EngineFit) -> dict[str, Any]:
+        """The engine's own --fit: its run (kept as measured; judged against the budget only to say so) and the
+        arguments to run it again."""
+        from .flags.common import shell_join
+        m = fit.measurement
+        peaks = {k: int(v) for k, v in dict(m.peak_bytes).items()}
+        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
+        over = [f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
+                if d in budget and v > budget[d]]
+        rec: dict[str, Any] = {
+            "name": "--fit", "kind": "engine-fit", "ok": bool(m.ok), "error": str(m.error or ""), "runs": 1,
+            "measured": _mdict(m), "argv": list(fit.argv), "env": dict(fit.env), "target_bytes": fit.target_bytes,
+            "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": "; ".join(over),
+            "commands": {"llama-bench": shell_join(["llama-bench", *fit.argv], fit.env)},
+            "label": "llama.cpp's own --fit" + (f" ({fit.note})" if fit.note else "")}
+        if fit.chosen_args:
+            rec["commands"]["llama-server"] = shell_join(["llama-server", "-m", "MODEL.gguf", *fit.chosen_args])
+        return rec
 
     def _describe(self, plan: Plan, terms: Terms | None = None, memory: Any = None) -> dict[str, Any]:
         from .flags import render_shell
@@ -541,42 +646,86 @@ class Tuner:
         except Exception as e:   # an engine bug must not end the study; the trial records it
             return _Result(f"engine raised {type(e).__name__}: {e}")
 
-    def _judge_peak(self, plan: Plan, m: Any) -> Any:
-        """`m`, or, when a successful run's measured peak on a GPU exceeds that GPU's budget, a failed result
-        that keeps the measured speeds and peaks, with the study's margin raised by at least the excess (as an
-        out-of-memory raises it). The worst GPU (largest excess) names the error.
+    def peaks_at_ctx(self, plan: Plan, peaks: dict[str, int]) -> dict[str, int]:
+        """Measured GPU peaks plus what the emitted command holds more at --ctx than the run did at its own
+        context (KV and compute, per the memory model): the VRAM the user's command will use."""
+        if self.run_ctx >= self.n_ctx or not peaks:
+            return dict(peaks)
+        from .memory import estimate
+        at_ctx = estimate(self.inv, plan, self.hw).devices
+        at_run = estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=self.run_ctx)), self.hw).devices
+        return {d: int(v) + max(at_ctx[d].total - at_run[d].total, 0) if d in at_ctx and d in at_run else int(v)
+                for d, v in peaks.items()}
 
-        The budget here is VRAM minus the margin the study was asked for, not the current (raised) one: the
-        raised margin is the memory model's allowance for its own error, and judging runs against it would
-        ratchet (an engine that holds a constant X bytes more than predicted would exceed every budget the
-        margin moves to, by X, until the margin reached its cap)."""
+    def _judge_peak(self, plan: Plan, m: Any) -> Any:
+        """`m` with its GPU peaks moved to the emitted context (`peaks_at_ctx`), or, when such a peak exceeds that
+        GPU's budget, a failed result that keeps the measured speeds and peaks. Every successful run teaches the
+        learnt margin the memory model's error; with a fixed margin an over-budget run raises it by at least the
+        excess (as an out-of-memory does). The worst GPU (largest excess) names the error.
+
+        The budget here is VRAM minus the margin the study was asked for (none when the margin is learnt), not
+        the current one: the current margin is the memory model's allowance for its own error, and judging runs
+        against it would ratchet (an engine that holds a constant X bytes more than predicted would exceed every
+        budget the margin moves to, by X, until the margin reached its cap)."""
         if not m.ok:
             return m
+        measured = {k: int(v) for k, v in dict(m.peak_bytes).items()}
+        peaks = self.peaks_at_ctx(plan, measured)
+        from .memory import estimate
+        predicted = estimate(self.inv, plan, self.hw).devices
+        gap = max((p - predicted[d].total for d, p in peaks.items() if d in predicted), default=None)
+        if gap is not None and self.margin_asked is None:
+            self._learn_margin(plan, gap)
         budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
         worst: tuple[int, str, int, int] | None = None
-        for dev, peak in sorted(dict(m.peak_bytes).items()):
+        for dev, peak in sorted(peaks.items()):
             have = budget.get(dev)
             if have is not None and peak > have and (worst is None or peak - have > worst[0]):
                 worst = (peak - have, dev, int(peak), have)
+        result = _Result(error="", ok=True, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps), peak_bytes=measured,
+                         host_bytes=int(m.host_bytes), peak_at_ctx=peaks if peaks != measured else {},
+                         cv=dict(getattr(m, "raw", {}) or {}).get("cv"),
+                         seen=str(dict(getattr(m, "raw", {}) or {}).get("seen", "")))
         if worst is None:
-            return m
+            return result
         excess, dev, peak, have = worst
         vram = self.hw.gpu(dev).vram_bytes
-        error = (f"measured peak {peak / GiB:.2f} GiB on {dev} over the budget {have / GiB:.2f} GiB "
+        at = f" at -c {self.n_ctx}" if peaks != measured else ""
+        error = (f"measured peak {peak / GiB:.2f} GiB{at} on {dev} over the budget {have / GiB:.2f} GiB "
                  f"(VRAM {vram / GiB:.2f} GiB - margin {(vram - have) / MiB:.0f} MiB)")
-        # the memory model's error on this run (measured - predicted, the worst GPU): later candidates are held
-        # to VRAM - (the asked margin + that error), which this plan no longer fits
-        from .memory import estimate
-        predicted = estimate(self.inv, plan, self.hw).devices
-        gap = max((int(p) - predicted[d].total for d, p in dict(m.peak_bytes).items() if d in predicted), default=0)
-        self._raise_margin(plan, error, at_least=self.margin_initial + max(gap, 0))
-        return _Result(error=error, ok=False, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps),
-                       peak_bytes={k: int(v) for k, v in dict(m.peak_bytes).items()}, host_bytes=int(m.host_bytes))
+        # later candidates are held to VRAM - (the asked margin + the model's error on this run), which this plan
+        # no longer fits (a learnt margin has just taken that error in)
+        if self.margin_asked is not None:
+            self._raise_margin(plan, error, at_least=self.margin_initial + max(gap or 0, 0))
+        return replace(result, ok=False, error=error)
+
+    def _learn_margin(self, plan: Plan, gap: int) -> None:
+        """The learnt margin: the worst under-prediction (measured - predicted peak, worst GPU) seen in this
+        study plus MARGIN_SLACK, never below what an out-of-memory raised it to. It moves both ways: a memory
+        model that turns out exact frees its prior allowance for experts."""
+        attrs = self.study.user_attrs
+        errors = [*attrs.get("memory_errors", []), int(gap)]
+        self.study.set_user_attr("memory_errors", errors)
+        cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else 0
+        worst = max(errors)
+        # an engine the model never under-predicts (sim) needs no slack either
+        new = min(max(worst + MARGIN_SLACK if worst > 0 else 0, int(attrs.get("margin_floor", 0))), cap)
+        if new != self.margin:
+            self._set_margin(new, plan, f"memory model error {gap / MiB:+.0f} MiB (worst so far "
+                                        f"{max(errors) / MiB:+.0f} MiB) + {MARGIN_SLACK // MiB} MiB")
+
+    def _set_margin(self, new: int, plan: Plan, why: str) -> None:
+        events = list(self.study.user_attrs.get("margin_events", []))
+        events.append({"from": self.margin, "to": new, "plan_id": plan.id, "error": why[:200]})
+        self.margin = new
+        self.study.set_user_attr("margin_bytes", new)
+        self.study.set_user_attr("margin_events", events)
+        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=new, config=self.config)
 
     def _raise_margin(self, plan: Plan, error: str, at_least: int = 0) -> None:
         """Raise the margin (for every later trial) so that `plan` no longer fits any GPU it failed on: by the
         predicted shortfall plus OOM_STEP, by at least OOM_STEP, and to at least `at_least` bytes; capped at
-        MAX_MARGIN_SHARE of the smallest GPU."""
+        MAX_MARGIN_SHARE of the smallest GPU. A learnt margin keeps it as its floor."""
         from .memory import estimate
         mem = estimate(self.inv, plan, self.hw)
         step = OOM_STEP
@@ -587,12 +736,9 @@ class Tuner:
         new = min(max(self.margin + OOM_STEP, step, at_least), max(cap, self.margin))
         if new <= self.margin:
             return
-        events = list(self.study.user_attrs.get("margin_events", []))
-        events.append({"from": self.margin, "to": new, "plan_id": plan.id, "error": error[:200]})
-        self.margin = new
-        self.study.set_user_attr("margin_bytes", new)
-        self.study.set_user_attr("margin_events", events)
-        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=new, config=self.config)
+        if self.margin_asked is None:
+            self.study.set_user_attr("margin_floor", new)
+        self._set_margin(new, plan, error)
 
     def _refit(self) -> None:
         if self.samples:
@@ -687,10 +833,11 @@ class Tuner:
     # ---- the loop ---------------------------------------------------------------------------------------------
 
     def run(self, n_trials: int, progress: Any = None, max_trials: int | None = None,
-            patience: int = PATIENCE) -> TuneResult:
+            patience: int = PATIENCE, deadline: float | None = None) -> TuneResult:
         """Measure `n_trials` more candidates. Stops early after `patience` trials in a row that ran nothing
         (with pre-screening: the cost model expects nothing the sampler proposes to improve on the runs made),
-        or after max_trials trials (default 10 n + 50)."""
+        after max_trials trials (default 10 n + 50), or once time.monotonic() passes `deadline` (between
+        trials: a benchmark's device call must end in time; the study resumes later)."""
         if n_trials < 1:
             raise InputError(f"--trials must be at least 1, got {n_trials}")
         t0 = time.perf_counter()
@@ -702,6 +849,9 @@ class Tuner:
         if self.want_baselines:
             self.baselines()
         if self.seed_trials:
+            # a run of a real engine costs seconds to minutes: seeds may take at most half the runs, the rest
+            # goes to the sampler and the refitted model
+            self.max_seeds = max(3, n_trials // 2) if self.prescreen else None
             self.enqueue_seeds()
         stop = {"why": ""}
 
@@ -709,6 +859,10 @@ class Tuner:
             if progress is not None:
                 progress(self, frozen)
             if self.n_measured - start_measured >= n_trials:
+                study.stop()
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                stop["why"] = f"stopped at the deadline after {self.n_measured - start_measured} runs"
                 study.stop()
                 return
             if self.n_trials_session >= cap:
@@ -731,6 +885,122 @@ class Tuner:
                           time.perf_counter() - t0, self.margin, self.fit, stop["why"], self.counts)
 
 
+    # ---- confirmation -------------------------------------------------------------------------------------------
+
+    def reference(self) -> dict[str, Any] | None:
+        """The baseline the study is judged against: the engine's own --fit, else the --fit-like imitation (when
+        it ran)."""
+        for b in self.study.user_attrs.get("baselines", []):
+            if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok"):
+                return b
+        return None
+
+    def finalists(self, n_tg: int = 2) -> list[Contender]:
+        """What confirmation re-measures: the reference (--fit), the n_tg fastest-TG trials that use no more VRAM
+        than it measured, the best TG among trials with >= BALANCED_PP x its PP ("balanced"), and for a PP
+        objective the fastest PP; a trial in several roles is one contender."""
+        from optuna.trial import TrialState
+        ref = self.reference()
+        rows = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            m = t.user_attrs.get("measured") or {}
+            if m.get("ok") and t.user_attrs.get("duplicate_of") is None and "plan" in t.user_attrs:
+                rows.append((t.number, float(m["tg_tps"]), float(m["pp_tps"]), vram_of(m)))
+        roles: dict[int, list[str]] = {}
+        cap = vram_of(ref["measured"]) if ref and vram_of(ref["measured"]) else math.inf
+        under = [r for r in rows if r[3] <= cap] or rows     # none at its VRAM: the fastest still, to show the gap
+        for i, r in enumerate(sorted(under, key=lambda r: -r[1])[:n_tg]):
+            roles.setdefault(r[0], []).append("best_tg" if i == 0 else "runner_up")
+        pp_floor = BALANCED_PP * ref["measured"]["pp_tps"] if ref else 0.0
+        balanced = [r for r in rows if r[2] >= pp_floor]
+        if balanced:
+            key = (lambda r: r[1]) if ref else (lambda r: math.sqrt(max(r[1], 0) * max(r[2], 0)))
+            roles.setdefault(max(balanced, key=key)[0], []).append("balanced")
+        if self.objective.kind == "pp" and rows:
+            roles.setdefault(max(rows, key=lambda r: r[2])[0], []).append("best_pp")
+        out = [Contender("fit", ref["name"], ("fit",))] if ref else []
+        out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
+        return out
+
+    def _measure_contender(self, c: Contender) -> dict[str, Any]:
+        if c.trial is None:
+            ref = self.reference() or {}
+            if ref.get("argv"):
+                m = self._measure_args(ref["argv"], ref.get("env") or {})
+            else:
+                m = self._measure(Plan.from_json(ref["plan"]))
+        else:
+            trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
+            plan = Plan.from_json(trial.user_attrs["plan"])
+            m = self._judge_peak(plan, self._measure(plan))
+        d = _mdict(m)
+        row = {k: d[k] for k in ("ok", "tg_tps", "pp_tps", "error")}
+        row.update(peak_bytes=d.get("peak_at_ctx") or d["peak_bytes"], cv=d.get("cv"), seen=d.get("seen", ""))
+        return row
+
+    def _measure_args(self, argv: list[str], env: dict[str, str]):
+        try:
+            return self.engine.measure_args(argv, self.workload, env)
+        except InputError:
+            raise
+        except Exception as e:   # as _measure: an engine bug is a failed sample, not the end of the study
+            return _Result(f"engine raised {type(e).__name__}: {e}")
+
+    def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
+                deadline: float | None = None) -> dict[str, Any]:
+        """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.confirm) and
+        judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
+        confirmation resumes). Returns that record ({} when there is nothing to confirm, or when `deadline`
+        passed before the last sample: call again to go on)."""
+        contenders = self.finalists(n_tg)
+        if rounds < 1 or not contenders:
+            return {}
+        keys = [c.key for c in contenders]
+        stored = self.study.user_attrs.get("confirmation") or {}
+        log = SampleLog(list(stored.get("rows", [])) if stored.get("keys") == keys else [])
+        for rnd, c in schedule(contenders, rounds):
+            if log.done(rnd, c.key):
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                return {}
+            log.add(rnd, c.key, self._measure_contender(c))
+            self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "rows": log.rows})
+            if progress is not None:
+                progress(len(log.rows), rounds * len(contenders))
+        results = [log.summarise(c) for c in contenders]
+        record = confirmed_record(results, rounds)
+        self.study.set_user_attr("confirmed", record)
+        return record
+
+
+def confirmed_record(results: list[Confirmed], rounds: int) -> dict[str, Any]:
+    """Each contender's medians and spreads, its ratios to the reference (win / tie / loss), and the picks by
+    median: the best TG at no more VRAM than the reference, and the best TG with >= BALANCED_PP x its PP."""
+    ref = next((r for r in results if "fit" in r.contender.roles), None)
+    rows = []
+    for r in results:
+        d = r.to_dict()
+        if ref is not None and r is not ref:
+            for name, a, b in (("tg", r.tg, ref.tg), ("pp", r.pp, ref.pp)):
+                cmp = compare(a, b)
+                d[f"{name}_vs_fit"] = cmp.to_dict() if cmp else None
+            d["vram_vs_fit"] = r.vram_bytes / ref.vram_bytes if ref.vram_bytes else None
+        rows.append(d)
+    others = [r for r in results if r is not ref and r.tg.samples]
+    picks: dict[str, Any] = {}
+    cap = ref.vram_bytes if ref is not None and ref.vram_bytes else math.inf
+    tg_ok = [r for r in others if r.vram_bytes <= cap]
+    if tg_ok:
+        picks["best_tg"] = max(tg_ok, key=lambda r: r.tg.median).contender.key
+    elif others:      # nothing at or under the reference's VRAM: the fastest, named so
+        picks["best_tg_over_fit_vram"] = max(others, key=lambda r: r.tg.median).contender.key
+    floor = BALANCED_PP * ref.pp.median if ref is not None else 0.0
+    bal = [r for r in others if r.pp.median >= floor]
+    if bal:
+        picks["balanced"] = max(bal, key=lambda r: r.tg.median).contender.key
+    return {"rounds": rounds, "results": rows, "picks": picks, "reference": ref.contender.key if ref else None}
+
+
 # ---- helpers ------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -743,18 +1013,34 @@ class _Result:
     peak_bytes: dict = field(default_factory=dict)
     host_bytes: int = 0
     raw: dict = field(default_factory=dict)
+    peak_at_ctx: dict = field(default_factory=dict)   # peaks moved to the emitted context ({} when the same)
+    cv: float | None = None                            # the run's own noise over its repetitions
+    seen: str = ""                                     # the machine's state around the run
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> "_Result":
         return cls(error=d.get("error", ""), ok=bool(d.get("ok")), pp_tps=float(d.get("pp_tps", 0.0)),
                    tg_tps=float(d.get("tg_tps", 0.0)), peak_bytes=dict(d.get("peak_bytes") or {}),
-                   host_bytes=int(d.get("host_bytes", 0)))
+                   host_bytes=int(d.get("host_bytes", 0)), peak_at_ctx=dict(d.get("peak_at_ctx") or {}),
+                   cv=d.get("cv"), seen=d.get("seen", ""))
 
 
 def _mdict(m: Any) -> dict[str, Any]:
-    """A Measurement as stored on a trial (the engine's `raw` stays out: it can be large)."""
-    return {"pp_tps": float(m.pp_tps), "tg_tps": float(m.tg_tps), "ok": bool(m.ok), "error": str(m.error or ""),
-            "peak_bytes": {k: int(v) for k, v in dict(m.peak_bytes).items()}, "host_bytes": int(m.host_bytes)}
+    """A Measurement as stored on a trial (the engine's `raw` stays out: it can be large). `peak_at_ctx`: the
+    peaks at the emitted context, when they differ from the measured ones; `cv`: the run's noise."""
+    out = {"pp_tps": float(m.pp_tps), "tg_tps": float(m.tg_tps), "ok": bool(m.ok), "error": str(m.error or ""),
+           "peak_bytes": {k: int(v) for k, v in dict(m.peak_bytes).items()}, "host_bytes": int(m.host_bytes)}
+    raw = dict(getattr(m, "raw", {}) or {})
+    for key, value in (("peak_at_ctx", getattr(m, "peak_at_ctx", None)), ("cv", getattr(m, "cv", None) or raw.get("cv")),
+                       ("seen", getattr(m, "seen", None) or raw.get("seen"))):
+        if value:
+            out[key] = value
+    return out
+
+
+def vram_of(measured: dict[str, Any]) -> int:
+    """The VRAM a stored measurement stands for: its peaks at the emitted context, else as measured, all GPUs."""
+    return sum((measured.get("peak_at_ctx") or measured.get("peak_bytes") or {}).values())
 
 
 

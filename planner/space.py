@@ -92,6 +92,15 @@ class SpaceConfig:
     fmoe: tuple[bool, ...] = (True, False)        # ik
     rtr: tuple[bool, ...] = (False, True)         # ik
 
+    def settled(self, n_threads: int, dialect: Dialect = "mainline") -> "SpaceConfig":
+        """The space for an engine whose runs cost real time: the knobs that never reached the front in the
+        H100 studies of issue 10 (30-50% of their runs: 8 or 12 threads on 16 cores, flash attention off,
+        -b 16384, the output layer on the CPU, mmap'd (pageable) experts, op offload off with experts in RAM)
+        are settled at the value that won, so the runs go to placement, ubatch and KV type."""
+        settled = replace(self, threads=(n_threads,), flash_attn=(True,), batch_mult=(1,), output=("gpu",),
+                          mmap=(False,), min_batch=(32,))
+        return replace(settled, offload=(True,)) if dialect == "mainline" else settled
+
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
@@ -297,6 +306,17 @@ class Space:
                 return (f"{dev}: needs {fmt_bytes(m.total)}, budget {fmt_bytes(budget.gpus.get(dev, 0))} "
                         f"(VRAM - {fmt_bytes(self.hw.gpu(dev).vram_bytes - budget.gpus.get(dev, 0))} margin)")
         return ""
+
+    def legal(self, params: dict[str, Any]) -> dict[str, Any]:
+        """params with each value one its dim allows (a seed made for the full space, in a settled one: a
+        choice the space fixed becomes its one value, a number snaps to the nearest step)."""
+        out = {}
+        for k, v in params.items():
+            dim = self.dims.get(k)
+            if dim is None:
+                continue
+            out[k] = (v if v in dim.values else dim.values[0]) if dim.kind == "cat" else dim.snap(v)
+        return out
 
     def label(self, p: dict[str, Any], knobs: Knobs | None = None) -> str:
         """Short description: expert fill per GPU, order, homes, output; then the knobs that differ by candidate."""

@@ -89,6 +89,28 @@ class NvmlSampler:
         return dict(self._peak), self._samples
 
 
+def machine_state(sampler: "MemorySampler | None") -> str:
+    """One line on what else was going on (for runs whose repetitions disagree): the host's load average and,
+    with NVML, each GPU's SM clock, temperature, throttle reasons and the number of processes on it."""
+    parts = []
+    try:
+        parts.append("load %.1f/%.1f/%.1f" % os.getloadavg())
+    except OSError:
+        pass
+    if isinstance(sampler, NvmlSampler):
+        nv = sampler._nvml
+        for i, h in enumerate(sampler._handles):
+            try:
+                clock = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+                thr = nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+                procs = len(nv.nvmlDeviceGetComputeRunningProcesses(h))
+                parts.append(f"GPU{i} {clock} MHz {temp} C throttle 0x{thr:x} procs {procs}")
+            except Exception:            # an NVML call this driver lacks: say less, never fail the run
+                continue
+    return "; ".join(parts)
+
+
 def _parse_smi(line: str) -> tuple[int, int] | None:
     parts = [p.strip() for p in line.split(",")]
     if len(parts) != 2 or not parts[0].isdigit():

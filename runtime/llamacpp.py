@@ -34,6 +34,7 @@ import dataclasses
 import os
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -50,6 +51,7 @@ from planner.flags.common import (
     SLOT_RULES, Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
     shell_join, slot_devices,
 )
+from planner.baselines import EngineFit
 from planner.hardware import HardwareProfile
 from planner.memory import DeviceMemory, MemoryReport, estimate
 from planner.model import ModelInventory
@@ -213,6 +215,7 @@ class RunResult:
     gpu_baseline_bytes: dict[str, int]
     gpu_samples: int
     vram_source: str                   # "nvml", "nvidia-smi" or "none"
+    seen: str = ""                     # the machine's state at the end (load, GPU clocks, other GPU processes)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -291,7 +294,7 @@ def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeo
     delta = {i: max(b - baseline.get(i, 0), 0) for i, b in peak.items()}
     return RunResult(tuple(argv), proc.returncode, out, err, wall, timed_out, int(ru.ru_maxrss) * 1024,
                      gpumem.per_cuda_device(delta, full_env), gpumem.per_cuda_device(baseline, full_env), n_samples,
-                     sampler.source if sampler is not None else "none")
+                     sampler.source if sampler is not None else "none", gpumem.machine_state(sampler))
 
 
 # ---- the engine ------------------------------------------------------------------------------------------------------
@@ -324,6 +327,7 @@ class LlamaCppEngine:
     verbose: bool = False                     # always pass -v (log memory lines into raw["log_memory"])
     ngl_rule: SlotRule | None = None          # override the detected -ngl semantics
     sample_vram: bool = True
+    cpu_stand_in: bool = False                # run every plan with its tensors on the CPU (a CPU-only dry run)
     name: str = "llamacpp"
     path: Path = field(init=False)
     info: BinaryInfo = field(init=False)
@@ -463,6 +467,8 @@ class LlamaCppEngine:
         return run_process([cmd.program, *cmd.argv], self._env(cmd.env), self.timeout_s, self.sampler())
 
     def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
+        if self.cpu_stand_in:       # the same knobs, every tensor on the CPU: the pipeline runs, not the GPU plan
+            plan = replace(plan, assignment={n: "CPU" for n in plan.assignment})
         cmd = self.command(inv, plan, workload)
         return self.measure_command(cmd, workload)
 
@@ -475,6 +481,48 @@ class LlamaCppEngine:
         if self.verbose and "-v" not in argv:
             argv.append("-v")
         return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), workload)
+
+    def run_context(self, workload: Workload) -> int:
+        """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: one
+        for the row it reads), so the tuner can add the memory model's KV and compute for the emitted -c."""
+        if self.info.tool == "sweep":
+            return workload.depth + max(workload.n_gen, 512)
+        return max(bench_contexts(workload), default=0)
+
+    def own_fit(self, inv: ModelInventory, workload: Workload, budgets: Mapping[str, int],
+                knobs: Sequence[str] = ("-fa", "1", "-ub", "512", "-b", "2048")) -> EngineFit | None:
+        """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (None when this binary
+        has no -fitt: ik, or mainline before PR #21304). -fitt is the free memory llama.cpp must leave on each
+        device: what is free now minus the budget (llama-bench takes one value for all devices, so the
+        tightest GPU's). Also asks llama-fit-params (beside llama-bench, when there) which placement it picks
+        for the prompt's context, so the study can start from it."""
+        if not self.info.abilities["fit_target"] or self.info.tool != "bench":
+            return None
+        sampler = self.sampler()
+        free = gpumem.per_cuda_device(sampler.free(), self._env({})) if sampler is not None else {}
+        targets = [free[d] - b for d, b in budgets.items() if d in free]
+        target_mib = max(min(targets) // (1 << 20), 1) if targets else 1024
+        argv = ("-m", self._model(inv), "-p", str(workload.n_prompt), "-n", str(workload.n_gen),
+                "-r", str(workload.repetitions), *(("-d", str(workload.depth)) if workload.depth else ()),
+                *knobs, "-fitt", str(target_mib))
+        m = self.measure_args(argv, workload)
+        note = f"-fitt {target_mib} MiB (free {', '.join(f'{d} {v >> 20} MiB' for d, v in free.items()) or 'unknown'})"
+        return EngineFit(m, argv, {}, target_mib << 20, self._fit_choice(inv, workload, target_mib, knobs), note)
+
+    def _fit_choice(self, inv: ModelInventory, workload: Workload, target_mib: int, knobs: Sequence[str]
+                    ) -> tuple[str, ...]:
+        """llama-fit-params' placement for the prompt test's context ((), when it is missing or fails)."""
+        exe = self.path.with_name("llama-fit-params")
+        if not exe.is_file():
+            return ()
+        kn = [("on" if v == "1" else v) if k == "-fa" else v for k, v in zip(knobs[::2], knobs[1::2])]
+        argv = [str(exe), "-m", self._model(inv), "-c", str(workload.n_prompt + workload.depth), "-fitt",
+                str(target_mib), "-np", "1", *(x for pair in zip(knobs[::2], kn) for x in pair)]
+        run = run_process(argv, self._env({}), 600)
+        line = next((ln.strip() for ln in run.stdout.splitlines() if ln.startswith("-c ")), None)
+        if run.returncode != 0 or line is None:
+            return ()
+        return tuple(shlex.split(line))
 
     def measure_command(self, cmd: EngineCommand, workload: Workload) -> Measurement:
         run = self.run(cmd)
@@ -532,6 +580,10 @@ class LlamaCppEngine:
         }
         if verbose:
             raw["log_memory"] = log_memory(log_run.stderr)
+        cvs = [t["stddev_ts"] / t["avg_ts"] for t in tests if t.get("avg_ts") and t.get("stddev_ts") is not None]
+        if cvs:
+            raw["cv"] = max(cvs)          # the run's noise over its repetitions (the worse of PP and TG)
+        raw["seen"] = run.seen
         if failure is not None:
             raw["failure"] = failure.kind
             raw["stdout_tail"] = tail(log_run.stdout, 3000)

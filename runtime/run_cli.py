@@ -123,7 +123,8 @@ def make_engine(args: argparse.Namespace, hw: HardwareProfile) -> Engine:
     if args.engine == "llamacpp":
         from .llamacpp import LlamaCppEngine
         model = None if args.model.startswith("preset:") else args.model
-        return LlamaCppEngine(binary=args.llama_bench, timeout_s=args.timeout, model_path=model)
+        return LlamaCppEngine(binary=args.llama_bench, timeout_s=args.timeout, model_path=model,
+                              cpu_stand_in=bool(getattr(args, "cpu_stand_in", False)))
     if importlib.util.find_spec("runtime.torch_engine") is None:
         raise InputError("engine torch is not available yet (runtime/torch_engine is not built); use --engine sim "
                          "or --engine llamacpp")

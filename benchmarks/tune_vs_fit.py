@@ -1,0 +1,306 @@
+"""The tuner against llama.cpp's own `--fit` (issue 10): per VRAM budget and context depth, a study of at most
+--runs engine runs on the real llama-bench (its baselines: --fit through llama-bench -fitt, -ngl 99 -cmoe, the best
+-ncmoe N; its search; its confirmation: the finalists and --fit re-measured interleaved), on the synthetic
+Qwen3-30B-A3B-shaped Q4_0 model of benchmarks/llamacpp_gpu.py.
+
+Writes tune_vs_fit.json, tune_vs_fit.md and tune_vs_fit.png to --out (default $OUT, else <workdir>/report): per
+budget and depth the confirmed --fit, best TG (at no more VRAM than --fit measured) and balanced (best TG with PP
+>= 1.5x --fit's) configs with medians, spreads, VRAM and flags, their ratios to --fit, the -ncmoe baseline and the
+study's front. Also runs.jsonl: every llama-bench run of the studies in the format of the shared calibration data
+(llama_bench_args, env, pp_tps, tg_tps, peak_vram_mib), for the cost-model benchmark.
+
+Resumable across 10-minute device calls: each cell (budget, depth) is an Optuna study in <workdir>/tune_vs_fit.db
+(SQLite), so a call cut off loses at most the run in flight; a call stops starting runs after --time-budget
+seconds and exits 3 while work is left (0 when every cell is confirmed). The report is rewritten after each cell.
+
+On the GPU machine (after `bash benchmarks/llamacpp_gpu.sh build TARBALL`, which also serves this script; carry
+.whl with optuna and its needs, see the device notes in README):
+    python3 benchmarks/tune_vs_fit.py --budgets 8,16 --depths 0 --time-budget 520
+Here, without a GPU, the whole pipeline on the CPU build, a tiny model, every plan run all-CPU (--cpu-stand-in):
+    .venv/bin/python benchmarks/tune_vs_fit.py --cpu
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from planner.gguf_header import load_inventory  # noqa: E402
+from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
+from planner.report import study_summary, trials_frame  # noqa: E402
+from planner.search import Tuner  # noqa: E402
+from planner.space import SpaceConfig  # noqa: E402
+from planner.workload import Workload  # noqa: E402
+
+DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
+CONFIRM_CONTENDERS = 3      # --fit, best TG, balanced: what confirmation costs per round
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def cell_name(budget_gib: int, depth: int) -> str:
+    return f"tvf-{budget_gib}g-d{depth}"
+
+
+def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float) -> bool:
+    """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it."""
+    wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
+    hw = hw0.with_vram([budget_gib * GiB])
+    # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
+    # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
+    ctx = depth + args.n_prompt + args.n_gen
+    config = SpaceConfig().settled(hw.host.n_threads)
+    tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
+                  config=config, study_name=cell_name(budget_gib, depth), storage=args.storage, seed=args.seed,
+                  pool_size=args.pool)
+    done = study_summary(tuner.study)
+    runs = done["engine_runs"]
+    if tuner.study.user_attrs.get("confirmed"):
+        return True
+    if "baselines" not in tuner.study.user_attrs:
+        log(f"{tuner.study_name}: baselines")
+    # the search gets what the baselines and the confirmation leave of --runs (baselines are measured first,
+    # inside run(); 3 assumed until they are)
+    n_base = runs["baselines"] or 3
+    n_search = args.runs - n_base - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
+    if n_search > 0 and time.monotonic() < deadline:
+        res = tuner.run(n_search, deadline=deadline, patience=40)
+        log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "
+            f"{tuner.margin / MiB:.0f} MiB")
+        runs = study_summary(tuner.study)["engine_runs"]
+        if res.stopped.startswith("stopped at the deadline"):
+            return False
+    if time.monotonic() >= deadline:
+        return False
+    log(f"{tuner.study_name}: confirmation, {args.confirm} rounds")
+    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline)
+    return bool(rec)
+
+
+def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
+    """The JSON row of a cell: --fit, best TG and balanced (confirmed medians), their ratios, the -ncmoe line."""
+    s = study_summary(study)
+    conf = s.get("confirmed") or {}
+    by_key = {r["key"]: r for r in conf.get("results", [])}
+    df = trials_frame(study)
+
+    def flags(key: str | None) -> str:
+        if key == "fit":
+            ref = next(b for b in s["baselines"] if b.get("kind") == "engine-fit")
+            return ref["commands"].get("llama-server") or ref["commands"]["llama-bench"]
+        if key and key.startswith("trial:"):
+            row = df[df["trial"] == int(key.split(":")[1])]
+            return str(row["llama-server"].iloc[0]) if not row.empty else ""
+        return ""
+
+    def pick(key: str | None) -> dict[str, Any] | None:
+        r = by_key.get(key) if key else None
+        if r is None:
+            return None
+        return {"tg": r["tg"]["median"], "pp": r["pp"]["median"], "tg_range": [r["tg"]["lo"], r["tg"]["hi"]],
+                "pp_range": [r["pp"]["lo"], r["pp"]["hi"]], "vram_mib": r["vram_bytes"] / MiB, "flags": flags(key),
+                "name": r["name"], "tg_vs_fit": r.get("tg_vs_fit"), "pp_vs_fit": r.get("pp_vs_fit"),
+                "noisy": r["noisy"], "seen": r["seen"]}
+    fit, best, bal = pick("fit"), pick(conf.get("picks", {}).get("best_tg")), pick(conf.get("picks", {}).get("balanced"))
+    ncmoe = next((b for b in s["baselines"] if b.get("kind") == "ncmoe"), None)
+    ratio = (lambda a, k: a[k] / fit[k] if a and fit and fit[k] else None)
+    return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s["engine_runs"]["total"],
+            "engine_runs": s["engine_runs"], "front_share": s["front_share"], "confirmed": bool(conf),
+            "fit": fit, "best_tg": best, "balanced": bal,
+            "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"), "balanced_pp_ratio": ratio(bal, "pp"),
+            "ncmoe": None if ncmoe is None else {"name": ncmoe["name"], "ok": ncmoe.get("ok"), "error": ncmoe.get("error"),
+                                                 **({k: ncmoe["measured"][k] for k in ("tg_tps", "pp_tps")}
+                                                    if ncmoe.get("ok") else {}),
+                                                 "vram_mib": sum((ncmoe.get("measured") or {}).get("peak_bytes", {}).values()) / MiB},
+            "margin_mib": (s.get("margin_bytes") or 0) / MiB,
+            "front": [{k: r.get(k) for k in ("trial", "tg_tps", "pp_tps", "vram_bytes", "tg_x", "pp_x", "label")}
+                      for r in s["pareto"]],
+            "over_budget_runs": int((df["error"].str.contains("over the budget", na=False)).sum()) if not df.empty else 0}
+
+
+def runs_jsonl(studies, path: Path) -> int:
+    """Every successful llama-bench run of the studies (trials, baselines, confirmation samples are not plans:
+    trials only), as the shared calibration data has them."""
+    n = 0
+    with path.open("w") as f:
+        for study in studies:
+            for t in study.get_trials(deepcopy=False):
+                m, cmd = t.user_attrs.get("measured") or {}, (t.user_attrs.get("candidate") or {}).get("commands", {})
+                bench = cmd.get("llama-bench", "")
+                if not m.get("ok") or not bench or t.user_attrs.get("duplicate_of") is not None:
+                    continue
+                words = shlex.split(bench)
+                i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
+                env = dict(w.split("=", 1) for w in words[:i])
+                args = words[i + 1:]
+                if "-m" in args:
+                    del args[args.index("-m"):args.index("-m") + 2]
+                f.write(json.dumps({"study": study.study_name, "trial": t.number, "env": env, "llama_bench_args": args,
+                                    "pp_tps": m["pp_tps"], "tg_tps": m["tg_tps"],
+                                    "peak_vram_mib": sum((m.get("peak_bytes") or {}).values()) // MiB}) + "\n")
+                n += 1
+    return n
+
+
+def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tune_vs_fit.json").write_text(json.dumps({"meta": meta, "budgets": rows}, indent=2, default=str))
+    L = ["# offload-tuner against llama.cpp's own --fit", "",
+         f"{meta['date']}; {meta.get('gpu') or 'no GPU (CPU dry run)'}; model {Path(meta['model']).name} "
+         f"({meta['model_gib']:.2f} GiB); workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; "
+         f"at most {meta['runs']} engine runs per budget (baselines, search and {meta['confirm']} rounds of "
+         "confirmation); every number below is a confirmed median over interleaved re-runs in one device call, "
+         "[min-max] its spread; x: ratio to --fit's median, 'tie' when inside the larger spread.", "",
+         "| budget | depth | runs | --fit TG / PP / VRAM MiB | best TG: TG / PP / VRAM MiB | TG x | balanced: TG / PP / VRAM MiB "
+         "| TG x | PP x | best -ncmoe: TG / PP / VRAM MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(p: dict[str, Any] | None) -> str:
+        return f"{p['tg']:.2f} / {p['pp']:.0f} / {p['vram_mib']:.0f}" if p else "-"
+
+    def verdict(p: dict[str, Any] | None, k: str) -> str:
+        v = (p or {}).get(f"{k}_vs_fit")
+        return f"{v['ratio']:.3f} {v['verdict']}" if v else "-"
+    for r in sorted(rows, key=lambda r: (r["depth"], r["budget_gib"])):
+        nc = r.get("ncmoe") or {}
+        ncs = f"{nc['tg_tps']:.2f} / {nc['pp_tps']:.0f} / {nc['vram_mib']:.0f} ({nc['name']})" if nc.get("ok") else \
+            (nc.get("error") or "-")
+        L.append(f"| {r['budget_gib']} GiB | {r['depth']} | {r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'} | "
+                 f"{cell(r['fit'])} | {cell(r['best_tg'])} | {verdict(r['best_tg'], 'tg')} | {cell(r['balanced'])} | "
+                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} |")
+    L += ["", "Commands (llama-server lines; --fit as llama-bench ran it):", ""]
+    for r in sorted(rows, key=lambda r: (r["depth"], r["budget_gib"])):
+        for role in ("fit", "best_tg", "balanced"):
+            if r.get(role):
+                L += [f"- {r['budget_gib']} GiB, depth {r['depth']}, {role}: `{r[role]['flags']}`"]
+    L += ["", "Runs per study: " + "; ".join(f"{r['study']}: {r['engine_runs']}, {r['front_share'] or 0:.0%} near the "
+                                             f"front, learnt margin {r['margin_mib']:.0f} MiB" for r in rows), ""]
+    noisy = [(r["study"], role, r[role]["seen"]) for r in rows for role in ("fit", "best_tg", "balanced")
+             if r.get(role) and r[role]["noisy"]]
+    if noisy:
+        L += ["Noisy runs (a run's CV over its repetitions > 5%):", ""] + [f"- {s} {role}: {'; '.join(seen) or '-'}"
+                                                                           for s, role, seen in noisy] + [""]
+    L += ["![TG and PP against VRAM](tune_vs_fit.png)", ""]
+    (out / "tune_vs_fit.md").write_text("\n".join(L))
+    plot(rows, out / "tune_vs_fit.png")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, key, name in ((axes[0], "tg", "TG"), (axes[1], "pp", "PP")):
+        for i, depth in enumerate(sorted({r["depth"] for r in rows})):
+            sel = sorted((r for r in rows if r["depth"] == depth), key=lambda r: r["budget_gib"])
+            for r in sel:
+                fr = sorted(r["front"], key=lambda f: f["vram_bytes"] or 0)
+                ax.plot([f["vram_bytes"] / GiB for f in fr], [f[f"{key}_tps"] for f in fr], ".-", c=f"C{i}", alpha=0.5,
+                        label=f"study fronts, depth {depth}" if r is sel[0] else None)
+            pts = [r["fit"] for r in sel if r["fit"]]
+            ax.plot([p["vram_mib"] / 1024 for p in pts], [p[key] for p in pts], "X", ms=10, c=f"C{i}", mec="k",
+                    label=f"--fit, depth {depth}")
+            nc = [r["ncmoe"] for r in sel if r.get("ncmoe") and r["ncmoe"].get("ok")]
+            ax.plot([n["vram_mib"] / 1024 for n in nc], [n[f"{key}_tps"] for n in nc], "s--", c=f"C{i}", mfc="none",
+                    label=f"best -ncmoe, depth {depth}")
+            for role, mk in (("best_tg", "*"), ("balanced", "D")):
+                pts = [r[role] for r in sel if r.get(role)]
+                ax.plot([p["vram_mib"] / 1024 for p in pts], [p[key] for p in pts], mk, ms=10, c=f"C{i}", mec="k",
+                        label=f"{role} (confirmed), depth {depth}")
+        ax.set_xlabel("peak VRAM (GiB)")
+        ax.set_ylabel(f"{name} (tokens/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="dry run: CPU build, tiny model, every plan all-CPU")
+    ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
+    ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
+    ap.add_argument("--llama-bench", type=Path, help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/llama-bench")
+    ap.add_argument("--model", type=Path, help="default the llamacpp_gpu benchmark's model (written if missing)")
+    ap.add_argument("--budgets", default="4,8,12,16", help="GiB (default 4,8,12,16)")
+    ap.add_argument("--depths", default="0,8192", help="context depths (default 0,8192)")
+    ap.add_argument("--runs", type=int, default=30, help="engine runs per budget, all phases (default 30)")
+    ap.add_argument("--confirm", type=int, default=3, help="confirmation rounds (default 3)")
+    ap.add_argument("--n-prompt", type=int, help="default 2048 (32 with --cpu)")
+    ap.add_argument("--n-gen", type=int, help="default 64 (4 with --cpu)")
+    ap.add_argument("--reps", type=int, help="repetitions inside each run (default 3; 1 with --cpu)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pool", type=int, default=200)
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per llama-bench run (default 240)")
+    ap.add_argument("--time-budget", type=float, default=520.0, help="seconds this call may use (default 520)")
+    ap.add_argument("--min-left", type=float, default=100.0,
+                    help="seconds a cell needs to start (its baselines run in one go; default 100)")
+    ap.add_argument("--hardware", default="gpu-box")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    deadline = t0 + args.time_budget
+    budgets = [int(b) for b in args.budgets.split(",") if b]
+    depths = [int(d) for d in args.depths.split(",") if d]
+    args.n_prompt = args.n_prompt or (32 if args.cpu else 2048)
+    args.n_gen = args.n_gen or (4 if args.cpu else 64)
+    args.reps = args.reps or (1 if args.cpu else 3)
+    workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
+    args.storage = f"sqlite:///{workdir / 'tune_vs_fit.db'}"
+    import llamacpp_gpu as lg
+    from runtime.llamacpp import LlamaCppEngine
+    if args.cpu:
+        from runtime.llamacpp_build import ensure_built
+        bench = args.llama_bench or ensure_built()["llama-bench"]
+    else:
+        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
+    if not model.exists():
+        lg.write_model(model, args.cpu)
+    inv = load_inventory(model)
+    hw = load_hardware(args.hardware)
+    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
+    devs = engine.devices() or {}
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
+            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None, "binary": engine.info.to_dict(),
+            "model": str(model), "model_gib": model.stat().st_size / GiB, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+            "reps": args.reps, "runs": args.runs, "confirm": args.confirm, "hardware": hw.name}
+    import optuna
+    finished = True
+    for depth in depths:
+        for b in budgets:
+            if deadline - time.monotonic() < args.min_left:     # baselines run without a deadline check
+                finished = False
+                log(f"{cell_name(b, depth)}: not started, {deadline - time.monotonic():.0f} s left")
+                break
+            ok = run_cell(args, engine, inv, hw, b, depth, deadline)
+            finished &= ok
+            log(f"{cell_name(b, depth)}: {'confirmed' if ok else 'not finished: run again'}")
+    from planner.search import make_storage
+    storage = make_storage(args.storage)
+    names = {s.study_name for s in storage.get_all_studies()}
+    studies = [optuna.load_study(study_name=cell_name(b, d), storage=storage) for d in depths for b in budgets
+               if cell_name(b, d) in names]
+    rows = [cell_row(st, int(st.study_name.split("-")[1][:-1]), int(st.study_name.split("-d")[1])) for st in studies]
+    write_report(rows, meta, out)
+    n = runs_jsonl(studies, out / "runs.jsonl")
+    log(f"report: {out}/tune_vs_fit.md ({len(rows)} cells, {n} runs in runs.jsonl); "
+        f"{'all cells confirmed' if finished else 'work left: run again'}")
+    return 0 if finished else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
