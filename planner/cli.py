@@ -347,7 +347,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from .storage import check_output_folder
         check_output_folder(out, "--out")
     engine = load_engine(args.engine, hw, inv, args)
-    from .search import make_storage
+    from .search import STUDIES_DIR, make_storage, sqlite_path
+    if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
+        from .storage import check_sqlite_folder, lock_sqlite
+        check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
+        lock_sqlite(sqlite_path(storage))
     make_storage(storage)                         # the driver, the folder, the database answer
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
     args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"

@@ -152,7 +152,8 @@ def make_storage(url: str | None):
             # workers started together on an empty database race to create Optuna's tables; the losers see
             # "duplicate key" / "already exists" and find the tables there on a second try
             text = str(e).lower()
-            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text):
+            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text
+                                             or "unique constraint" in text):
                 time.sleep(0.5 * (attempt + 1))
                 continue
             raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
