@@ -171,7 +171,7 @@ BAD: list[tuple[str, list[str]]] = [
     ("tune out read-only", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--out", "{tmp}/readonly/r",
                             "--storage", "sqlite:///{tmp}/t.db"]),
     ("tune storage no folder", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--storage",
-                                "sqlite:////nonexistent-offload-tuner/dir/x.db"]),
+                                "sqlite:///{tmp}/no-such-folder/dir/x.db"]),
     ("tune storage under file", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--storage",
                                  "sqlite:///{tmp}/afile/x.db"]),
     ("tune storage not url", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--storage", "studies/x.db"]),
