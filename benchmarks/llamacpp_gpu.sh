@@ -10,6 +10,11 @@
 #            extract llama.cpp from TARBALL (the slim one, or the sdist: its vendor/llama.cpp) and build the CUDA
 #            llama-bench + llama-fit-params (sm_90) in WORKDIR/llama.cpp-cuda (default WORKDIR
 #            benchmarks/results/llamacpp_gpu); skipped when both binaries exist. ~6 min on 16 cores.
+#          bash benchmarks/llamacpp_gpu.sh build-ik [TARBALL] [WORKDIR]
+#            the CUDA ik_llama.cpp llama-bench, llama-sweep-bench and llama-cli (sm_90) from the pinned tarball
+#            (default vendor/ik_llama.cpp-8337e4cd.tar.xz, which travels with the repository) in
+#            WORKDIR/ik_llama.cpp-cuda; resumable: a run cut off by the 10-minute limit continues where it stopped
+#            (the build folder is git-ignored and stays while the machine is held); skipped when all three exist.
 #          bash benchmarks/llamacpp_gpu.sh run [ARGS...]     PYTHONPATH=. python3 benchmarks/llamacpp_gpu.py ARGS
 #          bash benchmarks/llamacpp_gpu.sh all TARBALL [ARGS...]   build, then run with the rest of a 480 s budget
 #            (--time-budget 480 minus the build's seconds unless ARGS give one): one device command of <= 10 min
@@ -98,6 +103,35 @@ cmd_build() {
     log "build: done: $bin"
 }
 
+cmd_build_ik() {
+    local tarball=${1:-$ROOT/vendor/ik_llama.cpp-8337e4cd.tar.xz} workdir=${2:-$WORKDIR_DEFAULT}
+    local dir="$workdir/ik_llama.cpp-cuda"
+    local bin="$dir/build/bin"
+    if [[ -x "$bin/llama-bench" && -x "$bin/llama-sweep-bench" && -x "$bin/llama-cli" ]]; then
+        log "build-ik: $bin has llama-bench, llama-sweep-bench and llama-cli, skipped"
+        return 0
+    fi
+    # the same patched tree as the CPU build of the tests (runtime/ik_build.py: examples pruned, version 4840)
+    PYTHONPATH="$ROOT" python3 -m runtime.ik_build --source "$dir" "$tarball" >/dev/null
+    command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    if [[ ! -f "$dir/build/CMakeCache.txt" ]]; then
+        log "build-ik: cmake configure (CUDA, sm_90)"
+        # -O3 (Release) here: these binaries are measured. GGML_IQK_FA_ALL_QUANTS=OFF only trims the CPU
+        # flash-attention kernels to f16/bf16/q8_0/q6_0 KV; GGML_NCCL=OFF: one host, no NCCL needed.
+        cmake -S "$dir/src" -B "$dir/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF -DGGML_NCCL=OFF \
+            -DGGML_IQK_FA_ALL_QUANTS=OFF >"$dir/configure.log" 2>&1 || { tail -40 "$dir/configure.log"; return 1; }
+    fi
+    log "build-ik: llama-bench llama-sweep-bench llama-cli with -j$(nproc)"
+    cmake --build "$dir/build" --config Release -j "$(nproc)" --target llama-bench llama-sweep-bench llama-cli \
+        >>"$dir/build.log" 2>&1 || { tail -60 "$dir/build.log"; return 1; }
+    "$bin/llama-cli" --version || true
+    log "build-ik: done: $bin"
+}
+
 cmd_run() {
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     python3 "$ROOT/benchmarks/llamacpp_gpu.py" "$@"
@@ -106,8 +140,9 @@ cmd_run() {
 case "${1:-}" in
     pack) shift; cmd_pack "$@" ;;
     build) shift; cmd_build "$@" ;;
+    build-ik) shift; cmd_build_ik "$@" ;;
     run) shift; cmd_run "$@" ;;
     all) shift; t=${1:?usage: all TARBALL [ARGS...]}; shift; cmd_build "$t"
          if [[ " $* " == *" --time-budget "* ]]; then cmd_run "$@"; else cmd_run --time-budget $((480 - SECONDS)) "$@"; fi ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

@@ -3,10 +3,10 @@
 -ncmoe N; its search; its confirmation: the finalists and --fit re-measured interleaved), on the synthetic
 Qwen3-30B-A3B-shaped Q4_0 model of benchmarks/llamacpp_gpu.py.
 
-Writes tune_vs_fit.json, tune_vs_fit.md and tune_vs_fit.png to --out (default $OUT, else <workdir>/report): per
+Writes NAME.json, NAME.md and NAME.png (--name, default tune_vs_fit) to --out (default $OUT, else <workdir>/report): per
 budget and depth the confirmed --fit, best TG (at no more VRAM than --fit measured) and balanced (best TG with PP
 >= 1.5x --fit's) configs with medians, spreads, VRAM and flags, their ratios to --fit, the -ncmoe baseline and the
-study's front. Also runs.jsonl: every llama-bench run of the studies in the format of the shared calibration data
+study's front. Also NAME_runs.jsonl: every llama-bench run of the studies in the format of the shared calibration data
 (llama_bench_args, env, pp_tps, tg_tps, peak_vram_mib), for the cost-model benchmark.
 
 Resumable across 10-minute device calls: each cell (budget, depth) is an Optuna study in <workdir>/tune_vs_fit.db
@@ -43,7 +43,7 @@ from planner.space import SpaceConfig  # noqa: E402
 from planner.workload import Workload  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
-CONFIRM_CONTENDERS = 3      # --fit, best TG, balanced: what confirmation costs per round
+CONFIRM_CONTENDERS = 4      # --fit, its server placement, best TG, balanced: what confirmation costs per round
 
 
 def log(msg: str) -> None:
@@ -65,16 +65,14 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
                   config=config, study_name=cell_name(budget_gib, depth), storage=args.storage, seed=args.seed,
                   pool_size=args.pool)
-    done = study_summary(tuner.study)
-    runs = done["engine_runs"]
-    if tuner.study.user_attrs.get("confirmed"):
+    if "confirmed" in tuner.study.user_attrs:
         return True
     if "baselines" not in tuner.study.user_attrs:
         log(f"{tuner.study_name}: baselines")
-    # the search gets what the baselines and the confirmation leave of --runs (baselines are measured first,
-    # inside run(); 3 assumed until they are)
-    n_base = runs["baselines"] or 3
-    n_search = args.runs - n_base - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
+        tuner.baselines()
+    # the search gets what the baselines and the confirmation leave of --runs
+    runs = study_summary(tuner.study)["engine_runs"]
+    n_search = args.runs - runs["baselines"] - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
     if n_search > 0 and time.monotonic() < deadline:
         res = tuner.run(n_search, deadline=deadline, patience=40)
         log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "
@@ -100,6 +98,8 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         if key == "fit":
             ref = next(b for b in s["baselines"] if b.get("kind") == "engine-fit")
             return ref["commands"].get("llama-server") or ref["commands"]["llama-bench"]
+        if key == "fit-server":
+            return next(b for b in s["baselines"] if b.get("kind") == "engine-fit-server")["commands"]["llama-server"]
         if key and key.startswith("trial:"):
             row = df[df["trial"] == int(key.split(":")[1])]
             return str(row["llama-server"].iloc[0]) if not row.empty else ""
@@ -112,13 +112,18 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         return {"tg": r["tg"]["median"], "pp": r["pp"]["median"], "tg_range": [r["tg"]["lo"], r["tg"]["hi"]],
                 "pp_range": [r["pp"]["lo"], r["pp"]["hi"]], "vram_mib": r["vram_bytes"] / MiB, "flags": flags(key),
                 "name": r["name"], "tg_vs_fit": r.get("tg_vs_fit"), "pp_vs_fit": r.get("pp_vs_fit"),
+                "tg_vs_fit_server": r.get("tg_vs_fit_server"), "pp_vs_fit_server": r.get("pp_vs_fit_server"),
                 "noisy": r["noisy"], "seen": r["seen"]}
     fit, best, bal = pick("fit"), pick(conf.get("picks", {}).get("best_tg")), pick(conf.get("picks", {}).get("balanced"))
+    fit_server = pick("fit-server")
     ncmoe = next((b for b in s["baselines"] if b.get("kind") == "ncmoe"), None)
-    ratio = (lambda a, k: a[k] / fit[k] if a and fit and fit[k] else None)
+    def ratio(a, k, base=None):
+        base = base or fit
+        return a[k] / base[k] if a and base and base[k] else None
     return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s["engine_runs"]["total"],
             "engine_runs": s["engine_runs"], "front_share": s["front_share"], "confirmed": bool(conf),
-            "fit": fit, "best_tg": best, "balanced": bal,
+            "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal,
+            "best_tg_ratio_vs_fit_server": ratio(best, "tg", fit_server) if fit_server else None,
             "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"), "balanced_pp_ratio": ratio(bal, "pp"),
             "ncmoe": None if ncmoe is None else {"name": ncmoe["name"], "ok": ncmoe.get("ok"), "error": ncmoe.get("error"),
                                                  **({k: ncmoe["measured"][k] for k in ("tg_tps", "pp_tps")}
@@ -154,9 +159,9 @@ def runs_jsonl(studies, path: Path) -> int:
     return n
 
 
-def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, name: str = "tune_vs_fit") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tune_vs_fit.json").write_text(json.dumps({"meta": meta, "budgets": rows}, indent=2, default=str))
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "budgets": rows}, indent=2, default=str))
     L = ["# offload-tuner against llama.cpp's own --fit", "",
          f"{meta['date']}; {meta.get('gpu') or 'no GPU (CPU dry run)'}; model {Path(meta['model']).name} "
          f"({meta['model_gib']:.2f} GiB); workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; "
@@ -164,7 +169,8 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
          "confirmation); every number below is a confirmed median over interleaved re-runs in one device call, "
          "[min-max] its spread; x: ratio to --fit's median, 'tie' when inside the larger spread.", "",
          "| budget | depth | runs | --fit TG / PP / VRAM MiB | best TG: TG / PP / VRAM MiB | TG x | balanced: TG / PP / VRAM MiB "
-         "| TG x | PP x | best -ncmoe: TG / PP / VRAM MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+         "| TG x | PP x | best -ncmoe: TG / PP / VRAM MiB | --fit's placement in a server: TG / PP / VRAM MiB | best TG x it |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(p: dict[str, Any] | None) -> str:
         return f"{p['tg']:.2f} / {p['pp']:.0f} / {p['vram_mib']:.0f}" if p else "-"
@@ -178,10 +184,11 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
             (nc.get("error") or "-")
         L.append(f"| {r['budget_gib']} GiB | {r['depth']} | {r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'} | "
                  f"{cell(r['fit'])} | {cell(r['best_tg'])} | {verdict(r['best_tg'], 'tg')} | {cell(r['balanced'])} | "
-                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} |")
+                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} | {cell(r.get('fit_server'))} | "
+                 f"{_vs_server(r['best_tg'])} |")
     L += ["", "Commands (llama-server lines; --fit as llama-bench ran it):", ""]
     for r in sorted(rows, key=lambda r: (r["depth"], r["budget_gib"])):
-        for role in ("fit", "best_tg", "balanced"):
+        for role in ("fit", "fit_server", "best_tg", "balanced"):
             if r.get(role):
                 L += [f"- {r['budget_gib']} GiB, depth {r['depth']}, {role}: `{r[role]['flags']}`"]
     L += ["", "Runs per study: " + "; ".join(f"{r['study']}: {r['engine_runs']}, {r['front_share'] or 0:.0%} near the "
@@ -191,9 +198,16 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
     if noisy:
         L += ["Noisy runs (a run's CV over its repetitions > 5%):", ""] + [f"- {s} {role}: {'; '.join(seen) or '-'}"
                                                                            for s, role, seen in noisy] + [""]
-    L += ["![TG and PP against VRAM](tune_vs_fit.png)", ""]
-    (out / "tune_vs_fit.md").write_text("\n".join(L))
-    plot(rows, out / "tune_vs_fit.png")
+    if meta.get("note"):
+        L += [meta["note"], ""]
+    L += [f"![TG and PP against VRAM]({name}.png)", ""]
+    (out / f"{name}.md").write_text("\n".join(L))
+    plot(rows, out / f"{name}.png")
+
+
+def _vs_server(p: dict[str, Any] | None) -> str:
+    v = (p or {}).get("tg_vs_fit_server")
+    return f"{v['ratio']:.3f} {v['verdict']}" if v else "-"
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -227,6 +241,30 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def prepare(args, workdir: Path) -> dict[str, Any]:
+    """The engine, model and hardware for the runs (args gets them); the report's meta."""
+    import llamacpp_gpu as lg
+    from runtime.llamacpp import LlamaCppEngine
+    if args.cpu:
+        from runtime.llamacpp_build import ensure_built
+        bench = args.llama_bench or ensure_built()["llama-bench"]
+    else:
+        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
+    if not model.exists():
+        lg.write_model(model, args.cpu)
+    inv = load_inventory(model)
+    hw = load_hardware(args.hardware)
+    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
+    devs = engine.devices() or {}
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
+            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None, "binary": engine.info.to_dict(),
+            "model": str(model), "model_gib": model.stat().st_size / GiB, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+            "reps": args.reps, "runs": args.runs, "confirm": args.confirm, "hardware": hw.name}
+    args.engine, args.inv, args.hw = engine, inv, hw
+    return meta
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="dry run: CPU build, tiny model, every plan all-CPU")
@@ -248,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-left", type=float, default=100.0,
                     help="seconds a cell needs to start (its baselines run in one go; default 100)")
     ap.add_argument("--hardware", default="gpu-box")
+    ap.add_argument("--name", default="tune_vs_fit", help="file stem of the report (default tune_vs_fit)")
+    ap.add_argument("--note", type=Path, help="with --report-only: a Markdown file of notes for the report")
+    ap.add_argument("--report-only", type=Path, metavar="JSON", help="rewrite the report from <workdir>'s studies, "
+                    "running nothing, with the meta of this earlier tune_vs_fit.json")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + args.time_budget
@@ -260,33 +302,21 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     args.storage = f"sqlite:///{workdir / 'tune_vs_fit.db'}"
-    import llamacpp_gpu as lg
-    from runtime.llamacpp import LlamaCppEngine
-    if args.cpu:
-        from runtime.llamacpp_build import ensure_built
-        bench = args.llama_bench or ensure_built()["llama-bench"]
+    if args.report_only:
+        meta = json.loads(args.report_only.read_text())["meta"]
+        if args.note:
+            meta["note"] = args.note.read_text()
     else:
-        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
-    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
-    if not model.exists():
-        lg.write_model(model, args.cpu)
-    inv = load_inventory(model)
-    hw = load_hardware(args.hardware)
-    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
-    devs = engine.devices() or {}
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
-            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None, "binary": engine.info.to_dict(),
-            "model": str(model), "model_gib": model.stat().st_size / GiB, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-            "reps": args.reps, "runs": args.runs, "confirm": args.confirm, "hardware": hw.name}
+        meta = prepare(args, workdir)
     import optuna
     finished = True
-    for depth in depths:
+    for depth in depths if not args.report_only else ():
         for b in budgets:
             if deadline - time.monotonic() < args.min_left:     # baselines run without a deadline check
                 finished = False
                 log(f"{cell_name(b, depth)}: not started, {deadline - time.monotonic():.0f} s left")
                 break
-            ok = run_cell(args, engine, inv, hw, b, depth, deadline)
+            ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline)
             finished &= ok
             log(f"{cell_name(b, depth)}: {'confirmed' if ok else 'not finished: run again'}")
     from planner.search import make_storage
@@ -295,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     studies = [optuna.load_study(study_name=cell_name(b, d), storage=storage) for d in depths for b in budgets
                if cell_name(b, d) in names]
     rows = [cell_row(st, int(st.study_name.split("-")[1][:-1]), int(st.study_name.split("-d")[1])) for st in studies]
-    write_report(rows, meta, out)
-    n = runs_jsonl(studies, out / "runs.jsonl")
-    log(f"report: {out}/tune_vs_fit.md ({len(rows)} cells, {n} runs in runs.jsonl); "
+    write_report(rows, meta, out, args.name)
+    n = runs_jsonl(studies, out / f"{args.name}_runs.jsonl")
+    log(f"report: {out}/{args.name}.md ({len(rows)} cells, {n} runs in runs.jsonl); "
         f"{'all cells confirmed' if finished else 'work left: run again'}")
     return 0 if finished else 3
 

@@ -5,6 +5,10 @@ what llama.cpp already does by itself:
   (`engine.own_fit`); the sim and torch engines have none and get the "--fit-like fill" imitation instead,
   labelled so: experts on the CPU, then filled back to front, as llama.cpp's fit moves them;
 - `-ngl 99 -cmoe`: every expert in RAM, the usual first command line;
+- `--fit` as a server runs it: the placement llama-fit-params picks for the workload's whole context, measured
+  as a plan. llama-bench -fitt fits each of its tests on its own: its generation test gets a placement fitted to
+  an n_gen-token context and ubatch (no prompt KV, a tiny compute buffer), hundreds of MiB more experts on the
+  GPU than a server that takes the prompt can hold; this baseline is the like-for-like one;
 - the best `-ngl 99 -ncmoe N` that fits: the smallest N the memory model keeps within the budget, then N+1, N+2
   while a run measures over it (a short bisection with the model as its first guess).
 """
@@ -29,7 +33,7 @@ class EngineFit:
     argv: tuple[str, ...]                     # the benchmark's arguments after the program
     env: dict[str, str] = field(default_factory=dict)
     target_bytes: int = 0                     # -fitt: free memory llama.cpp must leave on each GPU
-    chosen_args: tuple[str, ...] = ()         # llama-fit-params' choice (server flags) for the prompt's context
+    chosen_args: tuple[str, ...] = ()         # llama-fit-params' choice (server flags) for the workload's context
     note: str = ""
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from .builds import Build, parse_build
 from .confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
@@ -62,10 +63,63 @@ def _model_path(model: str) -> str:
     return "MODEL.gguf" if model.startswith("preset:") else model
 
 
-def commands_for(plan: Plan, inv, model: str) -> dict[str, str]:
-    """Ready-to-paste command lines per tool, shell-quoted, with -m and any environment prefix."""
-    from .flags import render_shell
-    return {f"llama-{tool}": render_shell(plan, inv, tool, model_path=_model_path(model)) for tool in TOOLS}
+@dataclass(frozen=True)
+class Commands:
+    """Ready-to-paste lines per program, and per program that cannot express the plan, why (one line)."""
+    lines: dict[str, str]
+    cannot: dict[str, str]
+
+
+def commands_for(plan: Plan, inv, model: str, build: Build | None = None) -> Commands:
+    """Shell-quoted lines for llama-server, llama-cli and llama-bench (with -m and any environment prefix).
+
+    A tool that cannot express the plan (ik's llama-bench has no -op) costs only its own line: the others are
+    still printed, the reason is kept, and for ik the plan is measured with llama-sweep-bench instead, which
+    reads the server's flags (examples/sweep-bench uses the common parser)."""
+    from .errors import FlagError
+    from .flags import render
+    lines: dict[str, str] = {}
+    cannot: dict[str, str] = {}
+    for tool in TOOLS:
+        name = f"llama-{tool}"
+        try:
+            lines[name] = render(plan, inv, tool, build=build, model_path=_model_path(model)).shell()
+        except FlagError as e:
+            cannot[name] = str(e)
+    if "llama-bench" in cannot and plan.dialect == "ik" and "llama-server" in lines:
+        lines["llama-sweep-bench"] = lines["llama-server"].replace("llama-server", "llama-sweep-bench", 1)
+    return Commands(lines, cannot)
+
+
+def _target_build(args: argparse.Namespace) -> Build:
+    """--build DIALECT:N, or the path of a llama.cpp program (its --help and --version say), else pinned."""
+    spec = getattr(args, "build", None)
+    if spec and ("/" in spec or spec.startswith(".")):
+        from runtime.llamacpp import build_of_binary      # cli.py is where planner and runtime meet
+        build = build_of_binary(spec)
+        if build.dialect != args.dialect:
+            raise InputError(f"--build {spec} is a {build.dialect} program; say --dialect {build.dialect}")
+        return build
+    return parse_build(spec, args.dialect)
+
+
+def _op_words(plan: Plan) -> str:
+    """on / off, or which op classes are off (ik -op)."""
+    pol = plan.knobs.offload
+    off = [op for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output") if not pol.rule(op).enabled]
+    if not off:
+        return "on"
+    if len(off) == 4:
+        return "off"
+    return "moe off" if set(off) == {"moe_matmul", "moe_fused_up_gate"} else "partly off"
+
+
+def _mmap_words(plan: Plan, build: Build) -> str:
+    """How the target spells the plan's mmap choice (mainline -lm none since PR 20834; --no-mmap before; ik)."""
+    if plan.knobs.mmap:
+        return "mmap"
+    from .builds import Feature
+    return "-lm none" if build.has(Feature.LOAD_MODE) else "--no-mmap"
 
 
 def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
@@ -159,15 +213,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     margin = parse_size(args.margin, allow_zero=True)
     if args.top < 1:
         raise InputError(f"--top {args.top}: list at least 1 candidate")
+    build = _target_build(args)
+    from .builds import Feature
+    if args.dialect == "ik" and not build.has(Feature.ONLY_ACTIVE_EXPERTS):
+        knobs = replace(knobs, only_active_experts=False)   # before ik PR 698 every expert is uploaded
+    if args.dialect == "ik" and inv.hparams.is_mla and args.amb is None:
+        knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
+    elif args.dialect == "ik" and args.amb is not None:
+        knobs = replace(knobs, amb=args.amb)
     ranked = best_plans(inv, hw, knobs, args.dialect, args.objective, margin)
     best = ranked[0]
     budget = Budget.from_hardware(hw, margin)
-    cmds = commands_for(best.plan, inv, args.model)
+    cmds = commands_for(best.plan, inv, args.model, build)
     if args.json:
         _emit_json({"model": inv.name, "hardware": hw.name, "objective": args.objective,
                     "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
                     "budgets": budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
-                    "commands": cmds,
+                    "build": build.describe(), "commands": cmds.lines, "not_expressible": cmds.cannot,
                     "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
                                       "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
                                       "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
@@ -176,17 +238,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
     print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
-    print(f"best ({args.objective}): {best.plan.label}, op offload {'on' if best.plan.knobs.offload.any_enabled else 'off'}, "
-          f"{'mmap' if best.plan.knobs.mmap else '--no-mmap'} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
+    print(f"best ({args.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
+          f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
+    print(f"target:   {build.describe()}")
     print()
     _print_layers(inv, best.plan.assignment)
     print()
     print(memory_table(best.memory, budget.gpus))
     print()
-    for tool, line in cmds.items():
+    for tool, line in cmds.lines.items():
         print(f"{tool}:\n  {line}")
+    for tool, why in cmds.cannot.items():
+        print(f"{tool}: cannot express this plan: {why}")
     print()
-    rows = [[s.plan.label, "on" if s.plan.knobs.offload.any_enabled else "off", "yes" if s.plan.knobs.mmap else "no",
+    rows = [[s.plan.label, _op_words(s.plan), "yes" if s.plan.knobs.mmap else "no",
              " ".join(fmt_bytes(m.total) for d, m in sorted(s.memory.devices.items()) if d != "CPU"),
              f"{s.pp_tps:.1f}", f"{s.tg_tps:.2f}"] for s in ranked[: args.top]]
     print(table(["candidate", "op offload", "mmap", "GPU total", "PP t/s", "TG t/s"], rows))
@@ -205,7 +270,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     check_dialect(inv, args.dialect)
     hw = _hardware(args, required=False)
     # the declared hardware bounds the device names (llama.cpp refuses a buffer type of a GPU it does not see)
-    parsed = parse(args.llama_args, inv, args.dialect, n_gpus=len(hw.gpus) if hw is not None else None)
+    parsed = parse(args.llama_args, inv, args.dialect, n_gpus=len(hw.gpus) if hw is not None else None,
+                   build=_target_build(args))
     plan = Plan(inv.source or inv.name, parsed.assignment, parsed.knobs, args.dialect, "explained")
     n_gpus = max([int(d[4:]) + 1 for d in plan.assignment.values() if d.startswith("CUDA")] or [0])
     if hw is None:
@@ -359,6 +425,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     config = SpaceConfig(kv_types=kv)
     if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
         config = config.settled(hw.host.n_threads, args.dialect)
+    if args.dialect == "ik" and getattr(info, "tool", None) == "bench":
+        config = replace(config, op_per_class=False)     # ik's llama-bench has no -op (docs/ik_llama.md)
     rounds = args.confirm if args.confirm is not None else (0 if engine.name == "sim" else CONFIRM_ROUNDS)
     _nonneg(rounds, "--confirm")
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
@@ -422,6 +490,7 @@ def _write_report(study, out):
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
+    from .cost_fit import CostFit
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
     print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s['n_trials']} trials in all ({counts}); storage {storage}")
@@ -430,7 +499,8 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     fit = s.get("cost_fit") or {}
     if fit.get("err_prior"):
         print(f"cost model refit on {fit['n']} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
-              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}")
+              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}"
+              f"; terms moved: {CostFit.from_dict(fit).describe_moves()}")
     rows = []
     for b in s.get("baselines", []):
         m = b.get("measured") or {}
@@ -534,6 +604,13 @@ def _add_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="-t (default: the hardware's cores)")
 
 
+def _add_build(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--build", metavar="DIALECT:N|PATH", help="the engine build the printed lines are for, as "
+                   "`llama-server --version` numbers it (e.g. ik:4840, mainline:10114), or the path of the program "
+                   "(its --help and --version are read); default: the pinned builds (ik 8337e4cd = 4840, mainline "
+                   "as in llama-cpp-python 0.3.36)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="offload-tuner", description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -547,6 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hw(p, True)
     _add_knobs(p)
     p.add_argument("--dialect", choices=DIALECTS, default="mainline")
+    _add_build(p)
+    p.add_argument("--amb", type=int, help="ik -amb in MiB (default 512 for MLA models, else ik's default)")
     p.add_argument("--objective", choices=("tg", "pp", "balanced"), default="tg")
     p.add_argument("--margin", default="512MiB", help="VRAM kept free per GPU (default 512MiB)")
     p.add_argument("--top", type=int, default=8, help="candidates to list")
@@ -556,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="what a llama.cpp command line does: placement, memory, speed, warnings")
     p.add_argument("model")
     p.add_argument("--dialect", choices=DIALECTS, default="mainline")
+    _add_build(p)
     _add_hw(p, False)
     p.add_argument("--json", action="store_true")
     p.add_argument("--oracle", metavar="PATH", help="llama-fit-params binary: its memory estimate beside ours")

@@ -1,33 +1,58 @@
-"""PP/TG predictor: roofline terms per device, with coefficients (HardwareProfile.overheads) that calibration fits.
+"""PP/TG predictor: what llama.cpp does per generated token and per prompt ubatch, term by term, in seconds.
 
-TG (one token): every device reads the weight bytes the token touches (all of a dense weight; n_expert_used /
-n_expert of an expert tensor; one row of token_embd) plus its layers' KV at the given depth, at that device's
-effective bandwidth; devices run one after another (ggml's splits are sequential), and every change of device
-costs a synchronisation. Ops on RAM-resident weights never offload at batch 1.
+Each term is one thing ggml does (docs/cost_model.md says which code path, with its upstream source) priced
+with a ceiling `calibrate` measures (HardwareProfile) times the share of it llama.cpp's kernels reach
+(Overheads.*_eff: llama.cpp's own, fitted once on measured runs; calibrate cannot run llama.cpp's kernels).
 
-PP (one ubatch of T tokens): per weight, a GPU-resident op costs max(flops / GPU rate, bytes / GPU bandwidth);
-a RAM-resident op costs max(flops / CPU rate, bytes / CPU bandwidth) on the CPU, or, when op offload applies at
-batch T, the upload of the bytes it needs (all, or the distinct experts the ubatch routes to) over PCIe at
-pinned or pageable speed plus the GPU's time. Attention adds 4 * T * context * heads * head_dim flops.
+TG (one token, batch 1: no op offload, ggml-backend.cpp compares the batch with the min batch):
+  CUDAi_read   weight bytes the token touches on GPU i (n_expert_used / n_expert of an expert tensor)
+  CUDAi_kv     the layer's KV cells at the context depth
+  cpu_read     the same on the CPU, at the CPU's decode rate for the thread count
+  sync         per CPU segment of the graph (ggml_backend_sched splits): its inputs copied from the GPU, each
+               with a synchronisation (EngineFacts.split_inputs x a calibrated round trip)
+  launch       per-layer kernel launches on the GPU, thread-pool work of layers homed on the CPU
+
+PP (one ubatch of T tokens; a prompt is ceil(n_prompt / T) ubatches):
+  CUDAi_compute  GPU matmuls: max(FLOPs / (GEMM rate x gpu_gemm_eff), bytes of the weights (the experts the
+                 ubatch routes to) / GPU bandwidth)
+  CUDAi_attn     attention over the cells so far (flash attention), or its score matrix passes (without)
+  cpu_compute    CPU matmuls (op offload off or batch < min batch): max(FLOPs / CPU GEMM rate, bytes / CPU bw)
+  upload         op offload: the host weight copied into the GPU split (MUL_MAT_ID: only the experts the
+                 ubatch uses) at pinned or pageable speed
+  upload_calls   one cudaMemcpyAsync per contiguous run of used experts
+  sync           per MoE layer whose experts are uploaded: the expert ids read back (a D2H copy + stream sync);
+                 per CPU segment: its input copies as in TG
+  launch         kernel launches (no CUDA graphs at batch > 1) and the extra split per uploaded weight
+  CUDAi_output / cpu_output   the output layer, for the prompt's last token only (its share per ubatch)
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from .ggml_types import by_name as ggml_type
 from .hardware import HardwareProfile
-from .memory import home_devices, offload_min_batch, output_device
+from .memory import KV_TYPE, home_devices, offload_min_batch, output_device
 from .model import ModelInventory, Tensor
 from .plan import Plan
 
 
 @dataclass(frozen=True)
-class Prediction:
-    pp_tps: float
-    tg_tps: float
-    tg_s: float                     # seconds per generated token
-    pp_ubatch_s: float              # seconds per ubatch
-    breakdown: dict[str, float] = field(default_factory=dict)   # seconds per term, TG and PP
+class EngineFacts:
+    """llama.cpp's per-op counts and scaling rules the hardware profile does not hold (docs/cost_model.md)."""
+    pp_gpu_ops_per_layer: int = 24     # ggml nodes a MoE layer launches per ubatch (llama-graph.cpp build_attn +
+                                       # build_moe_ffn: norms, 4 projections, rope x2, FA, router, top-k, 3 MUL_MAT_ID,
+                                       # GLU, weights, adds); each pays a kernel launch (no CUDA graph at batch > 1)
+    nofa_score_passes: float = 4.0     # without flash attention the f32 score matrix [n_kv, T, n_head] is written
+                                       # by KQ, read+written by soft_max, read by KQV (llama-graph.cpp build_attn_mha)
+    split_inputs: int = 3              # tensors a CPU expert split copies in from the GPU, each a synchronous
+                                       # copy (ggml_backend_sched_compute_splits): activations, expert ids, weights
+    cpu_thread_exp: float = 0.716      # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
+    synthetic_expert_pool: float = 9.21   # experts a ubatch's tokens spread over in runtime.synth's random-weight
+                                          # models (routing collapses: attention averages random values)
+
+
+LLAMACPP = EngineFacts()
 
 
 def distinct_expert_fraction(n_expert: int, n_used: int, n_tokens: int) -> float:
@@ -35,6 +60,42 @@ def distinct_expert_fraction(n_expert: int, n_used: int, n_tokens: int) -> float
     if n_expert == 0:
         return 1.0
     return 1.0 - (1.0 - n_used / n_expert) ** n_tokens
+
+
+def expert_pool(inv: ModelInventory, facts: EngineFacts = LLAMACPP) -> float:
+    """How many experts a ubatch's routing draws from: all of them for a real model; few for the random-weight
+    files runtime.synth writes (their general.name starts with "synthetic")."""
+    hp = inv.hparams
+    if inv.name.startswith("synthetic") and hp.n_expert:
+        return max(float(hp.n_expert_used), min(float(hp.n_expert), facts.synthetic_expert_pool))
+    return float(hp.n_expert)
+
+
+def distinct_experts(inv: ModelInventory, n_tokens: int, facts: EngineFacts = LLAMACPP) -> float:
+    """Expected number of distinct experts n_tokens tokens route to (uniform over the pool)."""
+    hp = inv.hparams
+    if not hp.n_expert:
+        return 0.0
+    pool = expert_pool(inv, facts)
+    return pool * (1.0 - (1.0 - hp.n_expert_used / pool) ** n_tokens)
+
+
+def _expert_runs(n_expert: int, n_used: float) -> float:
+    """Expected contiguous runs of used experts among n_expert ids when n_used are used (scattered ids):
+    llama.cpp copies each run with one call (ggml_backend_sched_compute_splits copy_experts)."""
+    if n_used <= 0:
+        return 0.0
+    p = min(1.0, n_used / n_expert)
+    return max(1.0, n_expert * p * (1.0 - p) + p)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    pp_tps: float
+    tg_tps: float
+    tg_s: float                     # seconds per generated token
+    pp_ubatch_s: float              # seconds per ubatch (the prompt's one-off costs spread over its ubatches)
+    breakdown: dict[str, float] = field(default_factory=dict)   # seconds per term, TG and PP
 
 
 def _params(t: Tensor) -> int:
@@ -47,43 +108,56 @@ def _host_pinned(plan: Plan) -> bool:
     return (not plan.knobs.mmap) or (plan.dialect == "ik" and has_override)
 
 
-def _kv_bytes_per_cell(inv: ModelInventory, il: int) -> int:
-    hp = inv.hparams
+def _kv_bytes_per_cell(inv: ModelInventory, plan: Plan, il: int) -> float:
+    hp, knobs = inv.hparams, plan.knobs
+    tk, tv = ggml_type(KV_TYPE[knobs.type_k]), ggml_type(KV_TYPE[knobs.type_v])
     hkv = hp.n_head_kv[il] if il < len(hp.n_head_kv) else hp.n_head_kv[-1]
     if hp.is_mla:
-        return 2 * (hp.mla_kv_lora_rank + hp.n_rot)
-    return 2 * hkv * (hp.head_dim_k + hp.head_dim_v)
+        return tk.row_bytes(hp.mla_kv_lora_rank + hp.n_rot)
+    return tk.row_bytes(hkv * hp.head_dim_k) + tv.row_bytes(hkv * hp.head_dim_v)
 
 
-def _splits(inv: ModelInventory, plan: Plan, batch: int) -> int:
-    """Device changes along one forward pass: where consecutive weights' ops run on different devices."""
-    seq = []
-    gpus = [d for d in plan.devices() if d != "CPU"]
-    for t in inv.allocated():
-        if t.role in ("norm", "other", "nextn") or len(t.shape) < 2:
-            continue
-        dev = plan.assignment.get(t.name, "CPU")
-        if dev == "CPU" and gpus:
-            m = offload_min_batch(inv, plan, t)
-            if m is not None and batch >= m:
-                dev = gpus[0]
-        if not seq or seq[-1] != dev:
-            seq.append(dev)
-    return max(len(seq) - 1, 0)
+_EXPERT_ORDER = {"exps_gate": 0, "exps_gate_up": 0, "exps_up": 1, "exps_down": 2}
 
 
-def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int = 512, depth: int = 0) -> Prediction:
+def _graph_order(inv: ModelInventory) -> list[Tensor]:
+    """Layer weights in the order the graph uses them: per layer norms, attention, router, dense/shared FFN, then
+    the routed experts gate, up, down (llama-graph.cpp build_moe_ffn). The output comes after (predict)."""
+    out: list[Tensor] = []
+    for il in inv.layers():
+        ts = [t for t in inv.by_layer.get(il, ()) if t.role != "nextn"]
+        out += [t for t in ts if not t.is_expert]
+        out += sorted((t for t in ts if t.is_expert), key=lambda t: _EXPERT_ORDER.get(t.role, 1))
+    return out
+
+
+def _round_trips(seq: list[str]) -> int:
+    """GPU -> CPU -> GPU round trips along a sequence of devices: one per CPU run between GPU runs (ggml's
+    scheduler starts a split at every backend change, and each change synchronises)."""
+    trips, prev = 0, None
+    for dev in seq:
+        if prev is not None and prev != dev and dev == "CPU":
+            trips += 1
+        prev = dev
+    if seq and seq[0] == "CPU" and any(d != "CPU" for d in seq):
+        trips += 1
+    return trips
+
+
+def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int = 512, depth: int = 0,
+            facts: EngineFacts = LLAMACPP) -> Prediction:
     hp, knobs, ov = inv.hparams, plan.knobs, hw.overheads
     gpus = [d for d in plan.devices() if d != "CPU"]
     homes = home_devices(inv, plan)
-    frac_tg = hp.n_expert_used / hp.n_expert if hp.n_expert else 1.0
     T = max(1, min(knobs.n_ubatch_eff, n_prompt))
-    frac_pp = distinct_expert_fraction(hp.n_expert, hp.n_expert_used, T) if knobs.only_active_experts else 1.0
+    n_ub = max(1, math.ceil(n_prompt / T))
+    used_tg = hp.n_expert_used / hp.n_expert if hp.n_expert else 1.0
+    used_pp = distinct_experts(inv, T, facts) / hp.n_expert if hp.n_expert else 1.0
     link_bw = hw.link.h2d_pinned if _host_pinned(plan) else hw.link.h2d_pageable
-    cpu_threads = knobs.n_threads or hw.host.n_threads
-    cpu_scale = min(1.0, cpu_threads / max(hw.host.n_threads, 1))
-    cpu_bw = hw.host.mem_bw * ov.cpu_eff * min(1.0, 0.25 + 0.75 * cpu_scale)   # bandwidth saturates early
-    cpu_flops = hw.host.flops * cpu_scale
+    threads = knobs.n_threads or hw.host.n_threads
+    thread_scale = (min(threads, hw.host.n_threads) / max(hw.host.n_threads, 1)) ** facts.cpu_thread_exp
+    cpu_bw = hw.host.mem_bw * ov.cpu_eff * thread_scale
+    cpu_rate = hw.host.flops * ov.cpu_gemm_eff * thread_scale
 
     def gpu_of(dev: str):
         return hw.gpus[min(int(dev[4:]), len(hw.gpus) - 1)]
@@ -94,63 +168,112 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     def add(d: dict[str, float], key: str, v: float) -> None:
         d[key] = d.get(key, 0.0) + v
 
+    # ---- weights, in graph order: where each op runs at batch 1 (TG) and at batch T (PP)
     out_dev = output_device(inv, plan)
-    weights = list(inv.allocated())
-    if inv.tied_output:
-        weights.append(Tensor("output.weight", None, "output", inv.by_name["token_embd.weight"].shape,
-                              inv.by_name["token_embd.weight"].ggml_type, inv.by_name["token_embd.weight"].nbytes))
+    weights = _graph_order(inv)
+    emb = inv.by_name.get("token_embd.weight")
+    out_w = inv.by_name.get("output.weight")
+    if out_w is None and emb is not None:     # tied: token_embd loaded again as the output, on the output's device
+        out_w = Tensor("output.weight", None, "output", emb.shape, emb.ggml_type, emb.nbytes)
+    seq_tg: list[str] = []
+    seq_pp: list[str] = []
+    uploaded_moe_layers: set[int] = set()
     for t in weights:
-        dev = out_dev if (inv.tied_output and t.name == "output.weight") else plan.assignment.get(t.name, "CPU")
-        if t.role == "token_embd":
-            row = t.nbytes / max(hp.n_vocab, 1)
-            add(tg, "cpu_read", row / cpu_bw)
-            add(pp, "cpu_read", T * row / cpu_bw)
-            continue
-        active = frac_tg if t.is_expert else 1.0
+        dev = plan.assignment.get(t.name, "CPU")
+        active = used_tg if t.is_expert else 1.0
         flops_tok = 2 * _params(t) * active            # per token, MAC = 2 flops
-        tg_bytes = t.nbytes * active
+        if len(t.shape) < 2:     # norms, biases: read with their layer's ops, never a split of their own
+            if dev != "CPU":
+                add(tg, f"{dev}_read", t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff))
+            else:
+                add(tg, "cpu_read", t.nbytes / cpu_bw)
+            continue
+        # TG: batch 1 never reaches the offload threshold; the op runs where its weight is
+        seq_tg.append(dev)
         if dev != "CPU":
             g = gpu_of(dev)
-            add(tg, f"{dev}_read", tg_bytes / (g.mem_bw * ov.gpu_eff))
-            pp_bytes = t.nbytes * (frac_pp if t.is_expert else 1.0)
-            add(pp, f"{dev}_compute", max(T * flops_tok / g.flops, pp_bytes / (g.mem_bw * ov.gpu_eff)))
+            add(tg, f"{dev}_read", t.nbytes * active / (g.mem_bw * ov.gpu_eff))
+        else:
+            add(tg, "cpu_read", max(t.nbytes * active / cpu_bw, flops_tok / cpu_rate))
+        # PP: T tokens; an expert tensor reads the experts the ubatch routes to
+        pp_bytes = t.nbytes * (used_pp if t.is_expert else 1.0)
+        if dev != "CPU":
+            g = gpu_of(dev)
+            add(pp, f"{dev}_compute", max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
+            seq_pp.append(dev)
             continue
-        add(tg, "cpu_read", max(tg_bytes / cpu_bw, flops_tok / cpu_flops))
         m = offload_min_batch(inv, plan, t)
         if gpus and m is not None and T >= m:
             g = gpu_of(gpus[0])
-            up = t.nbytes * (frac_pp if (t.is_expert and knobs.only_active_experts) else 1.0)
-            add(pp, "upload", up / link_bw)
-            add(pp, f"{gpus[0]}_compute", T * flops_tok / g.flops)
+            add(pp, "upload", pp_bytes / link_bw)
+            n_calls = _expert_runs(hp.n_expert, used_pp * hp.n_expert) if t.is_expert else 1.0
+            add(pp, "upload_calls", n_calls * hw.link.copy_call_s)
+            add(pp, f"{gpus[0]}_compute", max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
+            add(pp, "launch", ov.launch_s)             # the uploaded weight starts a split of its own
+            if t.is_expert and t.layer is not None:
+                uploaded_moe_layers.add(t.layer)
+            seq_pp.append(gpus[0])
         else:
-            pp_bytes = t.nbytes * (frac_pp if t.is_expert else 1.0)
-            add(pp, "cpu_compute", max(T * flops_tok / cpu_flops, pp_bytes / cpu_bw))
+            add(pp, "cpu_compute", max(T * flops_tok / cpu_rate, pp_bytes / cpu_bw))
+            seq_pp.append("CPU")
+    pp["sync"] = len(uploaded_moe_layers) * ov.sync_s
 
-    # attention over the KV cache: TG reads it; PP multiplies with it
+    # output layer: every generated token; in a prompt only its last token (llama-bench, llama-server: logits of
+    # the last position), spread over the prompt's ubatches
+    if out_w is not None:
+        active_flops = 2 * _params(out_w)
+        if out_dev != "CPU":
+            g = gpu_of(out_dev)
+            s = out_w.nbytes / (g.mem_bw * ov.gpu_eff)
+            add(tg, f"{out_dev}_read", s)
+            add(pp, f"{out_dev}_output", s / n_ub)
+        else:
+            s = max(out_w.nbytes / cpu_bw, active_flops / cpu_rate)
+            add(tg, "cpu_read", s)
+            add(pp, "cpu_output", s / n_ub)
+        seq_tg.append(out_dev)
+    for t in inv.by_layer.get(None, ()):                # output_norm: read with the output
+        if len(t.shape) < 2:
+            dev = plan.assignment.get(t.name, "CPU")
+            add(tg, f"{dev}_read" if dev != "CPU" else "cpu_read",
+                t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff if dev != "CPU" else cpu_bw))
+    if emb is not None:                                 # GET_ROWS on the CPU: one row per token
+        row = emb.nbytes / max(hp.n_vocab, 1)
+        add(tg, "cpu_read", row / cpu_bw)
+        add(pp, "cpu_compute", T * row / cpu_bw)
+
+    # ---- attention over the KV cache: TG reads it; PP multiplies with it (cells so far, on average over the
+    # prompt's ubatches: depth + T * (n_ub + 1) / 2)
     ctx_tg = depth + 1
-    ctx_pp = depth + T / 2
+    ctx_pp = depth + T * (n_ub + 1) / 2
     for il in range(hp.n_layer - hp.n_nextn):
         dev = homes[il]
-        kv_read = _kv_bytes_per_cell(inv, il) * ctx_tg
+        hkv = hp.n_head_kv[il] if il < len(hp.n_head_kv) else hp.n_head_kv[-1]
+        if hkv == 0:
+            continue
+        cell = _kv_bytes_per_cell(inv, plan, il)
         dk = (hp.mla_kv_lora_rank + hp.n_rot) if hp.is_mla else hp.head_dim_k
         attn_flops = 4 * T * ctx_pp * hp.n_head * dk
         if dev == "CPU" or knobs.no_kv_offload:
-            add(tg, "cpu_kv", kv_read / cpu_bw)
-            add(pp, "cpu_attn", attn_flops / cpu_flops)
-        else:
-            g = gpu_of(dev)
-            add(tg, f"{dev}_kv", kv_read / (g.mem_bw * ov.gpu_eff))
-            add(pp, f"{dev}_attn", attn_flops / g.flops)
+            add(tg, "cpu_kv", cell * ctx_tg / cpu_bw)
+            add(pp, "cpu_attn", attn_flops / cpu_rate)
+            continue
+        g = gpu_of(dev)
+        add(tg, f"{dev}_kv", cell * ctx_tg / (g.mem_bw * ov.gpu_eff))
+        s = attn_flops / (g.flops * ov.gpu_gemm_eff) + cell * ctx_pp / (g.mem_bw * ov.gpu_eff)
+        if not knobs.flash_attn:        # the f32 score matrix goes through memory
+            s += facts.nofa_score_passes * 4 * T * ctx_pp * hp.n_head / (g.mem_bw * ov.gpu_eff)
+        add(pp, f"{dev}_attn", s)
 
+    # ---- fixed costs: launches, CPU thread-pool work, device round trips
     n_gpu_layers = sum(1 for h in homes if h != "CPU")
     n_cpu_layers = len(homes) - n_gpu_layers
     tg["launch"] = n_gpu_layers * ov.per_layer_gpu_s + n_cpu_layers * ov.per_layer_cpu_s
-    tg["sync"] = _splits(inv, plan, 1) * ov.per_split_s
-    pp["sync"] = _splits(inv, plan, T) * ov.per_split_s + tg["launch"]
+    tg["sync"] = _round_trips(seq_tg) * ov.per_split_s * facts.split_inputs
+    add(pp, "launch", n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s + n_cpu_layers * ov.per_layer_cpu_s)
+    pp["sync"] += _round_trips(seq_pp) * ov.per_split_s * facts.split_inputs
     tg_s = sum(tg.values())
     pp_s = sum(pp.values())
-    n_ub = math.ceil(n_prompt / T)
-    pp_total = pp_s * n_prompt / (T * 1.0) if n_prompt >= T else pp_s
     breakdown = {f"tg.{k}": v for k, v in tg.items()} | {f"pp.{k}": v for k, v in pp.items()}
-    return Prediction(pp_tps=n_prompt / max(pp_total, 1e-12) if n_ub else 0.0, tg_tps=1.0 / tg_s, tg_s=tg_s,
-                      pp_ubatch_s=pp_s, breakdown=breakdown)
+    return Prediction(pp_tps=n_prompt / max(n_ub * pp_s, 1e-12), tg_tps=1.0 / tg_s, tg_s=tg_s, pp_ubatch_s=pp_s,
+                      breakdown=breakdown)

@@ -37,7 +37,7 @@ def _group(key: str) -> str:
         return "cpu"
     if key == "upload":
         return "link"
-    return "fixed"          # launch, sync
+    return "fixed"          # launch, sync, upload_calls
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,20 @@ class CostFit:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(tg_s > 0, 1.0 / tg_s, 0.0), np.where(pp_s > 0, k / pp_s, 0.0)
 
+    def moves(self) -> dict[str, float]:
+        """How far the fit moved each term group from the prior: multiplier - 1 ("tg.cpu": +0.2 = the CPU's TG
+        seconds are 20% longer than the prior profile says)."""
+        return {f"tg.{g}": self.tg[g] - 1.0 for g in TG_GROUPS} | {f"pp.{g}": self.pp[g] - 1.0 for g in PP_GROUPS}
+
+    def describe_moves(self) -> str:
+        """The multipliers that moved, for one line of a report: 'TG cpu x1.21, PP link x0.87' ('none')."""
+        parts = [f"{k.split('.')[0].upper()} {k.split('.')[1]} x{1 + v:.2f}" for k, v in self.moves().items()
+                 if abs(v) >= 0.005]
+        return ", ".join(parts) or "none"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"tg": self.tg, "pp": self.pp, "n": self.n, "err_prior": self.err_prior, "err_fit": self.err_fit}
+        return {"tg": self.tg, "pp": self.pp, "n": self.n, "err_prior": self.err_prior, "err_fit": self.err_fit,
+                "moves": self.moves()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "CostFit":

@@ -71,16 +71,30 @@ class Link:
     h2d_pinned: float          # bytes/s
     h2d_pageable: float
     d2d: float = 0.0           # GPU <-> GPU (0: through host)
+    copy_call_s: float = 6e-6  # fixed cost of one host -> GPU cudaMemcpyAsync (a small pinned copy)
 
 
 @dataclass(frozen=True)
 class Overheads:
-    """Fixed costs the cost model adds; calibration replaces them."""
-    per_split_s: float = 25e-6      # a backend switch (sync + activation copy) per token
+    """Fixed costs (calibrate measures them) and the share of each ceiling llama.cpp's kernels reach. A
+    calibrated profile holds PyTorch's ceilings and LLAMACPP_SHARES (calibrate cannot run llama.cpp's kernels);
+    the spec-sheet presets give effective rates, so their GEMM shares stay 1."""
+    per_split_s: float = 25e-6      # a GPU -> CPU -> GPU round trip (activation copies + synchronisation)
     per_layer_gpu_s: float = 12e-6  # kernel launches of one layer on the GPU per token (graphs amortise)
-    per_layer_cpu_s: float = 20e-6  # thread sync of one layer on the CPU per token
+    per_layer_cpu_s: float = 20e-6  # thread-pool work of one layer's CPU ops per token
     gpu_eff: float = 0.80           # fraction of GPU mem_bw reached by decode kernels
     cpu_eff: float = 0.70           # fraction of host mem_bw reached by CPU decode
+    launch_s: float = 5e-6          # one GPU kernel launch outside a CUDA graph (prompt ubatches)
+    sync_s: float = 20e-6           # a small GPU -> host read-back and stream synchronisation
+    gpu_gemm_eff: float = 1.0       # fraction of the GPU's GEMM FLOP/s llama.cpp's quantized GEMMs reach
+    cpu_gemm_eff: float = 1.0       # fraction of the host's GEMM FLOP/s ggml's CPU quantized GEMMs reach
+
+
+# Shares of calibrate's PyTorch ceilings (bf16 GEMV/GEMM, HardwareProfile's mem_bw and flops) that llama.cpp
+# reached on the GPU box (H100 + 16-core Xeon; Q4_0 weights; MMVQ/MMQ on the GPU, ggml's vec-dot kernels on the
+# CPU), fitted on the even lines of tests/planner/data/h100_llamacpp_runs.jsonl (benchmarks/cost_model.py --fit;
+# held-out figures in docs/cost_model.md). calibrate writes them into every profile it measures.
+LLAMACPP_SHARES: dict[str, float] = {"gpu_eff": 0.548, "cpu_eff": 0.367, "gpu_gemm_eff": 0.124, "cpu_gemm_eff": 0.0893}
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,13 @@ def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> 
     n_kv = hp.n_head_kv[il] if il < len(hp.n_head_kv) else hp.n_head_kv[-1]
     cells = kv_cells(inv, knobs, il, dialect)
     tk, tv = by_name(KV_TYPE[knobs.type_k]), by_name(KV_TYPE[knobs.type_v])
+    if hp.is_mla and dialect == "ik" and knobs.mla and not knobs.flash_attn:
+        # ik without flash attention (llama_model::cache_size): -mla 1 keeps c^KV (K type) and kv^T (V type, a
+        # kv_lora_rank row per token); -mla 2/3 only c^KV, in the V type
+        width = hp.mla_kv_lora_rank + hp.n_rot
+        if knobs.mla == 1:
+            return cells * tk.row_bytes(width) + tv.row_bytes(hp.mla_kv_lora_rank * cells)
+        return cells * tv.row_bytes(width)
     if hp.is_mla and not (dialect == "ik" and knobs.mla == 0):
         # one K-only cache of kv_lora_rank + n_rot per token (the GGUF's key_length, head_count_kv 1)
         return cells * tk.row_bytes(hp.mla_kv_lora_rank + hp.n_rot)
@@ -534,8 +541,9 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
             overhead = DEFAULT_GPU_OVERHEAD
         out[d] = DeviceMemory(w.get(d, 0), kv.get(d, 0), comp.get(d, 0), overhead)
     cpu_w = w.get("CPU", 0)
-    # mainline mmaps CPU weights (page cache); --no-mmap, and ik with any CPU override, copy them (pinned)
-    has_override = any(dev == "CPU" for name, dev in plan.assignment.items() if "blk." in name) and \
-        any(dev != "CPU" for dev in plan.assignment.values())
-    pinned = (not plan.knobs.mmap) or (plan.dialect == "ik" and has_override)
+    # CPU weights are mmap'd (page cache) unless mmap is off. ik too: tensors an -ot sends to RAM land in its
+    # default host buffer type, which ik maps from the file like the plain CPU one (ik 8337e4cd src/llama.cpp
+    # ~4735: `buft == llama_default_buffer_type_cpu(true) || buft == ggml_backend_cpu_buffer_type()`); -rtr turns
+    # mmap off (Knobs.mmap False).
+    pinned = not plan.knobs.mmap
     return MemoryReport(out, host_mapped=0 if pinned else cpu_w, host_pinned=cpu_w if pinned else 0)

@@ -252,13 +252,18 @@ class Scored:
         return self.tg_tps, self.pp_tps
 
 
-def knob_variants(knobs: Knobs) -> list[Knobs]:
+def knob_variants(knobs: Knobs, dialect: Dialect = "mainline") -> list[Knobs]:
     """The same knobs with op offload on and off, and CPU weights mmap'd or pinned (no mmap): the two switches
     that most change PP once experts sit in RAM (reference section 4), and that change the compute buffer and
-    host memory, so each gets its own placement."""
-    from .plan import OffloadPolicy
+    host memory, so each gets its own placement. ik can also keep dense ops offloaded while the MoE ops run on
+    the CPU (-op 28,0,31,0), which pays when uploading the experts costs more than it saves."""
+    from .plan import OffloadPolicy, OpRule
     mb = knobs.offload.moe_matmul.min_batch
-    return [replace(knobs, offload=OffloadPolicy.all(on, mb), mmap=mmap) for on in (True, False) for mmap in (True, False)]
+    policies = [OffloadPolicy.all(True, mb), OffloadPolicy.all(False, mb)]
+    if dialect == "ik":
+        on, off = OpRule(True, mb), OpRule(False, mb)
+        policies.append(OffloadPolicy(dense_matmul=on, moe_matmul=off, moe_fused_up_gate=off, output=on))
+    return [replace(knobs, offload=pol, mmap=mmap) for pol in policies for mmap in (True, False)]
 
 
 def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
@@ -269,7 +274,7 @@ def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(),
     budget = Budget.from_hardware(hw, margin)
     scored: dict[str, Scored] = {}
     error: BudgetError | None = None
-    for k in knob_variants(knobs):
+    for k in knob_variants(knobs, dialect):
         try:
             plans = propose(inv, hw, k, dialect, margin)
         except BudgetError as e:

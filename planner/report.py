@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .cost_fit import CostFit
 from .hardware import fmt_bytes
 from .memory import MemoryReport
 from .model import ModelInventory
@@ -385,7 +386,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
     if fit.get("err_prior"):
         L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
                  f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
-                 f"{fit['err_fit'].get('pp', 0):.1%}")
+                 f"{fit['err_fit'].get('pp', 0):.1%}; terms moved: {CostFit.from_dict(fit).describe_moves()}")
         L.append("")
     L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
     L += _confirmed_markdown(s)
@@ -457,7 +458,7 @@ def _pct(v: Any) -> str:
     return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
 
 
-ROLE_NAMES = {"fit": "reference", "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
+ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server runs it", "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
               "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
               "best_tg_over_fit_vram": "best TG (all over its VRAM)"}
 
@@ -472,19 +473,20 @@ def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
          f"Each config re-measured {c['rounds']} times, interleaved with the others (A B C A B C ..., the order "
          "rotated each round); medians with [min-max]. A ratio whose edge is inside the larger relative spread of "
          "the two sides (at least 1%) is a tie.", "",
-         "| config | role | TG t/s | PP t/s | VRAM | TG x | PP x | runs noisy (CV > 5%) |", "|---|---|---|---|---|---|---|---|"]
+         "| config | role | TG t/s | PP t/s | VRAM | TG x | PP x | TG x (server --fit) | runs noisy (CV > 5%) |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for r in c["results"]:
         def sp(k: str) -> str:
             d = r[k]
             return f"{d['median']:.2f} [{d['lo']:.2f}-{d['hi']:.2f}]" if d["samples"] else "-"
 
-        def vs(k: str) -> str:
-            v = r.get(f"{k}_vs_fit")
+        def vs(k: str, tag: str = "fit") -> str:
+            v = r.get(f"{k}_vs_{tag}")
             return f"{v['ratio']:.3f}x {v['verdict']}" if v else "-"
         roles = ", ".join(ROLE_NAMES.get(x, x) for x in r["roles"])
         noisy = ("yes" + (": " + "; ".join(r["seen"])[:120] if r["seen"] else "")) if r["noisy"] else "no"
         L.append(f"| {r['name']} | {roles} | {sp('tg')} | {sp('pp')} | {fmt_bytes(r['vram_bytes']) if r['vram_bytes'] else '-'} "
-                 f"| {vs('tg')} | {vs('pp')} | {noisy} |")
+                 f"| {vs('tg')} | {vs('pp')} | {vs('tg', 'fit_server')} | {noisy} |")
     L.append("")
     names = {r["key"]: r["name"] for r in c["results"]}
     for role, key in c.get("picks", {}).items():

@@ -42,7 +42,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .cost import predict
 from .confirm import CONFIRM_ROUNDS, Confirmed, Contender, SampleLog, compare, schedule
@@ -69,6 +69,7 @@ MARGIN_SLACK = 64 * MiB    # learnt margin = the memory model's worst under-pred
 # the H100 box -204..+72 MiB over 74 runs (issue 10), the torch runtime holds 1.4-2.3 GiB of upload staging the
 # llama.cpp model does not count; the sim engine is the model.
 MEMORY_ERROR_PRIOR = {"sim": 0, "llamacpp": 256 * MiB, "torch": 512 * MiB}
+SERVER_FIT = "--fit's placement in a server"   # llama-fit-params' pick for the whole workload, run as a plan
 BALANCED_PP = 1.5          # "balanced": the best TG among configs with at least this x --fit's PP
 MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
 _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
@@ -494,13 +495,16 @@ class Tuner:
         return n
 
     def _fill_max_seeds(self) -> list[tuple[dict[str, Any], str]]:
-        """Every GPU filled with experts as far as the budget goes, with the smallest KV type: for TG at the
-        smallest ubatch (least compute buffer, so the most experts) and at 512; for PP at the largest two
-        ubatches. TG rises with every expert tensor moved to VRAM, so these are where a TG study ends up."""
+        """Every GPU filled with experts as far as the budget goes: for TG at the smallest ubatch (the least
+        compute buffer, so the most experts; llama-bench's generation test caps its ubatch at its context anyway)
+        and at 512; for PP at the largest two ubatches. TG rises with every expert tensor moved to VRAM, so these
+        are where a TG study ends up."""
         d = self.space.dims
         if not any(name.startswith("fill.") for name in d):
             return []
-        kv = min(d["kv"].values, key=lambda k: {"q4_0": 0, "q4_1": 1, "q5_0": 2, "q5_1": 3, "q8_0": 4}.get(k, 9))
+        # the default (full-precision) KV: on the H100 runs of issue 10 a q8_0 cache cost ~10% TG at the same
+        # placement (flash-attention decode over a quantized cache), more than the experts its room bought
+        kv = self.space.default_params()["kv"]
         ubs = list(d["ubatch_log2"].values)
         wanted = [(ubs[0], "tg"), (d["ubatch_log2"].snap(9), "tg"), (ubs[-1], "pp"), (ubs[max(len(ubs) - 2, 0)], "pp")]
         if self.objective.kind == "pp":
@@ -536,6 +540,12 @@ class Tuner:
             if fit is not None:
                 keep(self._fit_record(fit))
                 done.add("--fit")
+                if fit.chosen_args:
+                    try:
+                        plan = flag_plan(self.inv, list(fit.chosen_args), knobs, self.dialect, self.settings.model_id)
+                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False))
+                    except InputError as e:
+                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
             try:
                 props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
@@ -556,25 +566,39 @@ class Tuner:
         self._refit()
         return out
 
-    def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "") -> dict[str, Any]:
-        """A baseline that is a plan: measured (and judged) like a trial, its run reused by a trial of it."""
+    def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "", judged: bool = True
+                     ) -> dict[str, Any]:
+        """A baseline that is a plan: measured (and judged) like a trial, its run reused by a trial of it. An
+        unjudged one (llama.cpp's own choice, a reference) is run whatever the memory model says of it, and a
+        peak over the budget is noted rather than failed."""
         rec: dict[str, Any] = {"name": name, "kind": kind, "ok": False, "error": err, "runs": 0}
         if plan is None:
             return rec
         rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
         from .memory import estimate
         reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
-        if reason:
+        if reason and judged:
             rec["error"] = f"not run: over budget ({reason})"
             return rec
-        m = self._judge_peak(plan, self._measure(plan))
+        m = self._measure(plan)
+        if judged:
+            m = self._judge_peak(plan, m)
+        elif m.ok:
+            rec["over_budget"] = self._over(dict(m.peak_bytes))
         rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error, runs=1, plan=plan.to_json())
         if not m.ok and _OOM.search(m.error or ""):
             self._raise_margin(plan, m.error)
-        self._baseline_runs[plan.id] = _Result.of(_mdict(m))
+        if judged:     # a trial of the same plan takes this run (an unjudged one may be over the budget)
+            self._baseline_runs[plan.id] = _Result.of(_mdict(m))
         if m.ok:
             self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
         return rec
+
+    def _over(self, peaks: dict[str, int]) -> str:
+        """Which GPUs a reference run's peaks put over the budget ('' when none)."""
+        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
+        return "; ".join(f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
+                         if d in budget and v > budget[d])
 
     def _ncmoe_record(self, knobs) -> dict[str, Any]:
         """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
@@ -602,14 +626,10 @@ class Tuner:
         arguments to run it again."""
         from .flags.common import shell_join
         m = fit.measurement
-        peaks = {k: int(v) for k, v in dict(m.peak_bytes).items()}
-        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
-        over = [f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
-                if d in budget and v > budget[d]]
         rec: dict[str, Any] = {
             "name": "--fit", "kind": "engine-fit", "ok": bool(m.ok), "error": str(m.error or ""), "runs": 1,
             "measured": _mdict(m), "argv": list(fit.argv), "env": dict(fit.env), "target_bytes": fit.target_bytes,
-            "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": "; ".join(over),
+            "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": self._over(dict(m.peak_bytes)),
             "commands": {"llama-bench": shell_join(["llama-bench", *fit.argv], fit.env)},
             "label": "llama.cpp's own --fit" + (f" ({fit.note})" if fit.note else "")}
         if fit.chosen_args:
@@ -920,11 +940,19 @@ class Tuner:
         if self.objective.kind == "pp" and rows:
             roles.setdefault(max(rows, key=lambda r: r[2])[0], []).append("best_pp")
         out = [Contender("fit", ref["name"], ("fit",))] if ref else []
+        server = next((b for b in self.study.user_attrs.get("baselines", [])
+                       if b.get("kind") == "engine-fit-server" and b.get("ok")), None)
+        if server is not None:
+            out.append(Contender("fit-server", server["name"], ("fit_server",)))
         out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
         return out
 
     def _measure_contender(self, c: Contender) -> dict[str, Any]:
-        if c.trial is None:
+        if c.key == "fit-server":
+            rec = next(b for b in self.study.user_attrs["baselines"] if b.get("kind") == "engine-fit-server")
+            plan = Plan.from_json(rec["plan"])
+            m = self._judge_peak(plan, self._measure(plan))
+        elif c.trial is None:
             ref = self.reference() or {}
             if ref.get("argv"):
                 m = self._measure_args(ref["argv"], ref.get("env") or {})
@@ -951,11 +979,11 @@ class Tuner:
                 deadline: float | None = None) -> dict[str, Any]:
         """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.confirm) and
         judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
-        confirmation resumes). Returns that record ({} when there is nothing to confirm, or when `deadline`
-        passed before the last sample: call again to go on)."""
+        confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
+        when `deadline` passed before the last sample: call again to go on)."""
         contenders = self.finalists(n_tg)
-        if rounds < 1 or not contenders:
-            return {}
+        if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
+            return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
         keys = [c.key for c in contenders]
         stored = self.study.user_attrs.get("confirmation") or {}
         log = SampleLog(list(stored.get("rows", [])) if stored.get("keys") == keys else [])
@@ -978,16 +1006,18 @@ def confirmed_record(results: list[Confirmed], rounds: int) -> dict[str, Any]:
     """Each contender's medians and spreads, its ratios to the reference (win / tie / loss), and the picks by
     median: the best TG at no more VRAM than the reference, and the best TG with >= BALANCED_PP x its PP."""
     ref = next((r for r in results if "fit" in r.contender.roles), None)
+    server = next((r for r in results if "fit_server" in r.contender.roles), None)
     rows = []
     for r in results:
         d = r.to_dict()
-        if ref is not None and r is not ref:
-            for name, a, b in (("tg", r.tg, ref.tg), ("pp", r.pp, ref.pp)):
-                cmp = compare(a, b)
-                d[f"{name}_vs_fit"] = cmp.to_dict() if cmp else None
-            d["vram_vs_fit"] = r.vram_bytes / ref.vram_bytes if ref.vram_bytes else None
+        for tag, base in (("fit", ref), ("fit_server", server)):
+            if base is not None and r is not base:
+                for name, a, b in (("tg", r.tg, base.tg), ("pp", r.pp, base.pp)):
+                    cmp = compare(a, b)
+                    d[f"{name}_vs_{tag}"] = cmp.to_dict() if cmp else None
+                d[f"vram_vs_{tag}"] = r.vram_bytes / base.vram_bytes if base.vram_bytes else None
         rows.append(d)
-    others = [r for r in results if r is not ref and r.tg.samples]
+    others = [r for r in results if r is not ref and r is not server and r.tg.samples]
     picks: dict[str, Any] = {}
     cap = ref.vram_bytes if ref is not None and ref.vram_bytes else math.inf
     tg_ok = [r for r in others if r.vram_bytes <= cap]

@@ -91,6 +91,8 @@ class SpaceConfig:
     amb: tuple[int, ...] = (0, 256, 512)          # ik
     fmoe: tuple[bool, ...] = (True, False)        # ik
     rtr: tuple[bool, ...] = (False, True)         # ik
+    op_per_class: bool = True                     # ik: one -op switch per op class; False for ik's llama-bench,
+                                                  # which has no -op: offload stays on, only its batch is tuned
 
     def settled(self, n_threads: int, dialect: Dialect = "mainline") -> "SpaceConfig":
         """The space for an engine whose runs cost real time: the knobs that never reached the front in the
@@ -158,11 +160,16 @@ class Space:
         add("kv", "cat", c.kv_types)
         add("flash_attn", "cat", c.flash_attn)
         if dialect == "ik":
-            add("offload_moe", "cat", c.offload)
-            add("offload_dense", "cat", c.offload)
+            # ik's -op per op class: MUL_MAT (dense and output), MUL_MAT_ID (routed experts), and, with fused MoE
+            # (-fmoe, the default), MOE_FUSED_UP_GATE for the experts' up/gate; -no-ooae; -cuda offload-batch-size
+            # (min_batch); -rtr; -amb; -mla (docs/ik_llama.md)
+            add("fmoe", "cat", c.fmoe)
+            if c.op_per_class:
+                add("offload_moe", "cat", c.offload)
+                add("offload_fused", "cat", c.offload)
+                add("offload_dense", "cat", c.offload)
             add("only_active", "cat", c.only_active)
             add("rtr", "cat", c.rtr)
-            add("fmoe", "cat", c.fmoe)
             add("amb", "cat", c.amb)
             if inv.hparams.is_mla:
                 add("mla", "cat", c.mla)
@@ -192,13 +199,17 @@ class Space:
         k = Knobs(n_ctx=self.n_ctx, n_batch=nb, n_ubatch=ub, n_threads=ask(d["threads"]), flash_attn=fa,
                   type_k=kv, type_v=kv)
         if self.dialect == "ik":
-            moe_on, dense_on = ask(d["offload_moe"]), ask(d["offload_dense"])
+            fmoe = ask(d["fmoe"])
+            per_class = self.config.op_per_class
+            moe_on = ask(d["offload_moe"]) if per_class else True
+            fused_on = ask(d["offload_fused"]) if fmoe and per_class else moe_on   # without -fmoe: no fused op
+            dense_on = ask(d["offload_dense"]) if per_class else moe_on
             rtr = ask(d["rtr"])
-            mb = 2 ** ask(d["min_batch_log2"]) if (moe_on or dense_on) and not rtr else 32
-            dense, moe = OpRule(dense_on, mb), OpRule(moe_on, mb)
-            only = ask(d["only_active"]) if moe_on and not rtr else True
-            k = replace(k, offload=OffloadPolicy(dense, moe, moe, dense), only_active_experts=only, rtr=rtr,
-                        fmoe=ask(d["fmoe"]), amb=ask(d["amb"]), mla=ask(d["mla"]) if hp.is_mla else 3,
+            mb = 2 ** ask(d["min_batch_log2"]) if (moe_on or fused_on or dense_on) and not rtr else 32
+            dense, moe, fused = OpRule(dense_on, mb), OpRule(moe_on, mb), OpRule(fused_on, mb)
+            only = ask(d["only_active"]) if (moe_on or fused_on) and not rtr else True
+            k = replace(k, offload=OffloadPolicy(dense, moe, fused, dense), only_active_experts=only, rtr=rtr,
+                        fmoe=fmoe, amb=ask(d["amb"]), mla=ask(d["mla"]) if hp.is_mla else 3,
                         mmap=False if rtr else ask(d["mmap"]))
         else:
             on = ask(d["offload"])
@@ -331,9 +342,13 @@ class Space:
         if knobs is not None:
             k = knobs
             pol = k.offload
-            if self.dialect == "ik" and pol.moe_matmul.enabled != pol.dense_matmul.enabled:
-                op = f"op moe {'on' if pol.moe_matmul.enabled else 'off'} dense {'on' if pol.dense_matmul.enabled else 'off'}"
-                op += f" {pol.moe_matmul.min_batch}"
+            onoff = lambda r: "on" if r.enabled else "off"   # noqa: E731
+            if self.dialect == "ik" and len({pol.moe_matmul.enabled, pol.moe_fused_up_gate.enabled,
+                                             pol.dense_matmul.enabled}) > 1:
+                op = f"op moe {onoff(pol.moe_matmul)}"
+                if pol.moe_fused_up_gate.enabled != pol.moe_matmul.enabled:
+                    op += f" fused {onoff(pol.moe_fused_up_gate)}"
+                op += f" dense {onoff(pol.dense_matmul)} {pol.moe_matmul.min_batch}"
             else:
                 op = "op " + (f"{pol.moe_matmul.min_batch}" if pol.any_enabled else "off")
             if self.dialect == "ik" and pol.moe_matmul.enabled and not k.only_active_experts:
@@ -423,7 +438,7 @@ class Space:
         }
         ub = 2 ** p["ubatch_log2"]
         p["batch_mult_log2"] = d["batch_mult_log2"].snap(math.log2(max(2048 // ub, 1)))
-        for name in ("offload", "offload_moe", "offload_dense", "only_active", "fmoe"):
+        for name in ("offload", "offload_moe", "offload_fused", "offload_dense", "only_active", "fmoe"):
             if name in d:
                 p[name] = True if True in d[name].values else d[name].values[0]
         if "rtr" in d:
@@ -444,9 +459,10 @@ class Space:
         p = self.default_params()
         if "offload" in p:
             p["offload"] = knobs.offload.any_enabled
-        for name in ("offload_moe", "offload_dense"):
+        for name, op in (("offload_moe", "moe_matmul"), ("offload_fused", "moe_fused_up_gate"),
+                         ("offload_dense", "dense_matmul")):
             if name in p:
-                p[name] = knobs.offload.any_enabled
+                p[name] = knobs.offload.rule(op).enabled
         if "mmap" in p and knobs.mmap in self.dims["mmap"].values:
             p["mmap"] = knobs.mmap
         if label.startswith("experts-cpu+fill-"):

@@ -9,7 +9,12 @@ What is measured (several timed runs after a warm-up, device-synchronised):
   differs up to ~10x at batch 32);
 - link: host -> GPU and GPU -> host, from page-locked and from ordinary memory (1 GiB);
 - overheads: a small kernel's launch (eager) and its cost inside a CUDA graph, a device split (GPU -> host ->
-  GPU round trip of one activation row with synchronisation), a CPU op's thread fork/join.
+  GPU round trip of one activation row with synchronisation), a CPU op's thread fork/join; for op offload the
+  read-back of a ubatch's expert ids (16 KiB into ordinary memory + stream sync) and the extra cost of one
+  host -> GPU copy call (256 copies of 64 KiB against one of 16 MiB).
+The shares of these ceilings llama.cpp's own kernels reach (Overheads.*_eff) cannot be measured without
+llama.cpp: every profile gets planner.hardware.LLAMACPP_SHARES, fitted on measured llama-bench runs
+(docs/cost_model.md).
 Ceilings (bandwidths, FLOP/s) come from the fastest timed run, not the median: a ceiling is what the machine can
 do, and noise from a shared host (other tenants, frequency, page placement) only ever lowers a run, by 10-20%
 between calls on the GPU box. The median of the same runs is kept next to each as `<key>_median`. The per-op
@@ -31,10 +36,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.errors import InputError
-from planner.hardware import GPU, HardwareProfile, Host, Link, Overheads, fmt_bytes
+from planner.hardware import GPU, LLAMACPP_SHARES, HardwareProfile, Host, Link, Overheads, fmt_bytes
 
 GiB = 1 << 30
 OPS_PER_LAYER = 20
+COPY_CALLS = 256      # small host -> GPU copies timed for the per-call cost
 
 
 def _torch():
@@ -224,6 +230,25 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
         row.copy_(host_row, non_blocking=True)
     t = _median_time(split, sync, reps * 10)
     out["split_s"] = t
+    # what op offload adds per uploaded expert tensor (ggml_backend_sched_compute_splits): the expert ids read
+    # back into ordinary host memory with a stream sync, and one cudaMemcpyAsync per run of used experts
+    ids = torch.zeros(512 * 8, dtype=torch.int32, device=dev)      # a 512-token ubatch's top-8 ids
+    ids_host = torch.empty(512 * 8, dtype=torch.int32)
+
+    def readback() -> None:
+        ids_host.copy_(ids)
+        torch.cuda.current_stream(dev).synchronize()
+    out["sync_s"] = _median_time(readback, sync, reps * 10)
+    chunk = 64 << 10
+    src = torch.empty(COPY_CALLS * chunk, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(COPY_CALLS * chunk, dtype=torch.uint8, device=dev)
+    big = _median_time(lambda: dst.copy_(src, non_blocking=True), sync, reps)
+
+    def calls() -> None:
+        for i in range(COPY_CALLS):
+            dst[i * chunk:(i + 1) * chunk].copy_(src[i * chunk:(i + 1) * chunk], non_blocking=True)
+    # the same bytes in COPY_CALLS calls, less the one-call time: what each call adds
+    out["copy_call_s"] = max(0.0, (_median_time(calls, sync, reps) - big) / (COPY_CALLS - 1))
     return out
 
 
@@ -250,11 +275,13 @@ def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | No
     link = Link(h2d_pinned=0.0, h2d_pageable=0.0)
     if gpus:
         g0 = gpus[0]
-        link = Link(h2d_pinned=g0["h2d_pinned_bytes_per_s"], h2d_pageable=g0["h2d_pageable_bytes_per_s"])
+        link = Link(h2d_pinned=g0["h2d_pinned_bytes_per_s"], h2d_pageable=g0["h2d_pageable_bytes_per_s"],
+                    copy_call_s=g0["copy_call_s"])
         overheads = replace(defaults, per_split_s=g0["split_s"], per_layer_gpu_s=g0["graph_op_s"] * OPS_PER_LAYER,
-                            per_layer_cpu_s=host["cpu_op_s"] * OPS_PER_LAYER)
+                            per_layer_cpu_s=host["cpu_op_s"] * OPS_PER_LAYER, launch_s=g0["launch_s"],
+                            sync_s=g0["sync_s"], **LLAMACPP_SHARES)
     else:
-        overheads = replace(defaults, per_layer_cpu_s=host["cpu_op_s"] * OPS_PER_LAYER)
+        overheads = replace(defaults, per_layer_cpu_s=host["cpu_op_s"] * OPS_PER_LAYER, **LLAMACPP_SHARES)
     profile = HardwareProfile(
         name=name,
         gpus=tuple(GPU(name=g["name"], vram_bytes=int(g["vram_bytes"]), mem_bw=g["gemv_bytes_per_s"],
@@ -293,7 +320,8 @@ def _summary(d: dict[str, Any]) -> str:
             f"{g['h2d_pageable_bytes_per_s'] / 1e9:.1f}; D2H pinned {g['d2h_pinned_bytes_per_s'] / 1e9:.1f}, pageable "
             f"{g['d2h_pageable_bytes_per_s'] / 1e9:.1f}")
         lines.append(f"  launch {g['launch_s'] * 1e6:.1f} us eager, {g['graph_op_s'] * 1e6:.2f} us in a graph; "
-                     f"split {g['split_s'] * 1e6:.1f} us")
+                     f"split {g['split_s'] * 1e6:.1f} us; ids read-back {g.get('sync_s', 0) * 1e6:.1f} us; "
+                     f"copy call {g.get('copy_call_s', 0) * 1e6:.1f} us")
     return "\n".join(lines)
 
 

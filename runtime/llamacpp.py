@@ -45,6 +45,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from planner.builds import Build, from_version
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render
 from planner.flags.common import (
@@ -70,6 +71,11 @@ Tool = Literal["bench", "sweep"]
 # Spellings that only ik_llama.cpp's llama-bench / common parser list (reference section 8).
 IK_MARKERS = frozenset({"-mla", "--mla-attn", "--mla-use", "-fmoe", "--fused-moe", "-rtr", "--run-time-repack",
                         "-amb", "--attn-max-batch", "--attention-max-batch"})
+# ik's common parser (llama-sweep-bench) accepts these always but lists them in --help only when the build can
+# offload to a GPU (common.cpp gpt_params_print_usage: `if (llama_supports_gpu_offload())`).
+IK_GPU_ONLY_HELP = frozenset({"-ngl", "--gpu-layers", "--n-gpu-layers", "-ts", "--tensor-split", "-op",
+                              "--offload-policy", "-no-ooae", "--no-offload-only-active-experts", "-mg",
+                              "--main-gpu", "-sm", "--split-mode"})
 # What a binary can do, by the spellings that say so in its --help.
 ABILITIES: dict[str, tuple[str, ...]] = {
     "override_tensor": ("-ot", "--override-tensor"),
@@ -109,6 +115,11 @@ class BinaryInfo:
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
+
+    @property
+    def build(self) -> Build:
+        """The target build for rendering (planner/builds.py); an unknown number means the pinned build."""
+        return Build(self.dialect, self.build_number, self.version)  # type: ignore[arg-type]
 
     @property
     def abilities(self) -> dict[str, bool]:
@@ -152,6 +163,19 @@ def _capture(argv: Sequence[str]) -> tuple[int, str]:
     return r.returncode, r.stdout + "\n" + r.stderr
 
 
+def build_of_binary(path: str | Path) -> Build:
+    """The build any llama.cpp / ik_llama.cpp program is (llama-server, llama-cli, llama-bench ...): the dialect
+    from its --help (ik lists -mla/-fmoe/-rtr/-amb), the number from --version (llama-bench of ik has no
+    --version: its number is then unknown and the pinned build is assumed)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise InputError(f"--build {path}: no such file (give DIALECT:NUMBER or the path of a llama.cpp program)")
+    _, help_text = _capture([str(p), "--help"])
+    dialect = "ik" if frozenset(_FLAG_TOKEN.findall(help_text)) & IK_MARKERS else "mainline"
+    rc, vtext = _capture([str(p), "--version"])
+    return from_version(vtext if rc == 0 else "", dialect)  # type: ignore[arg-type]
+
+
 def probe(path: str | Path, ngl_rule: SlotRule | None = None) -> BinaryInfo:
     """Probe a binary (cached per path, mtime and size): dialect, flags, version, -ngl rule."""
     p = Path(path).resolve()
@@ -179,7 +203,7 @@ def _probe(path: str, mtime_ns: int, size: int) -> BinaryInfo:
                          "--n-prompt); give the benchmark binary")
     dialect = "ik" if flags & IK_MARKERS else "mainline"
     version, build = "", None
-    if "--version" in flags and dialect == "mainline":
+    if "--version" in flags:
         _, vtext = _capture([path, "--version"])
         line = next((ln.strip() for ln in vtext.splitlines() if "version" in ln), "")
         version = line
@@ -381,7 +405,8 @@ class LlamaCppEngine:
     def _check_flags(self, argv: Sequence[str], what: str) -> None:
         if not self.info.flags:
             return
-        missing = [a for a in argv if _FLAG_TOKEN.fullmatch(a) and a not in self.info.flags]
+        hidden = IK_GPU_ONLY_HELP if (self.info.dialect, self.info.tool) == ("ik", "sweep") else frozenset()
+        missing = [a for a in argv if _FLAG_TOKEN.fullmatch(a) and a not in self.info.flags and a not in hidden]
         if missing:
             raise InputError(f"{self.path.name} ({self.info.dialect}) does not accept {missing[0]}, which {what} "
                              "needs (its --help lists no such flag); use a newer llama.cpp build")
@@ -421,7 +446,7 @@ class LlamaCppEngine:
                          "PP at depth 0")
             wl = _RenderWorkload(workload.n_prompt, 0, 0, workload.repetitions)
         try:
-            rc = render(plan, inv, "bench", workload=wl, model_path=model)
+            rc = render(plan, inv, "bench", workload=wl, model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         # -o first: llama-bench's parser forgets an earlier bad argument (an unknown -ot buffer type) when a later
@@ -440,7 +465,7 @@ class LlamaCppEngine:
         n_ctx = row + max(ub, wl.n_gen)
         p = replace(plan, knobs=replace(plan.knobs, n_ctx=n_ctx))
         try:
-            rc = render(p, inv, "server", model_path=model)
+            rc = render(p, inv, "server", model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         argv = [*rc, "-n", str(max(wl.n_gen, 1)), "-nrep", str(wl.repetitions)]
@@ -494,8 +519,8 @@ class LlamaCppEngine:
         """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (None when this binary
         has no -fitt: ik, or mainline before PR #21304). -fitt is the free memory llama.cpp must leave on each
         device: what is free now minus the budget (llama-bench takes one value for all devices, so the
-        tightest GPU's). Also asks llama-fit-params (beside llama-bench, when there) which placement it picks
-        for the prompt's context, so the study can start from it."""
+        tightest GPU's). Also asks llama-fit-params (beside llama-bench, when there) which placement
+        `llama-server --fit` picks for the workload's context, which the study measures beside it."""
         if not self.info.abilities["fit_target"] or self.info.tool != "bench":
             return None
         sampler = self.sampler()
@@ -511,12 +536,15 @@ class LlamaCppEngine:
 
     def _fit_choice(self, inv: ModelInventory, workload: Workload, target_mib: int, knobs: Sequence[str]
                     ) -> tuple[str, ...]:
-        """llama-fit-params' placement for the prompt test's context ((), when it is missing or fails)."""
+        """llama-fit-params' placement for the whole workload's context, what `llama-server --fit on -c N` would
+        pick for it ((), when the tool is missing or fails). llama-bench -fitt fits each of its tests on its own
+        (the generation test to an n_gen-token context and ubatch), so its TG comes from a larger placement than
+        any one server that takes the prompt could hold; this one is what a user's server runs."""
         exe = self.path.with_name("llama-fit-params")
         if not exe.is_file():
             return ()
         kn = [("on" if v == "1" else v) if k == "-fa" else v for k, v in zip(knobs[::2], knobs[1::2])]
-        argv = [str(exe), "-m", self._model(inv), "-c", str(workload.n_prompt + workload.depth), "-fitt",
+        argv = [str(exe), "-m", self._model(inv), "-c", str(workload.depth + workload.n_prompt + workload.n_gen), "-fitt",
                 str(target_mib), "-np", "1", *(x for pair in zip(knobs[::2], kn) for x in pair)]
         run = run_process(argv, self._env({}), 600)
         line = next((ln.strip() for ln in run.stdout.splitlines() if ln.startswith("-c ")), None)

@@ -33,3 +33,20 @@ def llama_bench() -> Path:
         pytest.skip(f"cannot build llama.cpp here: no {' and no '.join(missing)}")
     from runtime.llamacpp_build import ensure_built
     return ensure_built()["llama-bench"]
+
+
+@pytest.fixture(scope="session")
+def ik_binaries() -> dict[str, Path]:
+    """{"llama-bench", "llama-sweep-bench", "llama-cli": path} of the CPU ik_llama.cpp 8337e4cd build, built once
+    per machine from the pinned tarball (vendor/, else ../shared/vendor; ~13 min cold on 2 busy cores). Skips when
+    the machine cannot build it (no cmake or compiler) or no copy of the tarball exists; a failed build fails."""
+    missing = [tool for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
+               if not any(shutil.which(n) for n in names)]
+    if missing:
+        pytest.skip(f"cannot build ik_llama.cpp here: no {' and no '.join(missing)}")
+    from runtime.ik_build import IkSourceMissing, ensure_built
+    try:
+        return ensure_built()
+    except IkSourceMissing as e:
+        pytest.skip(str(e))
+

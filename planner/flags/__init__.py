@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..builds import PINNED, Build
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import DIALECTS, Knobs, Plan
@@ -34,26 +35,36 @@ __all__ = [
 SPECS: dict[str, DialectSpec] = {"mainline": mainline.SPEC, "ik": ik.SPEC}
 
 
-def _spec(dialect: str) -> DialectSpec:
+def _spec(dialect: str, build: Build | None = None) -> DialectSpec:
     if dialect not in SPECS:
         raise FlagError(f"unknown dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
-    return SPECS[dialect]
+    if build is None:
+        return SPECS[dialect]
+    if build.dialect != dialect:
+        raise FlagError(f"build {build.describe()} is not a {dialect} build")
+    return ik.spec_for(build) if dialect == "ik" else mainline.spec_for(build)
 
 
-def render(plan: Plan, inv: ModelInventory, tool: str = "server", *, ik_op_table: str = "2025-08",
-           workload: Any = None, model_path: str | None = None) -> RenderedCommand:
+def _opts(dialect: str, build: Build | None, ik_op_table: str | None) -> dict[str, Any]:
+    return {"ik_op_table": ik_op_table, "build": build or PINNED[dialect]}
+
+
+def render(plan: Plan, inv: ModelInventory, tool: str = "server", *, ik_op_table: str | None = None,
+           build: Build | None = None, workload: Any = None, model_path: str | None = None) -> RenderedCommand:
     """Flags for `plan` in its dialect, for llama-server ("server"), llama-cli ("cli") or llama-bench ("bench").
 
-    `workload` (llama-bench only; anything with n_prompt, n_gen and optionally depth, repetitions) gives -p/-n/-d/-r;
-    `model_path` adds -m. Raises FlagError for a plan the dialect cannot express (naming the knob), and when the
-    rendered flags would not reproduce the plan exactly.
+    `build` (planner/builds.py; default the pinned build of the dialect) decides which flags exist and what they
+    do; `ik_op_table` names the -op id table outright. `workload` (llama-bench only; anything with n_prompt, n_gen
+    and optionally depth, repetitions) gives -p/-n/-d/-r; `model_path` adds -m. Raises FlagError for a plan the
+    target cannot express (naming the knob), and when the rendered flags would not reproduce the plan exactly.
     """
-    spec = _spec(plan.dialect)
+    spec = _spec(plan.dialect, build)
     if tool not in TOOLS:
         raise FlagError(f"unknown tool {tool!r}; expected one of {', '.join(TOOLS)}")
-    opts = {"ik_op_table": ik_op_table}
+    opts = _opts(plan.dialect, build, ik_op_table)
     return render_plan(plan, inv, spec, tool, opts=opts, workload=workload, model_path=model_path,
-                       parse_back=lambda rc: parse(rc, inv, plan.dialect, tool=tool, ik_op_table=ik_op_table))
+                       parse_back=lambda rc: parse(rc, inv, plan.dialect, tool=tool, ik_op_table=ik_op_table,
+                                                   build=build))
 
 
 def render_shell(plan: Plan, inv: ModelInventory, tool: str = "server", *, binary: str | None = None,
@@ -66,13 +77,14 @@ def render_shell(plan: Plan, inv: ModelInventory, tool: str = "server", *, binar
 
 
 def parse(args: Sequence[str] | str | RenderedCommand, inv: ModelInventory, dialect: str, *,
-          tool: str | None = None, n_gpus: int | None = None, ik_op_table: str = "2025-08") -> ParsedCommand:
+          tool: str | None = None, n_gpus: int | None = None, ik_op_table: str | None = None,
+          build: Build | None = None) -> ParsedCommand:
     """Read a command line as pasted (a string, with or without env assignments and the program) or an argv list.
 
     The tool comes from `tool`, else the program name, else "server". `n_gpus` (else inferred from -ts, -ot,
     -dev and CUDA_VISIBLE_DEVICES) bounds the valid CUDAn names. Raises FlagError for what llama.cpp would reject.
     """
-    spec = _spec(dialect)
+    spec = _spec(dialect, build)
     env, binary, argv = split_command(args)
     if tool is None:
         if isinstance(args, RenderedCommand):
@@ -86,7 +98,7 @@ def parse(args: Sequence[str] | str | RenderedCommand, inv: ModelInventory, dial
     table = spec.tools[tool]
     warnings: list[str] = []
     events = env_events(env, table, warnings) + walk(argv, table, warnings)
-    return interpret(events, env, inv, spec, table, warnings, n_gpus, {"ik_op_table": ik_op_table})
+    return interpret(events, env, inv, spec, table, warnings, n_gpus, _opts(dialect, build, ik_op_table))
 
 
 def knob_fields(dialect: str, tool: str) -> frozenset[str]:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
+from ..builds import PINNED, Build, Feature
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import Knobs, OffloadPolicy, Plan
-from . import placement
+from . import ik_split, placement
 from .common import (
     MatchResult, Override, SlotRule, allocated_names, apply_overrides, base_assignment, check_buft, gpu_index,
     gpu_slot_window, is_gpu, memo, shell_join, slot_devices,
@@ -44,11 +45,11 @@ WARNINGS: dict[str, str] = {
     "W006": "-ngl counts layers differently in mainline and ik", "W007": "token_embd overridden to a GPU",
     "W008": "--flag=value form", "W009": "-fit on may change unset arguments", "W010": "flag repeated",
     "W011": "llama-bench sweep", "W012": "several GPUs without -ts", "W013": "split mode not modelled",
-    "W014": "no -c", "W015": "flash attention auto", "W016": "ik -ncmoe with several GPUs",
+    "W014": "no -c", "W015": "flash attention auto", "W016": "(retired)",
     "W017": "no -ngl", "W018": "unknown -op id", "W019": "ik applies -ncmoe/-cmoe after every -ot",
     "W020": "server slots", "W021": "ik -amb below 128", "W022": "-op dense ops disagree",
-    "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold",
-    "W027": "context above the training context", "W028": "-b/-ub as llama.cpp runs them",
+    "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold", "W027": "ik -ngl 0 drops overrides",
+    "W028": "-b/-ub as llama.cpp runs them", "W029": "context above the training context",
     "W101": "layer homes not expressible", "W102": "token_embd on a GPU", "W103": "knob not expressible in bench",
 }
 
@@ -589,7 +590,8 @@ def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence
         warnings.append(f"W013 -sm {sm}: placement is explained as the layer split (-sm layer)")
     if len(devices) > 1 and ts is None and settings.get("ngl", 1) != 0:
         warnings.append(f"W012 {len(devices)} GPUs and no -ts: llama.cpp splits layers by free memory "
-                        f"{'(ik: by layer size) ' if spec.name == 'ik' else ''}; assumed an equal split")
+                        f"{'(ik: free memory shared out by cumulative layer bytes) ' if spec.name == 'ik' else ''}"
+                        "; assumed an equal split")
     ngl = int(settings.get("ngl", table.defaults.get("ngl", -1)))
     on_gpu = gpu_slot_window(n_layer, ngl, spec.slot_rule)[1]
     if "ngl" not in settings:
@@ -607,8 +609,11 @@ def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence
 
 
 def _override_list(events: Sequence[Event], raw_ot: Sequence[tuple[Event, str, str]], inv: ModelInventory,
-                   spec: DialectSpec, table: ToolTable, n_devices: int, warnings: list[str]) -> list[Override]:
-    """llama.cpp's first-match list: -ot entries and -cmoe/-ncmoe/-ncffn expansions where the dialect puts them."""
+                   spec: DialectSpec, table: ToolTable, n_devices: int, warnings: list[str],
+                   spread: Callable[[int], list[int]] | None = None) -> list[Override]:
+    """llama.cpp's first-match list: -ot entries and -cmoe/-ncmoe/-ncffn expansions where the dialect puts them.
+
+    `spread(N)` (ik, several GPUs): the blocks whose experts -ncmoe N moves, instead of the one-GPU rule."""
     rule = table.moe
     overrides: list[Override] = []
     after: list[Override] = []
@@ -638,11 +643,12 @@ def _override_list(events: Sequence[Event], raw_ot: Sequence[tuple[Event, str, s
         else:
             ncmoe_last = ALL_LAYERS if kind == "cmoe" else count
     if rule is not None and ncmoe_last is not None:
-        after.extend(expand_moe(rule, "cmoe", 0, inv) if ncmoe_last >= ALL_LAYERS
-                     else expand_moe(rule, "ncmoe", ncmoe_last, inv))
-        if n_devices > 1 and spec.name == "ik":
-            warnings.append("W016 ik -ncmoe with several GPUs: the reference documents the one-GPU behaviour "
-                            "(last N MoE layers); assumed the same")
+        if spread is not None and 0 < ncmoe_last < inv.hparams.n_layer:
+            after.extend(Override(rule.ncmoe_template.format(i=i), "CPU", f"-ncmoe {ncmoe_last}")
+                         for i in spread(ncmoe_last))
+        else:
+            after.extend(expand_moe(rule, "cmoe", 0, inv) if ncmoe_last >= ALL_LAYERS
+                         else expand_moe(rule, "ncmoe", ncmoe_last, inv))
     return overrides + after
 
 
@@ -677,6 +683,35 @@ def _fit_warning(settings: Mapping[str, Any], events: Sequence[Event], spec: Dia
                         "explained as written")
 
 
+def _ik_build(opts: Mapping[str, Any]) -> Build:
+    return opts.get("build") or PINNED["ik"]
+
+
+def ik_layout(lay: _Layout, settings: Mapping[str, Any], knobs: Knobs, inv: ModelInventory, table: ToolTable,
+              opts: Mapping[str, Any], warnings: list[str]
+              ) -> tuple[_Layout, list[str], Callable[[int], list[int]] | None]:
+    """ik's -ngl (999 by default with a GPU, 0 without one), its byte-based -ts split and its -ncmoe spread."""
+    build = _ik_build(opts)
+    n_layer = inv.hparams.n_layer
+    ngl = lay.n_gpu_layers
+    if not lay.devices:
+        ngl = 0
+    elif ngl < 0:
+        ngl = 999 if build.has(Feature.NGL_AUTO) else 0
+    lay = dataclasses.replace(lay, n_gpu_layers=ngl)
+    layer_split = settings.get("sm", "layer") == "layer"
+    if len(lay.devices) > 1 and layer_split and build.has(Feature.TS_BY_LAYER_BYTES):
+        sizes, max_compute = ik_split.layer_sizes(inv, ik_split.SizeParams.of(knobs, table.tool, "ctx" in settings))
+        slots = ik_split.split_slots(n_layer, ngl, lay.devices, lay.tensor_split, sizes, max_compute)
+    else:
+        slots = slot_devices(n_layer, ngl, "last_blocks", lay.devices, lay.tensor_split)
+    spread = None
+    if table.tool != "bench" and len(lay.devices) > 1 and layer_split and build.has(Feature.TS_BY_LAYER_BYTES):
+        dd = ik_split.default_devices(slots, lay.devices)
+        spread = lambda n: ik_split.ncmoe_spread(n, dd, len(lay.devices))   # noqa: E731
+    return lay, slots, spread
+
+
 def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInventory, spec: DialectSpec,
               table: ToolTable, warnings: list[str], n_gpus: int | None, opts: Mapping[str, Any]) -> ParsedCommand:
     """Placement and knobs of a command line, the way llama.cpp would read it."""
@@ -692,8 +727,16 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
     raw_ot = [(e, pat, buft) for e in events if e.key == "ot"
               for pat, buft in _split_overrides(e.value, table, e.spelling, warnings)]
     lay = _layout(settings, env, [b for _, _, b in raw_ot], spec, table, n_layer, n_gpus, warnings)
-    overrides = _override_list(events, raw_ot, inv, spec, table, len(lay.devices), warnings)
-    slots = slot_devices(n_layer, lay.n_gpu_layers, spec.slot_rule, lay.devices, lay.tensor_split)
+    knobs = _knobs(settings, events, env, inv, spec, table, warnings, opts)
+    if spec.name == "ik":
+        lay, slots, spread = ik_layout(lay, settings, knobs, inv, table, opts, warnings)
+    else:
+        slots, spread = slot_devices(n_layer, lay.n_gpu_layers, spec.slot_rule, lay.devices, lay.tensor_split), None
+    overrides = _override_list(events, raw_ot, inv, spec, table, len(lay.devices), warnings, spread)
+    if spec.name == "ik" and lay.n_gpu_layers == 0 and overrides and _ik_build(opts).has(Feature.NGL_AUTO):
+        warnings.append("W027 ik with -ngl 0 (or no GPU) drops every -ot and -ncmoe (src/llama.cpp "
+                        "llama_model_load_from_file, since ik PR 2209): every tensor stays in RAM")
+        overrides = []
     assignment, res = apply_overrides(base_assignment(inv, slots), overrides, allocated_names(inv))
     _match_warnings(overrides, res, table.moe, assignment, warnings)
     output_copy = None
@@ -702,7 +745,6 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         # without one it goes where the output layer goes (llama-model-loader.cpp buft_for_tensor)
         first = res.first.get("token_embd.weight")
         output_copy = overrides[first].device if first is not None else slots[n_layer]
-    knobs = _knobs(settings, events, env, inv, spec, table, warnings, opts)
     _fit_warning(settings, events, spec, table, len(lay.devices), warnings)
     warnings.extend(spec.placement_notes(assignment, knobs, inv))
     workload: dict[str, int] = {}
@@ -741,7 +783,7 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
                                 "say -c N")
             ctx = inv.hparams.n_ctx_train
         elif ctx > inv.hparams.n_ctx_train:
-            warnings.append(f"W027 -c {ctx} is more than the model's training context ({inv.hparams.n_ctx_train}): "
+            warnings.append(f"W029 -c {ctx} is more than the model's training context ({inv.hparams.n_ctx_train}): "
                             "llama.cpp warns of a possible context overflow; quality may suffer")
         vals["n_ctx"] = int(ctx)
         n_seq = int(vals.get("n_seq", 1))
@@ -818,14 +860,19 @@ def _batch_semantics(vals: dict[str, Any], table: ToolTable, warnings: list[str]
 
 # ---- rendering ---------------------------------------------------------------------------------------------
 
-def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory
-                    ) -> Callable[[Mapping[str, str], placement.ModelIndex], list[tuple[str, int]]]:
+def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory,
+                    spread_of: Callable[[Sequence[str]], Callable[[int], list[int]] | None]
+                    ) -> Callable[[Mapping[str, str], placement.ModelIndex, Sequence[str]], list[tuple[str, int]]]:
     """The tool's -ncmoe N (largest exact N) and -cmoe, when their expansion only moves tensors the plan has on
-    the CPU; the solver keeps whichever renders shortest."""
-    def candidates(assignment: Mapping[str, str], idx: placement.ModelIndex) -> list[tuple[str, int]]:
+    the CPU; the solver keeps whichever renders shortest. `spread_of(slots)`: ik's several-GPU -ncmoe rule."""
+    def candidates(assignment: Mapping[str, str], idx: placement.ModelIndex, slots: Sequence[str]
+                   ) -> list[tuple[str, int]]:
         moe_layers = list(idx.moe_layers)
         if rule is None or not moe_layers:
             return []
+        spread = spread_of(slots)
+        if spread is not None:
+            return _spread_candidates(rule, assignment, idx, spread)
         if rule.order == "first_layers":
             order = list(range(inv.hparams.n_layer))
         else:
@@ -852,6 +899,50 @@ def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory
     return candidates
 
 
+# What ik users write to keep every routed expert in RAM (the exceptions that stay on a GPU go before it).
+IK_EXPS_CATCH_ALL = Override("exps", "CPU")
+
+
+def _spread_candidates(rule: MoeRule, assignment: Mapping[str, str], idx: placement.ModelIndex,
+                       spread: Callable[[int], list[int]]) -> list[tuple[str, int]]:
+    """ik, several GPUs: the largest -ncmoe N whose spread only moves experts the plan has in RAM."""
+    best = 0
+    for n in range(1, idx.n_layer):
+        ovs = [Override(rule.ncmoe_template.format(i=i), "CPU") for i in spread(n)]
+        res = placement.match_overrides(idx.names, ovs)
+        if any(assignment[x] != "CPU" for hits in res.matched for x in hits):
+            break
+        best = n
+    return [("ncmoe", best)] if best else []
+
+
+def _ik_spread_of(spec: DialectSpec, table: ToolTable, plan_devices: Sequence[str], opts: Mapping[str, Any]
+                  ) -> Callable[[Sequence[str]], Callable[[int], list[int]] | None]:
+    gpus = [gpu_index(d) for d in set(plan_devices) if is_gpu(d)]
+    n_gpus = max(gpus) + 1 if gpus else 0      # what the parser infers from -ts and the -ot names
+
+    def spread_of(slots: Sequence[str]) -> Callable[[int], list[int]] | None:
+        if spec.name != "ik" or table.tool == "bench" or n_gpus < 2 or not any(is_gpu(s) for s in slots) \
+                or not _ik_build(opts).has(Feature.TS_BY_LAYER_BYTES):
+            return None
+        devices = [f"CUDA{i}" for i in range(n_gpus)]
+        dd = ik_split.default_devices(slots, devices)
+        return lambda n: ik_split.ncmoe_spread(n, dd, len(devices))
+    return spread_of
+
+
+def _ts_text(pf: placement.PlacementFlags, plan: Plan, inv: ModelInventory, spec: DialectSpec, table: ToolTable,
+             opts: Mapping[str, Any]) -> str:
+    """-ts for the layer counts the solver chose: the counts themselves, or for ik (bytes) the proportions that
+    make ik's byte split give the same counts."""
+    counts = pf.tensor_split or ()
+    if spec.name != "ik" or not _ik_build(opts).has(Feature.TS_BY_LAYER_BYTES):
+        return table.ts_sep.join(str(c) for c in counts)
+    sizes, mc = ik_split.layer_sizes(inv, ik_split.SizeParams.of(plan.knobs, table.tool))
+    props = ik_split.tensor_split_for(counts, inv.hparams.n_layer, pf.n_gpu_layers, sizes, mc)
+    return table.ts_sep.join(str(int(p)) for p in props)
+
+
 def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *, opts: Mapping[str, Any],
                 workload: WorkloadLike | None = None, model_path: str | None = None,
                 parse_back: Callable[[RenderedCommand], ParsedCommand]) -> RenderedCommand:
@@ -861,8 +952,17 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
     table = spec.tools[tool]
     rule = table.moe
     notes: list[str] = []
-    pf = placement.solve(plan.assignment, inv, spec.slot_rule, _moe_candidates(rule, table, inv),
-                         lambda kind, n: expand_moe(rule, kind, n, inv) if rule else [])
+    spread_of = _ik_spread_of(spec, table, list(plan.assignment.values()), opts)
+
+    def expand(kind: str, n: int, slots: Sequence[str]) -> list[Override]:
+        spread = spread_of(slots)
+        if rule is not None and spread is not None and kind == "ncmoe":
+            return [Override(rule.ncmoe_template.format(i=i), "CPU", f"-ncmoe {n}") for i in spread(n)]
+        return expand_moe(rule, kind, n, inv) if rule else []
+    ngl0_drops = spec.name == "ik" and _ik_build(opts).has(Feature.NGL_AUTO)
+    pf = placement.solve(plan.assignment, inv, spec.slot_rule, _moe_candidates(rule, table, inv, spread_of),
+                         expand, no_ngl0_with_gpu=ngl0_drops,
+                         catch_all=IK_EXPS_CATCH_ALL if spec.name == "ik" else None)
     notes.extend(pf.notes)
     settings: list[tuple[str, Any]] = []
     if model_path:
@@ -883,7 +983,7 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
             settings.append(("reps", reps))
     settings.append(("ngl", pf.n_gpu_layers))
     if pf.tensor_split is not None:
-        settings.append(("ts", table.ts_sep.join(str(c) for c in pf.tensor_split)))
+        settings.append(("ts", _ts_text(pf, plan, inv, spec, table, opts)))
     if pf.overrides:
         settings.append(("ot", table.ot_sep.join(o.text() for o in pf.overrides)))
     if pf.moe is not None:

@@ -1,30 +1,41 @@
 """ik_llama.cpp: flag tables for its server/cli (one common parser) and its llama-bench, and its op offload.
 
-Source: ../shared/reference/llamacpp.md sections 2-4 and 8 (we have no ik source here). Spellings follow the
-reference; where it is silent, the ik common.cpp / llama-bench.cpp parsers of 2026 (gpt_params_find_arg) as
-published. Unknown flags are warnings, not errors, since ik adds flags often.
-- -ngl N: the last N blocks; the output layer only when N > n_layer (slot rule "last_blocks").
-- -ot entries first, then the -ncmoe/-cmoe overrides (-cmoe = -ncmoe with every MoE layer). Since ik PR #2262
-  (Aug 2026) the server's -ncmoe N takes the LAST N MoE layers; ik's llama-bench --n-cpu-moe the first N.
-- -op OP,0|1[,OP,0|1...] with OP a ggml_op enum value that moved between versions (OP_TABLES); -1 = all ops.
-- MUL_MAT_ID / MOE_FUSED_UP_GATE offload only when ubatch >= offload-batch-size * n_expert / n_expert_used;
-  -cuda offload-batch-size=N changes the base (default 32).
+Source: ik_llama.cpp 8337e4cd (vendor/ik_llama.cpp-8337e4cd.tar.xz; docs/ik_llama.md): common/common.cpp
+(gpt_params_find_arg), examples/llama-bench/llama-bench.cpp, src/llama.cpp, src/llama-load-tensors.cpp.
+Behaviour that changed between builds is keyed by planner/builds.py features; `spec_for(build)` adapts the
+tables. Unknown flags are warnings, not errors, since ik adds flags often.
+- -ngl N: the last N blocks; the output layer only when N > n_layer (slot rule "last_blocks"). Since PR 2209
+  (build 4761) no -ngl means 999 when a GPU exists, and -ngl 0 (or no GPU) drops every -ot and -ncmoe
+  (llama_model_load_from_file).
+- Server/cli: the -ot entries first, then -ncmoe/-cmoe (-cmoe = -ncmoe 999; the last value wins). One GPU: the
+  LAST N MoE layers since PR 2262 (build 4797), the first N layer indices before. Several GPUs (split mode
+  layer, N < n_layer, since PR 1464/1466): N is shared out by each GPU's share of the blocks and each GPU gives
+  its last blocks (ncmoe_spread). llama-bench --n-cpu-moe N appends the first N layers' patterns at its place
+  among the -ot options (add_cpu_buft_overrides).
+- -op OP,0|1[,OP,0|1...] with OP a ggml_op enum value that moved between builds (OP_TABLES); -1 = all ops.
+  Only the common parser has it (server, cli, sweep-bench); llama-bench has none.
+- MUL_MAT_ID / MOE_FUSED_UP_GATE offload only when ubatch >= offload-batch-size * n_expert / n_expert_used
+  (ggml-cuda.cu ggml_backend_cuda_offload_op); -cuda offload-batch-size=N changes the base (default 32).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from ..builds import PINNED, Build, Feature
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import DEFAULT_MIN_BATCH, KV_TYPES, OP_CLASSES, Knobs, OffloadPolicy, OpRule
 from .cmdline import DialectSpec, Event, Flag, MoeRule, ToolTable
 
-# ggml_op enum values per ik version (reference section 4). Read the installed build's ggml.h (or the log line
-# "Setting offload policy for op ...") to know which table applies.
+# ggml_op enum values per ik build (ggml/include/ggml.h at each change, read from ik's history; ik logs
+# "Setting offload policy for op NAME to ON|OFF" when it applies -op, which the CI test checks).
 OP_TABLES: dict[str, dict[str, int]] = {
-    "2025-05": {"MUL_MAT": 26, "MUL_MAT_ID": 27, "MOE_FUSED_UP_GATE": 29},                      # PR #405 era
-    "2025-08": {"MUL_MAT": 27, "MUL_MAT_ID": 28, "FUSED_UP_GATE": 30, "MOE_FUSED_UP_GATE": 31},  # since Aug 2025
+    "2025-05": {"MUL_MAT": 26, "MUL_MAT_ID": 27, "MOE_FUSED_UP_GATE": 29},                       # PR 405, build 3683
+    "2025-08a": {"MUL_MAT": 27, "MUL_MAT_ID": 28, "MOE_FUSED_UP_GATE": 30},                      # PR 689, build 3838
+    "2025-08": {"MUL_MAT": 27, "MUL_MAT_ID": 28, "FUSED_UP_GATE": 30, "MOE_FUSED_UP_GATE": 31},  # PR 741, build 3869
 }
 # Our op classes -> the ggml ops they cover (the output matmul is a MUL_MAT like any dense one).
 CLASS_OPS: dict[str, tuple[str, ...]] = {
@@ -180,11 +191,12 @@ _BENCH_KNOWN: dict[str, int] = {
 # The server's -ncmoe regex per layer (ik common.cpp); llama-bench's (ik llama-bench.cpp add_cpu_buft_overrides).
 _SERVER_MOE = MoeRule(ncmoe_template="blk\\.{i}\\.(ffn_(up|down|gate|gate_up)_exps\\.weight)", cmoe_pattern=None,
                       order="last_moe_layers", placement="after_user", accumulate=False)
+# llama-bench: --n-cpu-moe appends its patterns where it stands among the -ot options (add_cpu_buft_overrides).
 _BENCH_MOE = MoeRule(ncmoe_template="blk\\.{i}\\.(ffn_(up|down|gate)_exps\\.weight)", cmoe_pattern=None,
-                     order="first_layers", placement="after_user", accumulate=True)
+                     order="first_layers", placement="cmdline", accumulate=True)
 
 _SERVER_DEFAULTS: dict[str, Any] = {
-    "ngl": 0, "ctx": None, "np": 1, "batch": 2048, "ubatch": 512, "fa": True, "ctk": "f16", "ctv": "f16",
+    "ngl": 999, "ctx": None, "np": 1, "batch": 2048, "ubatch": 512, "fa": True, "ctk": "f16", "ctv": "f16",
     "threads": 0, "kv_offload": True, "mmap": True, "mla": 3, "amb": 256, "fmoe": True, "rtr": False, "ooae": True,
 }
 _BENCH_DEFAULTS: dict[str, Any] = {
@@ -212,8 +224,15 @@ def _table(tool: str) -> ToolTable:
 TABLES: dict[str, ToolTable] = {tool: _table(tool) for tool in ("server", "cli", "bench")}
 
 
+def op_table_name(build: Build) -> str:
+    if build.has(Feature.OP_IDS_741):
+        return "2025-08"
+    return "2025-08a" if build.has(Feature.OP_IDS_689) else "2025-05"
+
+
 def op_table(opts: Mapping[str, Any]) -> dict[str, int]:
-    name = opts.get("ik_op_table", "2025-08")
+    """The op ids of the target build (opts["ik_op_table"] names a table outright)."""
+    name = opts.get("ik_op_table") or op_table_name(opts.get("build") or PINNED["ik"])
     if name not in OP_TABLES:
         raise FlagError(f"unknown ik op table {name!r}; known: {', '.join(OP_TABLES)}")
     return OP_TABLES[name]
@@ -242,14 +261,21 @@ def render_policy(knobs: Knobs, table: ToolTable, inv: ModelInventory, opts: Map
     off = sorted({ids[o] for op, r in rules.items() if not r.enabled for o in CLASS_OPS[op] if o in ids})
     if off:
         if "op" not in table.keys():
-            raise FlagError(f"ik {table.binary} has no -op: knob offload (some classes disabled) needs the server "
-                            "or llama-sweep-bench")
+            raise FlagError(f"ik {table.binary} has no -op (turning off the offload of "
+                            f"{', '.join(op for op, r in rules.items() if not r.enabled)}): use llama-sweep-bench or "
+                            "the server" if table.tool == "bench" else
+                            f"this ik build has no -op (added by ik PR 405, build 3683)")
         settings.append(("op", ",".join(f"{i},0" for i in off)))
     mb = batches.pop()
     if mb != DEFAULT_MIN_BATCH:
         settings.append(("cuda", f"{CUDA_MIN_BATCH_KEY}={mb}"))
-    if not knobs.only_active_experts:
-        settings.append(("ooae", False))
+    ooae_default = table.defaults.get("ooae")
+    if knobs.only_active_experts != ooae_default:
+        if "ooae" not in table.keys():
+            raise FlagError(f"ik {table.binary} of this build cannot {'enable' if knobs.only_active_experts else 'disable'}"
+                            " uploading only the active experts (-ooae came with ik PR 698, -no-ooae and llama-bench's "
+                            "switch with PR 842)")
+        settings.append(("ooae", knobs.only_active_experts))
     return settings, {}
 
 
@@ -280,7 +306,8 @@ def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapp
             else:
                 known = ", ".join(f"{k}={v}" for k, v in ids.items())
                 warnings.append(f"W018 {e.spelling}: op id {op_id} is not one of the ops we model in ik table "
-                                f"{opts.get('ik_op_table', '2025-08')} ({known})")
+                                f"{opts.get('ik_op_table') or op_table_name(opts.get('build') or PINNED['ik'])} "
+                                f"({known})")
     if "FUSED_UP_GATE" in enabled and enabled["FUSED_UP_GATE"] != enabled["MUL_MAT"]:
         warnings.append("W022 -op sets MUL_MAT and FUSED_UP_GATE differently; dense_matmul follows MUL_MAT")
     mb = DEFAULT_MIN_BATCH
@@ -293,7 +320,7 @@ def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapp
                 except ValueError as e:
                     raise FlagError(f"-cuda {settings['cuda']!r}: {CUDA_MIN_BATCH_KEY} must be an integer") from e
     policy = OffloadPolicy(**{op: OpRule(enabled[CLASS_OPS[op][0]], mb) for op in OP_CLASSES})
-    return policy, bool(settings.get("ooae", True))
+    return policy, bool(settings.get("ooae", table.defaults.get("ooae", True)))
 
 
 def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInventory) -> list[str]:
@@ -310,6 +337,34 @@ def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInven
     return [f"W026 ik offloads MoE matmuls on CPU-resident experts only from ubatch {need} "
             f"(= {rule.min_batch} * {hp.n_expert} / {hp.n_expert_used}); at ubatch {knobs.n_ubatch_eff} they run "
             "on the CPU during prompt processing"]
+
+
+# ---- tables per build ----------------------------------------------------------------------------------------
+
+def _without(flags: tuple[Flag, ...], key: str) -> tuple[Flag, ...]:
+    return tuple(f for f in flags if f.key != key)
+
+
+@lru_cache(maxsize=16)
+def spec_for(build: Build) -> DialectSpec:
+    """SPEC with the flags, defaults and -ncmoe rule of `build` (planner/builds.py)."""
+    tools: dict[str, ToolTable] = {}
+    for tool, table in TABLES.items():
+        flags, defaults, moe = table.flags, dict(table.defaults), table.moe
+        if not build.has(Feature.OFFLOAD_POLICY):
+            flags = _without(flags, "op")
+        if not build.has(Feature.OOAE_DEFAULT_ON):
+            defaults["ooae"] = False
+            flags = _without(flags, "ooae")
+            if tool != "bench" and build.has(Feature.ONLY_ACTIVE_EXPERTS):
+                flags += (Flag("ooae", ("-ooae", "--offload-only-active-experts"), "switch", const=True),)
+        if tool != "bench":
+            if not build.has(Feature.NGL_AUTO):
+                defaults["ngl"] = 0
+            if moe is not None and not build.has(Feature.NCMOE_LAST_LAYERS):
+                moe = dataclasses.replace(moe, order="first_layers")
+        tools[tool] = dataclasses.replace(table, flags=flags, defaults=defaults, moe=moe)
+    return dataclasses.replace(SPEC, tools=tools)
 
 
 SPEC = DialectSpec(name="ik", slot_rule="last_blocks", tools=TABLES, render_policy=render_policy,

@@ -8,9 +8,12 @@ proportions), ggml/src/ggml-cuda/ggml-cuda.cu (GGML_OP_OFFLOAD_MIN_BATCH, defaul
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from ..builds import Build, Feature
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import DEFAULT_MIN_BATCH, KV_TYPES, OP_CLASSES, Knobs, OffloadPolicy
@@ -181,3 +184,26 @@ def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInven
 
 SPEC = DialectSpec(name="mainline", slot_rule="last_slots", tools=TABLES, render_policy=render_policy,
                    parse_policy=parse_policy, placement_notes=placement_notes)
+
+
+# ---- tables per build ----------------------------------------------------------------------------------------
+# Before PR 20834 (Feature.LOAD_MODE) mmap was --no-mmap (server/cli) and -mmp 0|1 (llama-bench); builds between
+# the merge and 10114 still accept --no-mmap as deprecated, so they get the old spelling too.
+_OLD_MMAP: dict[str, Flag] = {
+    "server": Flag("mmap", ("--no-mmap",), "switch", const=False),
+    "bench": Flag("mmap", ("-mmp", "--mmap"), "choice", choices={"0": False, "1": True},
+                  render_as={True: "1", False: "0"}, sweep=True),
+}
+
+
+@lru_cache(maxsize=16)
+def spec_for(build: Build) -> DialectSpec:
+    """SPEC with the flags of `build` (planner/builds.py)."""
+    if build.has(Feature.LOAD_MODE):
+        return SPEC
+    tools = {}
+    for tool, table in TABLES.items():
+        old = _OLD_MMAP["bench" if tool == "bench" else "server"]
+        flags = tuple(old if f.key == "mmap" else f for f in table.flags)
+        tools[tool] = dataclasses.replace(table, flags=flags)
+    return dataclasses.replace(SPEC, tools=tools)

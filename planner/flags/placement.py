@@ -126,8 +126,11 @@ def _homes(assignment: Mapping[str, str], idx: ModelIndex) -> list[str | None]:
     return out
 
 
-def choose_split(assignment: Mapping[str, str], idx: ModelIndex, rule: SlotRule, n_gpus: int) -> SlotSplit:
-    """-ngl and -ts (layer counts per GPU) that reproduce the home devices, with the fewest exceptions."""
+def choose_split(assignment: Mapping[str, str], idx: ModelIndex, rule: SlotRule, n_gpus: int,
+                 min_ngl: int = 0) -> SlotSplit:
+    """-ngl and -ts (layer counts per GPU) that reproduce the home devices, with the fewest exceptions.
+
+    `min_ngl` > 0 rules out smaller -ngl values (ik drops every -ot with -ngl 0)."""
     n_layer = idx.n_layer
     members = idx.members
     homes = _homes(assignment, idx)
@@ -175,7 +178,7 @@ def choose_split(assignment: Mapping[str, str], idx: ModelIndex, rule: SlotRule,
         g_all = suffix_dp(n_layer + 1)
         candidates.append((g_all[0][0], n_layer + 1, 0, n_layer + 1))
         gdp = {n_layer: g_blocks, n_layer + 1: g_all}
-    best_cost, ngl, start, end = min(candidates, key=lambda c: (c[0], c[1]))
+    best_cost, ngl, start, end = min((c for c in candidates if c[1] >= min_ngl), key=lambda c: (c[0], c[1]))
     g = gdp[end]
     counts = [0] * k
     j = 0
@@ -245,22 +248,25 @@ def compact_overrides(exceptions: Mapping[str, str], idx: ModelIndex) -> list[Ov
 
 # ---- the whole placement -------------------------------------------------------------------------------------
 
-MoeExpander = Callable[[str, int], list[Override]]
+MoeExpander = Callable[[str, int, Sequence[str]], list[Override]]
 
 
 def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
-          moe_candidates: Callable[[Mapping[str, str], "ModelIndex"], list[tuple[str, int]]],
-          expand_moe: MoeExpander) -> PlacementFlags:
+          moe_candidates: Callable[[Mapping[str, str], "ModelIndex", Sequence[str]], list[tuple[str, int]]],
+          expand_moe: MoeExpander, no_ngl0_with_gpu: bool = False,
+          catch_all: Override | None = None) -> PlacementFlags:
     """-ngl, -ts, -ot and an optional -cmoe/-ncmoe that together place every tensor where `assignment` says.
 
-    `moe_candidates(assignment, index)` proposes dialect shortcuts (("cmoe", 0), ("ncmoe", N)) whose expansion
-    `expand_moe(kind, n)` only moves tensors the plan has on the CPU; the cheapest rendering wins.
+    `moe_candidates(assignment, index, slots)` proposes dialect shortcuts (("cmoe", 0), ("ncmoe", N)) whose
+    expansion `expand_moe(kind, n, slots)` only moves tensors the plan has on the CPU; the cheapest rendering
+    wins (`slots`: the device of each -ngl slot). `no_ngl0_with_gpu`: never -ngl 0 when a tensor is on a GPU.
+    `catch_all` (e.g. `exps=CPU`, the way ik users write it) is tried as a last -ot entry under the exceptions.
     """
     check_assignment(assignment, inv)
     idx = ModelIndex.of(inv)
     gpus = [gpu_index(d) for d in set(assignment.values()) if is_gpu(d)]
     n_gpus = max(gpus) + 1 if gpus else 0
-    split = choose_split(assignment, idx, rule, n_gpus)
+    split = choose_split(assignment, idx, rule, n_gpus, 1 if (no_ngl0_with_gpu and n_gpus) else 0)
     devices = [f"CUDA{i}" for i in range(max(n_gpus, 1))]
     slots = slot_devices(inv.hparams.n_layer, split.n_gpu_layers, rule, devices, split.tensor_split)
     base = base_assignment(inv, slots)
@@ -276,15 +282,24 @@ def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
         return sum(len(o.text()) + 1 for o in ovs) + (4 if ovs else 0) + moe_len
 
     best: tuple[int, list[Override], tuple[str, int] | None] | None = None
-    for moe in [None, *moe_candidates(assignment, idx)]:
+    for moe in [None, *moe_candidates(assignment, idx, slots)]:
         start = base
         if moe is not None:
-            start, _ = apply_overrides(base, expand_moe(*moe), idx.names)
+            start, _ = apply_overrides(base, expand_moe(*moe, slots), idx.names)
         exceptions = {n: d for n, d in assignment.items() if start[n] != d}
         ovs = compact_overrides(exceptions, idx)
         c = render_cost(ovs, moe)
         if best is None or c < best[0]:
             best = (c, ovs, moe)
+    if catch_all is not None:
+        # the exceptions come first (first match wins), the catch-all takes every other tensor it matches
+        start, res = apply_overrides(base, [catch_all], idx.names)
+        if res.matched[0]:
+            exceptions = {n: d for n, d in assignment.items() if start[n] != d}
+            ovs = compact_overrides(exceptions, idx) + [catch_all]
+            c = render_cost(ovs, None)
+            if best is None or c <= best[0]:
+                best = (c, ovs, None)
     assert best is not None
     if assignment.get("token_embd.weight", "CPU") != "CPU":
         notes.append("W102 token_embd on a GPU: llama.cpp keeps the input layer on the CPU unless overridden; "

@@ -14,7 +14,6 @@ from planner.hardware import GiB, MiB, load_hardware, parse_size
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.search import MARGIN_SLACK, Tuner, Workload
-from runtime.engine import Measurement
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"

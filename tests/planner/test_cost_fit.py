@@ -48,3 +48,11 @@ def test_prior_reproduces_predict_and_fit_learns_a_different_machine():
         assert tg == pytest.approx(t.tg_tps, rel=0.05) and pp == pytest.approx(t.pp_tps, rel=0.15)
     assert CostFit.from_dict(f.to_dict()) == f
     assert f.hardware(hw).link.h2d_pinned < hw.link.h2d_pinned
+
+
+def test_the_fit_says_how_far_it_moved_each_term_group():
+    f = CostFit(tg={"gpu": 1.0, "cpu": 1.25, "fixed": 1.0}, pp={"gpu": 0.8, "cpu": 1.0, "link": 1.0, "fixed": 1.0}, n=5)
+    assert f.moves()["tg.cpu"] == pytest.approx(0.25) and f.moves()["pp.gpu"] == pytest.approx(-0.2)
+    assert f.describe_moves() == "TG cpu x1.25, PP gpu x0.80"
+    assert CostFit().describe_moves() == "none"
+    assert CostFit.from_dict(f.to_dict()) == f and f.to_dict()["moves"]["tg.cpu"] == pytest.approx(0.25)

@@ -12,6 +12,7 @@ import shlex
 import pytest
 
 from planner.archs import ArchSpec, build_inventory
+from planner.builds import Build
 from planner.errors import FlagError
 from planner.flags import (
     Override, assign, compile_pattern, effective_min_batch, home_devices, int_set_regex, knob_fields, parse, render,
@@ -88,10 +89,23 @@ def test_mainline_ngl_all_and_negative_mean_everything():
         assert gpu_set(a) == set(NAMES) - {"token_embd.weight"}
 
 
-def test_ik_server_without_ngl_keeps_everything_on_cpu():
+def test_ik_server_without_ngl_offloads_everything_since_pr_2209():
+    # src/llama.cpp llama_model_load_from_file: n_gpu_layers < 0 (the default) -> 999 when a GPU exists
     p = parse("llama-server -c 512", INV, "ik")
-    assert set(p.assignment.values()) == {"CPU"}
+    assert gpu_set(p.assignment) == set(NAMES) - {"token_embd.weight"}
     assert any(w.startswith("W017") for w in p.warnings)
+    # builds before ik PR 2209 (4761) kept every layer on the CPU
+    old = parse("llama-server -c 512", INV, "ik", build=Build("ik", 4760))
+    assert set(old.assignment.values()) == {"CPU"}
+
+
+def test_ik_ngl_0_drops_every_override_and_ncmoe():
+    # src/llama.cpp ~7761: with -ngl 0 (or no GPU) tensor_buft_overrides and ncmoe are cleared
+    p = parse(["-ngl", "0", "-ot", "blk\\.0\\.attn.*=CUDA0", "-ncmoe", "1"], INV, "ik")
+    assert set(p.assignment.values()) == {"CPU"} and p.overrides == ()
+    assert any(w.startswith("W027") for w in p.warnings)
+    old = parse(["-ngl", "0", "-ot", "blk\\.0\\.attn_q.*=CUDA0"], INV, "ik", build=Build("ik", 4760))
+    assert old.assignment["blk.0.attn_q.weight"] == "CUDA0"
 
 
 def test_nextn_blocks_count_as_slots_but_are_not_assigned():
@@ -125,8 +139,12 @@ def test_ot_value_is_split_on_commas_into_separate_overrides():
 
 
 def test_override_moves_a_tensor_of_a_cpu_layer_to_the_gpu():
-    a = parse(["-ngl", "0", "-ot", r"blk\.0\.attn_q\.weight=CUDA0"], INV, "ik").assignment
-    assert gpu_set(a) == {"blk.0.attn_q.weight"}
+    # ik -ngl 1: blk 3 on the GPU, blk 0 a CPU layer whose attn_q the -ot moves (with -ngl 0 ik would drop the
+    # -ot since PR 2209: test_ik_ngl_0_drops_every_override_and_ncmoe; older builds kept it)
+    a = parse(["-ngl", "1", "-ot", r"blk\.0\.attn_q\.weight=CUDA0"], INV, "ik").assignment
+    assert gpu_set(a) == {"blk.0.attn_q.weight"} | layer_names(3)
+    old = parse(["-ngl", "0", "-ot", r"blk\.0\.attn_q\.weight=CUDA0"], INV, "ik", build=Build("ik", 4000))
+    assert gpu_set(old.assignment) == {"blk.0.attn_q.weight"}
 
 
 def test_mainline_cmoe_after_ot_leaves_the_ot_in_charge():
@@ -184,10 +202,10 @@ def test_ts_1_1_splits_five_slots_three_and_two(dialect):
     assert gpu_set(p.assignment, "CUDA1") == layer_names(3, "out")
 
 
-@pytest.mark.parametrize("dialect", ["mainline", "ik"])
-def test_ts_3_1_gives_the_second_gpu_only_the_last_slot(dialect):
-    # splits [0.75, 1.0]: 0, .2, .4, .6 < .75 -> CUDA0; .8 -> CUDA1 (the output layer)
-    p = parse("-ngl 99 -ts 3,1", INV, dialect)
+def test_ts_3_1_gives_the_second_gpu_only_the_last_slot():
+    # mainline splits [0.75, 1.0]: 0, .2, .4, .6 < .75 -> CUDA0; .8 -> CUDA1 (the output layer)
+    # (ik splits layer bytes instead: tests/planner/test_flags_ik.py)
+    p = parse("-ngl 99 -ts 3,1", INV, "mainline")
     assert p.layer_devices == ("CUDA0",) * 4 + ("CUDA1",)
     assert p.n_gpus == 2
 

@@ -102,7 +102,7 @@ def test_negative_values_wrap_as_unsigned_and_ik_raises_small_batches():
     pc = parse(["-ngl", "99", "-c", "0"], QWEN, "mainline")
     assert pc.knobs.n_ctx == QWEN.hparams.n_ctx_train
     pc = parse(["-ngl", "99", "-c", str(QWEN.hparams.n_ctx_train * 2)], QWEN, "mainline")
-    assert any(w.startswith("W027") for w in pc.warnings)
+    assert any(w.startswith("W029") for w in pc.warnings)
     with pytest.raises(FlagError, match="negative"):
         parse(["-ngl", "99", "-ub", "-1"], QWEN, "mainline", tool="bench")
 

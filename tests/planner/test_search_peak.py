@@ -39,7 +39,9 @@ def _tuner(**kw):
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     engine = BigPeakEngine(hw)
-    return inv, hw, engine, Tuner(inv, hw, engine, workload=WL, n_ctx=8192, storage=None, pool_size=40, **kw)
+    # a fixed margin (the learnt one, the default, is tested in test_budget_confirm.py)
+    return inv, hw, engine, Tuner(inv, hw, engine, workload=WL, n_ctx=8192, margin=512 * MiB, storage=None,
+                                  pool_size=40, **kw)
 
 
 def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the_margin():
@@ -63,7 +65,9 @@ def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the
     assert event["from"] == 512 * MiB and event["to"] == tuner.margin and event["error"].startswith("measured peak")
     # a run within the budget passes unchanged
     ok = Measurement(pp_tps=1.0, tg_tps=1.0, peak_bytes={"CUDA0": 4 * GiB})
-    assert tuner._judge_peak(plan, ok) is ok
+    passed = tuner._judge_peak(plan, ok)    # as measured (the emitted -c is the run's: no peak added)
+    assert passed.ok and (passed.pp_tps, passed.tg_tps, passed.peak_bytes, passed.peak_at_ctx) == \
+        (ok.pp_tps, ok.tg_tps, ok.peak_bytes, {})
 
 
 def test_a_study_fails_the_over_budget_runs_and_its_margin_settles_at_the_engines_extra_bytes():
@@ -72,7 +76,7 @@ def test_a_study_fails_the_over_budget_runs_and_its_margin_settles_at_the_engine
     tuner.run(12)
     budget = 16 * GiB - 512 * MiB          # VRAM - the margin the study was asked for: the limit every run is held to
     # the --fit-like fill baseline fills CUDA0 up to the budget: + 1.5 GiB is over it; its measurement is kept
-    fitlike = {b["name"]: b for b in tuner.study.user_attrs["baselines"]}["--fit-like fill"]
+    fitlike = {b["name"]: b for b in tuner.study.user_attrs["baselines"]}["--fit-like fill (imitation)"]
     assert not fitlike["ok"] and PEAK_ERROR.match(fitlike["error"])
     assert fitlike["measured"]["tg_tps"] > 0 and fitlike["measured"]["peak_bytes"]["CUDA0"] > budget
     # each raise is by at least the excess of the run that caused it

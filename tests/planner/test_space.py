@@ -92,3 +92,39 @@ def test_proposal_and_default_params_decode():
     assert d.plan.assignment["blk.0.attn_q.weight"] == "CUDA0" and d.plan.assignment["output.weight"] == "CUDA0"
     p = space.decode(space.fixed(space.proposal_params("experts-cpu+fill-last", d.plan.knobs)))
     assert p.fits and p.plan.assignment["blk.47.ffn_down_exps.weight"] == "CUDA0"
+
+
+def test_ik_space_has_an_offload_switch_per_op_class_and_the_ik_knobs():
+    # -op per op class (MUL_MAT_ID, MOE_FUSED_UP_GATE with -fmoe, MUL_MAT), -no-ooae, -fmoe, -amb, -rtr,
+    # -cuda offload-batch-size (min_batch), alongside placement and ubatch
+    inv = load_preset("DeepSeek-V2-Lite:Q4_K_M").inventory()
+    hw = load_hardware("rtx3090-ddr4").with_vram([8 * GiB])
+    space = Space(inv, hw, dialect="ik", n_ctx=8192)
+    assert {"offload_moe", "offload_fused", "offload_dense", "only_active", "fmoe", "amb", "rtr", "mla",
+            "min_batch_log2", "ubatch_log2", "fill.CUDA0"} <= set(space.dims)
+    p = {**space.default_params(), "offload_fused": False, "min_batch_log2": 6, "only_active": False}
+    c = space.decode(space.fixed(p))
+    pol = c.plan.knobs.offload
+    assert (pol.moe_matmul.enabled, pol.moe_fused_up_gate.enabled, pol.dense_matmul.enabled) == (True, False, True)
+    rc = render(c.plan, inv, "server")
+    assert rc[rc.index("-op") + 1] == "31,0"                       # MOE_FUSED_UP_GATE off (ik 8337e4cd ids)
+    assert "offload-batch-size=64" in rc[rc.index("-cuda") + 1] and "-no-ooae" in rc
+    # without fused MoE there is no fused op: the switch is not asked
+    c = space.decode(space.fixed({**p, "fmoe": False}))
+    assert "offload_fused" not in c.params and "-no-fmoe" in render(c.plan, inv, "server")
+
+
+def test_ik_space_without_op_per_class_renders_for_llama_bench():
+    # ik's llama-bench has no -op: with op_per_class off op offload stays on (its batch, -cuda
+    # offload-batch-size, is still tuned), which llama-bench can run
+    inv = load_preset("DeepSeek-V2-Lite:Q4_K_M").inventory()
+    hw = load_hardware("rtx3090-ddr4").with_vram([8 * GiB])
+    space = Space(inv, hw, dialect="ik", n_ctx=8192, config=SpaceConfig(op_per_class=False))
+    assert not {"offload_moe", "offload_fused", "offload_dense"} & set(space.dims)
+    rng = random.Random(3)
+    for _ in range(6):
+        c = space.decode(space.random(rng))
+        pol = c.plan.knobs.offload
+        assert {pol.rule(op).enabled for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output")} == {True}
+        if c.fits:
+            assert "-op" not in render(c.plan, inv, "bench")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from planner.hardware import load_hardware
+from planner.hardware import LLAMACPP_SHARES, load_hardware
 from runtime.calibrate import add_calibrate_arguments, calibrate_main
 
 
@@ -15,6 +15,8 @@ def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys) -> N
     assert calibrate_main(ap.parse_args(["--out", str(out), "--size", "8MiB", "--threads", "1"])) == 0
     profile = load_hardware(str(out))
     assert profile.host.mem_bw > 0 and profile.host.flops > 0 and profile.host.n_threads == 1
+    for key, share in LLAMACPP_SHARES.items():     # llama.cpp's shares of the ceilings: not measurable here
+        assert getattr(profile.overheads, key) == share
     raw = json.loads(out.read_text())["calibration"]
     assert raw["host"]["copy_bytes_per_s"] > 0
     printed = capsys.readouterr().out
@@ -22,3 +24,4 @@ def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys) -> N
         assert profile.gpus == () and "gpu: absent" in printed
     else:
         assert profile.gpus[0].mem_bw > 0 and profile.link.h2d_pinned > 0
+        assert profile.overheads.sync_s > 0 and profile.link.copy_call_s >= 0

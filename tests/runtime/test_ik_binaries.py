@@ -1,0 +1,249 @@
+"""The ik dialect against the real ik_llama.cpp 8337e4cd binaries (CPU build, runtime/ik_build.py).
+
+What a CPU build can show, and what each test checks against our own reading of the flags:
+- every flag the ik renderer emits is accepted by llama-cli and llama-bench (exit 0, a token generated or a
+  benchmark row written), and the ones that act on a CPU build are read as meant: the -op ids by the names ik
+  logs ("Setting offload policy for op MUL_MAT_ID to OFF"), only-active-experts by its log line;
+- without a GPU ik turns -ngl into 0 and then drops every -ot and -ncmoe (src/llama.cpp
+  llama_model_load_from_file): its loader logs no override at all, which is what our parser says with no GPU;
+- a GPU buffer name in -ot is refused by a build without that device, as our parser refuses it for n_gpus=0;
+- ik's own buffer sizes (model, KV, with MLA too) against the memory model's ik dialect.
+GPU-only behaviour (the byte -ts split, -ncmoe over GPUs) is in tests/planner/test_flags_ik.py, from the source.
+Every run is tiny (a few-MB synthetic model, -n 1 / -p 8)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from planner.builds import PINNED, from_version
+from planner.errors import FlagError
+from planner.flags import ik as ik_flags
+from planner.flags import parse, render
+from planner.gguf_header import load_inventory
+from planner.memory import estimate
+from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
+from runtime.engine import Workload
+from runtime.llamacpp import LlamaCppEngine, probe
+from runtime.llamacpp_output import parse_bench_output
+from runtime.synth import tiny_spec, uniform_recipe, write_gguf
+
+pytestmark = pytest.mark.ik
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("ik_models")
+    # ik accepts a mainline-converted MLA model (one KV head) only with DeepSeek's own widths: K 576 = kv_lora 512
+    # + rope 64, V 512, n_rot 64, heads a multiple of 4 (src/llama-hparams.cpp ~1083, else it aborts)
+    specs = {"qwen3moe": tiny_spec("qwen3moe"), "gpt-oss": tiny_spec("gpt-oss"),
+             "deepseek2": tiny_spec("deepseek2", kv_lora_rank=512, n_rot=64, head_dim_k=576, head_dim_v=512,
+                                    head_dim_k_mla=128, head_dim_v_mla=64)}
+    return {arch: write_gguf(d / f"{arch}.gguf", spec, uniform_recipe("Q8_0"))[0] for arch, spec in specs.items()}
+
+
+def run(argv: list[str], timeout_s: float = 300.0) -> subprocess.CompletedProcess:
+    # in a temporary folder: ik's programs write llama.log into their working folder
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, errors="replace", timeout=timeout_s,
+                          stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+
+
+def everything_on(inv, device: str = "CPU", **moved: str) -> dict[str, str]:
+    a = {t.name: ("CPU" if t.role == "token_embd" else device) for t in inv.allocated()}
+    a.update(moved)
+    return a
+
+
+def experts_on_cpu(inv, device: str = "CUDA0", layers=None) -> dict[str, str]:
+    return everything_on(inv, device, **{t.name: "CPU" for t in inv.allocated()
+                                         if t.is_expert and (layers is None or t.layer in layers)})
+
+
+MOE_OFF = OffloadPolicy(moe_matmul=OpRule(False), moe_fused_up_gate=OpRule(False))
+
+
+def cases(models):
+    """(id, model, plan, flags that must appear in the server/cli line)."""
+    q = load_inventory(models["qwen3moe"])
+    ds = load_inventory(models["deepseek2"])
+    oss = load_inventory(models["gpt-oss"])
+    two = dict(everything_on(q, "CUDA0"))
+    for t in q.allocated():                    # blocks 1.. and the output on a second GPU: -ngl -ts
+        if (t.layer is not None and t.layer >= 1) or t.role in ("output", "output_norm"):
+            two[t.name] = "CUDA1"
+    return [
+        ("op+ooae+cuda", models["qwen3moe"], q,
+         Plan("m", experts_on_cpu(q), Knobs(offload=OffloadPolicy(
+             dense_matmul=OpRule(True, 64), moe_matmul=OpRule(False, 64), moe_fused_up_gate=OpRule(False, 64),
+             output=OpRule(True, 64)), only_active_experts=False, n_threads=1), "ik"),
+         ["-op", "-no-ooae", "-cuda", "-cmoe"]),
+        ("ot", models["qwen3moe"], q, Plan("m", everything_on(q, "CUDA0", **{"blk.0.ffn_up_exps.weight": "CPU"}),
+                                          Knobs(n_threads=1), "ik"), ["-ot"]),
+        ("all-op-off", models["qwen3moe"], q, Plan("m", experts_on_cpu(q), Knobs(offload=OffloadPolicy.all(False),
+                                                                              n_threads=1), "ik"), ["-op"]),
+        ("mla+amb+no-fmoe", models["deepseek2"], ds,
+         Plan("m", experts_on_cpu(ds), Knobs(mla=1, amb=512, fmoe=False, flash_attn=False, n_threads=1), "ik"),
+         ["-mla", "-amb", "-no-fmoe"]),
+        ("rtr+kv-types", models["qwen3moe"], q,
+         Plan("m", experts_on_cpu(q), Knobs(rtr=True, mmap=False, type_k="q8_0", type_v="q8_0", n_ubatch=256,
+                                            n_threads=1), "ik"), ["-rtr", "-ctk", "-ctv", "-ub"]),
+        ("ncmoe", models["qwen3moe"], q, Plan("m", experts_on_cpu(q, layers={1}), Knobs(n_threads=1), "ik"),
+         ["-ncmoe"]),
+        ("ts", models["qwen3moe"], q, Plan("m", two, Knobs(n_threads=1), "ik"), ["-ts"]),
+        ("bias-experts", models["gpt-oss"], oss, Plan("m", experts_on_cpu(oss), Knobs(n_threads=1), "ik"), ["-ngl"]),
+    ]
+
+
+def test_version_names_the_pinned_build(ik_binaries):
+    r = run([ik_binaries["llama-cli"], "--version"])
+    assert from_version(r.stdout + r.stderr, "ik").number == PINNED["ik"].number
+    info = probe(ik_binaries["llama-bench"])
+    assert (info.dialect, info.tool, info.output_format) == ("ik", "bench", "json")
+
+
+def _op_lines(log: str) -> dict[str, str]:
+    return dict(re.findall(r"Setting offload policy for op (\w+) to (ON|OFF)", log))
+
+
+def accepted_by_the_common_parser(cli: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """common.cpp parses argv in order and throws at the first unknown flag or bad value; `--version` last exits
+    0 only when everything before it parsed. (llama-cli cannot generate from our synthetic models: they carry no
+    tokenizer, and ik's llama-cli asserts on one.)"""
+    return run([cli, *argv, "--version"])
+
+
+def sweep(ik_binaries, argv: list[str]) -> subprocess.CompletedProcess:
+    """llama-sweep-bench reads the same flags (random tokens, no tokenizer needed): loads, builds the context."""
+    return run([ik_binaries["llama-sweep-bench"], *argv, "-n", "2", "-nrep", "1"])
+
+
+def test_the_acceptance_check_rejects_what_ik_rejects(ik_binaries, models):
+    cli = ik_binaries["llama-cli"]
+    assert accepted_by_the_common_parser(cli, ["-m", str(models["qwen3moe"]), "-ngl", "9"]).returncode == 0
+    for bad in (["-fmoe"], ["-op", "x"], ["-ot", "exps"], ["-ooae"], ["-mla"]):
+        r = accepted_by_the_common_parser(cli, ["-m", str(models["qwen3moe"]), *bad])
+        assert r.returncode != 0 and "version: 4840" not in r.stderr, bad
+
+
+def test_every_flag_the_renderer_emits_is_accepted_by_llama_cli(ik_binaries, models):
+    names = {v: k for k, v in ik_flags.OP_TABLES["2025-08"].items()}
+    for case, path, inv, plan, flags in cases(models):
+        rc = render(plan, inv, "cli", model_path=str(path))
+        for f in flags:
+            assert f in rc, (case, list(rc))
+        extra = ["-ger"] if case == "ncmoe" else []       # -ger: accepted, not rendered (not modelled)
+        r = accepted_by_the_common_parser(ik_binaries["llama-cli"], [*rc, *extra])
+        if case == "ts":
+            # a CPU build has llama_max_devices() == 1 and refuses any -ts (common.cpp: size >= max devices);
+            # a CUDA build takes up to 16 proportions. The proportions themselves: tests/planner/test_flags_ik.py
+            assert r.returncode != 0 and "invalid parameter for argument: -ts" in r.stderr, r.stderr[-500:]
+            continue
+        assert r.returncode == 0 and "version: 4840" in r.stderr, (case, list(rc), r.stderr[-1000:])
+        server = render(plan, inv, "server", model_path=str(path))
+        assert list(server) == list(rc)                   # one parser, one line
+        r = sweep(ik_binaries, [*rc, *extra])
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, (case, list(rc), log[-2000:])
+        # -op: ik names the ops our table maps the ids to
+        if "-op" in rc:
+            pairs = rc[rc.index("-op") + 1].split(",")
+            want = {names[int(i)]: "OFF" for i in pairs[::2]}
+            assert _op_lines(log) == want, (case, _op_lines(log))
+        assert ("enabling only_active_experts scheduling" in log) == plan.knobs.only_active_experts, case
+        # no GPU: ik runs -ngl 0 and drops every override; our parser, told there is no GPU, says the same
+        assert "buffer type overridden" not in log, case
+        if not any(d.startswith("CUDA") for o in parse(rc, inv, "ik").overrides for d in [o.device]):
+            back = parse(rc, inv, "ik", n_gpus=0)
+            assert set(back.assignment.values()) == {"CPU"}, case
+
+
+def test_every_flag_the_renderer_emits_is_accepted_by_llama_bench(ik_binaries, models):
+    for case, path, inv, plan, flags in cases(models):
+        wl = Workload(8, 2, 0, 1)
+        try:
+            rc = render(plan, inv, "bench", workload=wl, model_path=str(path))
+        except FlagError as e:               # -op: llama-bench has none (the server/sweep-bench line has it)
+            assert "no -op" in str(e) and not plan.knobs.offload.moe_matmul.enabled, case
+            continue
+        r = run([ik_binaries["llama-bench"], "-o", "json", *rc])
+        if case == "ts":           # one device in a CPU build: llama-bench refuses -ts too
+            assert r.returncode != 0, (r.stdout + r.stderr)[-500:]
+            continue
+        assert r.returncode == 0, (case, list(rc), (r.stdout + r.stderr)[-2000:])
+        rows = parse_bench_output(r.stdout)      # ik's JSON is not always valid JSON: the engine's reader
+        assert [(t.n_prompt, t.n_gen) for t in rows] == [(8, 0), (0, 2)], case
+        k, f = plan.knobs, rows[0].fields
+        assert (f["n_ubatch"], f["type_k"], f["mla_attn"]) == (k.n_ubatch, k.type_k, k.mla), case
+
+
+def test_a_gpu_buffer_name_is_refused_by_a_cpu_build_as_our_parser_refuses_it(ik_binaries, models):
+    q = load_inventory(models["qwen3moe"])
+    args = ["-m", str(models["qwen3moe"]), "-ngl", "99", "-ot", r"blk\.0\.ffn_up_exps=CUDA0"]
+    r = accepted_by_the_common_parser(ik_binaries["llama-cli"], args)
+    assert r.returncode != 0 and "Available buffer types" in r.stderr
+    with pytest.raises(FlagError, match="unknown buffer type 'CUDA0'"):
+        parse(args, q, "ik", tool="cli", n_gpus=0)
+
+
+def test_engine_measures_with_ik_llama_bench_and_sweep_bench(ik_binaries, models):
+    q = load_inventory(models["qwen3moe"])
+    plan = Plan("m", everything_on(q), Knobs(n_threads=1), "ik")
+    bench = LlamaCppEngine(ik_binaries["llama-bench"], timeout_s=300, model_path=models["qwen3moe"])
+    m = bench.measure(q, plan, Workload(8, 2, 0, 1))
+    assert m.ok and m.pp_tps > 0 and m.tg_tps > 0, (m.error, m.raw.get("log_tail"))
+    sweep = LlamaCppEngine(ik_binaries["llama-sweep-bench"], timeout_s=300, model_path=models["qwen3moe"])
+    assert (sweep.info.tool, sweep.info.dialect) == ("sweep", "ik")
+    m = sweep.measure(q, replace(plan, knobs=replace(plan.knobs, offload=MOE_OFF)), Workload(32, 4, 0, 1))
+    assert m.ok and m.pp_tps > 0 and m.tg_tps > 0, (m.error, m.raw.get("log_tail"))
+
+
+_BUF = re.compile(r"^\S+:\s+(\S+) (KV |compute |)buffer size =\s+([\d.]+) MiB", re.M)
+
+
+def _buffers(log: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for dev, kind, mib in _BUF.findall(log):
+        key = f"{dev} {kind.strip() or 'model'}"
+        out[key] = out.get(key, 0) + round(float(mib) * MiB)
+    return out
+
+
+@pytest.mark.parametrize("arch,knobs", [
+    ("qwen3moe", Knobs(n_ctx=512, n_threads=1)),
+    ("qwen3moe", Knobs(n_ctx=1024, type_k="q8_0", type_v="q8_0", n_threads=1)),
+    ("deepseek2", Knobs(n_ctx=512, mla=3, n_threads=1)),
+    ("deepseek2", Knobs(n_ctx=512, mla=1, flash_attn=False, n_threads=1)),
+], ids=["qwen3moe-f16", "qwen3moe-q8kv", "deepseek2-mla3-fa", "deepseek2-mla1-nofa"])
+def test_model_and_kv_buffers_match_the_memory_model(ik_binaries, models, arch, knobs):
+    inv = load_inventory(models[arch])
+    plan = Plan("m", everything_on(inv), knobs, "ik")
+    rc = render(plan, inv, "server", model_path=str(models[arch]))
+    r = sweep(ik_binaries, list(rc))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    bufs = _buffers(r.stdout + r.stderr)
+    mem = estimate(inv, plan).devices["CPU"]
+    # the log prints MiB with 2 decimals: 0.005 MiB each way
+    model = sum(v for k, v in bufs.items() if k.endswith(" model"))
+    assert abs(model - mem.weights) <= MiB // 100, (bufs, mem)
+    assert abs(bufs.get("CPU KV", 0) - mem.kv) <= MiB // 100, (bufs, mem)
+    # compute is NOT held here: the memory model replays mainline's graphs, and ik's (fused MoE, MLA, its own
+    # allocator order) reserve other sizes: on these tiny models 3.5-5.2 MiB logged vs 5.5-12.5 modelled, except
+    # -mla 1 without FA (13.1 vs 12.6). Printed for the record; docs/ik_llama.md lists it as an open gap.
+    print(f"ik compute {arch}: log {bufs['CPU compute'] / MiB:.2f} MiB, model {mem.compute / MiB:.2f} MiB")
+
+
+def test_plan_reads_the_target_build_from_the_binary(ik_binaries, capsys):
+    from planner.cli import main
+    from runtime.llamacpp import build_of_binary
+    assert build_of_binary(ik_binaries["llama-cli"]).number == 4840
+    assert build_of_binary(ik_binaries["llama-cli"]).dialect == "ik"
+    assert main(["plan", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "--dialect", "ik",
+                 "--build", str(ik_binaries["llama-cli"])]) == 0
+    assert "target:   ik build 4840 (version 4840 (8337e4cd))" in capsys.readouterr().out
+    assert main(["plan", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "--build", str(ik_binaries["llama-cli"])]) == 2
+    assert "say --dialect ik" in capsys.readouterr().err

@@ -1,0 +1,43 @@
+"""runtime/ik_build.py without compiling: where the pinned tarball is looked for, and the patched source tree."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime import ik_build
+
+
+def test_a_missing_tarball_names_every_place_looked(tmp_path, monkeypatch):
+    monkeypatch.setattr(ik_build, "_REPO", tmp_path / "repo")
+    monkeypatch.delenv(ik_build.ENV_TARBALL, raising=False)
+    with pytest.raises(ik_build.IkSourceMissing) as e:
+        ik_build.find_tarball()
+    msg = str(e.value)
+    assert str(tmp_path / "repo" / "vendor" / ik_build.TARBALL_NAME) in msg
+    assert str(tmp_path / "shared" / "vendor" / ik_build.TARBALL_NAME) in msg and ik_build.ENV_TARBALL in msg
+
+
+def test_the_environment_wins_then_the_repository_copy(tmp_path, monkeypatch):
+    own = tmp_path / "x.tar.xz"
+    own.write_bytes(b"")
+    monkeypatch.setenv(ik_build.ENV_TARBALL, str(own))
+    assert ik_build.find_tarball() == own
+    monkeypatch.delenv(ik_build.ENV_TARBALL)
+    assert ik_build.find_tarball() == Path(ik_build.__file__).resolve().parents[1] / "vendor" / ik_build.TARBALL_NAME
+
+
+def test_a_wrong_checksum_is_refused(tmp_path):
+    bad = tmp_path / "bad.tar.xz"
+    bad.write_bytes(b"not the pinned source")
+    with pytest.raises(ik_build.IkBuildError, match="sha256"):
+        ik_build.prepare_source(tmp_path / "out", bad)
+
+
+def test_the_source_tree_is_patched_for_the_pruned_tarball(tmp_path):
+    src = ik_build.prepare_source(tmp_path)
+    examples = (src / "examples" / "CMakeLists.txt").read_text()
+    assert "add_subdirectory(sweep-bench)" in examples and "add_subdirectory(server)" not in examples
+    assert "\n    add_subdirectory(pocs)" not in (src / "CMakeLists.txt").read_text()
+    info = (src / "cmake" / "build-info.cmake").read_text()
+    assert f"set(BUILD_NUMBER {ik_build.IK_BUILD_NUMBER})" in info and 'set(BUILD_COMMIT "8337e4cd")' in info
