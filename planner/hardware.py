@@ -6,6 +6,7 @@ their sources); `offload-tuner calibrate` writes the same JSON from measurements
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
@@ -114,7 +115,7 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "hardware profile") -> "HardwareProfile":
-        """A profile from JSON, every field checked against SCHEMA (the message names the field)."""
+        """A profile from JSON, every field checked against the dataclasses' fields (the message names the field)."""
         _check_schema(d, where)
         return cls(name=d["name"], gpus=tuple(GPU(**g) for g in d["gpus"]), host=Host(**d["host"]),
                    link=Link(**d["link"]), overheads=Overheads(**d.get("overheads", {})), source=d.get("source", ""))
@@ -135,40 +136,42 @@ class HardwareProfile:
 
 GENERIC = "desktop-ddr5"         # the preset whose GPU and link stand in for ones a profile lacks
 
-# Field -> (type, lowest value, whether the lowest is excluded); what a profile must hold (overheads optional).
-_NUM = (int, float)
-SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], float, bool]]] = {
-    "gpu": {"name": ((str,), 0, False), "vram_bytes": ((int,), 0, True), "mem_bw": (_NUM, 0, True),
-            "flops": (_NUM, 0, True), "overhead_bytes": ((int,), 0, False)},
-    "host": {"ram_bytes": ((int,), 0, True), "mem_bw": (_NUM, 0, True), "flops": (_NUM, 0, True),
-             "n_threads": ((int,), 1, False)},
-    "link": {"h2d_pinned": (_NUM, 0, False), "h2d_pageable": (_NUM, 0, False), "d2d": (_NUM, 0, False)},
-    "overheads": {"per_split_s": (_NUM, 0, False), "per_layer_gpu_s": (_NUM, 0, False),
-                  "per_layer_cpu_s": (_NUM, 0, False), "gpu_eff": (_NUM, 0, True), "cpu_eff": (_NUM, 0, True)},
-}
-_OPTIONAL = {"gpu": {"overhead_bytes"}, "host": {"n_threads"}, "link": {"d2d"},
-             "overheads": set(SCHEMA["overheads"])}
+# The JSON schema is the dataclasses' own fields (GPU, Host, Link, Overheads): a field without a default is
+# required; numbers must be finite and >= 0, and > 0 where a zero would divide (POSITIVE).
+POSITIVE = frozenset({"vram_bytes", "mem_bw", "flops", "ram_bytes", "n_threads", "gpu_eff", "cpu_eff"})
 MAX_GPUS = 16                    # llama_max_devices()
 
 
+def _sections() -> dict[str, type]:
+    return {"gpu": GPU, "host": Host, "link": Link, "overheads": Overheads}
+
+
 def _check_section(obj: object, kind: str, path: str, where: str) -> None:
+    import dataclasses as dc
     if not isinstance(obj, dict):
         raise InputError(f"bad {where}: {path} is {type(obj).__name__}, expected an object")
-    unknown = sorted(set(obj) - set(SCHEMA[kind]))
+    fields = {f.name: f for f in dc.fields(_sections()[kind])}
+    unknown = sorted(set(obj) - set(fields))
     if unknown:
-        raise InputError(f"bad {where}: {path}.{unknown[0]} is not a field (known: {', '.join(SCHEMA[kind])})")
-    for field_name, (types, low, strict) in SCHEMA[kind].items():
-        if field_name not in obj:
-            if field_name in _OPTIONAL[kind]:
-                continue
-            raise InputError(f"bad {where}: {path}.{field_name} is missing")
-        v = obj[field_name]
-        if isinstance(v, bool) or not isinstance(v, types):
-            raise InputError(f"bad {where}: {path}.{field_name} is {str(v)[:40]!r}, expected "
-                             f"{'a string' if types == (str,) else 'a number'}")
-        if types != (str,) and (v != v or v in (float("inf"),) or v < low or (strict and v == low)):
-            raise InputError(f"bad {where}: {path}.{field_name} is {v!r}, expected a finite number "
-                             f"{'>' if strict else '>='} {low:g}")
+        raise InputError(f"bad {where}: {path}.{unknown[0]} is not a field (known: {', '.join(fields)})")
+    for name, f in fields.items():
+        if name not in obj:
+            if f.default is dc.MISSING and f.default_factory is dc.MISSING:   # type: ignore[misc]
+                raise InputError(f"bad {where}: {path}.{name} is missing")
+            continue
+        v, kind_of = obj[name], str(f.type)
+        if kind_of == "str":
+            if not isinstance(v, str):
+                raise InputError(f"bad {where}: {path}.{name} is {str(v)[:40]!r}, expected a string")
+            continue
+        want = (int,) if kind_of == "int" else (int, float)
+        if isinstance(v, bool) or not isinstance(v, want):
+            raise InputError(f"bad {where}: {path}.{name} is {str(v)[:40]!r}, expected "
+                             f"{'an integer' if want == (int,) else 'a number'}")
+        strict = name in POSITIVE
+        if not math.isfinite(v) or v < 0 or (strict and v == 0):
+            raise InputError(f"bad {where}: {path}.{name} is {v!r}, expected a finite number "
+                             f"{'> 0' if strict else '>= 0'}")
 
 
 def _check_schema(d: object, where: str) -> None:

@@ -838,7 +838,8 @@ def _batch_semantics(vals: dict[str, Any], table: ToolTable, warnings: list[str]
                         "(invalid range format)")
     ctx = int(vals.get("n_ctx", base.n_ctx))
     nb_run = min(ctx, nb % UINT32)
-    if table.dialect == "ik" and nb_run < IK_MIN_BATCH:
+    raised = table.dialect == "ik" and 0 <= nb < IK_MIN_BATCH
+    if raised:
         warnings.append(f"W028 -b {nb}: ik runs with n_batch {IK_MIN_BATCH} (its minimum)")
         nb_run = IK_MIN_BATCH
     if nb_run == 0:
@@ -851,7 +852,7 @@ def _batch_semantics(vals: dict[str, Any], table: ToolTable, warnings: list[str]
     if nub <= 0:
         why = "-ub 0 means -ub = -b" if nub == 0 else f"it is read as {nub % UINT32} (unsigned)"
         warnings.append(f"W028 -ub {nub}: {why}; llama.cpp runs with n_ubatch {nub_run}")
-    if nb <= 0 or nb_run != min(ctx, nb % UINT32):
+    if nb <= 0 or raised:
         vals["n_batch"] = nb_run
     if nub <= 0:
         vals["n_ubatch"] = nub_run
