@@ -259,10 +259,12 @@ def spec_from_metadata(meta: Mapping[str, Any], tensor_names: set[str] | None = 
     n_expert_used = _int(meta, arch, "expert_used_count", 0, hi=max(n_expert, 1))
     n_ff = _int_or_max(meta, arch, "feed_forward_length", 0)
     n_ff_exp = _int_or_max(meta, arch, "expert_feed_forward_length", 0)
-    if arch == "glm4moe" and n_ff_exp == 0 and n_expert:
-        n_ff_exp = n_ff // max(n_expert_used, 1)
+    if arch in ("glm4moe", "qwen3moe", "qwen2moe") and n_ff_exp == 0 and n_expert:
+        n_ff_exp = n_ff // max(n_expert_used, 1)     # <arch>.cpp: n_ff_exp() ? n_ff_exp() : n_ff / n_expert_used
     n_shared = _int(meta, arch, "expert_shared_count", 0, hi=MAX_EXPERTS)
     n_ff_shexp = _int(meta, arch, "expert_shared_feed_forward_length", 0)
+    if arch == "qwen2moe" and n_expert and not n_ff_shexp:
+        n_ff_shexp = n_ff                         # qwen2moe.cpp: n_ff_shexp ? n_ff_shexp : n_ff
     if arch in ("deepseek2", "glm4moe") and n_shared:
         n_ff_shexp = n_ff_exp * n_shared          # these archs size the shared expert from n_ff_exp
     if arch == "llama4" and n_expert:

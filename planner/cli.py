@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 
 from .builds import Build, parse_build
 from .confirm import CONFIRM_ROUNDS
-from .errors import InputError
-from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, load_hardware, parse_size
+from .errors import BudgetError, InputError
+from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
 from .plan import DIALECTS, KV_TYPES, Knobs, Plan
+from .validate import check_dialect
 
 DEMO_MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
 DEMO_GPU = "16GiB"
@@ -28,11 +29,9 @@ def _emit_json(obj: object) -> None:
 
 
 def _hardware(args: argparse.Namespace, required: bool = True) -> HardwareProfile | None:
-    if getattr(args, "hardware", None):
-        hw = load_hardware(args.hardware)
-        return hw.with_vram([parse_size(s) for s in args.gpu.split(",")]) if args.gpu else hw
-    if getattr(args, "gpu", None):
-        return from_gpu_sizes(args.gpu)
+    hw = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
+    if hw is not None:
+        return hw
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
     return None
@@ -208,9 +207,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .propose import Budget, best_plans
     from .report import inventory_summary, memory_table, table
     inv = load_model(args.model)
+    check_dialect(inv, args.dialect)
     hw = _hardware(args)
     knobs = _knobs(args)
-    margin = parse_size(args.margin)
+    margin = parse_size(args.margin, allow_zero=True)
+    if args.top < 1:
+        raise InputError(f"--top {args.top}: list at least 1 candidate")
     build = _target_build(args)
     from .builds import Feature
     if args.dialect == "ik" and not build.has(Feature.ONLY_ACTIVE_EXPERTS):
@@ -265,12 +267,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     inv = load_model(args.model)
     if not args.llama_args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
-    parsed = parse(args.llama_args, inv, args.dialect, build=_target_build(args))
+    check_dialect(inv, args.dialect)
+    hw = _hardware(args, required=False)
+    # the declared hardware bounds the device names (llama.cpp refuses a buffer type of a GPU it does not see)
+    parsed = parse(args.llama_args, inv, args.dialect, n_gpus=len(hw.gpus) if hw is not None else None,
+                   build=_target_build(args))
     plan = Plan(inv.source or inv.name, parsed.assignment, parsed.knobs, args.dialect, "explained")
     n_gpus = max([int(d[4:]) + 1 for d in plan.assignment.values() if d.startswith("CUDA")] or [0])
-    hw = _hardware(args, required=False)
     if hw is None:
-        hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, 1)))
+        hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
     mem = estimate(inv, plan, hw)
     pred = predict(inv, plan, hw)
     warnings = list(parsed.warnings)
@@ -399,12 +404,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bad = [k for k in kv if k not in KV_TYPES]
     if not kv or bad:
         raise InputError(f"--kv-types {args.kv_types!r}: expected a comma list of {', '.join(KV_TYPES)}")
-    engine = load_engine(args.engine, hw, inv, args)
-    info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
-    args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
+    _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
     storage = args.storage or default_storage(name)
-    margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
+    out = Path(args.out) if args.out else Path("reports") / name
+    if not args.no_report:                        # checked now, not after a study of minutes
+        from .storage import check_output_folder
+        check_output_folder(out, "--out")
+    engine = load_engine(args.engine, hw, inv, args)
+    from .search import STUDIES_DIR, make_storage, sqlite_path
+    if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
+        from .storage import check_sqlite_folder, lock_sqlite
+        check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
+        lock_sqlite(sqlite_path(storage))
+    make_storage(storage)                         # the driver, the folder, the database answer
+    info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
+    args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    check_dialect(inv, args.dialect)
     config = SpaceConfig(kv_types=kv)
     if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
         config = config.settled(hw.host.n_threads, args.dialect)
@@ -435,8 +452,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 130
     finally:
         bar.close()
-    out = Path(args.out) if args.out else Path("reports") / name
-    summary = None if args.no_report else write_study_report(tuner.study, out)
+    from optuna.trial import TrialState
+    if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
+                          f"minus the {fmt_bytes(tuner.margin)} margin ({result.trials} trials, none complete); give "
+                          "more --gpu memory or a smaller --margin")
+    summary = None if args.no_report else _write_report(tuner.study, out)
     if args.json:
         from .report import study_summary
         s = summary or study_summary(tuner.study)
@@ -448,6 +469,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _print_tune(tuner, result, summary or __import__("planner.report", fromlist=["x"]).study_summary(tuner.study),
                 storage, None if args.no_report else out)
     return 0
+
+
+def _check_budget(hw: HardwareProfile, margin: int) -> None:
+    """Nothing can fit when a GPU's VRAM minus the margin does not even hold the CUDA context."""
+    for i, g in enumerate(hw.gpus):
+        free = g.vram_bytes - margin
+        if free <= g.overhead_bytes:
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the {fmt_bytes(margin)} margin "
+                              f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
+                              "give more --gpu memory or a smaller --margin")
+
+
+def _write_report(study, out):
+    from .report import write_study_report
+    try:
+        return write_study_report(study, out)
+    except OSError as e:
+        raise InputError(f"cannot write the report to {out}: {e.strerror or e}") from e
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
@@ -497,6 +536,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .search import STUDIES_DIR
     print(f"# offload-tuner demo: tune {DEMO_MODEL} on a {DEMO_GPU} GPU ({DEMO_HARDWARE}, dual-channel DDR5) "
           f"with the sim engine, {args.trials} runs, objective both (TG and PP)", flush=True)
+    for folder in (STUDIES_DIR, Path("reports")):
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"demo writes into {folder}/, but {folder} here is a file; run it in another folder")
     for suffix in ("", "-wal", "-shm", "-journal"):       # a fresh study each run: repeated demos agree
         Path(STUDIES_DIR / f"{DEMO_STUDY}.db{suffix}").unlink(missing_ok=True)
     ns = argparse.Namespace(
@@ -523,9 +565,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .report import study_summary, write_study_report
     from .search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
-    study = load_study(args.study, storage)
     out = Path(args.out) if args.out else Path("reports") / args.study
-    s = write_study_report(study, out)
+    from .storage import check_output_folder
+    check_output_folder(out, "--out")
+    study = load_study(args.study, storage)
+    s = _write_report(study, out)
     if args.json:
         _emit_json(dict(s, storage=storage))
         return 0

@@ -24,7 +24,7 @@ import numpy as np
 
 from .archs import make_tensor, spec_from_metadata
 from .errors import GGUFError
-from .ggml_types import BY_ID, type_name
+from .ggml_types import BY_ID, IK_REPACKED_IDS, type_name
 from .model import ModelInventory
 
 MAGIC = b"GGUF"
@@ -40,7 +40,10 @@ MAX_STRING_LENGTH = 1 << 30
 MAX_ARRAY_LENGTH = 1 << 30
 MAX_DIMS = 4
 MAX_TENSOR_NAME = 63            # GGML_MAX_NAME - 1: ggml rejects longer names
-MAX_TYPE_ID = 1 << 16           # ggml: < GGML_TYPE_COUNT (43); ik: < 400. Unknown ids below this still load.
+MAX_TYPE_ID = 1 << 16           # ggml: < GGML_TYPE_COUNT (43); ik: < 400.
+# ik_llama.cpp ids (its ggml/include/ggml.h) that no size table here covers; any other unknown id is refused by
+# both loaders (gguf.cpp: "invalid ggml type", or a removed type with block size 0).
+IK_UNSIZED_IDS = frozenset({31, 32, 33, 36, 97, 98, 99, 134, 135, 136, 147, 148, 149, 150, 151, 158})
 MAX_ALIGNMENT = 1 << 30
 MAX_SHARDS = 4096
 MAX_ELEMENTS = (1 << 63) - 1    # ggml: the element count must fit in int64
@@ -297,6 +300,9 @@ def _tensor_info(cur: _Cursor, i: int, alignment: int) -> tuple[str, tuple[int, 
     if type_id >= MAX_TYPE_ID:
         raise cur.error(f"tensor {name!r} has type id {type_id}, beyond any known ggml type")
     known = BY_ID.get(type_id)
+    if known is None and type_id not in IK_REPACKED_IDS and type_id not in IK_UNSIZED_IDS:
+        raise cur.error(f"tensor {name!r} has type id {type_id}, which neither llama.cpp nor ik_llama.cpp loads "
+                        "(a removed or undefined ggml type)")
     if known is not None and shape[0] % known.block:
         raise cur.error(f"tensor {name!r}: row of {shape[0]} elements is not a multiple of {known.name}'s "
                         f"block of {known.block}")
@@ -340,6 +346,21 @@ def _sizes(cur: _Cursor, infos: list[tuple[str, tuple[int, ...], int, int]], dat
     return nbytes
 
 
+def _check_contiguous(cur: _Cursor, infos: list[tuple[str, tuple[int, ...], int, int]], nbytes: list[int],
+                      alignment: int) -> None:
+    """gguf.cpp gguf_init_from_file_impl: tensor i's offset must be the padded sizes of tensors 0..i-1 summed
+    (data in header order, no gaps, no overlap); llama.cpp refuses the file otherwise."""
+    expected = 0
+    for (name, _, type_id, offset), size in zip(infos, nbytes):
+        if type_id not in BY_ID:      # sized from the offsets: nothing to compare
+            expected = offset + size + (-size) % alignment
+            continue
+        if offset != expected:
+            raise cur.error(f"tensor {name!r} has data offset {offset}, llama.cpp expects {expected} (tensor data "
+                            "must follow the header order without gaps)")
+        expected += size + (-size) % alignment
+
+
 @dataclass(frozen=True)
 class _File:
     version: int
@@ -378,6 +399,7 @@ def _parse(cur: _Cursor, shard_index: int) -> _File:
             raise cur.error(f"tensor {name!r} data offset {offset} is beyond the end of the file "
                             f"({data_size} bytes of data)")
     nbytes = _sizes(cur, infos, data_size, alignment)
+    _check_contiguous(cur, infos, nbytes, alignment)
     tensors = tuple(TensorInfo(name, shape, type_id, type_name(type_id), offset, size, shard_index)
                     for (name, shape, type_id, offset), size in zip(infos, nbytes))
     return _File(version, meta, tensors, Shard(cur.path, data_offset, alignment, cur.size))
@@ -463,9 +485,14 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
 
 def load_inventory(path: str | os.PathLike[str]) -> ModelInventory:
     """ModelInventory of a GGUF file (or split model): hparams from the metadata, sizes from the header."""
+    from .validate import check_hparams, check_metadata, check_tensors
     header = read_header(path)
     spec = spec_from_metadata(header.metadata, {t.name for t in header.tensors})
     hp = spec.hparams
+    check_metadata(header.metadata, hp.arch, str(path))
+    check_hparams(spec, str(path))
+    check_tensors(spec, {t.name: t.shape for t in header.tensors}, str(path),
+                  {t.name: t.type_name for t in header.tensors})
     tensors = tuple(make_tensor(hp, t.name, t.shape, t.type_name, t.nbytes) for t in header.tensors)
     name = header.metadata.get("general.name")
     return ModelInventory(hp.arch, hp, tensors, name=name if isinstance(name, str) else "", source=str(path),

@@ -6,6 +6,7 @@ their sources); `offload-tuner calibrate` writes the same JSON from measurements
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
@@ -21,18 +22,24 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": MiB, "m
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
+MAX_SIZE = 1 << 50            # 1 PiB: far above any GPU or host memory; a larger "size" is a typo
+
+
 def parse_size(text: str | int, allow_zero: bool = False) -> int:
-    """'24GiB', '24G' (binary, as llama.cpp and nvidia-smi mean it), '24576MiB', '24GB' (decimal), '24000000000';
-    0 only with allow_zero (a margin may be none, a GPU may not)."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
+    """'24GiB', '24G' (binary, as llama.cpp and nvidia-smi mean it), '24576MiB', '24GB' (decimal), '24000000000'.
+    Whole bytes from 1 (0 with allow_zero: a margin may be none, a GPU may not) to 1 PiB."""
+    if isinstance(text, bool):
         raise InputError(f"bad size {text!r}: use e.g. 24GiB, 24G, 24576MiB or a number of bytes")
-    value = float(m.group(1)) * _UNITS[unit]
-    if value < 0 or (value == 0 and not allow_zero):
-        raise InputError(f"bad size {text!r}: must be {'>= 0' if allow_zero else 'positive'}")
+    m = None if isinstance(text, int) else _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not isinstance(text, int) and (m is None or unit not in _UNITS):
+        raise InputError(f"bad size {str(text)[:60]!r}: use e.g. 24GiB, 24G, 24576MiB or a number of bytes")
+    value = text if isinstance(text, int) else float(m.group(1)) * _UNITS[unit]   # type: ignore[union-attr]
+    if value > MAX_SIZE:
+        raise InputError(f"bad size {str(text)[:60]!r}: more than 1 PiB")
+    if value != int(value) or value < (0 if allow_zero else 1):
+        what = "a whole number of bytes, >= 0" if allow_zero else "a whole number of bytes, at least 1"
+        raise InputError(f"bad size {str(text)[:60]!r}: must be {what}")
     return int(value)
 
 
@@ -107,19 +114,109 @@ class HardwareProfile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "HardwareProfile":
-        try:
-            return cls(name=d["name"], gpus=tuple(GPU(**g) for g in d["gpus"]), host=Host(**d["host"]),
-                       link=Link(**d["link"]), overheads=Overheads(**d.get("overheads", {})),
-                       source=d.get("source", ""))
-        except (KeyError, TypeError) as e:
-            raise InputError(f"bad hardware profile: {e}") from e
+    def from_dict(cls, d: dict, where: str = "hardware profile") -> "HardwareProfile":
+        """A profile from JSON, every field checked against the dataclasses' fields (the message names the field)."""
+        _check_schema(d, where)
+        return cls(name=d["name"], gpus=tuple(GPU(**g) for g in d["gpus"]), host=Host(**d["host"]),
+                   link=Link(**d["link"]), overheads=Overheads(**d.get("overheads", {})), source=d.get("source", ""))
 
     def with_vram(self, sizes: list[int]) -> "HardwareProfile":
-        """Same machine, GPUs resized (and repeated or cut to len(sizes))."""
+        """Same machine, GPUs resized (and repeated or cut to len(sizes)). A profile without GPUs (calibrated on
+        a machine without one) gets generic GPUs of those sizes, and generic link rates where it has none."""
+        if not self.gpus:
+            generic = load_hardware(GENERIC)
+            link = self.link if self.link.h2d_pinned > 0 and self.link.h2d_pageable > 0 else generic.link
+            gpus = tuple(replace(generic.gpus[0], vram_bytes=s) for s in sizes)
+            return replace(self, gpus=gpus, link=link,
+                           name=f"{self.name} + generic GPU ({GENERIC} preset: the profile has no GPU)")
         base = self.gpus[0]
         gpus = tuple(replace(self.gpus[i] if i < len(self.gpus) else base, vram_bytes=s) for i, s in enumerate(sizes))
         return replace(self, gpus=gpus)
+
+
+GENERIC = "desktop-ddr5"         # the preset whose GPU and link stand in for ones a profile lacks
+
+# The JSON schema is the dataclasses' own fields (GPU, Host, Link, Overheads): a field without a default is
+# required; numbers must be finite and >= 0, and > 0 where a zero would divide (POSITIVE).
+POSITIVE = frozenset({"vram_bytes", "mem_bw", "flops", "ram_bytes", "n_threads", "gpu_eff", "cpu_eff"})
+MAX_GPUS = 16                    # llama_max_devices()
+
+
+def _sections() -> dict[str, type]:
+    return {"gpu": GPU, "host": Host, "link": Link, "overheads": Overheads}
+
+
+def _check_section(obj: object, kind: str, path: str, where: str) -> None:
+    import dataclasses as dc
+    if not isinstance(obj, dict):
+        raise InputError(f"bad {where}: {path} is {type(obj).__name__}, expected an object")
+    fields = {f.name: f for f in dc.fields(_sections()[kind])}
+    unknown = sorted(set(obj) - set(fields))
+    if unknown:
+        raise InputError(f"bad {where}: {path}.{unknown[0]} is not a field (known: {', '.join(fields)})")
+    for name, f in fields.items():
+        if name not in obj:
+            if f.default is dc.MISSING and f.default_factory is dc.MISSING:   # type: ignore[misc]
+                raise InputError(f"bad {where}: {path}.{name} is missing")
+            continue
+        v, kind_of = obj[name], str(f.type)
+        if kind_of == "str":
+            if not isinstance(v, str):
+                raise InputError(f"bad {where}: {path}.{name} is {str(v)[:40]!r}, expected a string")
+            continue
+        want = (int,) if kind_of == "int" else (int, float)
+        if isinstance(v, bool) or not isinstance(v, want):
+            raise InputError(f"bad {where}: {path}.{name} is {str(v)[:40]!r}, expected "
+                             f"{'an integer' if want == (int,) else 'a number'}")
+        strict = name in POSITIVE
+        if not math.isfinite(v) or v < 0 or (strict and v == 0):
+            raise InputError(f"bad {where}: {path}.{name} is {v!r}, expected a finite number "
+                             f"{'> 0' if strict else '>= 0'}")
+
+
+def _check_schema(d: object, where: str) -> None:
+    if not isinstance(d, dict):
+        raise InputError(f"bad {where}: expected a JSON object with name, gpus, host, link")
+    for key in ("name", "gpus", "host", "link"):
+        if key not in d:
+            raise InputError(f"bad {where}: field {key!r} is missing")
+    if not isinstance(d["name"], str):
+        raise InputError(f"bad {where}: name is {str(d['name'])[:40]!r}, expected a string")
+    if not isinstance(d["gpus"], list) or len(d["gpus"]) > MAX_GPUS:
+        raise InputError(f"bad {where}: gpus must be a list of at most {MAX_GPUS} GPUs")
+    for i, g in enumerate(d["gpus"]):
+        _check_section(g, "gpu", f"gpus[{i}]", where)
+    _check_section(d["host"], "host", "host", where)
+    _check_section(d["link"], "link", "link", where)
+    if "overheads" in d:
+        _check_section(d["overheads"], "overheads", "overheads", where)
+    if "source" in d and not isinstance(d["source"], str):
+        raise InputError(f"bad {where}: source must be a string")
+
+
+def resolve(hardware: str | None, gpu: str | None) -> HardwareProfile | None:
+    """--hardware and/or --gpu as the CLI takes them; None when neither is given. A profile without GPUs needs
+    --gpu (it then gets generic GPUs of those sizes)."""
+    if hardware:
+        hw = load_hardware(hardware)
+        if gpu:
+            return hw.with_vram(_gpu_sizes(gpu))
+        if not hw.gpus:
+            raise InputError(f"hardware profile {hardware} has no GPU (calibrated on a machine without one): add "
+                             "--gpu SIZE[,SIZE..] to plan for GPUs of those sizes")
+        if hw.link.h2d_pinned <= 0 or hw.link.h2d_pageable <= 0:
+            return replace(hw, link=load_hardware(GENERIC).link, name=f"{hw.name} + generic PCIe link ({GENERIC})")
+        return hw
+    if gpu:
+        return from_gpu_sizes(gpu)
+    return None
+
+
+def _gpu_sizes(sizes: str) -> list[int]:
+    parsed = [parse_size(s) for s in sizes.split(",") if s.strip()]
+    if not parsed or len(parsed) > MAX_GPUS:
+        raise InputError(f"bad --gpu {sizes[:60]!r}: give one size per GPU (1 to {MAX_GPUS}), e.g. 24GiB or 24GiB,16GiB")
+    return parsed
 
 
 def preset_names() -> list[str]:
@@ -132,9 +229,12 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         try:
-            return HardwareProfile.from_dict(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError(f"cannot read hardware profile {name_or_path}: {e}") from e
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise InputError(f"cannot read hardware profile {name_or_path}: {e.strerror or e}") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise InputError(f"hardware profile {name_or_path} is not JSON: {str(e)[:100]}") from e
+        return HardwareProfile.from_dict(data, f"hardware profile {name_or_path}")
     res = resources.files("planner").joinpath(f"hardware_presets/{name_or_path}.json")
     if not res.is_file():
         raise InputError(f"unknown hardware preset {name_or_path!r}; known: {', '.join(preset_names())}")
@@ -143,7 +243,5 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
 
 def from_gpu_sizes(sizes: str) -> HardwareProfile:
     """`--gpu 24GiB[,24GiB]` alone: a generic desktop (dual-channel DDR5, PCIe 4.0) with GPUs of those sizes."""
-    parsed = [parse_size(s) for s in sizes.split(",") if s.strip()]
-    if not parsed:
-        raise InputError(f"bad --gpu {sizes!r}: give one size per GPU, e.g. 24GiB or 24GiB,16GiB")
-    return replace(load_hardware("desktop-ddr5").with_vram(parsed), name=f"desktop-ddr5 {sizes}")
+    parsed = _gpu_sizes(sizes)
+    return replace(load_hardware(GENERIC).with_vram(parsed), name=f"{GENERIC} {sizes}")

@@ -196,6 +196,18 @@ class _Builder:
     def qkv(self, il: int, cur: GT) -> tuple[GT, GT, GT]:
         """build_qkv (separate Q/K/V weights, optional biases), reshaped to [head, n_head, T]."""
         g, hp, T = self.g, self.hp, self.T
+        wqkv = self.lw(il, "attn_qkv.weight")
+        if wqkv is not None:                  # fused QKV (build_qkv's wqkv path): one matmul, three views
+            hkv = hp.n_head_kv[il]
+            qkv = g.mul_mat(wqkv, cur, name="wqkv")
+            bias = self.lw(il, "attn_qkv.bias")
+            qb, kb, vb = (self.lw(il, f"attn_{x}.bias") for x in "qkv")
+            if bias is None and qb is not None and kb is not None and vb is not None:
+                bias = g.op("CONCAT", (qkv.ne[0],), "f32", g.op("CONCAT", (qb.ne[0] + kb.ne[0],), "f32", qb, kb), vb)
+            if bias is not None:
+                qkv = g.binary("ADD", qkv, bias, name="wqkv_b")
+            return (g.view(qkv, (hp.head_dim_k, hp.n_head, T)), g.view(qkv, (hp.head_dim_k, hkv, T)),
+                    g.view(qkv, (hp.head_dim_v, hkv, T)))
         q = self.mm(self.lw(il, "attn_q.weight"), cur, self.lw(il, "attn_q.bias"), name="Qcur")
         k = self.mm(self.lw(il, "attn_k.weight"), cur, self.lw(il, "attn_k.bias"), name="Kcur")
         v = self.mm(self.lw(il, "attn_v.weight"), cur, self.lw(il, "attn_v.bias"), name="Vcur")
@@ -245,12 +257,19 @@ class _Builder:
             weights = g.reshape(weights, (1, A, T))
         g.expand(weights)
         x = g.reshape(cur, (E, 1, T))
-        up = g.mul_mat_id(self.lw(il, "ffn_up_exps.weight"), x, selected, name="ffn_moe_up")
-        if biased:
-            up = g.binary("ADD_ID", up, self.lw(il, "ffn_up_exps.bias"), selected, name="ffn_moe_up_biased")
-        gate = g.mul_mat_id(self.lw(il, "ffn_gate_exps.weight"), x, selected, name="ffn_moe_gate")
-        if biased:
-            gate = g.binary("ADD_ID", gate, self.lw(il, "ffn_gate_exps.bias"), selected, name="ffn_moe_gate_biased")
+        gate_up_w = self.lw(il, "ffn_gate_up_exps.weight")
+        if gate_up_w is not None:             # fused gate+up experts: one mul_mat_id, then two views
+            gate_up = g.mul_mat_id(gate_up_w, x, selected, name="ffn_moe_gate_up")
+            half = (gate_up.ne[0] // 2, gate_up.ne[1], gate_up.ne[2])
+            gate, up = g.view(gate_up, half), g.view(gate_up, half)
+        else:
+            up = g.mul_mat_id(self.lw(il, "ffn_up_exps.weight"), x, selected, name="ffn_moe_up")
+            if biased:
+                up = g.binary("ADD_ID", up, self.lw(il, "ffn_up_exps.bias"), selected, name="ffn_moe_up_biased")
+            gate = g.mul_mat_id(self.lw(il, "ffn_gate_exps.weight"), x, selected, name="ffn_moe_gate")
+            if biased:
+                gate = g.binary("ADD_ID", gate, self.lw(il, "ffn_gate_exps.bias"), selected,
+                                name="ffn_moe_gate_biased")
         act = g.binary("GLU", gate, up, name="ffn_moe_swiglu")
         experts = g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), act, selected, name="ffn_moe_down")
         if biased:

@@ -133,11 +133,14 @@ def make_storage(url: str | None):
     import optuna
     if url is None:
         return optuna.storages.InMemoryStorage()
+    from .storage import check_sqlite_folder, resolve_url
     path = sqlite_path(url)
     kwargs: dict[str, Any] = {}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        check_sqlite_folder(path, create=path.parent == STUDIES_DIR)
         kwargs = {"connect_args": {"timeout": 60}}
+    else:
+        url = resolve_url(url)
     for attempt in range(SCHEMA_RETRIES + 1):
         try:
             with warnings.catch_warnings():
@@ -150,7 +153,8 @@ def make_storage(url: str | None):
             # workers started together on an empty database race to create Optuna's tables; the losers see
             # "duplicate key" / "already exists" and find the tables there on a second try
             text = str(e).lower()
-            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text):
+            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text
+                                             or "unique constraint" in text):
                 time.sleep(0.5 * (attempt + 1))
                 continue
             raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
@@ -303,19 +307,23 @@ class Tuner:
     def _open(self, fresh: bool, sampler: str):
         import optuna
         storage = make_storage(self.storage_url)
+        path = sqlite_path(self.storage_url) if self.storage_url else None
+        if path is not None:
+            from .storage import lock_sqlite
+            lock_sqlite(path)          # one worker per SQLite file; several share PostgreSQL
         if study_exists(storage, self.study_name):
             if fresh:
                 optuna.delete_study(study_name=self.study_name, storage=storage)
             else:
                 study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler))
-                old = study.user_attrs.get("settings", {})
-                diff = self.settings.differences(old)
+                old = study.user_attrs.get("settings")
+                diff = self.settings.differences(old) if old else []   # none yet: another worker is creating it
                 if diff:
                     raise InputError(f"study {self.study_name!r} in {self.storage_url} was made with other "
                                      f"{', '.join(diff)}; pick another --study name, or --fresh to start it over")
                 return study
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler),
-                                    directions=self.objective.directions)
+                                    directions=self.objective.directions, load_if_exists=True)   # race-free
         study.set_user_attr("settings", self.settings.to_dict())
         study.set_user_attr("objective_names", self.objective.names)
         study.set_user_attr("margin_bytes", self._margin_prior)

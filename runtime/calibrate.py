@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -334,15 +335,28 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
-    from planner.hardware import parse_size
+    from planner.hardware import GiB, parse_size
     size = parse_size(getattr(args, "size", None) or "1GiB")
+    if size > 64 * GiB:
+        raise InputError(f"--size {args.size}: at most 64GiB per bandwidth test")
+    threads = getattr(args, "threads", None)
+    if threads is not None and not 1 <= threads <= 4096:
+        raise InputError(f"--threads {threads}: give 1 or more CPU threads")
+    out = getattr(args, "out", None)
+    if out:                                   # checked before minutes of measuring
+        target = Path(out)
+        if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
+            raise InputError(f"--out {out}: cannot write a file there (a folder, or a folder that does not exist "
+                             "or is not writable)")
     profile, calibration = calibrate(getattr(args, "dtype", "bf16"), size, getattr(args, "threads", None),
                                      getattr(args, "name", None) or "calibrated")
     d = profile_json(profile, calibration)
     text = json.dumps(d, indent=2)
-    out = getattr(args, "out", None)
     if out:
-        Path(out).write_text(text + "\n")
+        try:
+            Path(out).write_text(text + "\n")
+        except OSError as e:
+            raise InputError(f"cannot write {out}: {e.strerror or e}") from e
         print(f"wrote {out}", file=sys.stderr)
     if getattr(args, "json", False):
         print(text)

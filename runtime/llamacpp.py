@@ -554,10 +554,18 @@ class LlamaCppEngine:
 
     def measure_command(self, cmd: EngineCommand, workload: Workload) -> Measurement:
         run = self.run(cmd)
-        pp, tg, tests, backends = self._results(run, cmd)
+        try:                                      # engine output is untrusted: any shape is a failed measurement
+            pp, tg, tests, backends = self._results(run, cmd)
+            bad_output = None
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+            pp, tg, tests, backends = None, None, [], set()
+            bad_output = Failure("no_output", f"{self.path.name} printed results we cannot read "
+                                              f"({type(e).__name__}: {str(e)[:120]})")
         have = (pp is not None or workload.n_prompt == 0) and (tg is not None or workload.n_gen == 0)
         failure = classify_failure(run.stdout, run.stderr, run.returncode, timed_out=run.timed_out,
                                    timeout_s=self.timeout_s, have_results=have)
+        if failure is None:
+            failure = bad_output
         if failure is None:
             failure = _check_echo(cmd, tests)
         if failure is None and cmd.gpu_devices and backends and not any(b != "CPU" for b in backends):
@@ -566,9 +574,7 @@ class LlamaCppEngine:
         log_run = run
         if failure is not None and failure.kind in RERUN_VERBOSE and "-v" not in cmd.argv:
             log_run = self.run(replace(cmd, argv=(*cmd.argv, "-v")))
-            failure = classify_failure(log_run.stdout, log_run.stderr, log_run.returncode or 1,
-                                       timed_out=log_run.timed_out, timeout_s=self.timeout_s,
-                                       have_results=False) or failure
+            failure = _with_rerun(failure, log_run, self.timeout_s)
         return self._measurement(run, log_run, cmd, pp, tg, tests, failure)
 
     def _results(self, run: RunResult, cmd: EngineCommand
@@ -622,6 +628,18 @@ class _RenderWorkload:
     n_gen: int
     depth: int
     repetitions: int
+
+
+def _with_rerun(first: Failure, log_run: RunResult, timeout_s: float | None) -> Failure:
+    """The first run's failure (its kind and cause: signal, OOM, timeout, exit code) with what the verbose re-run
+    showed added; a re-run that succeeded says the failure did not repeat."""
+    if log_run.returncode == 0 and not log_run.timed_out:
+        return Failure(first.kind, f"{first.message} (a verbose re-run succeeded: the failure did not repeat)")
+    again = classify_failure(log_run.stdout, log_run.stderr, log_run.returncode, timed_out=log_run.timed_out,
+                             timeout_s=timeout_s, have_results=False)
+    if again is None or again.message == first.message:
+        return first
+    return Failure(first.kind, f"{first.message}; the verbose re-run: {again.message}")
 
 
 def _check_echo(cmd: EngineCommand, tests: Sequence[dict[str, Any]]) -> Failure | None:

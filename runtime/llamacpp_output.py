@@ -20,6 +20,7 @@ Sources (llama.cpp vendored in llama-cpp-python 0.3.36, commit 0c1e57098; ik_lla
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import statistics
@@ -88,21 +89,36 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
 
 def _int(rec: dict[str, Any], key: str) -> int:
     v = rec.get(key, 0)
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
+
+
+def _rate(v: Any, nan_ok: bool = False) -> float | None:
+    """A tokens/s value as llama-bench writes it: a number >= 0 (inf when a test was too fast to time; NaN only
+    where nan_ok, a stddev of one sample). Output is untrusted: anything else is not a rate."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (math.isnan(v) and not nan_ok):
+        return None
+    return float(v)
 
 
 def bench_result(rec: dict[str, Any]) -> BenchResult | None:
     """A BenchResult from one record of either dialect; None for records that are not test results."""
     if "avg_ts" not in rec and "samples_ts" not in rec:
         return None
+    raw_samples = rec.get("samples_ts")
+    if raw_samples is not None and not isinstance(raw_samples, list):
+        return None
+    samples_ok = [_rate(x) for x in raw_samples or []]
+    avg = _rate(rec.get("avg_ts", 0.0) if rec.get("avg_ts") is not None else 0.0)
+    std = _rate(rec.get("stddev_ts", 0.0) if rec.get("stddev_ts") is not None else 0.0, nan_ok=True)
+    if avg is None or std is None or any(x is None for x in samples_ok):
+        return None                   # numbers as strings, NaN, negative rates: not a result we can use
     n_prompt, n_gen, n_depth = _int(rec, "n_prompt"), _int(rec, "n_gen"), _int(rec, "n_depth")
     m = _IK_LABEL.match(str(rec.get("test", "")))
     if m is not None:                 # ik -gp: n_prompt holds the depth, the rate counts n_gen tokens only
         n_gen, n_depth, n_prompt = int(m.group(1)), int(m.group(2)), 0
     kind: TestKind = "pg" if n_prompt and n_gen else ("tg" if n_gen else "pp")
-    samples = tuple(float(x) for x in rec.get("samples_ts") or () if isinstance(x, (int, float)))
-    return BenchResult(kind, n_prompt, n_gen, n_depth, float(rec.get("avg_ts", 0.0) or 0.0),
-                       float(rec.get("stddev_ts", 0.0) or 0.0), samples, rec)
+    samples = tuple(x for x in samples_ok if x is not None)
+    return BenchResult(kind, n_prompt, n_gen, n_depth, avg, std, samples, rec)
 
 
 def parse_bench_output(text: str) -> list[BenchResult]:
@@ -131,9 +147,14 @@ _SWEEP_ROW = re.compile(rf"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*{_FLOAT}
 
 def parse_sweep_output(text: str) -> list[SweepRow]:
     """Rows of llama-sweep-bench output, from its jsonl records or, when there are none, its table."""
-    rows = [SweepRow(int(o["pp"]), int(o["tg"]), int(o["n_kv"]), float(o["t_pp"]), float(o["speed_pp"]),
-                     float(o["t_tg"]), float(o["speed_tg"]))
-            for o in json_objects(text) if {"pp", "tg", "n_kv", "speed_pp", "speed_tg"} <= o.keys()]
+    rows = []
+    for o in json_objects(text):
+        if not {"pp", "tg", "n_kv", "speed_pp", "speed_tg"} <= o.keys():
+            continue
+        nums = [o.get(k) for k in ("pp", "tg", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg")]
+        if any(_rate(v) is None for v in nums):
+            continue                  # untrusted output: a row with a missing or non-numeric field is skipped
+        rows.append(SweepRow(int(nums[0]), int(nums[1]), int(nums[2]), *(float(v) for v in nums[3:])))
     if rows:
         return rows
     for line in text.splitlines():

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import FlagError, InputError
-from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, load_hardware, parse_size
+from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
+from planner.validate import check_dialect, check_plan
 from planner.plan import DIALECTS, Plan, device_sort_key
 
 from .engine import Engine, Measurement, Workload
@@ -53,18 +54,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- inputs -------------------------------------------------------------------------------------------------------
 
-def read_plan_file(path: str, inv: ModelInventory) -> Plan:
+def read_plan_file(path: str, inv: ModelInventory, n_gpus: int | None = None) -> Plan:
     try:
         d = json.loads(Path(path).read_text())
     except OSError as e:
-        raise InputError(f"cannot read --plan {path}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
-        raise InputError(f"--plan {path} is not JSON: {e}") from e
+        raise InputError(f"cannot read --plan {path}: {e.strerror or e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise InputError(f"--plan {path} is not JSON: {str(e)[:100]}") from e
     if isinstance(d, dict) and isinstance(d.get("plan"), dict):
         d = d["plan"]                     # `offload-tuner plan --json` output
     try:
         plan = Plan.from_dict(d)
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise InputError(f"--plan {path} is not a Plan (expected model_id, assignment, knobs, dialect): {e}") from e
     names = {t.name for t in inv.allocated()}
     extra = sorted(plan.assignment.keys() - names)
@@ -73,23 +74,26 @@ def read_plan_file(path: str, inv: ModelInventory) -> Plan:
         what = f"names {extra[0]!r}, which the model does not have" if extra else f"leaves {missing[0]!r} unplaced"
         raise InputError(f"--plan {path} does not fit this model: it {what}")
     if plan.dialect not in DIALECTS:
-        raise InputError(f"--plan {path}: unknown dialect {plan.dialect!r}")
+        raise InputError(f"--plan {path}: unknown dialect {str(plan.dialect)[:40]!r}")
+    check_plan(plan, n_gpus, f"--plan {path}")
     return plan
 
 
-def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str) -> tuple[Plan, dict[str, int]]:
-    """A Plan from a llama.cpp command line, and the llama-bench workload it names (empty for other tools)."""
+def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str,
+                   n_gpus: int | None = None) -> tuple[Plan, dict[str, int]]:
+    """A Plan from a llama.cpp command line, and the llama-bench workload it names (empty for other tools).
+    `n_gpus` (the declared hardware's) bounds the device names."""
     from planner.flags import parse
     from planner.flags.cmdline import split_command
     _, program, _ = split_command(llama_args)
     if program is not None:
-        pc = parse(llama_args, inv, dialect)
+        pc = parse(llama_args, inv, dialect, n_gpus=n_gpus)
     else:
         try:
-            pc = parse(llama_args, inv, dialect, tool="bench")
+            pc = parse(llama_args, inv, dialect, tool="bench", n_gpus=n_gpus)
         except FlagError as bench_error:
             try:
-                pc = parse(llama_args, inv, dialect, tool="server")
+                pc = parse(llama_args, inv, dialect, tool="server", n_gpus=n_gpus)
             except FlagError:
                 raise bench_error from None
     return pc.to_plan(inv.source or inv.name, label="command line"), dict(pc.workload)
@@ -105,11 +109,9 @@ def workload_from(args: argparse.Namespace, named: dict[str, int]) -> Workload:
 
 def hardware_for(args: argparse.Namespace, plan: Plan | None = None) -> HardwareProfile:
     """--hardware / --gpu, else a generic desktop with one 24 GiB GPU per GPU the plan uses."""
-    if getattr(args, "hardware", None):
-        hw = load_hardware(args.hardware)
-        return hw.with_vram([parse_size(s) for s in args.gpu.split(",")]) if args.gpu else hw
-    if getattr(args, "gpu", None):
-        return from_gpu_sizes(args.gpu)
+    hw = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
+    if hw is not None:
+        return hw
     n = max([int(d[4:]) + 1 for d in (plan.devices() if plan else []) if d.startswith("CUDA")] or [1])
     return from_gpu_sizes(",".join(["24GiB"] * n))
 
@@ -146,14 +148,17 @@ def run_main(args: argparse.Namespace) -> int:
         if v is not None and (v < 0 or (flag == "reps" and v < 1)):
             raise InputError(f"--{flag.replace('_', '-')} must be {'>= 1' if flag == 'reps' else '>= 0'}, got {v}")
     inv = load_model(args.model)
+    declared = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
+    n_gpus = len(declared.gpus) if declared is not None else None   # devices beyond these do not exist
     engine: Engine | None = None
     if args.engine == "llamacpp":            # the binary decides the dialect of a command line
         engine = make_engine(args, hardware_for(args))
     if args.plan:
-        plan, named = read_plan_file(args.plan, inv), {}
+        plan, named = read_plan_file(args.plan, inv, n_gpus), {}
     else:
         dialect = args.dialect or (engine.info.dialect if engine is not None else "mainline")   # type: ignore[attr-defined]
-        plan, named = plan_from_args(args.llama_args, inv, dialect)
+        plan, named = plan_from_args(args.llama_args, inv, dialect, n_gpus)
+    check_dialect(inv, plan.dialect)
     workload = workload_from(args, named)
     hw = hardware_for(args, plan)
     if engine is None:

@@ -10,6 +10,7 @@ size (for header tools and tests). `split_max_bytes` writes shards the way llama
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 import sys
 from dataclasses import dataclass
@@ -395,11 +396,19 @@ def synth_main(args: argparse.Namespace) -> int:
         from planner.hardware import parse_size
         split_max = parse_size(args.split_max)
     total = sum(t.padded for t in _plan(spec, type_of, tied))
+    out = Path(args.out)
+    if out.is_dir():
+        raise InputError(f"--out {out} is a folder; give a file name such as {out / (name + '.gguf')}")
+    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out}: the folder {out.parent} does not exist or cannot be written")
     from tqdm import tqdm
     quiet = getattr(args, "quiet", False) or args.sparse or not sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="synth", disable=quiet) as bar:
-        paths = write_gguf(args.out, spec, type_of, tied_output=tied, sparse=args.sparse, seed=args.seed,
-                           split_max_bytes=split_max, name=name, progress=bar.update)
+        try:
+            paths = write_gguf(args.out, spec, type_of, tied_output=tied, sparse=args.sparse, seed=args.seed,
+                               split_max_bytes=split_max, name=name, progress=bar.update)
+        except OSError as e:
+            raise InputError(f"cannot write {args.out}: {e.strerror or e}") from e
     for p in paths:
         print(p)
     return 0

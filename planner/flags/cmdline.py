@@ -8,6 +8,7 @@ back into argv; `interpret` and `render` (here, shared by both dialects) go betw
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ WARNINGS: dict[str, str] = {
     "W017": "no -ngl", "W018": "unknown -op id", "W019": "ik applies -ncmoe/-cmoe after every -ot",
     "W020": "server slots", "W021": "ik -amb below 128", "W022": "-op dense ops disagree",
     "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold", "W027": "ik -ngl 0 drops overrides",
+    "W028": "-b/-ub as llama.cpp runs them", "W029": "context above the training context",
     "W101": "layer homes not expressible", "W102": "token_embd on a GPU", "W103": "knob not expressible in bench",
 }
 
@@ -235,7 +237,16 @@ def stoi(text: str, what: str) -> int:
     m = re.match(r"\s*([+-]?\d+)", text)
     if m is None:
         raise FlagError(f"{what} expects an integer, got {text!r}")
-    return int(m.group(1))
+    value = int(m.group(1))
+    if not INT_MIN <= value <= INT_MAX:
+        raise FlagError(f"{what}: {m.group(1)} is out of range for llama.cpp's int (std::stoi throws); the largest "
+                        f"is {INT_MAX}")
+    return value
+
+
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
+UINT32 = 1 << 32
+IK_MIN_BATCH = 16            # ik src/llama.cpp: n_batch < GGML_KQ_MASK_PAD (16) is raised to it
 
 
 def int_range_first(text: str, what: str) -> tuple[int, int]:
@@ -497,9 +508,12 @@ def _parse_ts(value: str, table: ToolTable, warnings: list[str]) -> tuple[float,
     if len(parts) >= table.max_devices + (table.tool == "bench"):
         raise FlagError(f"-ts {value!r}: {len(parts)} proportions, more than llama.cpp's {table.max_devices} devices")
     try:
-        return tuple(float(p) for p in parts)
+        props = tuple(float(p) for p in parts)
     except ValueError as e:
         raise FlagError(f"-ts {value!r}: proportions must be numbers like 3,1") from e
+    if not all(math.isfinite(p) and p >= 0 for p in props):
+        raise FlagError(f"-ts {value!r}: proportions must be finite and >= 0, like 3,1")
+    return props
 
 
 ALL_LAYERS = 1 << 30     # ik: -cmoe is -ncmoe with "every" MoE layer (it sets ncmoe = 999)
@@ -508,7 +522,7 @@ LIST_KEYS = frozenset({"ot", "ncmoe", "cmoe", "ncffn", "op"})   # flags that add
 
 def _expand_ncmoe(rule: MoeRule, n: int, inv: ModelInventory, origin: str) -> list[Override]:
     if rule.order == "first_layers":
-        layers = list(range(n))
+        layers = list(range(min(n, inv.hparams.n_layer)))   # llama.cpp's loop stops at the last layer too
     else:
         moe = memo(inv, "moe_layers", inv.moe_layers)
         layers = moe[max(len(moe) - n, 0):] if n > 0 else []
@@ -556,6 +570,9 @@ def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence
         val = str(settings["dev"])
         dev_list = [] if val.strip() == "none" else [x.strip() for x in val.replace("/", ",").split(",") if x.strip()]
     n = _infer_n_gpus(n_gpus, env, ts, list(bufts) + (dev_list or []))
+    if ts is not None and n_gpus is not None and len(ts) > n_gpus and any(ts[n_gpus:]):
+        raise FlagError(f"-ts {settings['ts']!r} gives {len(ts)} proportions but the hardware has {n_gpus} GPU(s) "
+                        f"({', '.join(f'CUDA{i}' for i in range(n_gpus))}); declare the GPUs with --gpu or --hardware")
     for buft in bufts:
         check_buft(buft, n)
     devices = dev_list if dev_list is not None else [f"CUDA{i}" for i in range(n)]
@@ -615,7 +632,7 @@ def _override_list(events: Sequence[Event], raw_ot: Sequence[tuple[Event, str, s
             raise FlagError(f"{e.spelling} {e.value}: must be >= 0")
         if e.key == "ncffn" and rule.ncffn_template is not None:
             overrides.extend(Override(rule.ncffn_template.format(i=i), "CPU", f"-ncffn {e.value}")
-                             for i in range(e.value))
+                             for i in range(min(e.value, inv.hparams.n_layer)))
             continue
         if rule.placement == "after_user" and first_ot_pos is not None and 0 <= e.pos < first_ot_pos:
             warnings.append(f"W019 {e.spelling} before -ot: {spec.name} {table.binary} applies it after every -ot "
@@ -757,11 +774,17 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
         vals[fname] = (not v) if negated else v
     if table.tool != "bench":
         ctx = settings.get("ctx", d.get("ctx"))
-        if ctx is None or ctx <= 0:
+        if ctx is not None and ctx < 0:
+            raise FlagError(f"-c {ctx}: llama.cpp stores the context as an unsigned count ({ctx % UINT32} tokens) "
+                            "and cannot allocate that KV cache; give -c 0 (the model's training context) or a size")
+        if ctx is None or ctx == 0:
             if "ctx" not in settings:
                 warnings.append(f"W014 no -c: the context is the model's training context ({inv.hparams.n_ctx_train}); "
                                 "say -c N")
             ctx = inv.hparams.n_ctx_train
+        elif ctx > inv.hparams.n_ctx_train:
+            warnings.append(f"W029 -c {ctx} is more than the model's training context ({inv.hparams.n_ctx_train}): "
+                            "llama.cpp warns of a possible context overflow; quality may suffer")
         vals["n_ctx"] = int(ctx)
         n_seq = int(vals.get("n_seq", 1))
         if n_seq < 0:
@@ -793,13 +816,47 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
         vals["amb"] = 128
     if vals.get("no_kv_offload"):
         warnings.append("W004 -nkvo: the whole KV cache stays in host memory; attention runs on the CPU side")
-    nb, nub = vals.get("n_batch", base.n_batch), vals.get("n_ubatch", base.n_ubatch)
+    nb, nub = _batch_semantics(vals, table, warnings)
     if nub > nb:
         warnings.append(f"W005 -ub {nub} > -b {nb}: llama.cpp runs with ubatch {nb} (the smaller)")
     policy, ooae = spec.parse_policy(settings, events, env, table, warnings, opts)
     vals["offload"] = policy
     vals["only_active_experts"] = ooae
     return dataclasses.replace(base, **vals)
+
+
+def _batch_semantics(vals: dict[str, Any], table: ToolTable, warnings: list[str]) -> tuple[int, int]:
+    """-b / -ub as llama.cpp runs them (mainline src/llama-context.cpp, ik src/llama.cpp llama_new_context):
+    both zero is refused; values are cast to uint32 (a negative one becomes huge); n_batch = min(n_ctx, -b)
+    (ik raises it to 16); -ub 0 means -ub = -b; n_ubatch = min(n_batch, -ub). Stores the values that run."""
+    base = Knobs()
+    nb, nub = int(vals.get("n_batch", base.n_batch)), int(vals.get("n_ubatch", base.n_ubatch))
+    if nb == 0 and nub == 0:
+        raise FlagError("-b 0 with -ub 0: llama.cpp refuses the context (n_batch and n_ubatch cannot both be zero)")
+    if table.int_ranges and (nb < 0 or nub < 0):
+        raise FlagError(f"{'-b' if nb < 0 else '-ub'} {nb if nb < 0 else nub}: llama-bench refuses a negative value "
+                        "(invalid range format)")
+    ctx = int(vals.get("n_ctx", base.n_ctx))
+    nb_run = min(ctx, nb % UINT32)
+    raised = table.dialect == "ik" and 0 <= nb < IK_MIN_BATCH
+    if raised:
+        warnings.append(f"W028 -b {nb}: ik runs with n_batch {IK_MIN_BATCH} (its minimum)")
+        nb_run = IK_MIN_BATCH
+    if nb_run == 0:
+        raise FlagError(f"-b {nb}: mainline llama.cpp would run with n_batch 0 and n_ubatch 0 and cannot decode; "
+                        "give -b >= 1")
+    if nb < 0:
+        warnings.append(f"W028 -b {nb}: llama.cpp reads it as {nb % UINT32} (unsigned) and runs with n_batch = "
+                        f"n_ctx ({nb_run})")
+    nub_run = min(nb_run, (nb % UINT32) if nub == 0 else nub % UINT32)
+    if nub <= 0:
+        why = "-ub 0 means -ub = -b" if nub == 0 else f"it is read as {nub % UINT32} (unsigned)"
+        warnings.append(f"W028 -ub {nub}: {why}; llama.cpp runs with n_ubatch {nub_run}")
+    if nb <= 0 or raised:
+        vals["n_batch"] = nb_run
+    if nub <= 0:
+        vals["n_ubatch"] = nub_run
+    return vals.get("n_batch", nb), vals.get("n_ubatch", nub)
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------

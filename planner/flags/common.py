@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import FlagError
 from ..model import ModelInventory, Tensor
+from .ecma_regex import BoundedMatcher, needs_bound
 
 SlotRule = Literal["last_slots", "last_blocks"]
 T = TypeVar("T")
@@ -76,11 +77,12 @@ _SAME_ESCAPES = set("bBdDsSwWfnrtv0123456789") | set(r".^$|?*+()[]{}\/-=!:,;'\"#
 
 @dataclass(frozen=True)
 class Pattern:
-    """One -ot regex: the text llama.cpp sees, its Python translation, and a substring every match must contain."""
+    """One -ot regex: the text llama.cpp sees, its Python translation, a substring every match must contain, and
+    what matches it: Python `re`, or the step-bounded engine for patterns that could backtrack without bound."""
     source: str
     python: str
     literal: str
-    rx: re.Pattern[str]
+    rx: re.Pattern[str] | BoundedMatcher
 
 
 def _ecma_error(pattern: str, what: str) -> FlagError:
@@ -197,7 +199,8 @@ def literal_prefix(pattern: str) -> str:
 def compile_pattern(source: str) -> Pattern:
     """The Pattern for an -ot regex (a pure function of the text, memoised)."""
     python = translate_ecmascript(source)
-    return Pattern(source, python, literal_prefix(source), re.compile(python))
+    rx = BoundedMatcher(source, python) if needs_bound(python) else re.compile(python)
+    return Pattern(source, python, literal_prefix(source), rx)
 
 
 # ---- overrides and the matcher -------------------------------------------------------------------------------

@@ -200,16 +200,31 @@ def test_sparse_deepseek_v3_size_in_five_shards(tmp_path: Path) -> None:
 def test_ik_and_unknown_type_ids(tmp_path: Path) -> None:
     # IQ4_KS (144): 136 bytes per 256 + 4 bytes of row scale -> 8 rows * 140 = 1120 (a multiple of 32).
     # 250 (an ik repacked id, no table): 40 rows of 146 bytes = 5840, +16 padding -> sized from offsets.
-    # 998 (unknown): one row of 20 bytes, +12 padding: with fewer rows than the alignment the span (32) is
-    #   the best the offsets can say.
-    # 999 (unknown, last): 3 rows of 100 bytes up to the end of the file -> 300.
-    infos = [info("a", (256, 8), 144, 0), info("b", (256, 40), 250, 1120), info("d", (10,), 998, 6976),
-             info("c", (100, 3), 999, 7008)]
+    # 134 (ik's IQ1_BN, no table here): one row of 20 bytes, +12 padding: with fewer rows than the alignment
+    #   the span (32) is the best the offsets can say.
+    # 158 (ik's IQ1_KT, last): 3 rows of 100 bytes up to the end of the file -> 300.
+    infos = [info("a", (256, 8), 144, 0), info("b", (256, 40), 250, 1120), info("d", (10,), 134, 6976),
+             info("c", (100, 3), 158, 7008)]
     path = write(tmp_path, gguf_file([kv_str("general.architecture", "llama")], infos, bytes(7008 + 300)))
     h = read_header(path)
     assert [(t.name, t.type_id, t.type_name, t.nbytes) for t in h.tensors] == [
-        ("a", 144, "IQ4_KS", 1120), ("b", 250, "IK_R250", 5840), ("d", 998, "TYPE_998", 32),
-        ("c", 999, "TYPE_999", 300)]
+        ("a", 144, "IQ4_KS", 1120), ("b", 250, "IK_R250", 5840), ("d", 134, "TYPE_134", 32),
+        ("c", 158, "TYPE_158", 300)]
+
+
+@pytest.mark.parametrize("type_id", [4, 5, 37, 43, 998])
+def test_removed_or_undefined_type_ids_are_refused(type_id: int, tmp_path: Path) -> None:
+    # gguf.cpp: type >= GGML_TYPE_COUNT is "invalid ggml type"; removed types (Q4_2 = 4, Q4_3 = 5, IQ4_NL_4_8 =
+    # 37) have block size 0 and are refused the same way; ik does not define them either.
+    path = write(tmp_path, gguf_file([], [info("t", (32,), type_id, 0)], bytes(64)))
+    raises_one_line(path, f"type id {type_id}, which neither llama.cpp nor ik_llama.cpp loads")
+
+
+def test_gaps_between_tensors_are_refused(tmp_path: Path) -> None:
+    # gguf.cpp: tensor i must start where the padded tensors before it end (here 128 + 0 padding), not later.
+    infos = [info("a", (32,), 0, 0), info("b", (32,), 0, 160)]
+    path = write(tmp_path, gguf_file([], infos, bytes(160 + 128)))
+    raises_one_line(path, "'b' has data offset 160, llama.cpp expects 128")
 
 
 def test_ik_type_larger_than_its_room_is_an_overlap(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def postgres_url():
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
     if not (initdb and pg_ctl):
         pytest.skip("no PostgreSQL server here (initdb and pg_ctl not on PATH)")
-    pytest.importorskip("psycopg2", reason="the PostgreSQL driver (pip install psycopg2-binary) is not installed")
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'offload-tuner[postgres]') is not installed")
     run_as: list[str] = []
     folder = Path(tempfile.mkdtemp(prefix="pg"))        # short: a Unix socket path is at most 107 bytes
     if os.geteuid() == 0:                               # the server refuses to run as root
@@ -60,7 +60,7 @@ def postgres_url():
                        capture_output=True, timeout=120)
         subprocess.run(run_as + [pg_ctl, "-D", str(data), "-o", f"-k {folder} -p {port} -c listen_addresses=''",
                                  "-w", "-l", str(folder / "log"), "start"], check=True, capture_output=True, timeout=60)
-        yield f"postgresql+psycopg2://tuner@/postgres?host={folder}&port={port}"
+        yield f"postgresql://tuner@/postgres?host={folder}&port={port}"     # the form the README shows
     finally:
         subprocess.run(run_as + [pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
