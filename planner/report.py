@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .confirm import NOISY_CV
 from .cost_fit import CostFit
 from .hardware import fmt_bytes
 from .memory import MemoryReport
@@ -126,6 +127,7 @@ def _best(df: "Any", col: str, vram_max: float | None = None) -> dict[str, Any] 
 def _row(r: Any) -> dict[str, Any]:
     out = {"trial": int(r["trial"]), "plan_id": r["plan_id"], "label": r["label"], "source": r["source"],
            "tg_tps": _num(r["tg_tps"]), "pp_tps": _num(r["pp_tps"]), "vram_bytes": _num(r["vram_bytes"]),
+           "cv": _num(r.get("cv")),
            "commands": {tool: r[tool] for tool in TOOLS_ORDER if r.get(tool)}}
     return out
 
@@ -404,12 +406,14 @@ def summary_markdown(s: dict[str, Any]) -> str:
     if s["pareto"]:
         ref = s.get("reference") or "the reference"
         L += ["## TG/PP Pareto front", "", f"Ratios are to {ref}, from single runs.", "",
-              "| trial | TG t/s | PP t/s | VRAM | of budget | TG x | PP x | VRAM x | placement |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| trial | TG t/s | PP t/s | VRAM | of budget | TG x | PP x | VRAM x | run CV | placement |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
         for r in s["pareto"]:
             tg, pp, vram = _fmt_row(r)
+            cv = r.get("cv")
+            noisy = "-" if cv is None else f"{cv:.1%}" + (" noisy" if cv > NOISY_CV else "")
             L.append(f"| {r['trial']} | {tg} | {pp} | {vram} | {_pct(r.get('budget_share'))} | {_x(r.get('tg_x'))} | "
-                     f"{_x(r.get('pp_x'))} | {_x(r.get('vram_x'))} | {r['label']} |")
+                     f"{_x(r.get('pp_x'))} | {_x(r.get('vram_x'))} | {noisy} | {r['label']} |")
         L.append("")
     if s["per_budget"]:
         L += ["## Best per VRAM budget", "", "| VRAM budget | best TG (t/s, trial) | best PP (t/s, trial) |",

@@ -42,6 +42,7 @@ TOKENIZER_MODELS = frozenset({"no_vocab", "none", "llama", "bert", "gpt2", "hybr
 # Architectures that read attention weights through create_tensor_qkv, experts through create_tensor_gate_up_exps.
 QKV_ARCHS = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "llama4", "glm4moe", "gpt-oss"})
 GATE_UP_ARCHS = frozenset({"deepseek2"})
+MTP_PROBE_ARCHS = frozenset({"deepseek2", "glm4moe"})   # loaders that make NextN blocks optional in trunk-only files
 # Graph asserts: n_embd_head_v == n_embd_head_k (and == n_rot where listed); src/models/<arch>.cpp graph ctor.
 HEAD_DIM_RULES: dict[str, bool] = {"llama": True, "qwen2": True, "qwen3": True, "qwen3moe": True, "qwen2moe": True,
                                    "llama4": True, "glm4moe": False, "gpt-oss": True}
@@ -103,6 +104,12 @@ def expected_shapes(spec: ArchSpec, names: set[str]) -> tuple[dict[str, tuple[in
             e, f, x = required.pop(p + "ffn_up_exps.weight")
             del required[p + "ffn_gate_exps.weight"]
             required[p + "ffn_gate_up_exps.weight"] = (e, 2 * f, x)
+    n_main = hp.n_layer - hp.n_nextn
+    if hp.n_nextn and hp.arch in MTP_PROBE_ARCHS and f"blk.{n_main}.nextn.eh_proj.weight" not in names:
+        # a trunk-only file: without the first NextN block's eh_proj every tensor of the NextN blocks is
+        # TENSOR_NOT_REQUIRED (glm4-moe.cpp / deepseek2.cpp: mtp_probe, trunk_only, mtp_flags)
+        for name in [n for n in required if n.startswith("blk.") and int(n.split(".")[1]) >= n_main]:
+            optional[name] = required.pop(name)
     if hp.arch == "deepseek2":
         for name in [n for n in required if n.endswith("exp_probs_b.bias")]:
             optional[name] = required.pop(name)     # deepseek2.cpp: TENSOR_NOT_REQUIRED (glm4-moe.cpp: required)
