@@ -23,10 +23,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
-from .llamacpp_build import cache_dir, sha256_of
+from .llamacpp_build import cache_dir, extract_prefix, sha256_of
 
 IK_COMMIT = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
 # ik's build number is the commit count of its history (cmake/build-info.cmake: git rev-list --count HEAD); the
@@ -87,19 +86,8 @@ def _extract(tarball: Path, src: Path) -> None:
     digest = sha256_of(tarball)
     if digest != TARBALL_SHA256:
         raise IkBuildError(f"sha256 of {tarball} is {digest}, expected {TARBALL_SHA256}")
-    prefix = "ik_llama.cpp/"
     tmp = src.with_name(src.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(tarball) as tar:
-        members = []
-        for m in tar.getmembers():
-            if m.name.startswith(prefix) and len(m.name) > len(prefix):
-                m.name = m.name[len(prefix):]
-                members.append(m)
-        try:
-            tar.extractall(tmp, members=members, filter="data")
-        except TypeError:      # Python < 3.11.4 (the GPU box's python3): no filter argument
-            tar.extractall(tmp, members=members)
+    extract_prefix(tarball, "ik_llama.cpp/", tmp)
     (tmp / "examples" / "CMakeLists.txt").write_text(_EXAMPLES_CMAKE)
     info = tmp / "cmake" / "build-info.cmake"
     info.write_text(info.read_text().replace("set(BUILD_NUMBER 0)", f"set(BUILD_NUMBER {IK_BUILD_NUMBER})")

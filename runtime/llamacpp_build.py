@@ -63,17 +63,24 @@ def _fetch_sdist(dest: Path) -> Path:
     return tarball
 
 
-def _extract_llama_cpp(tarball: Path, src: Path) -> None:
-    prefix = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
-    tmp = src.with_name(src.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+def extract_prefix(tarball: Path, prefix: str, dest: Path) -> None:
+    """The members of `tarball` under `prefix` (a folder path ending in /), written to `dest` without it."""
+    shutil.rmtree(dest, ignore_errors=True)
     with tarfile.open(tarball) as tar:
         members = []
         for m in tar.getmembers():
             if m.name.startswith(prefix) and len(m.name) > len(prefix):
                 m.name = m.name[len(prefix):]
                 members.append(m)
-        tar.extractall(tmp, members=members, filter="data")
+        try:
+            tar.extractall(dest, members=members, filter="data")
+        except TypeError:      # Python < 3.11.4 (the GPU box's python3): no filter argument
+            tar.extractall(dest, members=members)
+
+
+def _extract_llama_cpp(tarball: Path, src: Path) -> None:
+    tmp = src.with_name(src.name + ".tmp")
+    extract_prefix(tarball, f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/", tmp)
     tmp.rename(src)
 
 
