@@ -38,9 +38,7 @@ def fuzz(root: Path, n: int, seed: int) -> dict:
     bad = []
     t0 = time.time()
     for path, label in files:
-        for argv in (["inspect", str(path), "--json"],
-                     ["explain", str(path), "--json", "--", "-ngl", "99", "-ot", "exps=CPU"],
-                     ["plan", str(path), "--gpu", "1GiB", "--json", "--top", "2"]):
+        for argv in gf.commands(path):
             o = run_cli(argv, time_limit_s=30)
             counts[o.kind] += 1
             per_cmd[argv[0]][o.kind] += 1

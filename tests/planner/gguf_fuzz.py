@@ -116,6 +116,13 @@ def set_kv(raw: Raw, key: str, value: object) -> bool:
 
 # ---- the seed files --------------------------------------------------------------------------------------
 
+def commands(path: Path) -> list[list[str]]:
+    """What every fuzzed file goes through: inspect, explain with a typical -ot, plan."""
+    return [["inspect", str(path), "--json"],
+            ["explain", str(path), "--json", "--", "-ngl", "99", "-ot", "exps=CPU"],
+            ["plan", str(path), "--gpu", "1GiB", "--json", "--top", "2"]]
+
+
 SEED_ARCHS = ("qwen3moe", "gpt-oss", "deepseek2", "glm4moe", "qwen2moe", "llama")
 
 

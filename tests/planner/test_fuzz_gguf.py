@@ -31,9 +31,7 @@ def test_fuzzed_files_give_success_or_one_clean_line(corpus):
     counts: collections.Counter[str] = collections.Counter()
     bad = []
     for path, label in corpus:
-        for argv in (["inspect", str(path), "--json"],
-                     ["explain", str(path), "--json", "--", "-ngl", "99", "-ot", "exps=CPU"],
-                     ["plan", str(path), "--gpu", "1GiB", "--json", "--top", "2"]):
+        for argv in gf.commands(path):
             o = run_cli(argv, time_limit_s=20)
             counts[o.kind] += 1
             if not o.clean:
