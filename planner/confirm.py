@@ -7,9 +7,13 @@ after a cold GPU), and each is summarised by the median of its samples with thei
 over `--fit` is inside the noise of either side is a tie, not a win.
 
     # C contenders, R rounds: R x C engine runs, samples[c] = R values of TG and of PP
+
+`confirmed_record` turns the samples into what studies store and report: medians, spreads, ratios to --fit (and
+to --fit's placement in a server) with their verdicts, and the picks by median.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
@@ -18,6 +22,7 @@ Verdict = Literal["win", "tie", "loss"]
 CONFIRM_ROUNDS = 3        # interleaved re-measurements of each finalist and of --fit
 NOISY_CV = 0.05           # a measurement whose repetitions vary more than this is flagged in the report
 MIN_NOISE = 0.01          # never call an edge under 1% a win, however tight the samples
+BALANCED_PP = 1.5         # "balanced": the best TG among configs with at least this x --fit's PP
 
 
 @dataclass(frozen=True)
@@ -139,3 +144,38 @@ class SampleLog:
             tuple(r["cv"] for r in good if r.get("cv") is not None),
             tuple(r.get("error", "") for r in mine if not r.get("ok")),
             tuple(dict.fromkeys(r["seen"] for r in good if r.get("seen") and (r.get("cv") or 0) > NOISY_CV)))
+
+
+def vram_of(measured: dict[str, Any]) -> int:
+    """The VRAM a stored measurement stands for: its peaks at the emitted context, else as measured, all GPUs."""
+    return sum((measured.get("peak_at_ctx") or measured.get("peak_bytes") or {}).values())
+
+
+def confirmed_record(results: list[Confirmed], rounds: int) -> dict[str, Any]:
+    """Each contender's medians and spreads, its ratios to the reference (win / tie / loss), and the picks by
+    median: the best TG at no more VRAM than the reference, and the best TG with >= BALANCED_PP x its PP."""
+    ref = next((r for r in results if "fit" in r.contender.roles), None)
+    server = next((r for r in results if "fit_server" in r.contender.roles), None)
+    rows = []
+    for r in results:
+        d = r.to_dict()
+        for tag, base in (("fit", ref), ("fit_server", server)):
+            if base is not None and r is not base:
+                for name, a, b in (("tg", r.tg, base.tg), ("pp", r.pp, base.pp)):
+                    cmp = compare(a, b)
+                    d[f"{name}_vs_{tag}"] = cmp.to_dict() if cmp else None
+                d[f"vram_vs_{tag}"] = r.vram_bytes / base.vram_bytes if base.vram_bytes else None
+        rows.append(d)
+    others = [r for r in results if r is not ref and r is not server and r.tg.samples]
+    picks: dict[str, Any] = {}
+    cap = ref.vram_bytes if ref is not None and ref.vram_bytes else math.inf
+    tg_ok = [r for r in others if r.vram_bytes <= cap]
+    if tg_ok:
+        picks["best_tg"] = max(tg_ok, key=lambda r: r.tg.median).contender.key
+    elif others:      # nothing at or under the reference's VRAM: the fastest, named so
+        picks["best_tg_over_fit_vram"] = max(others, key=lambda r: r.tg.median).contender.key
+    floor = BALANCED_PP * ref.pp.median if ref is not None else 0.0
+    bal = [r for r in others if r.pp.median >= floor]
+    if bal:
+        picks["balanced"] = max(bal, key=lambda r: r.tg.median).contender.key
+    return {"rounds": rounds, "results": rows, "picks": picks, "reference": ref.contender.key if ref else None}

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .confirm import NOISY_CV
+from .confirm import NOISY_CV, vram_of
 from .cost_fit import CostFit
 from .hardware import fmt_bytes
 from .memory import MemoryReport
@@ -200,7 +200,7 @@ def study_summary(study: Any, df: "Any" | None = None) -> dict[str, Any]:
     for b in baselines:
         if b.get("ok") and b is not ref:
             b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
-                              "vram_bytes": _vram(b["measured"])}, ref, budget))
+                              "vram_bytes": vram_of(b["measured"])}, ref, budget))
     runs = {"baselines": int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
             "trials": int(df["engine_run"].sum()) if not df.empty else 0,
             "confirmation": len((attrs.get("confirmation") or {}).get("rows", []))}
@@ -216,10 +216,6 @@ def study_summary(study: Any, df: "Any" | None = None) -> dict[str, Any]:
         "failed": [{"trial": int(r["trial"]), "error": r["error"]} for _, r in df[df["state"] == "fail"].iterrows()]
         if not df.empty else [],
     }
-
-
-def _vram(measured: dict[str, Any]) -> int:
-    return sum((measured.get("peak_at_ctx") or measured.get("peak_bytes") or {}).values())
 
 
 def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
@@ -240,7 +236,7 @@ def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -
     if ref is not None:
         m = ref["measured"]
         for key, have, base in (("tg_x", r.get("tg_tps"), m.get("tg_tps")), ("pp_x", r.get("pp_tps"), m.get("pp_tps")),
-                                ("vram_x", r.get("vram_bytes"), _vram(m))):
+                                ("vram_x", r.get("vram_bytes"), vram_of(m))):
             out[key] = have / base if have is not None and base else None
     return out
 
@@ -279,7 +275,7 @@ def _plots(df: "Any", summary: dict[str, Any], out: Path) -> list[str]:
             ax.step(fr["vram_bytes"] / GiB, fr[col], where="post", c="C3", lw=1.5, zorder=2)
             ax.scatter(fr["vram_bytes"] / GiB, fr[col], s=30, c="C3", label="Pareto front (speed vs VRAM)", zorder=3)
         for i, b in enumerate(base):
-            ax.scatter([_vram(b["measured"]) / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90,
+            ax.scatter([vram_of(b["measured"]) / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90,
                        zorder=4, edgecolor="k", label=b["name"])
         conf = [c for c in (summary.get("confirmed") or {}).get("results", []) if c["vram_bytes"]]
         if conf:
@@ -435,7 +431,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|"]
         for b in s["baselines"]:
             m = b.get("measured") or {}
-            vram = _vram(m)
+            vram = vram_of(m)
             note = b.get("error") or b.get("note") or ""
             if b.get("over_budget"):
                 note = (note + "; " if note else "") + f"over the budget: {b['over_budget']}"

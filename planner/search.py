@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .cost import predict
-from .confirm import CONFIRM_ROUNDS, Confirmed, Contender, SampleLog, compare, schedule
+from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
 from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
 from .errors import InputError, OffloadTunerError
@@ -70,7 +70,6 @@ MARGIN_SLACK = 64 * MiB    # learnt margin = the memory model's worst under-pred
 # llama.cpp model does not count; the sim engine is the model.
 MEMORY_ERROR_PRIOR = {"sim": 0, "llamacpp": 256 * MiB, "torch": 512 * MiB}
 SERVER_FIT = "--fit's placement in a server"   # llama-fit-params' pick for the whole workload, run as a plan
-BALANCED_PP = 1.5          # "balanced": the best TG among configs with at least this x --fit's PP
 MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
 _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
 
@@ -1002,36 +1001,6 @@ class Tuner:
         return record
 
 
-def confirmed_record(results: list[Confirmed], rounds: int) -> dict[str, Any]:
-    """Each contender's medians and spreads, its ratios to the reference (win / tie / loss), and the picks by
-    median: the best TG at no more VRAM than the reference, and the best TG with >= BALANCED_PP x its PP."""
-    ref = next((r for r in results if "fit" in r.contender.roles), None)
-    server = next((r for r in results if "fit_server" in r.contender.roles), None)
-    rows = []
-    for r in results:
-        d = r.to_dict()
-        for tag, base in (("fit", ref), ("fit_server", server)):
-            if base is not None and r is not base:
-                for name, a, b in (("tg", r.tg, base.tg), ("pp", r.pp, base.pp)):
-                    cmp = compare(a, b)
-                    d[f"{name}_vs_{tag}"] = cmp.to_dict() if cmp else None
-                d[f"vram_vs_{tag}"] = r.vram_bytes / base.vram_bytes if base.vram_bytes else None
-        rows.append(d)
-    others = [r for r in results if r is not ref and r is not server and r.tg.samples]
-    picks: dict[str, Any] = {}
-    cap = ref.vram_bytes if ref is not None and ref.vram_bytes else math.inf
-    tg_ok = [r for r in others if r.vram_bytes <= cap]
-    if tg_ok:
-        picks["best_tg"] = max(tg_ok, key=lambda r: r.tg.median).contender.key
-    elif others:      # nothing at or under the reference's VRAM: the fastest, named so
-        picks["best_tg_over_fit_vram"] = max(others, key=lambda r: r.tg.median).contender.key
-    floor = BALANCED_PP * ref.pp.median if ref is not None else 0.0
-    bal = [r for r in others if r.pp.median >= floor]
-    if bal:
-        picks["balanced"] = max(bal, key=lambda r: r.tg.median).contender.key
-    return {"rounds": rounds, "results": rows, "picks": picks, "reference": ref.contender.key if ref else None}
-
-
 # ---- helpers ------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -1067,11 +1036,6 @@ def _mdict(m: Any) -> dict[str, Any]:
         if value:
             out[key] = value
     return out
-
-
-def vram_of(measured: dict[str, Any]) -> int:
-    """The VRAM a stored measurement stands for: its peaks at the emitted context, else as measured, all GPUs."""
-    return sum((measured.get("peak_at_ctx") or measured.get("peak_bytes") or {}).values())
 
 
 
