@@ -13,7 +13,7 @@ from .builds import Build, parse_build
 from .confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
-from .plan import DIALECTS, KV_TYPES, Knobs, Plan
+from .plan import DIALECTS, KV_TYPES, Knobs, Plan, gpu_index, is_gpu
 from .validate import check_dialect
 
 DEMO_MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
@@ -273,7 +273,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     parsed = parse(args.llama_args, inv, args.dialect, n_gpus=len(hw.gpus) if hw is not None else None,
                    build=_target_build(args))
     plan = Plan(inv.source or inv.name, parsed.assignment, parsed.knobs, args.dialect, "explained")
-    n_gpus = max([int(d[4:]) + 1 for d in plan.assignment.values() if d.startswith("CUDA")] or [0])
+    n_gpus = max([gpu_index(d) + 1 for d in plan.assignment.values() if is_gpu(d)] or [0])
     if hw is None:
         hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
     mem = estimate(inv, plan, hw)
@@ -282,7 +282,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if plan.knobs.no_kv_offload:
         pass   # the parser already warns
     for dev, m in mem.devices.items():
-        if dev != "CPU" and int(dev[4:]) < len(hw.gpus) and m.total > hw.gpu(dev).vram_bytes:
+        if is_gpu(dev) and gpu_index(dev) < len(hw.gpus) and m.total > hw.gpu(dev).vram_bytes:
             warnings.append(f"W100 {dev} needs {fmt_bytes(m.total)} but has {fmt_bytes(hw.gpu(dev).vram_bytes)}: "
                             "this command would run out of memory")
     oracle = None

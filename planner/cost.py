@@ -34,7 +34,7 @@ from .ggml_types import by_name as ggml_type
 from .hardware import HardwareProfile
 from .memory import KV_TYPE, home_devices, offload_min_batch, output_device
 from .model import ModelInventory, Tensor
-from .plan import Plan
+from .plan import Plan, gpu_index
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     cpu_rate = hw.host.flops * ov.cpu_gemm_eff * thread_scale
 
     def gpu_of(dev: str):
-        return hw.gpus[min(int(dev[4:]), len(hw.gpus) - 1)]
+        return hw.gpus[min(gpu_index(dev), len(hw.gpus) - 1)]
 
     tg: dict[str, float] = {}
     pp: dict[str, float] = {}

@@ -108,7 +108,8 @@ class HardwareProfile:
     source: str = ""
 
     def gpu(self, device: str) -> GPU:
-        return self.gpus[int(device[4:])]
+        from .plan import gpu_index      # plan.py names devices; hardware.py does not import it at load
+        return self.gpus[gpu_index(device)]
 
     def to_dict(self) -> dict:
         return asdict(self)

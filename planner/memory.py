@@ -27,7 +27,7 @@ from .ggml_types import by_name
 from .hardware import MiB, HardwareProfile
 from .llama_graph import TIED_OUTPUT, GraphParams, build_graph
 from .model import ModelInventory, Tensor
-from .plan import Knobs, Plan, device_sort_key
+from .plan import Knobs, Plan, device_sort_key, gpu_index
 
 # Bytes per element of a KV row for each cache type (reference section 5; ggml type table).
 KV_TYPE = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
@@ -535,7 +535,7 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
     for d in devices:
         if d == "CPU":
             overhead = HOST_PROCESS_OVERHEAD
-        elif hw is not None and int(d[4:]) < len(hw.gpus):
+        elif hw is not None and gpu_index(d) < len(hw.gpus):
             overhead = hw.gpu(d).overhead_bytes
         else:
             overhead = DEFAULT_GPU_OVERHEAD

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -116,11 +117,25 @@ class Plan:
         return cls.from_dict(json.loads(text))
 
 
+_GPU_RE = re.compile(r"^CUDA(\d+)$")
+
+
+def is_gpu(device: str) -> bool:
+    """A device name llama.cpp gives a CUDA GPU: CUDA0, CUDA1, ..."""
+    return _GPU_RE.match(device) is not None
+
+
+def gpu_index(device: str) -> int:
+    """3 for CUDA3; ValueError for anything that is not a CUDA device name (CPU included)."""
+    m = _GPU_RE.match(device)
+    if m is None:
+        raise ValueError(device)
+    return int(m.group(1))
+
+
 def device_sort_key(dev: str) -> tuple[int, int]:
     """CUDA0 < CUDA1 < ... < CPU."""
-    if dev.startswith("CUDA") and dev[4:].isdigit():
-        return (0, int(dev[4:]))
-    return (1, 0)
+    return (0, gpu_index(dev)) if is_gpu(dev) else (1, 0)
 
 
 def gpu_names(n: int) -> list[str]:

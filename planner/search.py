@@ -52,7 +52,7 @@ from .errors import InputError, OffloadTunerError
 from .hardware import GiB, MiB, HardwareProfile
 from .model import ModelInventory
 from .objectives import Objective, parse_objective
-from .plan import Dialect, Plan
+from .plan import Dialect, Plan, gpu_index, is_gpu
 from .propose import DEFAULT_MARGIN, Budget, best_plans, propose
 from .space import Candidate, Space, SpaceConfig
 from .workload import Workload
@@ -750,7 +750,7 @@ class Tuner:
         mem = estimate(self.inv, plan, self.hw)
         step = OOM_STEP
         for dev, m in mem.devices.items():
-            if dev != "CPU" and dev.startswith("CUDA") and int(dev[4:]) < len(self.hw.gpus):
+            if is_gpu(dev) and gpu_index(dev) < len(self.hw.gpus):
                 step = max(step, self.hw.gpu(dev).vram_bytes - m.total + OOM_STEP)
         cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else self.margin
         new = min(max(self.margin + OOM_STEP, step, at_least), max(cap, self.margin))

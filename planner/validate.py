@@ -207,12 +207,12 @@ def check_plan(plan: "Plan", n_gpus: int | None, where: str) -> None:
     """A Plan from outside (a --plan file): device names that exist, knobs of the right types and ranges."""
     import dataclasses
     from .flags.common import DEVICE_RE
-    from .plan import Knobs, OffloadPolicy
+    from .plan import Knobs, OffloadPolicy, gpu_index
     for name, dev in plan.assignment.items():
         if not isinstance(dev, str) or DEVICE_RE.match(dev) is None:
             raise InputError(f"{where}: tensor {name!r} is placed on {str(dev)[:40]!r}, which is not a device name "
                              "(CPU, CUDA0, CUDA1, ...)")
-        if n_gpus is not None and dev != "CPU" and int(dev[4:]) >= n_gpus:
+        if n_gpus is not None and dev != "CPU" and gpu_index(dev) >= n_gpus:
             raise InputError(f"{where}: tensor {name!r} is placed on {dev}, but the hardware has "
                              f"{', '.join(['CPU'] + [f'CUDA{i}' for i in range(n_gpus)])}")
     base = Knobs()

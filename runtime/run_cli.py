@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import FlagError, InputError
 from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
 from planner.validate import check_dialect, check_plan
-from planner.plan import DIALECTS, Plan, device_sort_key
+from planner.plan import DIALECTS, Plan, device_sort_key, gpu_index, is_gpu
 
 from .engine import Engine, Measurement, Workload
 
@@ -112,7 +112,7 @@ def hardware_for(args: argparse.Namespace, plan: Plan | None = None) -> Hardware
     hw = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
     if hw is not None:
         return hw
-    n = max([int(d[4:]) + 1 for d in (plan.devices() if plan else []) if d.startswith("CUDA")] or [1])
+    n = max([gpu_index(d) + 1 for d in (plan.devices() if plan else []) if is_gpu(d)] or [1])
     return from_gpu_sizes(",".join(["24GiB"] * n))
 
 

@@ -13,7 +13,7 @@ from planner.errors import InputError
 from planner.hardware import HardwareProfile, fmt_bytes
 from planner.memory import estimate
 from planner.model import ModelInventory
-from planner.plan import Plan
+from planner.plan import Plan, gpu_index, is_gpu
 
 from .engine import Measurement, Workload
 
@@ -26,7 +26,7 @@ class SimEngine:
     def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
         n_gpus = len(self.hw.gpus)
         for dev in plan.devices():
-            if dev != "CPU" and (not dev.startswith("CUDA") or int(dev[4:]) >= n_gpus):
+            if dev != "CPU" and (not is_gpu(dev) or gpu_index(dev) >= n_gpus):
                 raise InputError(f"plan puts tensors on {dev}, but the hardware profile {self.hw.name} has "
                                  f"{n_gpus} GPU(s) (CUDA0..CUDA{n_gpus - 1})")
         mem = estimate(inv, plan, self.hw)

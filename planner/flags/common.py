@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import FlagError
 from ..model import ModelInventory, Tensor
+from ..plan import gpu_index, is_gpu  # noqa: F401  (the flag modules take them from here)
 from .ecma_regex import BoundedMatcher, needs_bound
 
 SlotRule = Literal["last_slots", "last_blocks"]
@@ -31,17 +32,6 @@ _GPU_RE = re.compile(r"^CUDA(\d+)$")
 DEVICE_RE = re.compile(r"^(CPU|CUDA\d+)$")
 # Buffer-type names some users try; llama.cpp only accepts each device's default buffer type (CPU, CUDA0, ...).
 REJECTED_BUFTS = ("CUDA_Host", "CPU_REPACK", "CPU_Mapped", "CUDA_Split")
-
-
-def is_gpu(device: str) -> bool:
-    return _GPU_RE.match(device) is not None
-
-
-def gpu_index(device: str) -> int:
-    m = _GPU_RE.match(device)
-    if m is None:
-        raise ValueError(device)
-    return int(m.group(1))
 
 
 def check_buft(name: str, n_gpus: int | None) -> str:

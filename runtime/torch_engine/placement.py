@@ -22,7 +22,7 @@ from planner.errors import InputError
 from planner.hardware import fmt_bytes
 from planner.memory import home_devices, kv_cells
 from planner.model import ModelInventory
-from planner.plan import Plan, device_sort_key
+from planner.plan import Plan, device_sort_key, gpu_index
 
 from .config import ModelConfig
 from .weights import WeightSource, torch_shape
@@ -85,7 +85,7 @@ def resolve_devices(plan_devices: Iterable[str], device_map: str | Mapping[str, 
     elif device_map is None:
         logical = False
         n = torch.cuda.device_count()
-        missing = [d for d in plan_gpus if int(d[4:]) >= n]
+        missing = [d for d in plan_gpus if gpu_index(d) >= n]
         if missing:
             raise InputError(f"the plan puts tensors on {', '.join(missing)}, but this machine has {n} GPU(s)")
         gpus = tuple(f"CUDA{i}" for i in range(n))
