@@ -88,7 +88,7 @@ cmd_build() {
     command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
     local gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
-    # no AMX: ggml's AMX path segfaults on Q8_0/Q4_0 prompt processing on some Xeons (reference section 10)
+    # no AMX: ggml's AMX path segfaults on Q8_0/Q4_0 prompt processing on some Xeons (docs/llamacpp.md section 10)
     local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     log "build: cmake configure (CUDA, sm_90)"
     cmake -S "$dir/src" -B "$dir/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \

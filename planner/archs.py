@@ -1,7 +1,7 @@
 """Per-architecture facts as data: GGUF metadata keys -> Hparams, and the tensors llama.cpp creates per layer.
 
 Source: llama.cpp src/models/<arch>.cpp (load_arch_hparams / load_arch_tensors) of the version vendored in
-llama-cpp-python 0.3.36 (../shared/reference/llamacpp.md section 10), and llama-hparams.cpp for the
+llama-cpp-python 0.3.36 (docs/llamacpp.md section 10), and llama-hparams.cpp for the
 sliding-window pattern (is_swa[il] = il % n_pattern < n_pattern - 1). The same tables drive presets
 (planner/presets) and the synthetic GGUF writer (runtime/synth.py), so a preset and a synthetic file of the
 same hparams have identical inventories.

@@ -4,7 +4,7 @@ Sources: ggml/include/ggml.h and ggml/src/ggml-common.h (block structs) of mainl
 vendored in llama-cpp-python 0.3.36) for ids 0-42 (gguf-py's GGML_QUANT_SIZES agrees but for Q8_1, where it
 still says 40 bytes: block_q8_1 is two fp16 + 32 int8 = 36); ik_llama.cpp ggml/include/ggml.h for ids >= 133
 (row metadata: ik stores a per-row scale in front of each row of the *_KS / *_KT / *_KL types;
-../shared/reference/llamacpp.md, section 9). Repacked ik types (_R4/_R8, ids 202-399) keep their base type's
+docs/llamacpp.md, section 9). Repacked ik types (_R4/_R8, ids 202-399) keep their base type's
 size per element; their id ranges are listed but not sized: the header reader then takes their size from data
 offsets.
 """

@@ -5,7 +5,7 @@ support and trusts every count the file declares. Headers are untrusted input (S
 and length is bounded by a named limit and by the bytes left in the file, and anything wrong raises GGUFError
 with one line naming the file and the problem.
 
-Format (../shared/reference/llamacpp.md section 9; ggml/src/gguf.cpp): magic "GGUF", u32 version, u64 tensor
+Format (docs/llamacpp.md section 9; ggml/src/gguf.cpp): magic "GGUF", u32 version, u64 tensor
 count, u64 kv count, kv pairs (string key, u32 value type, value), tensor infos (string name, u32 n_dims, u64
 ne[n_dims], u32 type, u64 offset), padding to general.alignment, then the data. All little-endian.
 """

@@ -1,6 +1,6 @@
 """Bytes per device and component (weights, kv, compute, overhead) of a Plan, per dialect.
 
-Facts: ../shared/reference/llamacpp.md sections 2-6, checked against llama.cpp's llama-context.cpp and
+Facts: docs/llamacpp.md sections 2-6, checked against llama.cpp's llama-context.cpp and
 llama-kv-cache(-iswa).cpp of the vendored version. A layer's KV cache and activations live on the layer's
 *home* device: the device its -ngl slot gives it, which in a Plan is the device of `blk.N.attn_norm.weight`
 (flags/ never overrides a norm, so the two agree).
@@ -29,10 +29,10 @@ from .llama_graph import TIED_OUTPUT, GraphParams, build_graph
 from .model import ModelInventory, Tensor
 from .plan import Knobs, Plan, device_sort_key, gpu_index
 
-# Bytes per element of a KV row for each cache type (reference section 5; ggml type table).
+# Bytes per element of a KV row for each cache type (docs/llamacpp.md section 5; ggml type table).
 KV_TYPE = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
            "q5_0": "Q5_0", "q5_1": "Q5_1", "iq4_nl": "IQ4_NL"}
-DEFAULT_GPU_OVERHEAD = 600 * MiB   # CUDA context + cuBLAS workspace per GPU (reference section 6: 300-800 MiB)
+DEFAULT_GPU_OVERHEAD = 600 * MiB   # CUDA context + cuBLAS workspace per GPU (docs/llamacpp.md section 6: 300-800 MiB)
 HOST_PROCESS_OVERHEAD = 256 * MiB  # the process itself: code, tokenizer, small host buffers
 
 
@@ -157,7 +157,7 @@ def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | 
     """Smallest batch at which the op on this RAM-resident weight runs on a GPU; None if it never does.
 
     mainline: every MUL_MAT / MUL_MAT_ID with batch >= min_batch (GET_ROWS never). ik: the same, but MoE ops
-    only from min_batch * n_expert / n_expert_used (reference section 4)."""
+    only from min_batch * n_expert / n_expert_used (docs/llamacpp.md section 4)."""
     if tensor.role == "token_embd" or len(tensor.shape) < 2:
         return None
     op = "moe_matmul" if tensor.is_expert else ("output" if tensor.role == "output" else "dense_matmul")

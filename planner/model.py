@@ -16,7 +16,7 @@ Role = Literal[
 EXPERT_ROLES: frozenset[str] = frozenset({"exps_gate", "exps_up", "exps_down", "exps_gate_up"})
 
 # Tensor-name template -> role, first match wins (names from llama.cpp's llama-arch.cpp LLM_TENSOR_NAMES;
-# ../shared/reference/llamacpp.md section 1). Patterns match the part after "blk.N." (or the whole name).
+# docs/llamacpp.md section 1). Patterns match the part after "blk.N." (or the whole name).
 _LAYER_ROLES: list[tuple[re.Pattern[str], Role]] = [(re.compile(p), r) for p, r in [
     (r"^nextn\.", "nextn"),
     (r"^ffn_gate_up_(ch|)exps\.", "exps_gate_up"),

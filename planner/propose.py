@@ -254,7 +254,7 @@ class Scored:
 
 def knob_variants(knobs: Knobs, dialect: Dialect = "mainline") -> list[Knobs]:
     """The same knobs with op offload on and off, and CPU weights mmap'd or pinned (no mmap): the two switches
-    that most change PP once experts sit in RAM (reference section 4), and that change the compute buffer and
+    that most change PP once experts sit in RAM (docs/llamacpp.md section 4), and that change the compute buffer and
     host memory, so each gets its own placement. ik can also keep dense ops offloaded while the MoE ops run on
     the CPU (-op 28,0,31,0), which pays when uploading the experts costs more than it saves."""
     from .plan import OffloadPolicy, OpRule

@@ -9,7 +9,7 @@ llama-sweep-bench, and use llama-fit-params as a memory oracle.
 How a run goes (contract: runtime/engine.py):
 1. The binary is probed once per path and mtime (`probe`): `--help` says the dialect (ik lists -mla/-fmoe/-rtr)
    and which flags exist (-ot, -ncmoe, -nopo, -d, -fitt, -gp, -lm, the output formats); `--version` the build.
-   The -ngl semantics follow (reference section 2): ik counts the last blocks; mainline takes the output layer
+   The -ngl semantics follow (docs/llamacpp.md section 2): ik counts the last blocks; mainline takes the output layer
    first since PR #18148 (Dec 2025). A llama-bench with -fitt (PR #21304, Apr 2026) is newer than that; else
    the build number decides; `ngl_rule=` overrides the guess. A plan whose placement would differ under the
    binary's rule is refused rather than run wrong.
@@ -68,7 +68,7 @@ from .llamacpp_output import (
 
 Tool = Literal["bench", "sweep"]
 
-# Spellings that only ik_llama.cpp's llama-bench / common parser list (reference section 8).
+# Spellings that only ik_llama.cpp's llama-bench / common parser list (docs/llamacpp.md section 8).
 IK_MARKERS = frozenset({"-mla", "--mla-attn", "--mla-use", "-fmoe", "--fused-moe", "-rtr", "--run-time-repack",
                         "-amb", "--attn-max-batch", "--attention-max-batch"})
 # ik's common parser (llama-sweep-bench) accepts these always but lists them in --help only when the build can

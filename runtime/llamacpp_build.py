@@ -1,6 +1,6 @@
 """Build a CPU llama.cpp (llama-bench, llama-fit-params) from the llama-cpp-python sdist, once per machine.
 
-The sdist vendors llama.cpp under vendor/llama.cpp (../shared/reference/llamacpp.md, section 10). We pin it by
+The sdist vendors llama.cpp under vendor/llama.cpp (docs/llamacpp.md, section 10). We pin it by
 version and sha256 so every machine builds the same engine, and cache the result under
 ~/.cache/offload-tuner/ (override with $OFFLOAD_TUNER_CACHE). Used by the planner's memory test and the
 llamacpp engine's integration tests.
@@ -19,7 +19,7 @@ from pathlib import Path
 SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 TARGETS = ("llama-bench", "llama-fit-params")
-# ggml's AMX path segfaults on Q8_0/Q4_0 prompt processing on the CI CPUs (reference section 10).
+# ggml's AMX path segfaults on Q8_0/Q4_0 prompt processing on the CI CPUs (docs/llamacpp.md section 10).
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 

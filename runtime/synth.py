@@ -121,7 +121,7 @@ def _write_zeros(out: BinaryIO, n: int) -> None:
         n -= k
 
 
-# ---- GGUF encoding (format: ../shared/reference/llamacpp.md section 9; ggml/src/gguf.cpp) --------------------
+# ---- GGUF encoding (format: docs/llamacpp.md section 9; ggml/src/gguf.cpp) --------------------
 
 # GGUF value type ids (gguf.cpp enum gguf_type) and how we pack them.
 _U16, _I32, _U32, _F32, _BOOL, _STR, _ARR, _U64, _I64 = 2, 5, 4, 6, 7, 8, 9, 10, 11

@@ -111,7 +111,7 @@ def effective_min_batch(knobs: Knobs, op_class: str, dialect: str, inv: ModelInv
     """Batch from which an op of `op_class` on a RAM-resident weight runs on the GPU.
 
     mainline: the op rule's min_batch. ik: the same for dense ops; MoE ops (moe_matmul, moe_fused_up_gate) need
-    min_batch * n_expert / n_expert_used (reference section 4: DeepSeek-V3 1024 at the default 32).
+    min_batch * n_expert / n_expert_used (docs/llamacpp.md section 4: DeepSeek-V3 1024 at the default 32).
     """
     mb = knobs.offload.rule(op_class).min_batch
     if dialect == "ik" and op_class in ("moe_matmul", "moe_fused_up_gate"):

@@ -70,7 +70,7 @@ class Flag:
 
 @dataclass(frozen=True)
 class MoeRule:
-    """How -cmoe / -ncmoe become tensor overrides in one tool (reference section 3)."""
+    """How -cmoe / -ncmoe become tensor overrides in one tool (docs/llamacpp.md section 3)."""
     ncmoe_template: str                  # per-layer regex, {i} = layer index
     cmoe_pattern: str | None             # one regex for -cmoe; None: -cmoe means -ncmoe with every MoE layer
     order: Literal["first_layers", "last_moe_layers"]

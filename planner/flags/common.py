@@ -1,6 +1,6 @@
 """Pieces shared by both dialects: llama.cpp's regex dialect, the override matcher, -ngl slots, regex compaction.
 
-Facts and their sources (../shared/reference/llamacpp.md sections 2-3; llama.cpp vendored in llama-cpp-python
+Facts and their sources (docs/llamacpp.md sections 2-3; llama.cpp vendored in llama-cpp-python
 0.3.36, commit 0c1e57098):
 - src/llama-model-loader.cpp (create_tensor): for each tensor, overrides are tried in order with
   `std::regex_search(name, std::regex(pattern))` (ECMAScript grammar, substring search, case-sensitive); the

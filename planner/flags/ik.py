@@ -324,7 +324,7 @@ def parse_policy(settings: Mapping[str, Any], events: Sequence[Event], env: Mapp
 
 
 def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInventory) -> list[str]:
-    """ik offloads MoE ops only from ubatch >= min_batch * n_expert / n_expert_used (reference section 4)."""
+    """ik offloads MoE ops only from ubatch >= min_batch * n_expert / n_expert_used (docs/llamacpp.md section 4)."""
     hp = inv.hparams
     rule = knobs.offload.moe_matmul
     if not hp.is_moe or not rule.enabled:

@@ -4,7 +4,7 @@ Source: llama.cpp vendored in llama-cpp-python 0.3.36 (commit 0c1e57098): common
 env variables), common/common.h (LLM_FFN_EXPS_REGEX, llm_ffn_block_regex), tools/llama-bench/llama-bench.cpp
 (its own parser: ',' = alternative values, ';' between overrides of one -ot set, '/' or ';' between -ts
 proportions), ggml/src/ggml-cuda/ggml-cuda.cu (GGML_OP_OFFLOAD_MIN_BATCH, default 32). Where this disagrees with
-../shared/reference/llamacpp.md the source wins (e.g. there is no --no-mmap: it is `-lm none`).
+docs/llamacpp.md the source wins (e.g. there is no --no-mmap: it is `-lm none`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """ggml's scheduling rules in PyTorch: where each op runs, the copies between devices, and the executors.
 
-Rules (ggml-backend.cpp ggml_backend_sched_backend_id_from_cur; ../shared/reference/llamacpp.md section 4):
+Rules (ggml-backend.cpp ggml_backend_sched_backend_id_from_cur; docs/llamacpp.md section 4):
 - an op with a weight runs on the device holding the weight;
 - except that an op whose weight lives in host memory runs on the first GPU (the weight uploaded into a
   staging buffer) when its batch reaches the plan's offload threshold for that op class

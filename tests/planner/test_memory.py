@@ -67,7 +67,7 @@ def test_quantized_kv_row_sizes():
 
 
 def test_deepseek_v3_mla_cache_is_70272_bytes_per_token():
-    # reference section 5: 61 layers x (512 + 64) x 2 bytes
+    # docs/llamacpp.md section 5: 61 layers x (512 + 64) x 2 bytes
     inv = load_preset("DeepSeek-V3").inventory()
     plan = Plan("ds", {t.name: "CPU" for t in inv.allocated()}, Knobs(n_ctx=1024))
     assert kv_bytes(inv, plan)["CPU"] == 70272 * 1024
