@@ -13,7 +13,7 @@ from .builds import Build, parse_build
 from .confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
-from .plan import DIALECTS, KV_TYPES, Knobs, Plan, gpu_index, is_gpu
+from .plan import DEFAULT_CTX, DIALECTS, KV_TYPES, Knobs, Plan, gpu_index, is_gpu
 from .validate import check_dialect
 
 DEMO_MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
@@ -597,7 +597,7 @@ def _add_hw(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def _add_knobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ctx", type=int, default=8192, help="context length (default 8192)")
+    p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context length (default {DEFAULT_CTX})")
     p.add_argument("--ubatch", type=int, help="-ub (default 512)")
     p.add_argument("--batch", type=int, help="-b (default 2048, at least --ubatch)")
     p.add_argument("--kv-type", choices=KV_TYPES, help="KV cache type for K and V (default f16)")

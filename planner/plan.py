@@ -20,6 +20,9 @@ KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0
 DEFAULT_MIN_BATCH = 32   # ggml-backend.cpp: GGML_OP_OFFLOAD_MIN_BATCH default
 
 
+DEFAULT_CTX = 8192     # the context every command plans for unless told (--ctx): one default everywhere
+
+
 @dataclass(frozen=True)
 class OpRule:
     enabled: bool = True
@@ -49,7 +52,7 @@ class OffloadPolicy:
 
 @dataclass(frozen=True)
 class Knobs:
-    n_ctx: int = 4096
+    n_ctx: int = DEFAULT_CTX
     n_batch: int = 2048
     n_ubatch: int = 512
     n_threads: int = 0            # 0: llama.cpp's default (physical cores)

@@ -52,7 +52,7 @@ from .errors import InputError, OffloadTunerError
 from .hardware import GiB, MiB, HardwareProfile
 from .model import ModelInventory
 from .objectives import Objective, parse_objective
-from .plan import Dialect, Plan, gpu_index, is_gpu
+from .plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
 from .propose import DEFAULT_MARGIN, Budget, best_plans, propose
 from .space import Candidate, Space, SpaceConfig
 from .workload import Workload
@@ -245,7 +245,7 @@ class Tuner:
         self.objective = parse_objective(objective) if isinstance(objective, str) else objective
         self.workload, self.dialect = workload, dialect
         need = workload.depth + workload.n_prompt + workload.n_gen
-        self.n_ctx = n_ctx if n_ctx is not None else max(8192, -(-need // 256) * 256)
+        self.n_ctx = n_ctx if n_ctx is not None else max(DEFAULT_CTX, -(-need // 256) * 256)
         if self.n_ctx < need:
             raise InputError(f"--ctx {self.n_ctx} is smaller than the workload's depth + n_prompt + n_gen = {need}")
         self.config, self.seed, self.rng = config, seed, random.Random(seed)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 from .hardware import HardwareProfile, fmt_bytes
 from .memory import MemoryReport, estimate
 from .model import ModelInventory
-from .plan import Dialect, Knobs, OffloadPolicy, OpRule, Plan, gpu_names
+from .plan import DEFAULT_CTX, Dialect, Knobs, OffloadPolicy, OpRule, Plan, gpu_names
 from .propose import (
     DEFAULT_MARGIN, ORDERS, Budget, assignment_from_homes, fill_experts, max_gpu_layers, model_id, split_homes,
 )
@@ -138,7 +138,7 @@ class Space:
     """Dimensions and decoder for one model, machine, dialect, context and margin."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, *, dialect: Dialect = "mainline",
-                 n_ctx: int = 8192, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig()) -> None:
+                 n_ctx: int = DEFAULT_CTX, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig()) -> None:
         self.inv, self.hw, self.dialect, self.n_ctx, self.margin, self.config = inv, hw, dialect, n_ctx, margin, config
         self.gpus = gpu_names(len(hw.gpus))
         self.budget = Budget.from_hardware(hw, margin)

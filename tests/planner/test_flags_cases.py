@@ -355,7 +355,7 @@ def plan_experts_on_cpu(layers: tuple[int, ...], dialect: str, knobs: Knobs = Kn
 
 def test_render_uses_ncmoe_when_it_is_exact_and_shorter():
     assert render(plan_experts_on_cpu((1, 2), "mainline"), INV) == [
-        "-ngl", "5", "-ncmoe", "3", "-fit", "off", "-c", "4096", "-np", "1", "-b", "2048", "-ub", "512", "-fa", "on"]
+        "-ngl", "5", "-ncmoe", "3", "-fit", "off", "-c", "8192", "-np", "1", "-b", "2048", "-ub", "512", "-fa", "on"]
     assert list(render(plan_experts_on_cpu((1, 2, 3), "mainline"), INV))[:3] == ["-ngl", "5", "-cmoe"]
     # ik's server -ncmoe takes the last MoE layers: layers 1-2 need an explicit, compact -ot
     assert list(render(plan_experts_on_cpu((1, 2), "ik"), INV))[:4] == [
