@@ -221,6 +221,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif args.dialect == "ik" and args.amb is not None:
         knobs = replace(knobs, amb=args.amb)
+    args.objective = "balanced" if args.objective == "both" else args.objective
     ranked = best_plans(inv, hw, knobs, args.dialect, args.objective, margin)
     best = ranked[0]
     budget = Budget.from_hardware(hw, margin)
@@ -626,7 +627,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dialect", choices=DIALECTS, default="mainline")
     _add_build(p)
     p.add_argument("--amb", type=int, help="ik -amb in MiB (default 512 for MLA models, else ik's default)")
-    p.add_argument("--objective", choices=("tg", "pp", "balanced"), default="tg")
+    p.add_argument("--objective", choices=("tg", "pp", "balanced", "both"), default="tg",
+                   help="tg, pp or balanced (the geometric mean of both; 'both', tune's word, means the same here)")
     p.add_argument("--margin", default="512MiB", help="VRAM kept free per GPU (default 512MiB)")
     p.add_argument("--top", type=int, default=8, help="candidates to list")
     p.add_argument("--json", action="store_true")

@@ -117,14 +117,15 @@ def _parse_expr(text: str) -> Expr:
 
 
 def parse_objective(text: str) -> Objective:
-    """'tg', 'pp', 'both' (or 'pareto'), or an expression over tg and pp. Raises InputError (one line)."""
+    """'tg', 'pp', 'both' (or 'pareto', or `plan`'s word 'balanced': the front holds plan's geometric-mean pick),
+    or an expression over tg and pp. Raises InputError (one line)."""
     t = (text or "").strip()
     if not t:
         raise InputError("--objective is empty; use tg, pp, both or an expression such as 'tg + 0.1*pp'")
     low = t.lower()
     if low in ("tg", "pp"):
         return Objective(low, low)   # type: ignore[arg-type]
-    if low in ("both", "pareto"):
+    if low in ("both", "pareto", "balanced"):
         return Objective("both", "both")
     _compiled(t)
     return Objective("expr", t)
