@@ -18,14 +18,12 @@ Why the CMake options (cold build times: docs/ik_llama.md):
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from .llamacpp_build import cache_dir, extract_prefix, sha256_of
+from .llamacpp_build import build_locked, cache_dir, extract_prefix, sha256_of
 
 IK_COMMIT = "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
 # ik's build number is the commit count of its history (cmake/build-info.cmake: git rev-list --count HEAD); the
@@ -112,27 +110,8 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
     """Return {target: path}, building what is missing. Safe to call from several processes at once.
 
     Raises IkSourceMissing when no tarball is found, IkBuildError when the checksum or the compile fails."""
-    root = build_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        missing = [t for t in targets if not binary(t).exists()]
-        if missing:
-            src = root / "src"
-            if not (src / "CMakeLists.txt").exists():
-                _extract(find_tarball(), src)
-            bld = root / "build"
-            steps = [
-                ["cmake", "-S", str(src), "-B", str(bld), *CMAKE_OPTIONS],
-                ["cmake", "--build", str(bld), "-j", str(os.cpu_count() or 2), "--target", *missing],
-            ]
-            print(f"offload-tuner: building ik_llama.cpp {IK_COMMIT[:8]} ({' '.join(missing)}), once per machine "
-                  "(~13 min on 2 busy cores)...", file=log)
-            for cmd in steps:
-                r = subprocess.run(cmd, capture_output=True, text=True)
-                if r.returncode != 0:
-                    raise IkBuildError(f"{' '.join(cmd[:3])} failed: {(r.stdout + r.stderr).strip()[-800:]}")
-    return {t: binary(t) for t in targets}
+    return build_locked(build_dir(), targets, lambda src: _extract(find_tarball(), src), CMAKE_OPTIONS,
+                        f"ik_llama.cpp {IK_COMMIT[:8]} (~13 min on 2 busy cores)", IkBuildError, log)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Callable, Sequence
 
 SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -84,32 +85,37 @@ def _extract_llama_cpp(tarball: Path, src: Path) -> None:
     tmp.rename(src)
 
 
-def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
-    """Return {target: path}, building what is missing. Safe to call from several processes at once."""
-    root = build_dir()
+def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], None], options: Sequence[str],
+                 what: str, error: type[Exception], log=sys.stderr) -> dict[str, Path]:
+    """{target: root/build/bin/target}, configuring and building with CMake what is missing under a file lock (so
+    several processes can ask at once); `source(src)` writes the tree first when root/src has none. `error`
+    carries a failed step's output tail."""
     root.mkdir(parents=True, exist_ok=True)
+    binaries = {t: root / "build" / "bin" / t for t in targets}
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        missing = [t for t in targets if not binary(t).exists()]
+        missing = [t for t, path in binaries.items() if not path.exists()]
         if missing:
-            src = root / "src"
+            src, bld = root / "src", root / "build"
             if not (src / "CMakeLists.txt").exists():
-                _extract_llama_cpp(_fetch_sdist(cache_dir() / "sdist"), src)
-            bld = root / "build"
-            flags = f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"
-            steps = [
-                ["cmake", "-S", str(src), "-B", str(bld), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-                 "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *flags],
-                ["cmake", "--build", str(bld), "--config", "Release", "-j", str(os.cpu_count() or 2),
-                 "--target", *missing],
-            ]
-            for cmd in steps:
-                print(f"offload-tuner: building llama.cpp ({' '.join(missing)}), once per machine...", file=log)
+                source(src)
+            print(f"offload-tuner: building {what} ({' '.join(missing)}), once per machine...", file=log)
+            for cmd in (["cmake", "-S", str(src), "-B", str(bld), *options],
+                        ["cmake", "--build", str(bld), "--config", "Release", "-j", str(os.cpu_count() or 2),
+                         "--target", *missing]):
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0:
-                    raise BuildError(f"{' '.join(cmd[:3])} failed: {(r.stdout + r.stderr).strip()[-800:]}")
-    return {t: binary(t) for t in targets}
+                    raise error(f"{' '.join(cmd[:3])} failed: {(r.stdout + r.stderr).strip()[-800:]}")
+    return binaries
 
+
+def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
+    """Return {target: path}, building what is missing. Safe to call from several processes at once."""
+    options = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
+               "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", f"-DCMAKE_C_FLAGS={_NO_AMX}",
+               f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
+    return build_locked(build_dir(), targets, lambda src: _extract_llama_cpp(_fetch_sdist(cache_dir() / "sdist"), src),
+                        options, f"llama.cpp {SDIST_VERSION}", BuildError, log)
 
 if __name__ == "__main__":
     for name, path in ensure_built().items():
