@@ -65,7 +65,9 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
                   config=config, study_name=cell_name(budget_gib, depth), storage=args.storage, seed=args.seed,
                   pool_size=args.pool)
-    if "confirmed" in tuner.study.user_attrs:
+    if args.reconfirm and tuner.redo_references():
+        log(f"{tuner.study_name}: references re-measured; confirmation again")
+    if tuner.study.user_attrs.get("confirmed"):
         return True
     if "baselines" not in tuner.study.user_attrs:
         log(f"{tuner.study_name}: baselines")
@@ -99,7 +101,8 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
             ref = next(b for b in s["baselines"] if b.get("kind") == "engine-fit")
             return ref["commands"].get("llama-server") or ref["commands"]["llama-bench"]
         if key == "fit-server":
-            return next(b for b in s["baselines"] if b.get("kind") == "engine-fit-server")["commands"]["llama-server"]
+            rec = next(b for b in s["baselines"] if b.get("kind") == "engine-fit-server")
+            return (rec.get("commands") or {}).get("llama-server", "")
         if key and key.startswith("trial:"):
             row = df[df["trial"] == int(key.split(":")[1])]
             return str(row["llama-server"].iloc[0]) if not row.empty else ""
@@ -285,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=520.0, help="seconds this call may use (default 520)")
     ap.add_argument("--min-left", type=float, default=100.0,
                     help="seconds a cell needs to start (its baselines run in one go; default 100)")
+    ap.add_argument("--reconfirm", action="store_true", help="cells whose --fit placement in a server never ran "
+                    "(refused by an older budget check): run it, then confirm again, all in this call")
     ap.add_argument("--hardware", default="gpu-box")
     ap.add_argument("--name", default="tune_vs_fit", help="file stem of the report (default tune_vs_fit)")
     ap.add_argument("--note", type=Path, help="with --report-only: a Markdown file of notes for the report")

@@ -565,6 +565,30 @@ class Tuner:
         self._refit()
         return out
 
+    def redo_references(self) -> list[str]:
+        """Measure again the reference baselines that never ran (llama.cpp's placement in a server refused by a
+        budget check that studies before this one applied to it), and drop the confirmation so the next
+        `confirm` interleaves them. Returns the names re-measured."""
+        base = list(self.study.user_attrs.get("baselines", []))
+        fit = next((b for b in base if b.get("kind") == "engine-fit" and b.get("chosen_args")), None)
+        redone = []
+        for i, b in enumerate(base):
+            if b.get("kind") == "engine-fit-server" and not b.get("ok") and fit is not None:
+                try:
+                    plan = flag_plan(self.inv, list(fit["chosen_args"]), self._default_knobs(), self.dialect,
+                                     self.settings.model_id)
+                    base[i] = self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False)
+                except InputError as e:
+                    base[i] = self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e))
+                redone.append(SERVER_FIT)
+        if redone:
+            self.study.set_user_attr("baselines", base)
+            for key in ("confirmed", "confirmation"):
+                if key in self.study.user_attrs:
+                    self.study.set_user_attr(f"{key}_before_redo", self.study.user_attrs[key])
+                    self.study.set_user_attr(key, None)
+        return redone
+
     def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "", judged: bool = True
                      ) -> dict[str, Any]:
         """A baseline that is a plan: measured (and judged) like a trial, its run reused by a trial of it. An
@@ -947,10 +971,12 @@ class Tuner:
         return out
 
     def _measure_contender(self, c: Contender) -> dict[str, Any]:
-        if c.key == "fit-server":
+        if c.key == "fit-server":     # a reference, like --fit: measured, never failed for its peak
             rec = next(b for b in self.study.user_attrs["baselines"] if b.get("kind") == "engine-fit-server")
             plan = Plan.from_json(rec["plan"])
-            m = self._judge_peak(plan, self._measure(plan))
+            m = self._measure(plan)
+            if m.ok:
+                m = replace(_Result.of(_mdict(m)), peak_at_ctx=self.peaks_at_ctx(plan, dict(m.peak_bytes)))
         elif c.trial is None:
             ref = self.reference() or {}
             if ref.get("argv"):

@@ -74,3 +74,38 @@ def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
     lines = (tmp_path / "out" / "tune_vs_fit_runs.jsonl").read_text().splitlines()
     assert lines and {"llama_bench_args", "env", "pp_tps", "tg_tps", "peak_vram_mib"} <= set(json.loads(lines[0]))
     assert bench.main(argv) == 0          # resumed: every cell is confirmed already
+
+
+def test_reconfirm_runs_a_refused_server_fit_and_confirms_again(llama_bench, tmp_path, monkeypatch):
+    """A study whose '--fit's placement in a server' was refused by an older budget check (the H100 16 GiB cell
+    of the first benchmark) gets it measured, unjudged, and a new confirmation that interleaves it."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import optuna
+    path = Path(__file__).parents[2] / "benchmarks" / "tune_vs_fit.py"
+    spec = importlib.util.spec_from_file_location("tune_vs_fit", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tune_vs_fit", bench)
+    spec.loader.exec_module(bench)
+    argv = ["--cpu", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--budgets", "1",
+            "--depths", "0", "--runs", "12", "--confirm", "2", "--pool", "20"]
+    assert bench.main(argv) == 0
+    study = optuna.load_study(study_name="tvf-1g-d0", storage=f"sqlite:///{tmp_path / 'work' / 'tune_vs_fit.db'}")
+    base = study.user_attrs["baselines"]
+    i = next(k for k, b in enumerate(base) if b["kind"] == "engine-fit-server")
+    base[i] = {"name": base[i]["name"], "kind": "engine-fit-server", "ok": False, "runs": 0,
+               "error": "not run: over budget (CUDA0: needs 16.16 GiB, budget 15.75 GiB)"}
+    study.set_user_attr("baselines", base)
+    old = study.user_attrs["confirmed"]
+    assert bench.main(argv) == 0                  # without --reconfirm: nothing to do
+    assert not study.user_attrs["baselines"][i]["ok"]
+    assert bench.main([*argv, "--reconfirm"]) == 0
+    server = study.user_attrs["baselines"][i]
+    assert server["ok"] and server["runs"] == 1 and server["measured"]["tg_tps"] > 0
+    assert study.user_attrs["confirmed_before_redo"] == old
+    keys = [r["key"] for r in study.user_attrs["confirmed"]["results"]]
+    assert keys[:2] == ["fit", "fit-server"]
+    row = json.loads((tmp_path / "out" / "tune_vs_fit.json").read_text())["budgets"][0]
+    assert row["fit_server"] and row["fit_server"]["tg"] > 0
