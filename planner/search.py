@@ -35,6 +35,7 @@ measured PP/TG and peak bytes per device (user attrs), so reports need neither t
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -98,10 +99,16 @@ class Settings:
         return asdict(self)
 
     def differences(self, other: dict[str, Any]) -> list[str]:
+        """The settings that make `other` (a stored study's) another study. A space option added after the
+        study was made is absent from it: the study ran with that option's default, so the default matches."""
         mine = self.to_dict()
         out = []
         for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space"):
-            if other.get(k) != mine[k]:
+            theirs = other.get(k)
+            if k == "space" and isinstance(theirs, dict):
+                defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
+                theirs = {f: theirs.get(f, defaults.get(f)) for f in mine[k]}
+            if theirs != mine[k]:
                 out.append(k)
         return out
 

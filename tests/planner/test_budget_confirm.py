@@ -165,3 +165,23 @@ def test_compare_calls_a_win_only_outside_the_noise():
     assert Spread((1.0, 1.0, 1.0)).cv == 0 and round(Spread((1.0, 2.0)).rel_range, 6) == round(1 / 1.5, 6)
     order = schedule([Contender("a", "a"), Contender("b", "b"), Contender("c", "c")], 2)
     assert [c.key for _, c in order] == ["a", "b", "c", "b", "c", "a"]
+
+
+def test_a_study_made_before_a_space_option_existed_still_resumes(tmp_path):
+    """Settings stored by an older tuner lack space options added since (op_per_class came with the ik space):
+    the study ran with their defaults, so it resumes; a stored value that differs still refuses."""
+    import pytest
+
+    from planner.errors import InputError
+    inv, hw = _setup()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    kw = dict(objective="tg", workload=WL, n_ctx=2112, storage=url, pool_size=10, study_name="old")
+    study = Tuner(inv, hw, SimEngine(hw), **kw).study
+    settings = study.user_attrs["settings"]
+    del settings["space"]["op_per_class"]
+    study.set_user_attr("settings", settings)
+    Tuner(inv, hw, SimEngine(hw), **kw)                       # resumes: the default is what it ran with
+    settings["space"]["op_per_class"] = False
+    study.set_user_attr("settings", settings)
+    with pytest.raises(InputError, match="made with other space"):
+        Tuner(inv, hw, SimEngine(hw), **kw)
