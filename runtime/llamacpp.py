@@ -462,7 +462,7 @@ class LlamaCppEngine:
     def _sweep_command(self, inv: ModelInventory, plan: Plan, wl: Workload, model: str) -> EngineCommand:
         ub = min(plan.knobs.n_batch, plan.knobs.n_ubatch)
         row = wl.depth // ub * ub
-        n_ctx = _sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, wl)
+        n_ctx = sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, wl)
         p = replace(plan, knobs=replace(plan.knobs, n_ctx=n_ctx))
         try:
             rc = render(p, inv, "server", model_path=model, build=self.info.build)
@@ -557,7 +557,7 @@ class LlamaCppEngine:
         free, margin_mib = self._fit_target(budgets)
         kn = dict(zip(knobs[::2], knobs[1::2]))
         ub, nb = int(kn.get("-ub", 512)), int(kn.get("-b", 2048))
-        n_ctx = _sweep_ctx(ub, nb, workload)
+        n_ctx = sweep_ctx(ub, nb, workload)
         argv = ["-m", self._model(inv), "-c", str(n_ctx), "-b", str(nb), "-ub", str(ub)]
         if "-fa" in kn:
             argv += ["-fa", "on" if kn["-fa"] in ("1", "on") else "off"]
@@ -726,7 +726,7 @@ def _mib_list(values: Mapping[str, int]) -> str:
     return ", ".join(f"{d} {v >> 20} MiB" for d, v in values.items()) or "unknown"
 
 
-def _sweep_ctx(n_ubatch: int, n_batch: int, wl: Workload) -> int:
+def sweep_ctx(n_ubatch: int, n_batch: int, wl: Workload) -> int:
     """The -c of a llama-sweep-bench run that measures one row at the workload's depth: the row (a multiple of
     the ubatch, sweep-bench's step) plus room for its prompt ubatch and its generated tokens."""
     ub = min(n_batch, n_ubatch)

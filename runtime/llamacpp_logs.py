@@ -37,7 +37,8 @@ def mib_to_bytes(value: str | float) -> int:
 
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
-_MODEL_BUF = re.compile(rf"(\S+) model buffer size =\s*{_NUM} MiB")
+# mainline "load_tensors:   CPU_Mapped model buffer size = ..."; ik "llm_load_tensors:        CUDA0 buffer size = ..."
+_MODEL_BUF = re.compile(rf"(?:(\S+) model|llm_load_tensors:\s+(\S+)) buffer size =\s*{_NUM} MiB")
 _KV_BUF = re.compile(rf"(\S+) KV buffer size =\s*{_NUM} MiB")
 _KV_SIZE = re.compile(
     rf"size =\s*{_NUM} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/\s*(\d+) seqs\), "
@@ -170,7 +171,7 @@ def parse_model_buffers(text: str) -> dict[str, int]:
             continue
         if not previous_was_model_line:
             loads.append({})
-        _add(loads[-1], m.group(1), mib_to_bytes(m.group(2)))
+        _add(loads[-1], m.group(1) or m.group(2), mib_to_bytes(m.group(3)))
         previous_was_model_line = True
     return loads[-1] if loads else {}
 
