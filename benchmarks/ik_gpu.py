@@ -71,7 +71,7 @@ DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "ik_gpu"
 IK_BIN = lg.DEFAULT_WORKDIR / "ik_llama.cpp-cuda" / "build" / "bin"
 MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
 MAINLINE_DB = ROOT / "benchmarks" / "results" / "tune_vs_fit" / "tune_vs_fit.db"
-LONG_CTX = 8192              # the depth of the long-context memory plans (KV of f16 vs q8_0)
+LONG_CTX = 8192              # the depth of the long-context memory plans (KV of f16 vs q8_0); --cpu: 1024
 log = lg.log
 
 
@@ -93,7 +93,8 @@ def _ik(inv: ModelInventory, name: str, on_gpu: Callable[[Tensor], bool], knobs:
     return Plan(str(inv.source), lg.placement(inv, on_gpu), knobs, "ik", name)
 
 
-def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_prompt: int) -> list[IkCase]:
+def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_prompt: int,
+               long_ctx: int = LONG_CTX) -> list[IkCase]:
     """The memory table's plans (ik dialect): whole layers, experts in RAM, per-tensor overrides, ik's knobs."""
     n_layer, moe = inv.hparams.n_layer, inv.moe_layers()
     half, most = n_layer // 2, (5 * n_layer) // 6
@@ -134,9 +135,9 @@ def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_p
         ("down-all", "attn + ffn_down experts on the GPU, up/gate in RAM (per-tensor -ot)",
          experts(lambda t: t.role == "exps_down"), base, 0),
         (f"exps-first{k40}-ub2048", f"as exps-first{k40}, -ub 2048", experts(lambda t: t.layer in first), ub2048, 0),
-        ("all-gpu-c8k", f"all-gpu with the row at depth {LONG_CTX} (f16 KV)", lambda t: True, base, LONG_CTX),
-        ("all-gpu-c8k-q8kv", f"all-gpu at depth {LONG_CTX}, q8_0 KV (-ctk q8_0 -ctv q8_0)", lambda t: True, q8,
-         LONG_CTX),
+        ("all-gpu-long", f"all-gpu with the row at depth {long_ctx} (f16 KV)", lambda t: True, base, long_ctx),
+        ("all-gpu-long-q8kv", f"all-gpu at depth {long_ctx}, q8_0 KV (-ctk q8_0 -ctv q8_0)", lambda t: True, q8,
+         long_ctx),
     ]
     cases = [IkCase(n, w, _ik(inv, n, f, k), d) for n, w, f, k, d in specs]
     return cases + planner_cases(inv, hw, base, budgets, n_prompt)
@@ -446,11 +447,12 @@ def spread(values: list[float]) -> dict[str, float] | None:
         if values else None
 
 
-def summarise(samples: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
-    """Per configuration (key), medians and [min-max] of PP, TG and VRAM over its ok samples, in first-seen order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+def summarise(samples: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """Per configuration (key(sample)), medians and [min-max] of PP, TG and VRAM over its ok samples, in
+    first-seen order."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
     for s in samples:
-        groups.setdefault(s[key], []).append(s)
+        groups.setdefault(key(s), []).append(s)
     out = []
     for name, ss in groups.items():
         ok = [s["measurement"] for s in ss if s["measurement"]["ok"]]
@@ -562,10 +564,10 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     plans = sorted(lg.load_results(c.results, "mem"), key=lambda p: order.get(p["name"], 1 << 30))
     op_order = {n: i for i, n in enumerate(meta["op_order"])}
     op = summarise(sorted(lg.load_results(c.results, "op"), key=lambda s: (op_order.get(s["name"], 99), s["round"])),
-                   "name")
-    ml = [dict(r, budget_gib=int(r["key"].split("g-")[0][3:])) for r in
-          summarise(sorted(({**s, "key": f"ml-{s['budget_gib']}g-{s['key']}"} for s in lg.load_results(c.results, "ml")
-                            if "measurement" in s), key=lambda s: (s["budget_gib"], s["round"])), "key")]
+                   lambda s: s["name"])
+    ml_samples = [s for s in lg.load_results(c.results, "ml") if "measurement" in s]   # not the stored -fitt argv
+    ml = summarise(sorted(ml_samples, key=lambda s: (s["budget_gib"], s["round"])),
+                   lambda s: (s["budget_gib"], s["key"]))
     rows, ml_rows = study_rows(c), mainline_rows(c)
     out.mkdir(parents=True, exist_ok=True)
     name = c.args.name
@@ -690,7 +692,7 @@ def run(args: argparse.Namespace) -> int:
         lg.write_model(model, args.cpu)
     inv = load_inventory(model)
     hw = load_hardware(args.hardware)
-    cases, ops = make_cases(inv, hw, args.budgets, args.n_prompt), op_cases(inv)
+    cases, ops = make_cases(inv, hw, args.budgets, args.n_prompt, 1024 if args.cpu else LONG_CTX), op_cases(inv)
     if args.list:
         for x in cases + ops:
             print(f"{x.name:24s} {x.what}")
