@@ -692,6 +692,8 @@ def run(args: argparse.Namespace) -> int:
         lg.write_model(model, args.cpu)
     inv = load_inventory(model)
     hw = load_hardware(args.hardware)
+    if args.cpu:      # the stand-in runs on this machine's cores: plans with gpu-box's 16 threads crawl on 2
+        hw = replace(hw, host=replace(hw.host, n_threads=min(hw.host.n_threads, os.cpu_count() or 1)))
     cases, ops = make_cases(inv, hw, args.budgets, args.n_prompt, 1024 if args.cpu else LONG_CTX), op_cases(inv)
     if args.list:
         for x in cases + ops:
