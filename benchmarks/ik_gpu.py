@@ -79,7 +79,7 @@ class BadInput(Exception):
     """One line for the user, exit 2."""
 
 
-# ---- plans -------------------------------------------------------------------------------------------------------------
+# ---- plans -----------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class IkCase:
@@ -182,7 +182,7 @@ def op_cases(inv: ModelInventory) -> list[IkCase]:
     return out
 
 
-# ---- measuring -----------------------------------------------------------------------------------------------------------
+# ---- measuring -------------------------------------------------------------------------------------------------------
 
 @dataclass
 class Ctx:
@@ -275,7 +275,7 @@ def step_op(c: Ctx, cases: list[IkCase]) -> bool:
     return True
 
 
-# ---- the ik study, and mainline against it --------------------------------------------------------------------------------
+# ---- the ik study, and mainline against it ---------------------------------------------------------------------------
 
 def cell_name(budget_gib: int, depth: int = 0) -> str:
     return f"ik-{budget_gib}g-d{depth}"
@@ -440,7 +440,7 @@ def step_mainline(c: Ctx, ml: LlamaCppEngine) -> bool:
     return True
 
 
-# ---- report ---------------------------------------------------------------------------------------------------------------
+# ---- report ----------------------------------------------------------------------------------------------------------
 
 def spread(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "lo": min(values), "hi": max(values), "n": len(values)} \
@@ -584,13 +584,16 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
     if rows:
         import tune_vs_fit as tvf
-        tvf.write_report(rows, {**meta, "n_prompt": c.args.n_prompt, "n_gen": c.args.n_gen, "reps": c.args.reps,
-                                "runs": c.args.runs, "confirm": c.args.confirm}, out, f"{name}_study")
+        try:              # its plot needs matplotlib; the numbers are in NAME.json/.md either way
+            tvf.write_report(rows, {**meta, "n_prompt": c.args.n_prompt, "n_gen": c.args.n_gen, "reps": c.args.reps,
+                                    "runs": c.args.runs, "confirm": c.args.confirm}, out, f"{name}_study")
+        except ImportError as e:
+            log(f"report: no {name}_study.png ({e})")
     log(f"report: {out / name}.md ({len(plans)} memory plans, {len(op)} op configs, {len(rows)} study cells, "
         f"{len(ml)} mainline contenders)")
 
 
-# ---- main ---------------------------------------------------------------------------------------------------------------
+# ---- main ------------------------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -657,7 +660,8 @@ def binaries(args: argparse.Namespace) -> tuple[Path, Path | None]:
         return sweep, args.mainline_bench
     sweep = (args.ik_bin or IK_BIN) / "llama-sweep-bench"
     if not sweep.is_file():
-        raise BadInput(f"no llama-sweep-bench at {sweep}: run `bash benchmarks/llamacpp_gpu.sh build-ik` or give --ik-bin")
+        raise BadInput(f"no llama-sweep-bench at {sweep}: run `bash benchmarks/llamacpp_gpu.sh build-ik` or give "
+                       "--ik-bin")
     if args.mainline_bench is not None and not args.mainline_bench.is_file():
         raise BadInput(f"--mainline-bench {args.mainline_bench}: no such file")
     return sweep, args.mainline_bench
@@ -729,6 +733,8 @@ def _run_steps(c: Ctx, cases: list[IkCase], ops: list[IkCase], ml_bench: Path | 
         return False
     if "study" in steps and not step_study(c):
         return False
+    if "mainline" in steps and ml_bench is None:
+        log("mainline: skipped (no --mainline-bench)")
     if "mainline" in steps and ml_bench is not None:
         ml = LlamaCppEngine(ml_bench, timeout_s=c.args.timeout, model_path=c.engine.model_path,
                             cpu_stand_in=c.args.cpu)

@@ -55,9 +55,12 @@ def test_ik_llama_bench_has_no_own_fit_we_use(ik_binaries, model):
 
 def test_the_chosen_placement_is_ik_pattern_and_our_parser_reads_it(model):
     inv = load_inventory(model)
-    log = ("Memory required for model tensors + cache: 900 MiB\nMemory available on all devices - compute: 600 MiB\n"
-           "Adding experts CPU overrides for layer 5 in device 0\nAdding experts CPU overrides for layer 4 in device 0\n"
-           "Memory use in device 0 is 590 MiB after adding 2 overrides, which is less than available memory of 600 MiB\n")
+    log = ("Memory required for model tensors + cache: 900 MiB\n"
+           "Memory available on all devices - compute: 600 MiB\n"
+           "Adding experts CPU overrides for layer 5 in device 0\n"
+           "Adding experts CPU overrides for layer 4 in device 0\n"
+           "Memory use in device 0 is 590 MiB after adding 2 overrides, which is less than available memory "
+           "of 600 MiB\n")
     choice = parse_ik_fit(log)
     assert choice == IkFitChoice(900, 600, (5, 4), ())
     plan = flag_plan(inv, list(choice.args()), Knobs(), "ik", "m")
