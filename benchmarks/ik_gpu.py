@@ -27,15 +27,16 @@ Resumable across 10-minute device calls: every result is a file under <workdir>/
 
 Time on the H100 (a sweep-bench run of the 17 GB model: ~10-20 s, most of it loading; llama-bench -p 2048 -n 64
 -r 3 with experts in RAM ~20-30 s), so with --time-budget 520 per call:
-    memory    16 plans (2 at an 8k context: ~30 s each)      ~4-5 min    1 call
+    memory    18 plans (2 at an 8k context: ~30 s each)      ~5-6 min    1-2 calls
     op        8 configurations x 3 rounds = 24 runs         ~5-7 min    1-2 calls
     study     2 cells x <= 24 runs (+ Optuna, a few s each) ~12-16 min  2-3 calls
     mainline  2 budgets x 3-4 contenders x 3 rounds         ~6-9 min    1-2 calls
-On the GPU machine, after `bash benchmarks/llamacpp_gpu.sh build-ik` (and the mainline `build` for the last step):
-    python3 benchmarks/ik_gpu.py --name ik_gpu_h100 --time-budget 520 \\
-        --mainline-bench benchmarks/results/llamacpp_gpu/llama.cpp-cuda/build/bin/llama-bench
-repeated until it exits 0. Here, without a GPU, the whole pipeline on the CPU ik build and a tiny model, every
-plan run all-CPU (the CPU build's --fit cannot fit anything: the stand-in drops it):
+On the GPU machine, after `bash benchmarks/llamacpp_gpu.sh build-ik` (and the mainline `build` for the last step:
+its llama-bench is found in the llamacpp_gpu workdir; without it the mainline step is skipped):
+    python3 benchmarks/ik_gpu.py --name ik_gpu_h100 --time-budget 520
+repeated until it exits 0 (the first call writes the model, ~3 min, if llamacpp_gpu.py has not).
+Here, without a GPU, the whole pipeline on the CPU ik build and a tiny model, every plan run all-CPU (the CPU
+build's --fit cannot fit anything: the stand-in drops it; ~1 min on 2 cores):
     .venv/bin/python benchmarks/ik_gpu.py --cpu
 """
 from __future__ import annotations
@@ -71,6 +72,7 @@ DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "ik_gpu"
 IK_BIN = lg.DEFAULT_WORKDIR / "ik_llama.cpp-cuda" / "build" / "bin"
 MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
 MAINLINE_DB = ROOT / "benchmarks" / "results" / "tune_vs_fit" / "tune_vs_fit.db"
+MAINLINE_BENCH = lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
 LONG_CTX = 8192              # the depth of the long-context memory plans (KV of f16 vs q8_0); --cpu: 1024
 log = lg.log
 
@@ -603,8 +605,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
     ap.add_argument("--name", default="ik_gpu", help="file stem of the report (default ik_gpu)")
     ap.add_argument("--ik-bin", type=Path, help=f"folder with ik's llama-sweep-bench (default {IK_BIN})")
-    ap.add_argument("--mainline-bench", type=Path, help="mainline llama-bench with -fitt: runs the mainline step "
-                    "(--cpu: the CPU build)")
+    ap.add_argument("--mainline-bench", type=Path, help="mainline llama-bench with -fitt for the mainline step "
+                    f"(default {MAINLINE_BENCH} when it exists; --cpu: the CPU build)")
     ap.add_argument("--mainline-db", type=Path, help=f"tune_vs_fit's SQLite db (default {MAINLINE_DB} when there)")
     ap.add_argument("--model", type=Path, help=f"default {MODEL} (written if missing)")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
@@ -662,7 +664,9 @@ def binaries(args: argparse.Namespace) -> tuple[Path, Path | None]:
     if not sweep.is_file():
         raise BadInput(f"no llama-sweep-bench at {sweep}: run `bash benchmarks/llamacpp_gpu.sh build-ik` or give "
                        "--ik-bin")
-    if args.mainline_bench is not None and not args.mainline_bench.is_file():
+    if args.mainline_bench is None:          # the mainline CUDA build of `llamacpp_gpu.sh build`, when there
+        return sweep, MAINLINE_BENCH if MAINLINE_BENCH.is_file() else None
+    if not args.mainline_bench.is_file():
         raise BadInput(f"--mainline-bench {args.mainline_bench}: no such file")
     return sweep, args.mainline_bench
 
