@@ -170,15 +170,20 @@ def goal(predicted: int) -> int:
     return max(int(GOAL_FRACTION * predicted), GOAL_FLOOR)
 
 
-def log_cuda0(m_raw: dict[str, Any]) -> dict[str, int] | None:
-    """What the -v log says llama.cpp allocated on CUDA0: model, and KV + compute + output of the larger context."""
+def log_device(m_raw: dict[str, Any], device: str = "CUDA0") -> dict[str, int] | None:
+    """What the -v log says llama.cpp allocated on a device: model, and KV + compute + output of the larger
+    context (benchmarks/ik_gpu.py reads the CPU's in its dry run)."""
     lm = m_raw.get("log_memory")
     if not lm:
         return None
-    ctxs = [{"kv": c["kv"].get("CUDA0", 0), "compute": c["compute"].get("CUDA0", 0),
-             "output": c["output"].get("CUDA0", 0)} for c in lm["contexts"]]
+    ctxs = [{"kv": c["kv"].get(device, 0), "compute": c["compute"].get(device, 0),
+             "output": c["output"].get(device, 0)} for c in lm["contexts"]]
     big = max(ctxs, key=lambda c: sum(c.values()), default={"kv": 0, "compute": 0, "output": 0})
-    return {"model": lm["model"].get("CUDA0", 0), **big}
+    return {"model": lm["model"].get(device, 0), **big}
+
+
+def log_cuda0(m_raw: dict[str, Any]) -> dict[str, int] | None:
+    return log_device(m_raw, "CUDA0")
 
 
 def compare(predicted: dict[str, Any], measured: int | None) -> dict[str, Any]:

@@ -16,6 +16,8 @@
 #            WORKDIR/ik_llama.cpp-cuda; resumable: a run cut off by the 10-minute limit continues where it stopped
 #            (the build folder is git-ignored and stays while the machine is held); skipped when all three exist.
 #          bash benchmarks/llamacpp_gpu.sh run [ARGS...]     PYTHONPATH=. python3 benchmarks/llamacpp_gpu.py ARGS
+#          bash benchmarks/llamacpp_gpu.sh run-ik [ARGS...]  PYTHONPATH=. python3 benchmarks/ik_gpu.py ARGS (after
+#            build-ik; the ik memory table, -op on/off, the ik study against ik's --fit, mainline against it)
 #          bash benchmarks/llamacpp_gpu.sh all TARBALL [ARGS...]   build, then run with the rest of a 480 s budget
 #            (--time-budget 480 minus the build's seconds unless ARGS give one): one device command of <= 10 min
 #
@@ -137,12 +139,18 @@ cmd_run() {
     python3 "$ROOT/benchmarks/llamacpp_gpu.py" "$@"
 }
 
+cmd_run_ik() {
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    python3 "$ROOT/benchmarks/ik_gpu.py" "$@"
+}
+
 case "${1:-}" in
     pack) shift; cmd_pack "$@" ;;
     build) shift; cmd_build "$@" ;;
     build-ik) shift; cmd_build_ik "$@" ;;
     run) shift; cmd_run "$@" ;;
+    run-ik) shift; cmd_run_ik "$@" ;;
     all) shift; t=${1:?usage: all TARBALL [ARGS...]}; shift; cmd_build "$t"
          if [[ " $* " == *" --time-budget "* ]]; then cmd_run "$@"; else cmd_run --time-budget $((480 - SECONDS)) "$@"; fi ;;
-    *) sed -n '2,25p' "$0"; exit 2 ;;
+    *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

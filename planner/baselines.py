@@ -33,8 +33,10 @@ class EngineFit:
     argv: tuple[str, ...]                     # the benchmark's arguments after the program
     env: dict[str, str] = field(default_factory=dict)
     target_bytes: int = 0                     # -fitt: free memory llama.cpp must leave on each GPU
-    chosen_args: tuple[str, ...] = ()         # llama-fit-params' choice (server flags) for the workload's context
+    chosen_args: tuple[str, ...] = ()         # the placement it chose, as server flags (llama-fit-params' for
+                                              # mainline; ik's own log for ik)
     note: str = ""
+    program: str = "llama-bench"              # the benchmark argv is for (ik: llama-sweep-bench)
 
 
 def flag_plan(inv: ModelInventory, args: list[str], knobs: Knobs, dialect: Dialect, model_id: str) -> Plan:

@@ -660,7 +660,8 @@ class Tuner:
             "name": "--fit", "kind": "engine-fit", "ok": bool(m.ok), "error": str(m.error or ""), "runs": 1,
             "measured": _mdict(m), "argv": list(fit.argv), "env": dict(fit.env), "target_bytes": fit.target_bytes,
             "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": self._over(dict(m.peak_bytes)),
-            "commands": {"llama-bench": shell_join(["llama-bench", *fit.argv], fit.env)},
+            # keyed "llama-bench" (the benchmark's line) whatever the program: ik's is llama-sweep-bench
+            "commands": {"llama-bench": shell_join([fit.program, *fit.argv], fit.env)},
             "label": "llama.cpp's own --fit" + (f" ({fit.note})" if fit.note else "")}
         if fit.chosen_args:
             rec["commands"]["llama-server"] = shell_join(["llama-server", "-m", "MODEL.gguf", *fit.chosen_args])

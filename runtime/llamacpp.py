@@ -60,7 +60,7 @@ from planner.plan import Plan
 
 from . import gpumem
 from .engine import Measurement, Workload
-from .llamacpp_logs import parse_fit_print
+from .llamacpp_logs import parse_fit_print, parse_ik_fit
 from .llamacpp_output import (
     BenchResult, Failure, SweepRow, classify_failure, device_of_buft, log_device_bytes, log_memory,
     parse_bench_output, parse_layer_devices, parse_override_lines, parse_sweep_output, tail,
@@ -462,7 +462,7 @@ class LlamaCppEngine:
     def _sweep_command(self, inv: ModelInventory, plan: Plan, wl: Workload, model: str) -> EngineCommand:
         ub = min(plan.knobs.n_batch, plan.knobs.n_ubatch)
         row = wl.depth // ub * ub
-        n_ctx = row + max(ub, wl.n_gen)
+        n_ctx = sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, wl)
         p = replace(plan, knobs=replace(plan.knobs, n_ctx=n_ctx))
         try:
             rc = render(p, inv, "server", model_path=model, build=self.info.build)
@@ -516,23 +516,76 @@ class LlamaCppEngine:
 
     def own_fit(self, inv: ModelInventory, workload: Workload, budgets: Mapping[str, int],
                 knobs: Sequence[str] = ("-fa", "1", "-ub", "512", "-b", "2048")) -> EngineFit | None:
-        """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (None when this binary
-        has no -fitt: ik, or mainline before PR #21304). -fitt is the free memory llama.cpp must leave on each
-        device: what is free now minus the budget (llama-bench takes one value for all devices, so the
-        tightest GPU's). Also asks llama-fit-params (beside llama-bench, when there) which placement
-        `llama-server --fit` picks for the workload's context, which the study measures beside it."""
+        """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (mainline) or by ik's
+        llama-sweep-bench --fit --fit-margin (docs/ik_llama.md, "ik's own --fit"). None when the binary has no
+        such fit: mainline before PR #21304, and ik's llama-bench (its --fit reserves KV for the model's whole
+        training context, n_ctx_train, because it never sets max_ctx_size: a fit no server user gets, so not
+        a fair reference; use ik's llama-sweep-bench). The target is the free memory llama.cpp must leave on
+        each device: what is free now minus the budget (one value for all devices, so the tightest GPU's).
+        mainline: also asks llama-fit-params (beside llama-bench, when there) which placement `llama-server
+        --fit` picks for the workload's context, which the study measures beside it."""
+        if self.info.dialect == "ik":
+            return self._ik_fit(inv, workload, budgets, knobs) if self.info.tool == "sweep" else None
         if not self.info.abilities["fit_target"] or self.info.tool != "bench":
             return None
-        sampler = self.sampler()
-        free = gpumem.per_cuda_device(sampler.free(), self._env({})) if sampler is not None else {}
-        targets = [free[d] - b for d, b in budgets.items() if d in free]
-        target_mib = max(min(targets) // (1 << 20), 1) if targets else 1024
+        free, target_mib = self._fit_target(budgets)
         argv = ("-m", self._model(inv), "-p", str(workload.n_prompt), "-n", str(workload.n_gen),
                 "-r", str(workload.repetitions), *(("-d", str(workload.depth)) if workload.depth else ()),
                 *knobs, "-fitt", str(target_mib))
         m = self.measure_args(argv, workload)
-        note = f"-fitt {target_mib} MiB (free {', '.join(f'{d} {v >> 20} MiB' for d, v in free.items()) or 'unknown'})"
+        note = f"-fitt {target_mib} MiB (free {_mib_list(free)})"
         return EngineFit(m, argv, {}, target_mib << 20, self._fit_choice(inv, workload, target_mib, knobs), note)
+
+    def _fit_target(self, budgets: Mapping[str, int]) -> tuple[dict[str, int], int]:
+        """(free bytes per GPU now, the MiB --fit must leave free on the tightest one: free - budget, >= 1; 1024
+        when free memory cannot be read, llama.cpp's own default margin)."""
+        sampler = self.sampler()
+        free = gpumem.per_cuda_device(sampler.free(), self._env({})) if sampler is not None else {}
+        targets = [free[d] - b for d, b in budgets.items() if d in free]
+        return free, (max(min(targets) // (1 << 20), 1) if targets else 1024)
+
+    def _ik_fit(self, inv: ModelInventory, workload: Workload, budgets: Mapping[str, int],
+                knobs: Sequence[str]) -> EngineFit | None:
+        """ik's --fit as a server user runs it: llama-sweep-bench -c CTX --fit --fit-margin M with the study's
+        default knobs (docs/ik_llama.md, "ik's own --fit"). ik sizes KV and compute for max_ctx_size = the
+        server's -c (common/common.cpp ~4273) and leaves M MiB free on each GPU (src/llama.cpp ~4298; 0 would
+        mean its 1 GiB default, so M >= 1). CTX is the context the engine's sweep-bench runs hold (one row at
+        the workload's depth), so --fit's run and the trials' runs reserve the same KV. The placement ik chose
+        is read from its log (runtime/llamacpp_logs.py parse_ik_fit)."""
+        if "--fit" not in self.info.flags or "--fit-margin" not in self.info.flags:
+            return None                        # an ik build from before its auto-fit
+        free, margin_mib = self._fit_target(budgets)
+        kn = dict(zip(knobs[::2], knobs[1::2]))
+        ub, nb = int(kn.get("-ub", 512)), int(kn.get("-b", 2048))
+        n_ctx = sweep_ctx(ub, nb, workload)
+        argv = ["-m", self._model(inv), "-c", str(n_ctx), "-b", str(nb), "-ub", str(ub)]
+        if "-fa" in kn:
+            argv += ["-fa", "on" if kn["-fa"] in ("1", "on") else "off"]
+        if "-t" in kn:
+            argv += ["-t", kn["-t"]]
+        argv += ["-n", str(max(workload.n_gen, 1)), "-nrep", str(workload.repetitions)]
+        if "--output-format" in self.info.flags:
+            argv += ["--output-format", "jsonl"]
+        note = f"ik --fit --fit-margin {margin_mib} MiB at -c {n_ctx} (free {_mib_list(free)})"
+        if self.cpu_stand_in:
+            # a CPU build runs ik's fit block against 0 MiB of device memory and always fails ("Unable to
+            # auto-fit model"): the stand-in runs the same line without --fit, all-CPU like every stand-in plan
+            note = "CPU stand-in: --fit dropped (a CPU build's fit always fails: no device memory); " + note
+        else:
+            argv += ["--fit", "--fit-margin", str(margin_mib)]
+        if self.verbose:
+            argv.append("-v")
+        step = min(ub, nb)
+        cmd = EngineCommand(str(self.path), tuple(argv), {}, sweep_depth=workload.depth // step * step)
+        run = self.run(cmd)
+        m = self._read_run(run, cmd, workload)
+        choice = None if self.cpu_stand_in else parse_ik_fit(run.stderr)
+        if choice is not None:
+            note += (f"; ik: {choice.required_mib} MiB of tensors + cache required, {choice.available_mib} MiB "
+                     f"available after compute, experts of {len(choice.cpu_expert_layers)} blocks kept in RAM"
+                     + (", unable to auto-fit" if choice.failed else ""))
+        return EngineFit(m, tuple(argv), {}, margin_mib << 20, choice.args() if choice else (), note,
+                         program=self.path.name)
 
     def _fit_choice(self, inv: ModelInventory, workload: Workload, target_mib: int, knobs: Sequence[str]
                     ) -> tuple[str, ...]:
@@ -553,7 +606,10 @@ class LlamaCppEngine:
         return tuple(shlex.split(line))
 
     def measure_command(self, cmd: EngineCommand, workload: Workload) -> Measurement:
-        run = self.run(cmd)
+        return self._read_run(self.run(cmd), cmd, workload)
+
+    def _read_run(self, run: RunResult, cmd: EngineCommand, workload: Workload) -> Measurement:
+        """The Measurement of a finished run of cmd (a failure that hides its reason is re-run with -v)."""
         try:                                      # engine output is untrusted: any shape is a failed measurement
             pp, tg, tests, backends = self._results(run, cmd)
             bad_output = None
@@ -664,6 +720,17 @@ def _backends(r: BenchResult) -> set[str]:
     if "cuda" in f:
         return {"CUDA"} if f["cuda"] else {"CPU"}
     return set()
+
+
+def _mib_list(values: Mapping[str, int]) -> str:
+    return ", ".join(f"{d} {v >> 20} MiB" for d, v in values.items()) or "unknown"
+
+
+def sweep_ctx(n_ubatch: int, n_batch: int, wl: Workload) -> int:
+    """The -c of a llama-sweep-bench run that measures one row at the workload's depth: the row (a multiple of
+    the ubatch, sweep-bench's step) plus room for its prompt ubatch and its generated tokens."""
+    ub = min(n_batch, n_ubatch)
+    return wl.depth // ub * ub + max(ub, wl.n_gen)
 
 
 def _sweep_row(rows: Sequence[SweepRow], depth: int) -> SweepRow | None:

@@ -37,7 +37,8 @@ def mib_to_bytes(value: str | float) -> int:
 
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
-_MODEL_BUF = re.compile(rf"(\S+) model buffer size =\s*{_NUM} MiB")
+# mainline "load_tensors:   CPU_Mapped model buffer size = ..."; ik "llm_load_tensors:        CUDA0 buffer size = ..."
+_MODEL_BUF = re.compile(rf"(?:(\S+) model|llm_load_tensors:\s+(\S+)) buffer size =\s*{_NUM} MiB")
 _KV_BUF = re.compile(rf"(\S+) KV buffer size =\s*{_NUM} MiB")
 _KV_SIZE = re.compile(
     rf"size =\s*{_NUM} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/\s*(\d+) seqs\), "
@@ -170,7 +171,7 @@ def parse_model_buffers(text: str) -> dict[str, int]:
             continue
         if not previous_was_model_line:
             loads.append({})
-        _add(loads[-1], m.group(1), mib_to_bytes(m.group(2)))
+        _add(loads[-1], m.group(1) or m.group(2), mib_to_bytes(m.group(3)))
         previous_was_model_line = True
     return loads[-1] if loads else {}
 
@@ -266,3 +267,52 @@ def parse_fit_print(stdout: str) -> dict[str, FitRow]:
             rows[m.group(1)] = FitRow(m.group(1), int(m.group(2)) * MiB, int(m.group(3)) * MiB,
                                       int(m.group(4)) * MiB)
     return rows
+
+
+# ---- ik_llama.cpp's own --fit (src/llama.cpp llm_load_tensors ~4420-4600, 8337e4cd) ----------------------------------
+#   Memory required for model tensors + cache: 17321 MiB
+#   Memory available on all devices - compute: 7650 MiB
+#   Adding experts CPU overrides for layer 47 in device 0          (split mode layer, walking down from the last)
+#   Adding experts CPU overrides for layer 3                        (split mode graph/attn, walking up from 0)
+#   Memory use in device 0 is 7600 MiB after adding 26 overrides, which is less than available memory of 7650 MiB
+#   Setting layer 47 to device 0                                     (a model without experts: whole layers)
+#   llama_model_load: error loading model: Unable to auto-fit model  (even every expert in RAM is too much)
+
+_IK_REQUIRED = re.compile(r"Memory required for model tensors \+ cache: (\d+) MiB")
+_IK_AVAILABLE = re.compile(r"Memory available on all devices - compute: (\d+) MiB")
+_IK_EXPERTS_CPU = re.compile(r"Adding experts CPU overrides for layer (\d+)(?: in device (\d+))?")
+_IK_LAYER_DEVICE = re.compile(r"Setting layer (\d+) to device (\d+)")
+
+
+@dataclass(frozen=True)
+class IkFitChoice:
+    """What ik's --fit logged: the MiB it needed and had, and the blocks whose routed experts it kept in RAM
+    (every other tensor goes to the GPU: --fit sets -ngl 999). layers_on_gpu: for a model without experts,
+    the slots it put on a GPU (empty when it logged none)."""
+    required_mib: int | None
+    available_mib: int | None
+    cpu_expert_layers: tuple[int, ...]
+    layers_on_gpu: tuple[int, ...] = ()
+    failed: bool = False               # "Unable to auto-fit model": nothing was loaded with this choice
+
+    def args(self) -> tuple[str, ...]:
+        """The same placement as server flags: -ngl 999 and one -ot naming those blocks' experts (ik's own
+        pattern, src/llama.cpp ~4553); () for a dense model's layer choice, which -ngl alone cannot always say."""
+        if self.layers_on_gpu or self.failed:
+            return ()
+        if not self.cpu_expert_layers:
+            return ("-ngl", "999")
+        blocks = "|".join(str(i) for i in sorted(self.cpu_expert_layers))
+        return ("-ngl", "999", "-ot", rf"blk\.({blocks})\.ffn_(up|down|gate|gate_up)_exps\.(weight|scale)=CPU")
+
+
+def parse_ik_fit(text: str) -> IkFitChoice | None:
+    """ik's --fit decision from the load log of a --fit run; None when the log has none. ik prints the two
+    "Memory ..." lines on every load that has a device, --fit or not: only a --fit run's log is a decision."""
+    req, avail = _IK_REQUIRED.search(text), _IK_AVAILABLE.search(text)
+    if req is None:
+        return None
+    experts = tuple(dict.fromkeys(int(m.group(1)) for m in _IK_EXPERTS_CPU.finditer(text)))
+    layers = tuple(int(m.group(1)) for m in _IK_LAYER_DEVICE.finditer(text))
+    return IkFitChoice(int(req.group(1)), int(avail.group(1)) if avail else None, experts, layers,
+                       "Unable to auto-fit model" in text)

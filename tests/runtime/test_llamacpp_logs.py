@@ -134,3 +134,12 @@ def test_no_context_is_a_clear_error():
     assert log.contexts == () and log.model_buffers == {}
     with pytest.raises(ValueError, match="no llama_context"):
         log.context
+
+
+def test_ik_model_buffer_lines_are_read():
+    """ik prints its model buffers as "llm_load_tensors: <buffer> buffer size" (src/llama.cpp ~4832), no "model"."""
+    text = ("llm_load_tensors: ggml ctx size =    0.05 MiB\n"
+            "llm_load_tensors:        CPU buffer size =   333.84 MiB\n"
+            "llm_load_tensors:      CUDA0 buffer size = 16900.50 MiB\n"
+            "llama_kv_cache_init:      CUDA0 KV buffer size =    48.00 MiB\n")
+    assert parse_model_buffers(text) == {"CPU": mib_to_bytes("333.84"), "CUDA0": mib_to_bytes("16900.50")}

@@ -1,0 +1,763 @@
+"""ik_llama.cpp on the GPU, measured (issue 11 item 6), on the synthetic Qwen3-30B-A3B-shaped Q4_0 model of
+benchmarks/llamacpp_gpu.py (17 GB, written once), with the CUDA ik build of `llamacpp_gpu.sh build-ik`:
+
+- memory: >= 12 ik plans measured with ik's llama-sweep-bench (all-GPU, -ngl N, -ot exps=CPU, -ncmoe N,
+  per-tensor -ot, fused MoE off, -amb, q8_0 KV at a long context, ubatch 512/2048, op offload off): peak VRAM
+  predicted by planner.memory (dialect ik, HardwareProfile gpu-box) against measured, |error| against the goal
+  max(3%, 256 MiB), and ik's own logged buffers (model / KV / compute) against the memory model's parts;
+- op: what -op buys with the experts in RAM (-ngl 99 -ot exps=CPU): PP at ubatch 512 and 2048 with the GPU
+  offload of MUL_MAT_ID and of MOE_FUSED_UP_GATE on / off (ik's -op ids from planner/flags/ik.py for the
+  build), every configuration once per round, rounds interleaved (A B C .. A B C ..), medians and [min-max];
+- study: an ik tune study per budget (default 8 and 16 GiB, depth 0, -p 2048 -n 64 as tune_vs_fit uses) on
+  llama-sweep-bench, so its --fit baseline is ik's own --fit (LlamaCppEngine.own_fit: -c CTX --fit
+  --fit-margin M) and its confirmation interleaves it; at most --runs engine runs per cell; cells "ik-<B>g-d0"
+  in <workdir>/ik_gpu.db;
+- mainline (with --mainline-bench): per budget, interleaved in one call, ik's best TG config and ik's --fit
+  (llama-sweep-bench) against mainline's --fit (llama-bench -fitt, the mainline engine's own_fit) and, when
+  --mainline-db holds the tune_vs_fit study of that budget, mainline's confirmed best TG config. TG is
+  comparable; PP is not the same measure (sweep-bench: one ubatch at depth 0; llama-bench: -p 2048).
+
+Writes NAME.json and NAME.md (--name, default ik_gpu) to --out (default $OUT, else <workdir>/report), rewritten
+after every result; the study step also writes NAME_study.{md,png} (tune_vs_fit's report of the ik cells).
+
+Resumable across 10-minute device calls: every result is a file under <workdir>/results (the study: Optuna in
+<workdir>/ik_gpu.db), skipped on the next call (--redo measures again); no run starts with less than
+--min-left seconds of --time-budget left. Exit 3 while work is left, 0 when every step asked for is done,
+2 on bad input. Steps run in the order memory, op, study, mainline; --steps picks some.
+
+Time on the H100 (a sweep-bench run of the 17 GB model: ~10-20 s, most of it loading; llama-bench -p 2048 -n 64
+-r 3 with experts in RAM ~20-30 s), so with --time-budget 520 per call:
+    memory    18 plans (2 at an 8k context: ~30 s each)      ~5-6 min    1-2 calls
+    op        8 configurations x 3 rounds = 24 runs         ~5-7 min    1-2 calls
+    study     2 cells x <= 24 runs (+ Optuna, a few s each) ~12-16 min  2-3 calls
+    mainline  2 budgets x 3-4 contenders x 3 rounds         ~6-9 min    1-2 calls
+On the GPU machine, after `bash benchmarks/llamacpp_gpu.sh build-ik` (and the mainline `build` for the last step:
+its llama-bench is found in the llamacpp_gpu workdir; without it the mainline step is skipped):
+    python3 benchmarks/ik_gpu.py --name ik_gpu_h100 --time-budget 520
+repeated until it exits 0 (the first call writes the model, ~3 min, if llamacpp_gpu.py has not).
+Here, without a GPU, the whole pipeline on the CPU ik build and a tiny model, every plan run all-CPU (the CPU
+build's --fit cannot fit anything: the stand-in drops it; ~1 min on 2 cores):
+    .venv/bin/python benchmarks/ik_gpu.py --cpu
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import llamacpp_gpu as lg  # noqa: E402
+from planner.errors import InputError  # noqa: E402
+from planner.gguf_header import load_inventory  # noqa: E402
+from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E402
+from planner.memory import estimate  # noqa: E402
+from planner.model import ModelInventory, Tensor  # noqa: E402
+from planner.plan import Knobs, OffloadPolicy, OpRule, Plan  # noqa: E402
+from runtime.engine import Workload  # noqa: E402
+from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
+
+STEPS = ("memory", "op", "study", "mainline")
+DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "ik_gpu"
+IK_BIN = lg.DEFAULT_WORKDIR / "ik_llama.cpp-cuda" / "build" / "bin"
+MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
+MAINLINE_DB = ROOT / "benchmarks" / "results" / "tune_vs_fit" / "tune_vs_fit.db"
+MAINLINE_BENCH = lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+LONG_CTX = 8192              # the depth of the long-context memory plans (KV of f16 vs q8_0); --cpu: 1024
+log = lg.log
+
+
+class BadInput(Exception):
+    """One line for the user, exit 2."""
+
+
+# ---- plans -----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IkCase:
+    name: str
+    what: str
+    plan: Plan
+    depth: int = 0           # sweep-bench's row: -c grows to hold it (KV for depth + ubatch tokens)
+
+
+def _ik(inv: ModelInventory, name: str, on_gpu: Callable[[Tensor], bool], knobs: Knobs) -> Plan:
+    return Plan(str(inv.source), lg.placement(inv, on_gpu), knobs, "ik", name)
+
+
+def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_prompt: int,
+               long_ctx: int = LONG_CTX) -> list[IkCase]:
+    """The memory table's plans (ik dialect): whole layers, experts in RAM, per-tensor overrides, ik's knobs."""
+    n_layer, moe = inv.hparams.n_layer, inv.moe_layers()
+    half, most = n_layer // 2, (5 * n_layer) // 6
+    k40 = max(1, round(0.4 * len(moe)))
+    first, last_half = set(moe[:k40]), set(moe[len(moe) // 2:])
+    base = Knobs(n_ctx=n_prompt, n_batch=2048, n_ubatch=512)
+    ub2048 = replace(base, n_ubatch=2048)
+    moe_off = OffloadPolicy(moe_matmul=OpRule(False), moe_fused_up_gate=OpRule(False))
+
+    def dense(t: Tensor) -> bool:
+        return not t.is_expert
+
+    def experts(pred: Callable[[Tensor], bool]) -> Callable[[Tensor], bool]:
+        return lambda t: dense(t) or pred(t)
+
+    def blocks_from(k: int) -> Callable[[Tensor], bool]:
+        return lambda t: t.layer is not None and t.layer >= k
+
+    q8 = replace(base, type_k="q8_0", type_v="q8_0")
+    specs = [
+        ("all-gpu", "every tensor but token_embd on the GPU (-ngl 99)", lambda t: True, base, 0),
+        ("all-gpu-ub2048", "as all-gpu, -ub 2048", lambda t: True, ub2048, 0),
+        (f"ngl{most}", f"the last {most} blocks on the GPU, output in RAM (-ngl {most})", blocks_from(n_layer - most),
+         base, 0),
+        (f"ngl{half}", f"the last {half} blocks on the GPU (-ngl {half})", blocks_from(n_layer - half), base, 0),
+        ("exps-cpu", "attention/norms/router on the GPU, every expert in RAM (-ngl 99 -ot exps=CPU)", dense, base, 0),
+        ("exps-cpu-ub2048", "as exps-cpu, -ub 2048", dense, ub2048, 0),
+        ("exps-cpu-nofmoe", "as exps-cpu, fused MoE off (-no-fmoe)", dense, replace(base, fmoe=False), 0),
+        ("exps-cpu-amb512", "as exps-cpu, -amb 512", dense, replace(base, amb=512), 0),
+        ("exps-cpu-moe-op-off", "as exps-cpu, -ub 2048, MUL_MAT_ID and MOE_FUSED_UP_GATE offload off (-op)", dense,
+         replace(ub2048, offload=moe_off), 0),
+        (f"ncmoe{len(moe) // 2}", f"-ngl 99 -ncmoe {len(moe) // 2}: experts of the last {len(moe) // 2} MoE blocks "
+         "in RAM", experts(lambda t: t.layer not in last_half), base, 0),
+        (f"exps-first{k40}", f"attn + experts of the first {k40} MoE blocks on the GPU (per-block -ot)",
+         experts(lambda t: t.layer in first), base, 0),
+        ("up-gate-all", "attn + ffn_up/ffn_gate experts of every block on the GPU, ffn_down in RAM (per-tensor -ot)",
+         experts(lambda t: t.role in ("exps_up", "exps_gate")), base, 0),
+        ("down-all", "attn + ffn_down experts on the GPU, up/gate in RAM (per-tensor -ot)",
+         experts(lambda t: t.role == "exps_down"), base, 0),
+        (f"exps-first{k40}-ub2048", f"as exps-first{k40}, -ub 2048", experts(lambda t: t.layer in first), ub2048, 0),
+        ("all-gpu-long", f"all-gpu with the row at depth {long_ctx} (f16 KV)", lambda t: True, base, long_ctx),
+        ("all-gpu-long-q8kv", f"all-gpu at depth {long_ctx}, q8_0 KV (-ctk q8_0 -ctv q8_0)", lambda t: True, q8,
+         long_ctx),
+    ]
+    cases = [IkCase(n, w, _ik(inv, n, f, k), d) for n, w, f, k, d in specs]
+    return cases + planner_cases(inv, hw, base, budgets, n_prompt)
+
+
+def planner_cases(inv: ModelInventory, hw: HardwareProfile, base: Knobs, budgets: list[int], n_prompt: int
+                  ) -> list[IkCase]:
+    from planner.errors import BudgetError
+    from planner.propose import best_plans
+    out = []
+    for b in budgets:
+        try:
+            best = best_plans(inv, hw.with_vram([b * GiB]), base, "ik", "tg", lg.GOAL_FLOOR, n_prompt)[0]
+        except BudgetError as e:
+            log(f"memory: no planner plan at {b} GiB: {e}")
+            continue
+        name = f"planner-{b}G"
+        out.append(IkCase(name, f"offload-tuner plan's best TG plan for {b} GiB ({best.plan.label})",
+                          replace(best.plan, model_id=str(inv.source), label=name)))
+    return out
+
+
+OP_POLICIES = {
+    "on": OffloadPolicy(),
+    "mmid-off": OffloadPolicy(moe_matmul=OpRule(False)),
+    "fug-off": OffloadPolicy(moe_fused_up_gate=OpRule(False)),
+    "both-off": OffloadPolicy(moe_matmul=OpRule(False), moe_fused_up_gate=OpRule(False)),
+}
+OP_WHAT = {"on": "ik's default: every op offloaded", "mmid-off": "MUL_MAT_ID offload off",
+           "fug-off": "MOE_FUSED_UP_GATE offload off", "both-off": "both off"}
+
+
+def op_cases(inv: ModelInventory) -> list[IkCase]:
+    """Experts in RAM at ubatch 512 and 2048, each with the MoE ops' GPU offload on / off."""
+    out = []
+    for ub in (512, 2048):
+        for key, pol in OP_POLICIES.items():
+            knobs = Knobs(n_ctx=ub, n_batch=max(2048, ub), n_ubatch=ub, offload=pol)
+            name = f"ub{ub}-{key}"
+            out.append(IkCase(name, f"-ngl 99 -ot exps=CPU -ub {ub}: {OP_WHAT[key]}",
+                              _ik(inv, name, lambda t: not t.is_expert, knobs)))
+    return out
+
+
+# ---- measuring -------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Ctx:
+    """What every step needs: the arguments, the ik engine, the model, the hardware, where results go."""
+    args: argparse.Namespace
+    engine: LlamaCppEngine
+    inv: ModelInventory
+    hw: HardwareProfile
+    results: Path
+    deadline: float
+    after_each: Callable[[], None]
+
+    def time_ok(self, what: str) -> bool:
+        left = self.deadline - time.monotonic()
+        if left < self.args.min_left:
+            log(f"{what}: stopping, {left:.0f} s left of --time-budget; run again to continue")
+            return False
+        return True
+
+    def done(self, name: str) -> bool:
+        return (self.results / f"{name}.json").exists() and not self.args.redo
+
+    def keep(self, name: str, rec: dict[str, Any]) -> None:
+        lg.write_json(self.results / f"{name}.json", rec)
+        self.after_each()
+
+
+def _run_plan(c: Ctx, case: IkCase, wl: Workload) -> tuple[Any, Plan, str]:
+    """The case's run (all-CPU with --cpu), the plan that ran, and the GPU command line it stands for."""
+    ran = lg.cpu_variant(case.plan) if c.args.cpu else case.plan
+    gpu_cmd = c.engine.command(c.inv, case.plan, wl).shell
+    return c.engine.measure(c.inv, ran, wl), ran, gpu_cmd
+
+
+def _at_ctx(plan: Plan, wl: Workload) -> Plan:
+    return replace(plan, knobs=replace(plan.knobs, n_ctx=sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, wl)))
+
+
+def measure_memory_case(c: Ctx, case: IkCase) -> dict[str, Any]:
+    wl = Workload(case.plan.knobs.n_ubatch, c.args.mem_gen, case.depth, 1)
+    t0 = time.monotonic()
+    m, ran, gpu_cmd = _run_plan(c, case, wl)
+    pred = estimate(c.inv, _at_ctx(case.plan, wl), c.hw).to_dict()["devices"]
+    # the log and the model's parts on the device that ran: the GPU, or the CPU in the dry run
+    dev = "CPU" if c.args.cpu else "CUDA0"
+    parts = estimate(c.inv, _at_ctx(ran, wl), c.hw).to_dict()["devices"].get(dev)
+    measured = None if c.args.cpu else m.peak_bytes.get("CUDA0")
+    k = case.plan.knobs
+    return {"name": case.name, "what": case.what, "depth": case.depth, "n_ctx": sweep_ctx(k.n_ubatch, k.n_batch, wl),
+            "knobs": {"n_ubatch": k.n_ubatch, "n_batch": k.n_batch, "fmoe": k.fmoe, "amb": k.amb,
+                      "type_k": k.type_k, "op_offload": k.offload.any_enabled},
+            "command": gpu_cmd, "ran": m.raw.get("command"), "cpu_mode": c.args.cpu,
+            "seconds": round(time.monotonic() - t0, 1), "measurement": m.to_dict(), "predicted": pred,
+            "cuda0": lg.compare(pred.get("CUDA0", {"total": 0}), measured),
+            "log_device": dev, "log": lg.log_device(m.raw, dev), "predicted_parts": parts}
+
+
+def step_memory(c: Ctx, cases: list[IkCase]) -> bool:
+    wanted = [x for x in cases if not c.args.plans or x.name in c.args.plans]
+    for i, case in enumerate(wanted):
+        if c.done(f"mem-{case.name}"):
+            continue
+        if not c.time_ok("memory"):
+            return False
+        log(f"memory: [{i + 1}/{len(wanted)}] {case.name}: {case.what}")
+        rec = measure_memory_case(c, case)
+        m, c0 = rec["measurement"], rec["cuda0"]
+        log(f"memory: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
+            f"{m['tg_tps']:.2f}; VRAM measured {lg._mib(c0['measured_bytes'])} predicted "
+            f"{lg._mib(c0['predicted_bytes'])} MiB ({rec['seconds']} s)")
+        c.keep(f"mem-{case.name}", rec)
+    return True
+
+
+def step_op(c: Ctx, cases: list[IkCase]) -> bool:
+    """Every configuration once per round, the rounds in order: a cut-off call resumes at the next sample."""
+    for r in range(c.args.rounds):
+        for case in cases:
+            key = f"op-r{r}-{case.name}"
+            if c.done(key):
+                continue
+            if not c.time_ok("op"):
+                return False
+            wl = Workload(case.plan.knobs.n_ubatch, c.args.op_gen, 0, c.args.reps)
+            m, _, gpu_cmd = _run_plan(c, case, wl)
+            log(f"op: round {r + 1}/{c.args.rounds} {case.name}: {'ok' if m.ok else 'FAILED ' + m.error}; "
+                f"PP {m.pp_tps:.1f} TG {m.tg_tps:.2f}")
+            c.keep(key, {"round": r, "name": case.name, "what": case.what, "n_ubatch": case.plan.knobs.n_ubatch,
+                         "command": gpu_cmd, "measurement": m.to_dict()})
+    return True
+
+
+# ---- the ik study, and mainline against it ---------------------------------------------------------------------------
+
+def cell_name(budget_gib: int, depth: int = 0) -> str:
+    return f"ik-{budget_gib}g-d{depth}"
+
+
+def study_args(c: Ctx) -> argparse.Namespace:
+    """The fields tune_vs_fit's helpers read, for the ik cells."""
+    a = c.args
+    return argparse.Namespace(n_prompt=a.n_prompt, n_gen=a.n_gen, reps=a.reps, storage=a.storage, seed=a.seed,
+                              pool=a.pool, runs=a.runs, confirm=a.confirm)
+
+
+def run_cell(c: Ctx, budget_gib: int) -> bool:
+    """One ik cell as tune_vs_fit.run_cell runs a mainline one (baselines, search, confirmation), with an ik
+    Tuner: run_cell builds its Tuner without a dialect (mainline plans, which the ik engine refuses)."""
+    import tune_vs_fit as tvf
+    from planner.report import study_summary
+    from planner.search import Tuner
+    from planner.space import SpaceConfig
+    a = study_args(c)
+    wl = Workload(a.n_prompt, a.n_gen, 0, a.reps)
+    hw = c.hw.with_vram([budget_gib * GiB])
+    tuner = Tuner(c.inv, hw, c.engine, model=str(c.inv.source), objective="both", workload=wl,
+                  n_ctx=a.n_prompt + a.n_gen, margin=None, config=SpaceConfig().settled(hw.host.n_threads),
+                  dialect="ik", study_name=cell_name(budget_gib), storage=a.storage, seed=a.seed, pool_size=a.pool)
+    if "confirmed" in tuner.study.user_attrs:
+        return True
+    if "baselines" not in tuner.study.user_attrs:
+        log(f"{tuner.study_name}: baselines (ik's own --fit first)")
+        tuner.baselines()
+    runs = study_summary(tuner.study)["engine_runs"]
+    n_search = a.runs - runs["baselines"] - a.confirm * tvf.CONFIRM_CONTENDERS - runs["trials"]
+    if n_search > 0 and time.monotonic() < c.deadline:
+        res = tuner.run(n_search, deadline=c.deadline, patience=40)
+        log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'})")
+        if res.stopped.startswith("stopped at the deadline"):
+            return False
+    if time.monotonic() >= c.deadline:
+        return False
+    log(f"{tuner.study_name}: confirmation, {a.confirm} rounds")
+    return bool(tuner.confirm(a.confirm, n_tg=1, deadline=c.deadline))
+
+
+def step_study(c: Ctx) -> bool:
+    for b in c.args.budgets:
+        if not c.time_ok(cell_name(b)):       # baselines run in one go, without a deadline check
+            return False
+        ok = run_cell(c, b)
+        log(f"{cell_name(b)}: {'confirmed' if ok else 'not finished: run again'}")
+        if not ok:
+            return False
+    return True
+
+
+def load_study(storage_url: str, name: str):
+    """The Optuna study of that name in that storage, or None."""
+    import optuna
+    from planner.search import make_storage
+    storage = make_storage(storage_url)
+    if name not in {s.study_name for s in storage.get_all_studies()}:
+        return None
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def study_rows(c: Ctx) -> list[dict[str, Any]]:
+    import tune_vs_fit as tvf
+    rows = []
+    for b in c.args.budgets:
+        st = load_study(c.args.storage, cell_name(b))
+        if st is not None:
+            row = tvf.cell_row(st, b, 0)
+            fit = next((x for x in st.user_attrs.get("baselines", []) if x.get("kind") == "engine-fit"), {})
+            row["ik_fit_note"], row["ik_fit_chosen"] = fit.get("note", ""), " ".join(fit.get("chosen_args", []))
+            rows.append(row)
+    return rows
+
+
+def mainline_rows(c: Ctx) -> list[dict[str, Any]]:
+    """The tune_vs_fit cells of the same budgets at depth 0 (from --mainline-db), for the report."""
+    import tune_vs_fit as tvf
+    db = c.args.mainline_db
+    if db is None or not db.exists():
+        return []
+    out = []
+    for b in c.args.budgets:
+        st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0))
+        if st is not None:
+            out.append(tvf.cell_row(st, b, 0))
+    return out
+
+
+@dataclass(frozen=True)
+class Contender:
+    key: str
+    what: str
+    measure: Callable[[], Any]
+
+
+def ik_contenders(c: Ctx, b: int, wl: Workload) -> list[Contender]:
+    """ik's --fit (its study baseline's line) and ik's confirmed best TG config at budget b."""
+    st = load_study(c.args.storage, cell_name(b))
+    if st is None:
+        return []
+    out = []
+    fit = next((x for x in st.user_attrs.get("baselines", []) if x.get("kind") == "engine-fit"), None)
+    if fit is not None:
+        out.append(Contender("ik-fit", "ik --fit (llama-sweep-bench)",
+                             lambda: c.engine.measure_args(fit["argv"], wl, fit.get("env") or {})))
+    plan = _best_plan(st)
+    if plan is not None:
+        out.append(Contender("ik-best", f"ik best TG ({plan.label})", lambda: c.engine.measure(c.inv, plan, wl)))
+    return out
+
+
+def _best_plan(study) -> Plan | None:
+    key = ((study.user_attrs.get("confirmed") or {}).get("picks") or {}).get("best_tg")
+    if not key or not key.startswith("trial:"):
+        return None
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == int(key.split(":")[1])), None)
+    return Plan.from_json(trial.user_attrs["plan"]) if trial is not None and "plan" in trial.user_attrs else None
+
+
+def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: Workload) -> list[Contender]:
+    """mainline's --fit (own_fit the first time, its stored argv after: the same -fitt every round) and, from the
+    tune_vs_fit study of the budget, mainline's confirmed best TG config."""
+    import tune_vs_fit as tvf
+    argv_file = c.results / f"ml-{b}g-fit-argv.json"
+
+    def fit() -> Any:
+        if argv_file.exists():
+            return ml.measure_args(json.loads(argv_file.read_text()), wl)
+        f = ml.own_fit(c.inv, wl, {"CUDA0": b * GiB})
+        if f is None:
+            raise BadInput(f"{ml.path} has no -fitt: give a mainline llama-bench with --fit (PR #21304)")
+        lg.write_json(argv_file, list(f.argv))
+        return f.measurement
+    out = [Contender("ml-fit", "mainline --fit (llama-bench -fitt)", fit)]
+    db = c.args.mainline_db
+    st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0)) if db is not None and db.exists() else None
+    plan = _best_plan(st) if st is not None else None
+    if plan is not None:
+        out.append(Contender("ml-best", f"mainline best TG ({plan.label})", lambda: ml.measure(c.inv, plan, wl)))
+    return out
+
+
+def step_mainline(c: Ctx, ml: LlamaCppEngine) -> bool:
+    wl = Workload(c.args.n_prompt, c.args.n_gen, 0, c.args.reps)
+    for b in c.args.budgets:
+        contenders = ik_contenders(c, b, wl) + mainline_contenders(c, ml, b, wl)
+        for r in range(c.args.rounds):
+            for ct in contenders:
+                key = f"ml-{b}g-r{r}-{ct.key}"
+                if c.done(key):
+                    continue
+                if not c.time_ok("mainline"):
+                    return False
+                m = ct.measure()
+                log(f"mainline: {b} GiB round {r + 1}/{c.args.rounds} {ct.key}: "
+                    f"{'ok' if m.ok else 'FAILED ' + m.error}; PP {m.pp_tps:.1f} TG {m.tg_tps:.2f}")
+                c.keep(key, {"budget_gib": b, "round": r, "key": ct.key, "what": ct.what,
+                             "measurement": m.to_dict()})
+    return True
+
+
+# ---- report ----------------------------------------------------------------------------------------------------------
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    return {"median": statistics.median(values), "lo": min(values), "hi": max(values), "n": len(values)} \
+        if values else None
+
+
+def summarise(samples: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """Per configuration (key(sample)), medians and [min-max] of PP, TG and VRAM over its ok samples, in
+    first-seen order."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for s in samples:
+        groups.setdefault(key(s), []).append(s)
+    out = []
+    for name, ss in groups.items():
+        ok = [s["measurement"] for s in ss if s["measurement"]["ok"]]
+        vram = [sum(m["peak_bytes"].values()) / MiB for m in ok if m.get("peak_bytes")]
+        out.append({**{k: v for k, v in ss[0].items() if k not in ("measurement", "round")}, "samples": len(ss),
+                    "failed": len(ss) - len(ok), "errors": sorted({s["measurement"]["error"] for s in ss
+                                                                  if not s["measurement"]["ok"]})[:2],
+                    "pp": spread([m["pp_tps"] for m in ok]), "tg": spread([m["tg_tps"] for m in ok]),
+                    "vram_mib": spread(vram)})
+    return out
+
+
+def _cell(s: dict[str, float] | None, fmt: str = ".1f") -> str:
+    return "-" if not s else f"{s['median']:{fmt}} [{s['lo']:{fmt}}-{s['hi']:{fmt}}]"
+
+
+def memory_lines(plans: list[dict[str, Any]]) -> list[str]:
+    L = ["## GPU memory: predicted vs measured (ik llama-sweep-bench)", "",
+         "| plan | ctx | ub | PP t/s | TG t/s | measured MiB | predicted MiB | error MiB | error % | goal MiB | ok | "
+         "ik log: model+KV+compute MiB | model: weights+KV+compute+overhead MiB |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for p in plans:
+        m, c0, lgd, pr = p["measurement"], p["cuda0"], p.get("log"), p.get("predicted_parts")
+        pp = f"{m['pp_tps']:.1f}" if m["ok"] else f"FAILED: {m['error'][:60]}"
+        within = "-" if c0["within_goal"] is None else ("yes" if c0["within_goal"] else "**no**")
+        pct = "-" if c0["error_pct"] is None else f"{c0['error_pct']:+.1f}"
+        logged = "-" if not lgd else "+".join(lg._mib(lgd[x]) for x in ("model", "kv")) + \
+            f"+{lg._mib(lgd['compute'] + lgd['output'])}"
+        parts = "-" if not pr else "+".join(lg._mib(pr[x]) for x in ("weights", "kv", "compute", "overhead"))
+        L.append(f"| {p['name']} | {p['n_ctx']} | {p['knobs']['n_ubatch']} | {pp} | {m['tg_tps']:.2f} | "
+                 f"{lg._mib(c0['measured_bytes'])} | {lg._mib(c0['predicted_bytes'])} | {lg._mib(c0['error_bytes'])} | "
+                 f"{pct} | {lg._mib(c0['goal_bytes'])} | {within} | {logged} | {parts} |")
+    judged = [p for p in plans if p["cuda0"]["within_goal"] is not None]
+    over = [p["name"] for p in judged if not p["cuda0"]["within_goal"]]
+    L += ["", f"{len(judged) - len(over)} of {len(judged)} measured plans within |error| <= max(3%, 256 MiB)"
+          + (f"; over: {', '.join(over)}" if over else "") + ". error = predicted - measured; measured = peak "
+          "device memory in use during the run minus the reading before it (CUDA context included). The log "
+          "columns are for the device that ran (the CPU in a dry run); the model's parts are for the same run.", ""]
+    L += ["Commands:", ""] + [f"- {p['name']}: `{p['command']}`" for p in plans] + [""]
+    return L
+
+
+def op_lines(rows: list[dict[str, Any]]) -> list[str]:
+    L = ["## What -op buys: experts in RAM (-ngl 99 -ot exps=CPU), MoE op offload on / off", "",
+         "| config | ub | PP t/s median [min-max] | PP x on | TG t/s median [min-max] | VRAM MiB | samples | command |",
+         "|---|---:|---|---:|---|---:|---:|---|"]
+    on = {r["n_ubatch"]: r for r in rows if r["name"].endswith("-on")}
+    for r in rows:
+        ref = on.get(r["n_ubatch"])
+        x = f"{r['pp']['median'] / ref['pp']['median']:.2f}" if r["pp"] and ref and ref["pp"] else "-"
+        vram = f"{r['vram_mib']['median']:.0f}" if r["vram_mib"] else "-"
+        fails = f" ({r['failed']} failed: {'; '.join(e[:50] for e in r['errors'])})" if r["failed"] else ""
+        L.append(f"| {r['name']} | {r['n_ubatch']} | {_cell(r['pp'])} | {x} | {_cell(r['tg'], '.2f')} | {vram} | "
+                 f"{r['samples']}{fails} | `{r['command'].split(' -m ')[-1][:120]}` |")
+    L += ["", "PP of llama-sweep-bench: one ubatch at depth 0, -nrep repeats inside a run; rounds interleave every "
+          "configuration (A B C D .. A B C D ..). ik offloads MUL_MAT_ID / MOE_FUSED_UP_GATE only when "
+          "batch x n_expert_used >= 32 x n_expert (Qwen3-30B-A3B: 128 experts, 8 used: ubatch >= 512).", ""]
+    return L
+
+
+def study_lines(rows: list[dict[str, Any]], ml_rows: list[dict[str, Any]]) -> list[str]:
+    def c3(p: dict[str, Any] | None) -> str:
+        return f"{p['tg']:.2f} / {p['pp']:.0f} / {p['vram_mib']:.0f}" if p else "-"
+
+    def x(p: dict[str, Any] | None) -> str:
+        v = (p or {}).get("tg_vs_fit")
+        return f"{v['ratio']:.3f} {v['verdict']}" if v else "-"
+    ml = {r["budget_gib"]: r for r in ml_rows}
+    L = ["## ik tune study vs ik's own --fit (and the mainline study of the same budget)", "",
+         "| budget | runs | ik --fit TG / PP / VRAM MiB | ik best TG | TG x ik fit | ik balanced | TG x | "
+         "mainline --fit (tune_vs_fit) | mainline best TG | TG x mainline fit |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = ml.get(r["budget_gib"]) or {}
+        L.append(f"| {r['budget_gib']} GiB | {r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'} | "
+                 f"{c3(r['fit'])} | {c3(r['best_tg'])} | {x(r['best_tg'])} | {c3(r['balanced'])} | "
+                 f"{x(r['balanced'])} | {c3(m.get('fit'))} | {c3(m.get('best_tg'))} | {x(m.get('best_tg'))} |")
+    L += ["", "Confirmed medians over interleaved re-runs; ik's PP is sweep-bench's (one ubatch), mainline's is "
+          "llama-bench -p 2048: compare TG across engines, PP only within one.", ""]
+    for r in rows:
+        L.append(f"- {r['budget_gib']} GiB: ik --fit: {r.get('ik_fit_note') or '-'}"
+                 + (f"; its choice `{r['ik_fit_chosen']}`" if r.get("ik_fit_chosen") else ""))
+        for role in ("fit", "best_tg", "balanced"):
+            if r.get(role):
+                L.append(f"  - {role}: `{r[role]['flags']}`")
+    return L + [""]
+
+
+def mainline_lines(rows: list[dict[str, Any]]) -> list[str]:
+    L = ["## Interleaved in one call: ik vs mainline at the same budget", "",
+         "| budget | contender | TG t/s median [min-max] | TG x mainline --fit | PP t/s median [min-max] | "
+         "VRAM MiB | samples |", "|---|---|---|---:|---|---:|---:|"]
+    for b in sorted({r["budget_gib"] for r in rows}):
+        sel = [r for r in rows if r["budget_gib"] == b]
+        ref = next((r for r in sel if r["key"] == "ml-fit" and r["tg"]), None)
+        for r in sel:
+            x = f"{r['tg']['median'] / ref['tg']['median']:.3f}" if ref and r["tg"] else "-"
+            vram = f"{r['vram_mib']['median']:.0f}" if r["vram_mib"] else "-"
+            fails = f" ({r['failed']} failed: {'; '.join(e[:50] for e in r['errors'])})" if r["failed"] else ""
+            L.append(f"| {b} GiB | {r['what']} | {_cell(r['tg'], '.2f')} | {x} | {_cell(r['pp'])} | {vram} | "
+                     f"{r['samples']}{fails} |")
+    L += ["", "TG is comparable across the engines (n_gen tokens at depth 0 in both). PP is not the same measure: "
+          "llama-sweep-bench times one ubatch at depth 0, llama-bench times -p 2048 tokens in ubatches.", ""]
+    return L
+
+
+def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
+    order = {n: i for i, n in enumerate(meta["case_order"])}
+    plans = sorted(lg.load_results(c.results, "mem"), key=lambda p: order.get(p["name"], 1 << 30))
+    op_order = {n: i for i, n in enumerate(meta["op_order"])}
+    op = summarise(sorted(lg.load_results(c.results, "op"), key=lambda s: (op_order.get(s["name"], 99), s["round"])),
+                   lambda s: s["name"])
+    ml_samples = [s for s in lg.load_results(c.results, "ml") if "measurement" in s]   # not the stored -fitt argv
+    ml = summarise(sorted(ml_samples, key=lambda s: (s["budget_gib"], s["round"])),
+                   lambda s: (s["budget_gib"], s["key"]))
+    rows, ml_rows = study_rows(c), mainline_rows(c)
+    out.mkdir(parents=True, exist_ok=True)
+    name = c.args.name
+    lg.write_json(out / f"{name}.json", {"meta": meta, "memory": plans, "op": op, "study": rows,
+                                         "mainline_study": ml_rows, "mainline": ml})
+    L = [f"# ik_llama.cpp on {meta.get('gpu') or 'no GPU (CPU dry run)'}", "",
+         f"{meta['date']}; model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, Q4_0, Qwen3-30B-A3B shape); "
+         f"ik {meta['binary']['version'] or meta['binary']['path']}; VRAM from {meta['vram_source']}; predictions: "
+         f"planner.memory (dialect ik, hardware '{meta['hardware']}').", ""]
+    if meta["cpu_mode"]:
+        L += ["**CPU dry run**: every plan ran with all tensors on the CPU (ik's --fit dropped: a CPU build cannot "
+              "fit); VRAM columns are empty.", ""]
+    L += memory_lines(plans) + op_lines(op) + study_lines(rows, ml_rows) + (mainline_lines(ml) if ml else [])
+    (out / f"{name}.md").write_text("\n".join(L) + "\n")
+    if rows:
+        import tune_vs_fit as tvf
+        try:              # its plot needs matplotlib; the numbers are in NAME.json/.md either way
+            tvf.write_report(rows, {**meta, "n_prompt": c.args.n_prompt, "n_gen": c.args.n_gen, "reps": c.args.reps,
+                                    "runs": c.args.runs, "confirm": c.args.confirm}, out, f"{name}_study")
+        except ImportError as e:
+            log(f"report: no {name}_study.png ({e})")
+    log(f"report: {out / name}.md ({len(plans)} memory plans, {len(op)} op configs, {len(rows)} study cells, "
+        f"{len(ml)} mainline contenders)")
+
+
+# ---- main ------------------------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="dry run: the CPU ik build, a tiny model, every plan all-CPU")
+    ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
+    ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
+    ap.add_argument("--name", default="ik_gpu", help="file stem of the report (default ik_gpu)")
+    ap.add_argument("--ik-bin", type=Path, help=f"folder with ik's llama-sweep-bench (default {IK_BIN})")
+    ap.add_argument("--mainline-bench", type=Path, help="mainline llama-bench with -fitt for the mainline step "
+                    f"(default {MAINLINE_BENCH} when it exists; --cpu: the CPU build)")
+    ap.add_argument("--mainline-db", type=Path, help=f"tune_vs_fit's SQLite db (default {MAINLINE_DB} when there)")
+    ap.add_argument("--model", type=Path, help=f"default {MODEL} (written if missing)")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
+    ap.add_argument("--plans", default="", help="memory: comma list of plan names (default all; --list shows them)")
+    ap.add_argument("--list", action="store_true", help="list the memory and op plans and exit")
+    ap.add_argument("--redo", action="store_true", help="measure again what has results already")
+    ap.add_argument("--budgets", help="GiB, comma list (default 8,16; 1 with --cpu)")
+    ap.add_argument("--runs", type=int, help="study: engine runs per cell, all phases (default 24; 12 with --cpu)")
+    ap.add_argument("--confirm", type=int, help="study: confirmation rounds (default 3; 2 with --cpu)")
+    ap.add_argument("--rounds", type=int, help="op and mainline: interleaved rounds (default 3; 2 with --cpu)")
+    ap.add_argument("--n-prompt", type=int, help="study/mainline -p (default 2048; 32 with --cpu)")
+    ap.add_argument("--n-gen", type=int, help="study/mainline -n (default 64; 4 with --cpu)")
+    ap.add_argument("--reps", type=int, help="repetitions inside a run (default 3; 1 with --cpu)")
+    ap.add_argument("--mem-gen", type=int, default=16, help="memory: tokens generated per run (default 16)")
+    ap.add_argument("--op-gen", type=int, default=16, help="op: tokens generated per run (default 16)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pool", type=int, default=200)
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per run (default 240)")
+    ap.add_argument("--time-budget", type=float, default=520.0, help="seconds this call may use (default 520)")
+    ap.add_argument("--min-left", type=float, default=60.0, help="seconds a new run needs (default 60; a study "
+                    "cell's baselines need about 2 of them)")
+    ap.add_argument("--model-min-left", type=float, default=200.0, help="seconds the 17 GB model write needs")
+    ap.add_argument("--hardware", default="gpu-box")
+    args = ap.parse_args(argv)
+    args.steps = [s for s in args.steps.split(",") if s]
+    bad = [s for s in args.steps if s not in STEPS]
+    if bad:
+        ap.error(f"unknown step {bad[0]!r}; steps: {', '.join(STEPS)}")
+    cpu = args.cpu
+    try:
+        args.budgets = [int(b) for b in (args.budgets or ("1" if cpu else "8,16")).split(",") if b]
+    except ValueError:
+        ap.error(f"--budgets takes whole GiB, comma separated: {args.budgets!r}")
+    defaults = {"runs": (24, 12), "confirm": (3, 2), "rounds": (3, 2), "n_prompt": (2048, 32), "n_gen": (64, 4),
+                "reps": (3, 1)}
+    for k, (gpu_v, cpu_v) in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, cpu_v if cpu else gpu_v)
+        if getattr(args, k) < 1:
+            ap.error(f"--{k.replace('_', '-')} must be >= 1")
+    args.plans = [p for p in args.plans.split(",") if p]
+    return args
+
+
+def binaries(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """ik's llama-sweep-bench and the mainline llama-bench (None: no mainline step)."""
+    if args.cpu:
+        from runtime.ik_build import ensure_built
+        sweep = (args.ik_bin / "llama-sweep-bench") if args.ik_bin else ensure_built()["llama-sweep-bench"]
+        if args.mainline_bench is None and "mainline" in args.steps:
+            from runtime.llamacpp_build import ensure_built as ensure_mainline
+            return sweep, ensure_mainline()["llama-bench"]
+        return sweep, args.mainline_bench
+    sweep = (args.ik_bin or IK_BIN) / "llama-sweep-bench"
+    if not sweep.is_file():
+        raise BadInput(f"no llama-sweep-bench at {sweep}: run `bash benchmarks/llamacpp_gpu.sh build-ik` or give "
+                       "--ik-bin")
+    if args.mainline_bench is None:          # the mainline CUDA build of `llamacpp_gpu.sh build`, when there
+        return sweep, MAINLINE_BENCH if MAINLINE_BENCH.is_file() else None
+    if not args.mainline_bench.is_file():
+        raise BadInput(f"--mainline-bench {args.mainline_bench}: no such file")
+    return sweep, args.mainline_bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (BadInput, InputError) as e:
+        print(f"ik_gpu: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
+    results = workdir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    args.storage = f"sqlite:///{workdir / 'ik_gpu.db'}"
+    if args.mainline_db is None and MAINLINE_DB.exists() and not args.cpu:
+        args.mainline_db = MAINLINE_DB
+    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else MODEL)
+    if not model.exists():
+        if args.model is not None:
+            raise BadInput(f"--model {model}: no such file")
+        if not args.cpu and args.time_budget - (time.monotonic() - t0) < args.model_min_left:
+            log(f"model: not written in this call (writing 17 GB needs ~{args.model_min_left:.0f} s); run again")
+            return 3
+        lg.write_model(model, args.cpu)
+    inv = load_inventory(model)
+    hw = load_hardware(args.hardware)
+    if args.cpu:      # the stand-in runs on this machine's cores: plans with gpu-box's 16 threads crawl on 2
+        hw = replace(hw, host=replace(hw.host, n_threads=min(hw.host.n_threads, os.cpu_count() or 1)))
+    cases, ops = make_cases(inv, hw, args.budgets, args.n_prompt, 1024 if args.cpu else LONG_CTX), op_cases(inv)
+    if args.list:
+        for x in cases + ops:
+            print(f"{x.name:24s} {x.what}")
+        return 0
+    unknown = [p for p in args.plans if p not in {x.name for x in cases}]
+    if unknown:
+        raise BadInput(f"unknown plan {unknown[0]!r}; --list shows them")
+    sweep, ml_bench = binaries(args)
+    engine = LlamaCppEngine(sweep, timeout_s=args.timeout, model_path=model, verbose=True, cpu_stand_in=args.cpu)
+    if engine.info.dialect != "ik" or engine.info.tool != "sweep":
+        raise BadInput(f"{sweep} is not ik's llama-sweep-bench ({engine.info.dialect} {engine.info.tool})")
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+            "cpu_mode": args.cpu, "binary": engine.info.to_dict(), "gpu": _gpu_name(engine),
+            "vram_source": engine.sampler().source if engine.sampler() else "none", "model": str(model),
+            "model_gib": model.stat().st_size / GiB, "hardware": hw.name, "budgets": args.budgets,
+            "case_order": [x.name for x in cases], "op_order": [x.name for x in ops], "goal": "max(3%, 256 MiB)",
+            "mainline_bench": str(ml_bench) if ml_bench else None,
+            "mainline_db": str(args.mainline_db) if args.mainline_db else None}
+    c = Ctx(args, engine, inv, hw, results, t0 + args.time_budget, lambda: None)
+    c.after_each = lambda: report(c, meta, out)    # after every result: a call cut off still leaves a report
+    done = _run_steps(c, cases, ops, ml_bench)
+    report(c, meta, out)
+    log("all steps done" if done else "work left: run again")
+    return 0 if done else 3
+
+
+def _run_steps(c: Ctx, cases: list[IkCase], ops: list[IkCase], ml_bench: Path | None) -> bool:
+    steps = c.args.steps
+    if "memory" in steps and not step_memory(c, cases):
+        return False
+    if "op" in steps and not step_op(c, ops):
+        return False
+    if "study" in steps and not step_study(c):
+        return False
+    if "mainline" in steps and ml_bench is None:
+        log("mainline: skipped (no --mainline-bench)")
+    if "mainline" in steps and ml_bench is not None:
+        ml = LlamaCppEngine(ml_bench, timeout_s=c.args.timeout, model_path=c.engine.model_path,
+                            cpu_stand_in=c.args.cpu)
+        if ml.info.dialect != "mainline":
+            raise BadInput(f"--mainline-bench {ml_bench} is an {ml.info.dialect} build, not mainline")
+        return step_mainline(c, ml)
+    return True
+
+
+def _gpu_name(engine: LlamaCppEngine) -> str | None:
+    """The GPU's name from nvidia-smi (ik's sweep-bench cannot list devices)."""
+    import shutil
+    import subprocess
+    if engine.sampler() is None or not shutil.which("nvidia-smi"):
+        return None
+    r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True,
+                       text=True)
+    return r.stdout.strip().replace("\n", "; ") or None if r.returncode == 0 else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
