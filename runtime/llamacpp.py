@@ -549,15 +549,17 @@ class LlamaCppEngine:
         """ik's --fit as a server user runs it: llama-sweep-bench -c CTX --fit --fit-margin M with the study's
         default knobs (docs/ik_llama.md, "ik's own --fit"). ik sizes KV and compute for max_ctx_size = the
         server's -c (common/common.cpp ~4273) and leaves M MiB free on each GPU (src/llama.cpp ~4298; 0 would
-        mean its 1 GiB default, so M >= 1). CTX is the context the engine's sweep-bench runs hold (one row at
-        the workload's depth), so --fit's run and the trials' runs reserve the same KV. The placement ik chose
+        mean its 1 GiB default, so M >= 1). CTX is the context the emitted command holds (depth + prompt +
+        generated), the one every trial's peak is judged at. The placement ik chose
         is read from its log (runtime/llamacpp_logs.py parse_ik_fit)."""
         if "--fit" not in self.info.flags or "--fit-margin" not in self.info.flags:
             return None                        # an ik build from before its auto-fit
         free, margin_mib = self._fit_target(budgets)
         kn = dict(zip(knobs[::2], knobs[1::2]))
         ub, nb = int(kn.get("-ub", 512)), int(kn.get("-b", 2048))
-        n_ctx = sweep_ctx(ub, nb, workload)
+        # fitted for the context the user's server holds (depth + prompt + generated), as the trials are judged
+        # at it; sweep-bench then measures rows up to it and the row at the workload's depth is read
+        n_ctx = max(sweep_ctx(ub, nb, workload), workload.depth + workload.n_prompt + workload.n_gen)
         argv = ["-m", self._model(inv), "-c", str(n_ctx), "-b", str(nb), "-ub", str(ub)]
         if "-fa" in kn:
             argv += ["-fa", "on" if kn["-fa"] in ("1", "on") else "off"]
