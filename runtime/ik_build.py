@@ -89,7 +89,10 @@ def _extract(tarball: Path, src: Path) -> None:
     (tmp / "examples" / "CMakeLists.txt").write_text(_EXAMPLES_CMAKE)
     info = tmp / "cmake" / "build-info.cmake"
     info.write_text(info.read_text().replace("set(BUILD_NUMBER 0)", f"set(BUILD_NUMBER {IK_BUILD_NUMBER})")
-                    .replace('set(BUILD_COMMIT "unknown")', f'set(BUILD_COMMIT "{IK_COMMIT[:8]}")'))
+                    .replace('set(BUILD_COMMIT "unknown")', f'set(BUILD_COMMIT "{IK_COMMIT[:8]}")')
+                    # a tree inside another git checkout (the GPU box's copy of this repository) would take that
+                    # repository's commit count as ik's build number and look like a build from before PR 698
+                    .replace("# Get the commit count and hash\nif(Git_FOUND)", "# Get the commit count and hash\nif(FALSE)"))
     top = tmp / "CMakeLists.txt"
     top.write_text(top.read_text().replace("add_subdirectory(pocs)", "# add_subdirectory(pocs)  (pruned)"))
     shutil.rmtree(src, ignore_errors=True)
