@@ -557,9 +557,12 @@ class LlamaCppEngine:
         free, margin_mib = self._fit_target(budgets)
         kn = dict(zip(knobs[::2], knobs[1::2]))
         ub, nb = int(kn.get("-ub", 512)), int(kn.get("-b", 2048))
-        # fitted for the context the user's server holds (depth + prompt + generated), as the trials are judged
-        # at it; sweep-bench then measures rows up to it and the row at the workload's depth is read
-        n_ctx = max(sweep_ctx(ub, nb, workload), workload.depth + workload.n_prompt + workload.n_gen)
+        # fitted for (at least) the context the user's server holds, depth + prompt + generated, as the trials are
+        # judged at it. sweep-bench steps one ubatch per row while n_kv < -c and fails the decode of a row that
+        # crosses -c, so -c is rounded up to whole ubatches (a few dozen MiB of KV more than the server's)
+        step = min(ub, nb)
+        want = max(sweep_ctx(ub, nb, workload), workload.depth + workload.n_prompt + workload.n_gen)
+        n_ctx = -(-want // step) * step
         argv = ["-m", self._model(inv), "-c", str(n_ctx), "-b", str(nb), "-ub", str(ub)]
         if "-fa" in kn:
             argv += ["-fa", "on" if kn["-fa"] in ("1", "on") else "off"]
@@ -577,7 +580,6 @@ class LlamaCppEngine:
             argv += ["--fit", "--fit-margin", str(margin_mib)]
         if self.verbose:
             argv.append("-v")
-        step = min(ub, nb)
         cmd = EngineCommand(str(self.path), tuple(argv), {}, sweep_depth=workload.depth // step * step)
         run = self.run(cmd)
         m = self._read_run(run, cmd, workload)

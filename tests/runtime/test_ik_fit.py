@@ -83,3 +83,14 @@ def test_a_tune_study_on_ik_sweep_bench_stores_the_fit_baseline(ik_binaries, mod
     conf = s["confirmed"]
     assert conf["reference"] == "fit" and conf["results"][0]["key"] == "fit"
     assert all(len(r["tg"]["samples"]) == 2 for r in conf["results"])
+
+
+def test_the_fit_run_holds_the_servers_context_in_whole_ubatches(ik_binaries, model):
+    """ik's --fit is sized for depth + prompt + generated (what the trials are judged at); sweep-bench fails the
+    row that crosses -c, so -c is whole ubatches (the H100 run at -c 2112 -ub 512 ended in llama_decode failed).
+    The stand-in runs the same line without --fit: it must run to the end."""
+    engine = LlamaCppEngine(ik_binaries["llama-sweep-bench"], timeout_s=300, cpu_stand_in=True)
+    fit = engine.own_fit(load_inventory(model), Workload(600, 4, 0, 1), {"CUDA0": 1 << 30})
+    argv = list(fit.argv)
+    assert argv[argv.index("-c") + 1] == "1024" and argv[argv.index("-ub") + 1] == "512"
+    assert fit.measurement.ok, fit.measurement.error
