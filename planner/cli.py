@@ -160,24 +160,34 @@ def _print_layers(inv, assignment: dict[str, str]) -> None:
 
 # ---- commands -------------------------------------------------------------------------------------------------
 
+def _per_layer(inv) -> list[dict]:
+    out = []
+    for il in range(inv.n_layer):
+        ts = inv.by_layer.get(il, ())
+        out.append({"layer": il, "bytes": sum(t.nbytes for t in ts),
+                    "expert_bytes": sum(t.nbytes for t in ts if t.is_expert),
+                    "nextn": any(t.role == "nextn" for t in ts)})
+    return out
+
+
+def inspect_json(inv) -> dict:
+    """What `inspect --json` prints (the service answers the same)."""
+    return {"model": inv.name, "source": inv.source, "arch": inv.arch,
+            "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(inv.hparams).items()},
+            "n_tensors": len(inv.tensors), "total_bytes": inv.total_bytes(),
+            "active_bytes_per_token": inv.active_bytes_per_token(), "tied_output": inv.tied_output,
+            "groups": inv.groups(), "layers": _per_layer(inv)}
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .loader import load_model
     from .report import inventory_summary, table
     inv = load_model(args.model)
     hp = inv.hparams
     groups = inv.groups()
-    per_layer = []
-    for il in range(inv.n_layer):
-        ts = inv.by_layer.get(il, ())
-        per_layer.append({"layer": il, "bytes": sum(t.nbytes for t in ts),
-                          "expert_bytes": sum(t.nbytes for t in ts if t.is_expert),
-                          "nextn": any(t.role == "nextn" for t in ts)})
+    per_layer = _per_layer(inv)
     if args.json:
-        _emit_json({"model": inv.name, "source": inv.source, "arch": inv.arch,
-                    "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(hp).items()},
-                    "n_tensors": len(inv.tensors), "total_bytes": inv.total_bytes(),
-                    "active_bytes_per_token": inv.active_bytes_per_token(), "tied_output": inv.tied_output,
-                    "groups": groups, "layers": per_layer})
+        _emit_json(inspect_json(inv))
         return 0
     print(inventory_summary(inv))
     print(f"tensors: {len(inv.tensors)}; weights read per token: {fmt_bytes(inv.active_bytes_per_token())}"
@@ -201,11 +211,34 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class PlanOutcome:
+    """Everything `plan` reports: the text printer and `--json` (and the service) read the same object."""
+    model: str
+    objective: str
+    inv: object
+    hw: HardwareProfile
+    build: Build
+    ranked: list
+    budget: object
+    cmds: Commands
+
+    def to_json(self) -> dict:
+        from .memory import estimate
+        best, inv, hw = self.ranked[0], self.inv, self.hw
+        return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
+                "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
+                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
+                "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
+                "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
+                                  "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
+                                  "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
+                                 for s in self.ranked[1:]]}
+
+
+def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
     from .loader import load_model
-    from .memory import estimate
     from .propose import Budget, best_plans
-    from .report import inventory_summary, memory_table, table
     inv = load_model(args.model)
     check_dialect(inv, args.dialect)
     hw = _hardware(args)
@@ -221,25 +254,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif args.dialect == "ik" and args.amb is not None:
         knobs = replace(knobs, amb=args.amb)
-    args.objective = "balanced" if args.objective == "both" else args.objective
-    ranked = best_plans(inv, hw, knobs, args.dialect, args.objective, margin)
-    best = ranked[0]
-    budget = Budget.from_hardware(hw, margin)
-    cmds = commands_for(best.plan, inv, args.model, build)
+    objective = "balanced" if args.objective == "both" else args.objective
+    ranked = best_plans(inv, hw, knobs, args.dialect, objective, margin)
+    return PlanOutcome(args.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
+                       commands_for(ranked[0].plan, inv, args.model, build))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .report import inventory_summary, memory_table, table
+    o = plan_outcome(args)
     if args.json:
-        _emit_json({"model": inv.name, "hardware": hw.name, "objective": args.objective,
-                    "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
-                    "budgets": budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
-                    "build": build.describe(), "commands": cmds.lines, "not_expressible": cmds.cannot,
-                    "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
-                                      "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
-                                      "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
-                                     for s in ranked[1:]]})
+        _emit_json(o.to_json())
         return 0
+    inv, hw, build, ranked, budget, cmds = o.inv, o.hw, o.build, o.ranked, o.budget, o.cmds
+    best = ranked[0]
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
     print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
-    print(f"best ({args.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
+    print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
     print(f"target:   {build.describe()}")
     print()
@@ -259,12 +291,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ExplainOutcome:
+    """What `explain` reports (text, `--json` and the service read the same object)."""
+    dialect: str
+    inv: object
+    hw: HardwareProfile
+    plan: Plan
+    mem: object
+    pred: object
+    warnings: list
+    oracle: tuple | None
+
+    def to_json(self) -> dict:
+        return {"model": self.inv.name, "dialect": self.dialect, "hardware": self.hw.name, "plan": self.plan.to_dict(),
+                **self.mem.to_dict(), "predicted": {"pp_tps": self.pred.pp_tps, "tg_tps": self.pred.tg_tps},
+                "layers": layer_summary(self.inv, self.plan.assignment), "warnings": self.warnings,
+                **({"oracle": self.oracle[0]} if self.oracle else {})}
+
+
+def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
     from .cost import predict
     from .flags import parse
     from .loader import load_model
     from .memory import estimate
-    from .report import inventory_summary, memory_table
     inv = load_model(args.model)
     if not args.llama_args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
@@ -279,9 +329,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
     mem = estimate(inv, plan, hw)
     pred = predict(inv, plan, hw)
-    warnings = list(parsed.warnings)
-    if plan.knobs.no_kv_offload:
-        pass   # the parser already warns
+    warnings = list(parsed.warnings)     # (-nkvo: the parser already warns)
     for dev, m in mem.devices.items():
         if is_gpu(dev) and gpu_index(dev) < len(hw.gpus) and m.total > hw.gpu(dev).vram_bytes:
             warnings.append(f"W100 {dev} needs {fmt_bytes(m.total)} but has {fmt_bytes(hw.gpu(dev).vram_bytes)}: "
@@ -290,12 +338,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if getattr(args, "oracle", None):
         from runtime.run_cli import oracle_compare   # llama-fit-params next to our memory model
         oracle = oracle_compare(inv, plan, mem, args.model, args.oracle)
+    return ExplainOutcome(args.dialect, inv, hw, plan, mem, pred, warnings, oracle)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .report import inventory_summary, memory_table
+    o = explain_outcome(args)
     if args.json:
-        _emit_json({"model": inv.name, "dialect": args.dialect, "hardware": hw.name, "plan": plan.to_dict(),
-                    **mem.to_dict(), "predicted": {"pp_tps": pred.pp_tps, "tg_tps": pred.tg_tps},
-                    "layers": layer_summary(inv, plan.assignment), "warnings": warnings,
-                    **({"oracle": oracle[0]} if oracle else {})})
+        _emit_json(o.to_json())
         return 0
+    inv, hw, plan, mem, pred, warnings, oracle = o.inv, o.hw, o.plan, o.mem, o.pred, o.warnings, o.oracle
     print(f"model:    {inventory_summary(inv)}")
     print(f"dialect:  {args.dialect}; hardware for the prediction: {hw.name}")
     print()
