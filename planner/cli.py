@@ -436,14 +436,24 @@ def _progress(total: int, quiet: bool):
     return bar, update
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from pathlib import Path
+@dataclass(frozen=True)
+class TuneInputs:
+    """tune's arguments checked (before any storage or engine is touched): the service checks a tune request
+    with the same function before it starts a worker."""
+    inv: object
+    hw: HardwareProfile
+    objective: object
+    workload: object
+    kv_types: tuple
+    margin: int | None
+    study: str
+
+
+def tune_inputs(args: argparse.Namespace) -> TuneInputs:
     from .loader import load_model
     from .objectives import parse_objective
-    from .report import write_study_report
-    from .search import Tuner, default_storage, slug
+    from .search import slug
     from .workload import Workload
-    from .space import SpaceConfig
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
     inv = load_model(args.model)
@@ -460,6 +470,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
+    return TuneInputs(inv, hw, objective, workload, kv, margin, name)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .search import Tuner, default_storage
+    from .space import SpaceConfig
+    t = tune_inputs(args)
+    inv, hw, objective, workload, kv, margin, name = (t.inv, t.hw, t.objective, t.workload, t.kv_types, t.margin,
+                                                      t.study)
     storage = args.storage or default_storage(name)
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
@@ -637,6 +657,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The HTTP API and web view (planner/service): configuration is checked here, the serving is there."""
+    import os
+    from pathlib import Path
+    from .service.config import ENGINES, ServerConfig
+    from .service.security import check_bind
+    token = args.token or os.environ.get("OFFLOAD_TUNER_TOKEN") or None
+    check_bind(args.host, token)
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port {args.port}: give 0-65535")
+    engines = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
+    bad = [e for e in engines if e not in ENGINES]
+    if not engines or bad:
+        raise InputError(f"--engine {args.engine!r}: a comma list of {', '.join(ENGINES)}")
+    dirs = tuple(Path(d) for d in args.models or ())
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise InputError(f"--models {missing[0]}: not a folder")
+    if args.storage:
+        from .storage import resolve_url
+        resolve_url(args.storage)
+    config = ServerConfig(host=args.host, port=args.port, storage=args.storage, model_dirs=dirs, token=token,
+                          engines=engines, llama_bench=args.llama_bench,
+                          max_tunes=_positive(args.max_tunes, "--max-tunes"),
+                          max_trials=_positive(args.max_trials, "--max-trials"))
+    from .service.app import serve
+    print(f"# offload-tuner serve: http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}/ "
+          f"(API docs at /docs, /openapi.json); studies in {args.storage or str(config.studies_dir) + '/'}",
+          file=sys.stderr, flush=True)
+    serve(config)
+    return 0
+
+
 # ---- argparse -------------------------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -758,6 +811,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder (default reports/STUDY)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("serve", help="HTTP API (the --json outputs) and a web view of studies")
+    p.add_argument("--storage", help="SQLAlchemy URL of the studies (default: one sqlite:///studies/STUDY.db per "
+                                     "study, as tune writes them)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; anything else needs "
+                                                       "--token)")
+    p.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    p.add_argument("--token", help="secret every request must carry (Authorization: Bearer, or /?token= once in "
+                                   "a browser); also $OFFLOAD_TUNER_TOKEN")
+    p.add_argument("--models", action="append", metavar="DIR", help="folder whose .gguf files and hardware JSON "
+                   "requests may name (repeatable; default none: presets only)")
+    p.add_argument("--engine", default="sim", help="engines a tune request may use, comma list (default sim)")
+    p.add_argument("--llama-bench", metavar="PATH", help="the llamacpp engine's llama-bench (else $LLAMA_BENCH, "
+                                                          "else PATH)")
+    p.add_argument("--max-tunes", type=int, default=1, help="tune workers at once (default 1)")
+    p.add_argument("--max-trials", type=int, default=200, help="trials one tune request may ask for (default 200)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="the main job on the embedded default: a sim-engine study, its report, the best "
                                     "flags (no GPU or llama.cpp needed)")
