@@ -118,8 +118,10 @@
           }}},
         },
         onClick: (evt, elements, chart) => {
-          const hit = elements.find(el => chart.data.datasets[el.datasetIndex].data[el.index].ref);
-          if (hit) show(chart.data.datasets[hit.datasetIndex].data[hit.index].ref);
+          // where a baseline sits on a trial (the same placement), the trial is the one to show
+          const refs = elements.map(el => chart.data.datasets[el.datasetIndex].data[el.index].ref).filter(r => r);
+          const hit = refs.find(r => r.kind === "trial") || refs[0];
+          if (hit) show(hit);
         },
       },
     });
