@@ -160,24 +160,34 @@ def _print_layers(inv, assignment: dict[str, str]) -> None:
 
 # ---- commands -------------------------------------------------------------------------------------------------
 
+def _per_layer(inv) -> list[dict]:
+    out = []
+    for il in range(inv.n_layer):
+        ts = inv.by_layer.get(il, ())
+        out.append({"layer": il, "bytes": sum(t.nbytes for t in ts),
+                    "expert_bytes": sum(t.nbytes for t in ts if t.is_expert),
+                    "nextn": any(t.role == "nextn" for t in ts)})
+    return out
+
+
+def inspect_json(inv) -> dict:
+    """What `inspect --json` prints (the service answers the same)."""
+    return {"model": inv.name, "source": inv.source, "arch": inv.arch,
+            "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(inv.hparams).items()},
+            "n_tensors": len(inv.tensors), "total_bytes": inv.total_bytes(),
+            "active_bytes_per_token": inv.active_bytes_per_token(), "tied_output": inv.tied_output,
+            "groups": inv.groups(), "layers": _per_layer(inv)}
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .loader import load_model
     from .report import inventory_summary, table
     inv = load_model(args.model)
     hp = inv.hparams
     groups = inv.groups()
-    per_layer = []
-    for il in range(inv.n_layer):
-        ts = inv.by_layer.get(il, ())
-        per_layer.append({"layer": il, "bytes": sum(t.nbytes for t in ts),
-                          "expert_bytes": sum(t.nbytes for t in ts if t.is_expert),
-                          "nextn": any(t.role == "nextn" for t in ts)})
+    per_layer = _per_layer(inv)
     if args.json:
-        _emit_json({"model": inv.name, "source": inv.source, "arch": inv.arch,
-                    "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(hp).items()},
-                    "n_tensors": len(inv.tensors), "total_bytes": inv.total_bytes(),
-                    "active_bytes_per_token": inv.active_bytes_per_token(), "tied_output": inv.tied_output,
-                    "groups": groups, "layers": per_layer})
+        _emit_json(inspect_json(inv))
         return 0
     print(inventory_summary(inv))
     print(f"tensors: {len(inv.tensors)}; weights read per token: {fmt_bytes(inv.active_bytes_per_token())}"
@@ -201,11 +211,34 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class PlanOutcome:
+    """Everything `plan` reports: the text printer and `--json` (and the service) read the same object."""
+    model: str
+    objective: str
+    inv: object
+    hw: HardwareProfile
+    build: Build
+    ranked: list
+    budget: object
+    cmds: Commands
+
+    def to_json(self) -> dict:
+        from .memory import estimate
+        best, inv, hw = self.ranked[0], self.inv, self.hw
+        return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
+                "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
+                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
+                "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
+                "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
+                                  "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
+                                  "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
+                                 for s in self.ranked[1:]]}
+
+
+def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
     from .loader import load_model
-    from .memory import estimate
     from .propose import Budget, best_plans
-    from .report import inventory_summary, memory_table, table
     inv = load_model(args.model)
     check_dialect(inv, args.dialect)
     hw = _hardware(args)
@@ -221,25 +254,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif args.dialect == "ik" and args.amb is not None:
         knobs = replace(knobs, amb=args.amb)
-    args.objective = "balanced" if args.objective == "both" else args.objective
-    ranked = best_plans(inv, hw, knobs, args.dialect, args.objective, margin)
-    best = ranked[0]
-    budget = Budget.from_hardware(hw, margin)
-    cmds = commands_for(best.plan, inv, args.model, build)
+    objective = "balanced" if args.objective == "both" else args.objective
+    ranked = best_plans(inv, hw, knobs, args.dialect, objective, margin)
+    return PlanOutcome(args.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
+                       commands_for(ranked[0].plan, inv, args.model, build))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .report import inventory_summary, memory_table, table
+    o = plan_outcome(args)
     if args.json:
-        _emit_json({"model": inv.name, "hardware": hw.name, "objective": args.objective,
-                    "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
-                    "budgets": budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
-                    "build": build.describe(), "commands": cmds.lines, "not_expressible": cmds.cannot,
-                    "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
-                                      "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
-                                      "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
-                                     for s in ranked[1:]]})
+        _emit_json(o.to_json())
         return 0
+    inv, hw, build, ranked, budget, cmds = o.inv, o.hw, o.build, o.ranked, o.budget, o.cmds
+    best = ranked[0]
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
     print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
-    print(f"best ({args.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
+    print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
     print(f"target:   {build.describe()}")
     print()
@@ -259,12 +291,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ExplainOutcome:
+    """What `explain` reports (text, `--json` and the service read the same object)."""
+    dialect: str
+    inv: object
+    hw: HardwareProfile
+    plan: Plan
+    mem: object
+    pred: object
+    warnings: list
+    oracle: tuple | None
+
+    def to_json(self) -> dict:
+        return {"model": self.inv.name, "dialect": self.dialect, "hardware": self.hw.name, "plan": self.plan.to_dict(),
+                **self.mem.to_dict(), "predicted": {"pp_tps": self.pred.pp_tps, "tg_tps": self.pred.tg_tps},
+                "layers": layer_summary(self.inv, self.plan.assignment), "warnings": self.warnings,
+                **({"oracle": self.oracle[0]} if self.oracle else {})}
+
+
+def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
     from .cost import predict
     from .flags import parse
     from .loader import load_model
     from .memory import estimate
-    from .report import inventory_summary, memory_table
     inv = load_model(args.model)
     if not args.llama_args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
@@ -279,9 +329,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
     mem = estimate(inv, plan, hw)
     pred = predict(inv, plan, hw)
-    warnings = list(parsed.warnings)
-    if plan.knobs.no_kv_offload:
-        pass   # the parser already warns
+    warnings = list(parsed.warnings)     # (-nkvo: the parser already warns)
     for dev, m in mem.devices.items():
         if is_gpu(dev) and gpu_index(dev) < len(hw.gpus) and m.total > hw.gpu(dev).vram_bytes:
             warnings.append(f"W100 {dev} needs {fmt_bytes(m.total)} but has {fmt_bytes(hw.gpu(dev).vram_bytes)}: "
@@ -290,12 +338,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if getattr(args, "oracle", None):
         from runtime.run_cli import oracle_compare   # llama-fit-params next to our memory model
         oracle = oracle_compare(inv, plan, mem, args.model, args.oracle)
+    return ExplainOutcome(args.dialect, inv, hw, plan, mem, pred, warnings, oracle)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .report import inventory_summary, memory_table
+    o = explain_outcome(args)
     if args.json:
-        _emit_json({"model": inv.name, "dialect": args.dialect, "hardware": hw.name, "plan": plan.to_dict(),
-                    **mem.to_dict(), "predicted": {"pp_tps": pred.pp_tps, "tg_tps": pred.tg_tps},
-                    "layers": layer_summary(inv, plan.assignment), "warnings": warnings,
-                    **({"oracle": oracle[0]} if oracle else {})})
+        _emit_json(o.to_json())
         return 0
+    inv, hw, plan, mem, pred, warnings, oracle = o.inv, o.hw, o.plan, o.mem, o.pred, o.warnings, o.oracle
     print(f"model:    {inventory_summary(inv)}")
     print(f"dialect:  {args.dialect}; hardware for the prediction: {hw.name}")
     print()
@@ -384,14 +436,24 @@ def _progress(total: int, quiet: bool):
     return bar, update
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from pathlib import Path
+@dataclass(frozen=True)
+class TuneInputs:
+    """tune's arguments checked (before any storage or engine is touched): the service checks a tune request
+    with the same function before it starts a worker."""
+    inv: object
+    hw: HardwareProfile
+    objective: object
+    workload: object
+    kv_types: tuple
+    margin: int | None
+    study: str
+
+
+def tune_inputs(args: argparse.Namespace) -> TuneInputs:
     from .loader import load_model
     from .objectives import parse_objective
-    from .report import write_study_report
-    from .search import Tuner, default_storage, slug
+    from .search import slug
     from .workload import Workload
-    from .space import SpaceConfig
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
     inv = load_model(args.model)
@@ -408,6 +470,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
+    return TuneInputs(inv, hw, objective, workload, kv, margin, name)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .search import Tuner, default_storage
+    from .space import SpaceConfig
+    t = tune_inputs(args)
+    inv, hw, objective, workload, kv, margin, name = (t.inv, t.hw, t.objective, t.workload, t.kv_types, t.margin,
+                                                      t.study)
     storage = args.storage or default_storage(name)
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
@@ -585,6 +657,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The HTTP API and web view (planner/service): configuration is checked here, the serving is there."""
+    import os
+    from pathlib import Path
+    from .service.config import ENGINES, ServerConfig
+    from .service.security import check_bind
+    token = args.token or os.environ.get("OFFLOAD_TUNER_TOKEN") or None
+    check_bind(args.host, token)
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port {args.port}: give 0-65535")
+    engines = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
+    bad = [e for e in engines if e not in ENGINES]
+    if not engines or bad:
+        raise InputError(f"--engine {args.engine!r}: a comma list of {', '.join(ENGINES)}")
+    dirs = tuple(Path(d) for d in args.models or ())
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise InputError(f"--models {missing[0]}: not a folder")
+    if args.storage:
+        from .storage import resolve_url
+        resolve_url(args.storage)
+    config = ServerConfig(host=args.host, port=args.port, storage=args.storage, model_dirs=dirs, token=token,
+                          engines=engines, llama_bench=args.llama_bench,
+                          max_tunes=_positive(args.max_tunes, "--max-tunes"),
+                          max_trials=_positive(args.max_trials, "--max-trials"))
+    from .service.app import serve
+    print(f"# offload-tuner serve: http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}/ "
+          f"(API docs at /docs, /openapi.json); studies in {args.storage or str(config.studies_dir) + '/'}",
+          file=sys.stderr, flush=True)
+    serve(config)
+    return 0
+
+
 # ---- argparse -------------------------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -706,6 +811,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder (default reports/STUDY)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("serve", help="HTTP API (the --json outputs) and a web view of studies")
+    p.add_argument("--storage", help="SQLAlchemy URL of the studies (default: one sqlite:///studies/STUDY.db per "
+                                     "study, as tune writes them)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; anything else needs "
+                                                       "--token)")
+    p.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    p.add_argument("--token", help="secret every request must carry (Authorization: Bearer, or /?token= once in "
+                                   "a browser); also $OFFLOAD_TUNER_TOKEN")
+    p.add_argument("--models", action="append", metavar="DIR", help="folder whose .gguf files and hardware JSON "
+                   "requests may name (repeatable; default none: presets only)")
+    p.add_argument("--engine", default="sim", help="engines a tune request may use, comma list (default sim)")
+    p.add_argument("--llama-bench", metavar="PATH", help="the llamacpp engine's llama-bench (else $LLAMA_BENCH, "
+                                                          "else PATH)")
+    p.add_argument("--max-tunes", type=int, default=1, help="tune workers at once (default 1)")
+    p.add_argument("--max-trials", type=int, default=200, help="trials one tune request may ask for (default 200)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="the main job on the embedded default: a sim-engine study, its report, the best "
                                     "flags (no GPU or llama.cpp needed)")

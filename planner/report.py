@@ -152,7 +152,7 @@ def _front_rows(df: "Any") -> list[dict[str, Any]]:
     return out
 
 
-def _vram_front(df: "Any", col: str) -> "Any":
+def vram_front(df: "Any", col: str) -> "Any":
     """Trials that are the fastest (col) for their VRAM or less: the throughput-vs-VRAM Pareto front."""
     ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()].sort_values(["vram_bytes", col], ascending=[True, False])
     keep, best = [], -1.0
@@ -271,7 +271,7 @@ def _plots(df: "Any", summary: dict[str, Any], out: Path) -> list[str]:
     for ax, col, name in ((axes[0], "tg_tps", "TG"), (axes[1], "pp_tps", "PP")):
         if not ok.empty:
             ax.scatter(ok["vram_bytes"] / GiB, ok[col], s=14, c="0.7", label="trials", zorder=1)
-            fr = _vram_front(ok, col)
+            fr = vram_front(ok, col)
             ax.step(fr["vram_bytes"] / GiB, fr[col], where="post", c="C3", lw=1.5, zorder=2)
             ax.scatter(fr["vram_bytes"] / GiB, fr[col], s=30, c="C3", label="Pareto front (speed vs VRAM)", zorder=3)
         for i, b in enumerate(base):

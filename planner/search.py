@@ -332,6 +332,9 @@ class Tuner:
                                     directions=self.objective.directions, load_if_exists=True)   # race-free
         study.set_user_attr("settings", self.settings.to_dict())
         study.set_user_attr("objective_names", self.objective.names)
+        with warnings.catch_warnings():      # experimental in Optuna; optuna-dashboard titles its plots with them
+            warnings.simplefilter("ignore")
+            study.set_metric_names(list(self.objective.names))
         study.set_user_attr("margin_bytes", self._margin_prior)
         study.set_user_attr("margin_rule", "learnt" if self.margin_asked is None else "fixed")
         study.set_user_attr("created", time.strftime("%Y-%m-%d %H:%M:%S"))

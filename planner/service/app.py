@@ -1,0 +1,319 @@
+"""The routes: /api/* answers what the CLI's --json prints (the same functions make it), / and below are the web
+view (views.py). Every error is one line, `offload-tuner: error: ...` as the CLI prints it, with a 4xx status;
+an unexpected one is logged here and answered 500 with one line, never a traceback."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import InputError
+from . import options
+from .config import ServerConfig
+from .jobs import Jobs
+from .security import (TOKEN_COOKIE, Busy, PathPolicy, ServiceError, TooLarge, Unauthorized, Unsupported, host_ok,
+                       is_loopback, token_ok)
+from .studies import StudyStore, clean
+
+log = logging.getLogger("offload_tuner.service")
+STATIC = Path(__file__).parent / "static"
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+EVENT_INTERVAL_S = 1.0
+KEEPALIVE_S = 15.0
+
+
+def one_line(message: str) -> str:
+    return "offload-tuner: error: " + " ".join(str(message).split())
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": one_line(message)}, status_code=status)
+
+
+def as_json(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(clean(obj), default=str), status_code=status, media_type="application/json")
+
+
+class Guard:
+    """ASGI middleware: Host check on loopback, the token (header, cookie, or ?token= once, which sets the
+    cookie for the pages), and the body bound (Content-Length up front, streamed bodies as they arrive)."""
+
+    def __init__(self, app, config: ServerConfig):
+        self.app, self.config = app, config
+        self.loopback = is_loopback(config.host)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if not host_ok(headers.get("host"), self.loopback):
+            return await error(421, f"Host {headers.get('host', '')[:100]!r} is not served here (the server "
+                                    "answers loopback names only)")(scope, receive, send)
+        set_cookie = None
+        if self.config.token:
+            from urllib.parse import parse_qs
+            q = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [None])[0]
+            auth = headers.get("authorization", "")
+            bearer = auth[7:] if auth.lower().startswith("bearer ") else None
+            cookie = _cookie(headers.get("cookie", ""), TOKEN_COOKIE)
+            if not any(token_ok(self.config.token, t) for t in (bearer, cookie, q)):
+                return await error(401, "this server needs its token: Authorization: Bearer TOKEN (or open "
+                                        "/?token=TOKEN once in the browser)")(scope, receive, send)
+            if q is not None and cookie != q:
+                set_cookie = f"{TOKEN_COOKIE}={q}; HttpOnly; SameSite=Strict; Path=/"
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.config.max_body):
+            return await error(413, f"request body over {self.config.max_body} bytes")(scope, receive, send)
+        seen = 0
+
+        async def bounded_receive():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.config.max_body:
+                    raise TooLarge(f"request body over {self.config.max_body} bytes")
+            return msg
+
+        async def send_with_cookie(msg):
+            if set_cookie and msg["type"] == "http.response.start":
+                msg = dict(msg, headers=[*msg.get("headers", []), (b"set-cookie", set_cookie.encode())])
+            await send(msg)
+        return await self.app(scope, bounded_receive, send_with_cookie)
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        k, _, v = part.strip().partition("=")
+        if k == name:
+            return v
+    return None
+
+
+class Compute:
+    """plan/explain/inspect run in worker threads, a few at a time (they are CPU-bound): the rest wait, and past
+    max_waiting a request is told to come back (503) rather than queueing without bound."""
+
+    def __init__(self, config: ServerConfig):
+        self.limiter = anyio.CapacityLimiter(config.compute_threads)
+        self.max_waiting = config.max_waiting
+        self.waiting = 0
+
+    async def __call__(self, fn: Callable, *args: Any) -> Any:
+        if self.waiting >= self.max_waiting:
+            raise Overloaded(f"{self.waiting} requests are waiting already; retry in a moment")
+        self.waiting += 1
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        finally:
+            self.waiting -= 1
+
+
+class Overloaded(ServiceError):
+    status = 503
+
+
+async def read_json(request: Request) -> Any:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        # a cross-site form can post text/plain without a preflight; JSON only, so it cannot
+        raise Unsupported(f"send the body as application/json (got {ctype or 'no content type'})")
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"the request body is not JSON: {str(e)[:120]}") from None
+
+
+def _doc(command: str, summary: str) -> dict[str, Any]:
+    """OpenAPI for a body read by hand (so the CLI's parser, not pydantic, checks it and words the errors)."""
+    return {"summary": summary, "openapi_extra": {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": options.schema(command)}}}}}
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    config.studies_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = Path(tempfile.mkdtemp(prefix="offload-tuner-serve-"))
+    store = StudyStore(config.storage, config.studies_dir.resolve())
+    jobs = Jobs(config, state_dir)
+    paths = PathPolicy(config.model_dirs)
+    compute = Compute(config)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await anyio.to_thread.run_sync(jobs.shutdown)
+
+    app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan,
+                  description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
+    app.state.config, app.state.store, app.state.jobs = config, store, jobs
+    app.state.paths, app.state.compute = paths, compute
+
+    @app.exception_handler(InputError)
+    async def _input_error(request: Request, e: InputError):
+        return error(getattr(e, "status", 400), str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return error(422, f"{where}: {first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        return error(e.status_code, str(e.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error(500, f"internal error ({type(e).__name__}); the server log has the details")
+
+    async def run_command(request: Request, command: str, result: Callable[[Any], Any]) -> Response:
+        body = await read_json(request)
+
+        def work():
+            return result(options.to_namespace(command, body, paths))
+        return as_json(await compute(work))
+
+    @app.get("/api/health", summary="liveness, version, what this server allows")
+    async def health():
+        return as_json({"ok": True, "version": _version(), "engines": list(config.engines),
+                        "storage": config.storage or f"sqlite:///{config.studies_dir}/STUDY.db",
+                        "max_tunes": config.max_tunes, "max_trials": config.max_trials,
+                        "models": [str(p) for p in paths.roots]})
+
+    @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"))
+    async def inspect(request: Request):
+        from ..cli import inspect_json
+        from ..loader import load_model
+        return await run_command(request, "inspect", lambda a: inspect_json(load_model(a.model)))
+
+    @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"))
+    async def plan(request: Request):
+        from ..cli import plan_outcome
+        return await run_command(request, "plan", lambda a: plan_outcome(a).to_json())
+
+    @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"))
+    async def explain(request: Request):
+        from ..cli import explain_outcome
+        return await run_command(request, "explain", lambda a: explain_outcome(a).to_json())
+
+    @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds")
+    async def studies():
+        return as_json({"studies": await compute(store.listing),
+                        "running": [j.to_json() for j in jobs.running()]})
+
+    @app.get("/api/studies/{name}", summary="one study: report --json's summary (best, fronts, baselines, ratios) "
+                                            "plus every trial")
+    async def study(name: str):
+        d = await compute(store.detail, name)
+        job = jobs.for_study(name)
+        return as_json(dict(d, job=job.to_json() if job else None))
+
+    @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
+                                                   "runs)")
+    async def study_events(name: str, request: Request):
+        await compute(store.ref, name)          # 404 now, not inside the stream
+        return _sse(request, name, None)
+
+    @app.post("/api/tunes", status_code=202, **_doc("tune", "start offload-tuner tune ... --json in a worker"))
+    async def start_tune(request: Request):
+        from ..cli import tune_inputs
+        body = await read_json(request)
+
+        def check():
+            args = options.to_namespace("tune", body, paths)
+            if args.engine not in config.engines:
+                raise InputError(f"engine {args.engine} is not enabled on this server (engines here: "
+                                 f"{', '.join(config.engines)}); the server's --engine says which run")
+            if args.trials > config.max_trials:
+                raise InputError(f"--trials {args.trials}: this server runs at most {config.max_trials} per tune")
+            inputs = tune_inputs(args)       # tune's own checks, before a worker starts
+            if not STUDY_NAME.match(inputs.study):
+                raise InputError(f"study name {inputs.study[:120]!r}: letters, digits, '.', '_' and '-' only")
+            return args, inputs.study
+        args, name = await compute(check)
+        storage = store.storage_for_new(name)
+        argv = [*args.argv, "--json", "--quiet", "--no-report", f"--storage={storage}"]
+        if not args.study:
+            argv.append(f"--study={name}")
+        if args.engine == "llamacpp" and config.llama_bench:
+            argv.append(f"--llama-bench={config.llama_bench}")
+        job = jobs.start(argv, name, storage)
+        return as_json(job.to_json(), 202)
+
+    @app.get("/api/tunes", summary="tunes this server started")
+    async def tunes():
+        return as_json({"tunes": [j.to_json() for j in jobs.all()]})
+
+    @app.get("/api/tunes/{job_id}", summary="one tune: state, command, error, and tune --json's output when done")
+    async def tune(job_id: str):
+        job = jobs.get(job_id)
+        return as_json(dict(job.to_json(), result=job.result()))
+
+    @app.post("/api/tunes/{job_id}/stop", summary="stop a tune (SIGINT: finished trials are kept, resumable)")
+    async def stop_tune(job_id: str):
+        return as_json(jobs.stop(job_id).to_json())
+
+    @app.get("/api/tunes/{job_id}/events", summary="server-sent progress events of a tune, until it ends")
+    async def tune_events(job_id: str, request: Request):
+        job = jobs.get(job_id)
+        return _sse(request, job.study, job)
+
+    def _sse(request: Request, name: str, job) -> StreamingResponse:
+        async def stream():
+            last, quiet_since = None, anyio.current_time()
+            while not await request.is_disconnected():
+                try:
+                    snap = await compute(store.progress, name)
+                except InputError:      # the worker has not created the study yet
+                    snap = {"n_trials": 0, "counts": {}}
+                live = job or jobs.for_study(name)
+                snap = dict(snap, study=name, job=live.to_json() if live else None)
+                if snap != last:
+                    yield f"event: progress\ndata: {json.dumps(clean(snap))}\n\n"
+                    last, quiet_since = snap, anyio.current_time()
+                elif anyio.current_time() - quiet_since > KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    quiet_since = anyio.current_time()
+                if job is not None and job.state != "running":
+                    yield f"event: end\ndata: {json.dumps(clean(job.to_json()))}\n\n"
+                    return
+                await anyio.sleep(EVENT_INTERVAL_S)
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    from .views import router
+    app.include_router(router)
+    return Guard(app, config)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("offload-tuner")
+    except Exception:
+        return "0"
+
+
+def serve(config: ServerConfig) -> None:
+    """Run uvicorn on the app (blocking); the CLI's `serve` calls this."""
+    import uvicorn
+    from .security import check_bind
+    check_bind(config.host, config.token)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",
+                timeout_graceful_shutdown=10, limit_concurrency=512)

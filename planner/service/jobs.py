@@ -1,0 +1,167 @@
+"""Tune workers: each tune the server starts is `offload-tuner tune ... --json` in its own process (the CLI's
+code path, its own session), so a worker that is killed or crashes costs only that job: the server notes how it
+ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it left running)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import ServerConfig
+from .security import Busy, Conflict, NotFound
+
+STOP_GRACE_S = 15        # SIGINT first (tune saves and says so), SIGKILL after this
+
+
+@dataclass
+class Job:
+    id: str
+    study: str
+    storage: str
+    argv: list[str]
+    proc: subprocess.Popen
+    log_path: Path
+    out_path: Path
+    started: float = field(default_factory=time.time)
+    state: str = "running"          # running, done, failed, stopped
+    returncode: int | None = None
+    error: str = ""
+    ended: float | None = None
+    stop_requested: bool = False
+
+    def refresh(self) -> None:
+        if self.state != "running":
+            return
+        rc = self.proc.poll()
+        if rc is None:
+            return
+        self.returncode, self.ended = rc, time.time()
+        if rc == 0:
+            self.state = "done"
+        elif self.stop_requested:
+            self.state = "stopped"
+        elif rc < 0:
+            self.state = "failed"
+            self.error = (f"the tune worker died (signal {-rc}); the study keeps every finished trial: start the "
+                          "same tune to resume it")
+        else:
+            self.state = "failed"
+            self.error = self._last_error()
+
+    def _last_error(self) -> str:
+        try:
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            lines = []
+        errs = [ln for ln in lines if ln.startswith("offload-tuner:")]
+        return (errs or lines or [f"the tune worker exited with status {self.returncode}"])[-1][:500]
+
+    def result(self) -> Any:
+        """tune --json's output, once the worker has finished well."""
+        if self.state != "done":
+            return None
+        try:
+            return json.loads(self.out_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        self.refresh()
+        return {"id": self.id, "study": self.study, "storage": self.storage, "state": self.state,
+                "pid": self.proc.pid, "command": ["offload-tuner", *self.argv], "started": self.started,
+                "ended": self.ended, "returncode": self.returncode, "error": self.error}
+
+
+class Jobs:
+    def __init__(self, config: ServerConfig, state_dir: Path):
+        self.config = config
+        self.state_dir = state_dir
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def running(self) -> list[Job]:
+        for j in self._jobs.values():
+            j.refresh()
+        return [j for j in self._jobs.values() if j.state == "running"]
+
+    def all(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def get(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no tune {job_id!r} on this server")
+        job.refresh()
+        return job
+
+    def for_study(self, study: str) -> Job | None:
+        return next((j for j in reversed(self.running()) if j.study == study), None)
+
+    def start(self, argv: list[str], study: str, storage: str) -> Job:
+        with self._lock:               # the bound and the one-job-per-study rule hold under concurrent requests
+            running = self.running()
+            if len(running) >= self.config.max_tunes:
+                raise Busy(f"{len(running)} tune(s) running already and this server runs at most "
+                           f"{self.config.max_tunes} at once; wait for one or stop it")
+            if any(j.study == study for j in running):
+                raise Conflict(f"study {study!r} has a tune running already (one worker per study here)")
+            job_id = uuid.uuid4().hex[:12]
+            log_path = self.state_dir / f"{job_id}.log"
+            out_path = self.state_dir / f"{job_id}.json"
+            cmd = [sys.executable, "-m", "planner.cli", *argv]
+            env = dict(os.environ)
+            # the worker imports this very package, wherever the server was started from
+            pkg_root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join([pkg_root, *filter(None, [env.get("PYTHONPATH")])])
+            with open(log_path, "wb") as err, open(out_path, "wb") as out:
+                proc = subprocess.Popen(cmd, cwd=self.config.workdir, stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            job = Job(job_id, study, storage, argv, proc, log_path, out_path)
+            self._jobs[job_id] = job
+            return job
+
+    def stop(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        if job.state != "running":
+            return job
+        job.stop_requested = True
+        try:
+            job.proc.send_signal(signal.SIGINT)      # tune's KeyboardInterrupt path: saved, resumable
+        except ProcessLookupError:
+            pass
+        threading.Timer(STOP_GRACE_S, self._kill_if_alive, args=(job,)).start()
+        return job
+
+    @staticmethod
+    def _kill_if_alive(job: Job) -> None:
+        if job.proc.poll() is None:
+            try:
+                job.proc.kill()
+            except ProcessLookupError:
+                pass
+
+    def shutdown(self, wait_s: float = 5.0) -> None:
+        """Stop every worker with the server (SIGINT, then SIGKILL)."""
+        live = self.running()
+        for j in live:
+            j.stop_requested = True
+            try:
+                j.proc.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait_s
+        for j in live:
+            try:
+                j.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                j.proc.kill()
+                j.proc.wait()
+            j.refresh()

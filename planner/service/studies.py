@@ -1,0 +1,154 @@
+"""Studies as the service reads them: the SQLite files under studies/ (one per study, as `tune` writes them by
+default) or every study in one --storage URL. A study's JSON is `report --json`'s summary (planner.report)
+plus its trials and throughput-versus-VRAM fronts, for the API and the web view."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .security import NotFound
+
+log = logging.getLogger("offload_tuner.service")
+
+
+@dataclass(frozen=True)
+class StudyRef:
+    name: str
+    storage: str           # the SQLAlchemy URL it lives in
+
+
+def clean(o: Any) -> Any:
+    """JSON-safe: NaN and infinities to null, numpy scalars to Python, tuples to lists."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean(v) for v in o]
+    if hasattr(o, "item") and callable(o.item):      # numpy scalar
+        return clean(o.item())
+    return o
+
+
+class StudyStore:
+    def __init__(self, storage: str | None, studies_dir: Path):
+        self.url = storage
+        self.studies_dir = studies_dir
+        self._storages: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def storage_for_new(self, name: str) -> str:
+        """Where a tune the server starts writes study NAME (what `tune` does with the same --storage)."""
+        return self.url or f"sqlite:///{self.studies_dir / (name + '.db')}"
+
+    def _storage(self, url: str):
+        """One RDBStorage per URL for the server's life (opening one costs a schema check)."""
+        with self._lock:
+            if url not in self._storages:
+                from ..search import make_storage
+                self._storages[url] = make_storage(url)
+            return self._storages[url]
+
+    def _urls(self) -> list[str]:
+        if self.url:
+            return [self.url]
+        if not self.studies_dir.is_dir():
+            return []
+        return [f"sqlite:///{p}" for p in sorted(self.studies_dir.glob("*.db")) if p.stat().st_size > 0]
+
+    def refs(self) -> list[StudyRef]:
+        out = []
+        for url in self._urls():
+            try:
+                out += [StudyRef(s.study_name, url) for s in self._storage(url).get_all_studies()]
+            except Exception as e:     # an unreadable file must not hide the others
+                log.warning("skipping %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return out
+
+    def ref(self, name: str) -> StudyRef:
+        if not self.url:      # the file tune writes by default, before scanning every file
+            path = self.studies_dir / f"{name}.db"
+            if path.is_file() and "/" not in name:
+                url = f"sqlite:///{path}"
+                try:
+                    if any(s.study_name == name for s in self._storage(url).get_all_studies()):
+                        return StudyRef(name, url)
+                except InputError:
+                    pass
+        for r in self.refs():
+            if r.name == name:
+                return r
+        known = ", ".join(sorted(r.name for r in self.refs())) or "none"
+        raise NotFound(f"no study {name!r} in {self.url or str(self.studies_dir) + '/'}; studies there: {known}")
+
+    def load(self, name: str):
+        import optuna
+        r = self.ref(name)
+        return optuna.load_study(study_name=name, storage=self._storage(r.storage))
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.ref(name)
+            return True
+        except NotFound:
+            return False
+
+    # ---- what the API and the pages show --------------------------------------------------------------------
+
+    def listing(self) -> list[dict[str, Any]]:
+        out = []
+        for r in self.refs():
+            try:
+                out.append(self.brief(r))
+            except Exception as e:
+                log.warning("study %s: %s", r.name, e)
+        return out
+
+    def brief(self, r: StudyRef) -> dict[str, Any]:
+        import optuna
+        study = optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
+        p = progress(study)
+        s = study.user_attrs.get("settings", {})
+        return {"study": r.name, "storage": r.storage, "model": s.get("model"), "engine": s.get("engine"),
+                "hardware": hardware_words(s), "objective": s.get("objective"), **p}
+
+    def detail(self, name: str) -> dict[str, Any]:
+        """`report --json` (planner.report.study_summary) plus every trial and the VRAM fronts."""
+        from ..report import study_summary, trials_frame, vram_front
+        study = self.load(name)
+        df = trials_frame(study)
+        s = study_summary(study, df)
+        trials = json.loads(df.to_json(orient="records")) if not df.empty else []
+        fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
+        return clean(dict(s, storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
+                          hardware_words=hardware_words(s.get("settings", {}))))
+
+    def progress(self, name: str) -> dict[str, Any]:
+        return progress(self.load(name))
+
+
+def hardware_words(settings: dict[str, Any]) -> str:
+    hw = settings.get("hardware") or {}
+    gpus = hw.get("gpus") or []
+    sizes = ", ".join(f"{v / 2 ** 30:.0f} GiB" for _, v in gpus)
+    return f"{hw.get('name', '?')} ({sizes})" if sizes else str(hw.get("name", "?"))
+
+
+def progress(study) -> dict[str, Any]:
+    """Counts and the best measured speeds: what a progress event carries (cheap: no DataFrame)."""
+    counts: dict[str, int] = {}
+    best_tg = best_pp = None
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+        m = t.user_attrs.get("measured") or {}
+        if t.state.name == "COMPLETE" and m.get("ok"):
+            tg, pp = m.get("tg_tps"), m.get("pp_tps")
+            best_tg = tg if tg is not None and (best_tg is None or tg > best_tg) else best_tg
+            best_pp = pp if pp is not None and (best_pp is None or pp > best_pp) else best_pp
+    return clean({"n_trials": sum(counts.values()), "counts": counts, "best_tg_tps": best_tg, "best_pp_tps": best_pp})

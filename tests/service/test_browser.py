@@ -1,0 +1,120 @@
+"""The web view in a real headless Chromium (Debian's, see browser.py) driven by Selenium: the front chart
+renders, a click on a front point shows flags that parse back to that trial's plan, the trials table sorts, the
+explain page shows the per-device table, a running study updates live. Screenshots: reports/service/*.png."""
+from __future__ import annotations
+
+import shlex
+import time
+from urllib.parse import urlencode
+
+import pytest
+
+import browser
+from serving import HW, MODEL, SCREENSHOTS, STUDY, wait_job
+
+
+@pytest.fixture(scope="module")
+def chrome():
+    try:
+        b = browser.find()
+    except browser.Unavailable as e:
+        pytest.skip(f"no headless Chromium: {e}")
+    d = browser.driver(b)
+    d.set_page_load_timeout(60)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    yield d
+    d.quit()
+
+
+def wait(pred, timeout=30.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    chrome.get(f"{server.url}/studies/{STUDY}")
+    wait(lambda: chrome.execute_script("return document.body.dataset.ready === '1'"), what="the page's script")
+    sets = chrome.execute_script("return Object.fromEntries(otCharts.tg_tps.data.datasets.map("
+                                 "d => [d.label, d.data.length]))")
+    assert sets["front"] >= 1 and sets["trials"] + sets["front"] >= 5 and sets["budget"] == 2, sets
+    assert "-ngl 99 -cmoe" in sets, sets          # the engine baselines are drawn
+    chrome.save_screenshot(str(SCREENSHOTS / "serve_study.png"))
+
+    # click the front point with the most TG (the last one, at the most VRAM)
+    canvas = chrome.find_element(By.ID, "chart-tg")
+    x, y, trial = chrome.execute_script(
+        "const c = otCharts.tg_tps; const i = c.data.datasets.findIndex(d => d.label === 'front');"
+        "const pts = c.getDatasetMeta(i).data; const k = pts.length - 1;"
+        "return [pts[k].x, pts[k].y, c.data.datasets[i].data[k].ref.row.trial];")
+    w, h = canvas.size["width"], canvas.size["height"]
+    ActionChains(chrome).move_to_element_with_offset(canvas, int(x - w / 2), int(y - h / 2)).pause(0.3).click().perform()
+    panel = chrome.find_element(By.ID, "config")
+    wait(lambda: panel.is_displayed(), what="the config panel")
+    assert chrome.find_element(By.ID, "config-title").text.startswith(f"trial {trial}:")
+    tools = {el.get_attribute("data-tool"): el.find_element(By.TAG_NAME, "code").text
+             for el in panel.find_elements(By.CSS_SELECTOR, ".cmd")}
+    assert set(tools) == {"llama-server", "llama-cli", "llama-bench"}, tools
+    button = panel.find_element(By.CSS_SELECTOR, ".cmd[data-tool='llama-server'] button")
+    button.click()
+    wait(lambda: button.text == "copied", what="the copy button")
+    chrome.save_screenshot(str(SCREENSHOTS / "serve_study_clicked.png"))
+
+    # the llama-server line parses back to the trial's plan: same memory per device, byte for byte
+    words = shlex.split(tools["llama-server"])
+    while "=" in words[0]:                 # GGML_OP_OFFLOAD_MIN_BATCH=... before the program
+        words.pop(0)
+    with server.client() as c:
+        d = c.get(f"/api/studies/{STUDY}").json()
+        row = next(t for t in d["trials"] if t["trial"] == trial)
+        r = c.post("/api/explain", json={"model": MODEL, **HW, "args": words})
+    assert r.status_code == 200, r.text
+    ex = r.json()
+    assert ex["devices"]["CUDA0"]["total"] == row["pred_bytes_CUDA0"]
+    assert not [w for w in ex["warnings"] if w.startswith("W100")]     # fits, as the study said
+
+    # the trials table sorts: TG descending puts the best TG first
+    chrome.find_element(By.CSS_SELECTOR, "#trials th[data-key='tg_tps']").click()
+    first = chrome.find_element(By.CSS_SELECTOR, "#trials tbody tr").get_attribute("data-trial")
+    best = max((t for t in d["trials"] if t["tg_tps"] is not None), key=lambda t: t["tg_tps"])
+    assert d["trials"][int(first)]["tg_tps"] == best["tg_tps"]
+
+
+def test_explain_page_shows_every_device(server, chrome):
+    from selenium.webdriver.common.by import By
+    q = urlencode({"model": MODEL, "gpu": "16GiB", "dialect": "mainline",
+                   "cmd": "llama-server -m model.gguf -ngl 99 -ot 'blk\\.(2[4-9]|3[0-9]|4[0-7])\\.ffn_.*_exps=CPU' "
+                          "-c 8192 -fa on"})
+    chrome.get(f"{server.url}/explain?{q}")
+    rows = chrome.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
+    devs = [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows]
+    assert devs == ["CUDA0", "CPU"], devs
+    layers = chrome.find_element(By.ID, "layers").text
+    assert "blk 24-47" in layers and "gate:CPU" in layers
+    assert "predicted: PP" in chrome.find_element(By.ID, "predicted").text
+    chrome.save_screenshot(str(SCREENSHOTS / "serve_explain.png"))
+    chrome.get(f"{server.url}/explain?" + urlencode({"model": MODEL, "cmd": "-ngl 99 -ot 'blk\\.{1,3}=CPU'"}))
+    err = chrome.find_element(By.ID, "explain-error").text
+    assert err.startswith("offload-tuner: error: -ot") and "comma" in err
+
+
+def test_study_page_is_live_while_a_tune_runs(server, chrome):
+    from selenium.webdriver.common.by import By
+    with server.client() as c:
+        job = c.post("/api/tunes", json={"model": MODEL, **HW, "trials": 25, "pool": 40, "study": "web-live",
+                                         "objective": "both"}).json()
+        assert job["state"] == "running", job
+        wait(lambda: c.get("/api/studies/web-live").status_code == 200, 60, "the study to exist")
+        chrome.get(f"{server.url}/studies/web-live")
+        start = int(chrome.find_element(By.ID, "ntrials").text)
+        wait(lambda: int(chrome.find_element(By.ID, "ntrials").text) > start, 90, "a live update")
+        wait_job(c, job["id"])
+        n = c.get("/api/studies/web-live").json()["n_trials"]
+    wait(lambda: int(chrome.find_element(By.ID, "ntrials").text) == n, 30, "the last update")
+    assert chrome.execute_script("return otCharts.tg_tps.data.datasets[1].data.length") >= 1
