@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/offload-tuner demo
+	$(VENV)/bin/offload-tuner demo --spec studies/demo.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
