@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-tuner clean
+.PHONY: demo test test-fast lint bench bench-tuner clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
+
+test-fast: $(STAMP)    # everything but the tests marked slow (whole studies, hypothesis round trips): ~1 min
+	$(PY) -m pytest -q -rs -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/planner_speed.py

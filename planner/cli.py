@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import dataclass, replace
 
@@ -186,7 +187,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(inventory_summary(inv))
     print(f"tensors: {len(inv.tensors)}; weights read per token: {fmt_bytes(inv.active_bytes_per_token())}"
           + ("; output tied to token_embd" if inv.tied_output else ""))
-    print(f"n_embd {hp.n_embd}, n_head {hp.n_head}, n_head_kv {max(hp.n_head_kv)}, head_dim {hp.head_dim_k}/{hp.head_dim_v}, "
+    print(f"n_embd {hp.n_embd}, n_head {hp.n_head}, n_head_kv {max(hp.n_head_kv)}, "
+          f"head_dim {hp.head_dim_k}/{hp.head_dim_v}, "
           f"vocab {hp.n_vocab}, ctx_train {hp.n_ctx_train}"
           + (f", MLA kv_lora_rank {hp.mla_kv_lora_rank}" if hp.is_mla else "")
           + (f", SWA window {hp.n_swa} on {sum(hp.swa_layers)} layers" if hp.n_swa else ""))
@@ -235,14 +237,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
                     "budgets": budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
                     "build": build.describe(), "commands": cmds.lines, "not_expressible": cmds.cannot,
-                    "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
+                    "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps,
+                                      "tg_tps": s.tg_tps,
                                       "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
                                       "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
                                      for s in ranked[1:]]})
         return 0
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
-    print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
+    print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, "
+          f"PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
     print(f"best ({args.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
     print(f"target:   {build.describe()}")
@@ -476,7 +480,8 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
     for i, g in enumerate(hw.gpus):
         free = g.vram_bytes - margin
         if free <= g.overhead_bytes:
-            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the {fmt_bytes(margin)} margin "
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the "
+                              f"{fmt_bytes(margin)} margin "
                               f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
                               "give more --gpu memory or a smaller --margin")
 
@@ -499,7 +504,8 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     fit = s.get("cost_fit") or {}
     if fit.get("err_prior"):
         print(f"cost model refit on {fit['n']} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
-              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}"
+              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
+              f"{fit['err_fit'].get('pp', 0):.1%}"
               f"; terms moved: {CostFit.from_dict(fit).describe_moves()}")
     rows = []
     for b in s.get("baselines", []):
@@ -558,7 +564,7 @@ def _cuda_available() -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-    from .report import study_summary, write_study_report
+    from .report import study_summary
     from .search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
     out = Path(args.out) if args.out else Path("reports") / args.study
@@ -570,7 +576,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _emit_json(dict(s, storage=storage))
         return 0
     del study_summary
-    print(f"study {args.study}: {s['n_trials']} trials ({', '.join(f'{v} {k}' for k, v in sorted(s['counts'].items()))})")
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
+    print(f"study {args.study}: {s['n_trials']} trials ({counts})")
     for k, r in s["best"].items():
         if r:
             print(f"best {k}: TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, {r['label']})")
@@ -608,7 +615,8 @@ def _add_build(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="offload-tuner", description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
+    ap = _Parser(prog="offload-tuner",
+                 description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("inspect", help="hparams, tensor groups, bytes per group and per layer")
     p.add_argument("model", help="path to a .gguf (first shard of a split) or preset:NAME[:QUANT]")
@@ -681,7 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, help=f"repetitions per measurement (default {D.TUNE_WORKLOAD.repetitions})")
     p.add_argument("--ctx", type=int, help=f"context the emitted commands reserve (default max({DEFAULT_CTX}, "
                                            "depth+prompt+gen))")
-    p.add_argument("--dialect", choices=DIALECTS, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
+    p.add_argument("--dialect", choices=DIALECTS,
+                   help="mainline or ik (default: the llama.cpp binary's, else mainline)")
     p.add_argument("--llama-bench", metavar="PATH", help="llamacpp engine: llama-bench or llama-sweep-bench (else "
                                                           "$LLAMA_BENCH, else llama-bench on PATH)")
     p.add_argument("--margin", help="VRAM kept free per GPU for the memory model's error: auto "
@@ -727,6 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # diagnostics from the modules (a fast path dropped for its fallback, ...) as one stderr line each
+    logging.basicConfig(level=logging.WARNING, format="offload-tuner: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
         # everything after the first "--" belongs to llama.cpp (explain), never to our own parser
         cut = argv.index("--") if "--" in argv else len(argv)

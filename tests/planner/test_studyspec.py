@@ -60,6 +60,7 @@ def _trials(url: str, name: str) -> tuple[dict, list[tuple[dict, tuple[float, ..
     return study.user_attrs["settings"], done
 
 
+@pytest.mark.slow
 def test_spec_is_the_same_study_as_the_equivalent_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "studies" / "s.toml"
