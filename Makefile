@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-tuner clean
+.PHONY: demo test test-fast lint bench bench-tuner clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,10 +15,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/offload-tuner demo
+	$(VENV)/bin/offload-tuner demo --spec studies/demo.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
+
+test-fast: $(STAMP)    # everything but the tests marked slow (whole studies, hypothesis round trips): ~1 min
+	$(PY) -m pytest -q -rs -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) benchmarks/planner_speed.py

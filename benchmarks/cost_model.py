@@ -39,7 +39,8 @@ from runtime.cost_check import (Run, Scored, mape, offload_pairs, read_runs, sco
 
 WORST = 8
 # the fitted constants: Overheads shares and EngineFacts fields, with their bounds
-FIT_SHARES = {"gpu_eff": (0.05, 1.5), "cpu_eff": (0.05, 1.5), "gpu_gemm_eff": (0.005, 1.0), "cpu_gemm_eff": (0.005, 1.0)}
+FIT_SHARES = {"gpu_eff": (0.05, 1.5), "cpu_eff": (0.05, 1.5), "gpu_gemm_eff": (0.005, 1.0),
+              "cpu_gemm_eff": (0.005, 1.0)}
 FIT_FACTS = {"cpu_thread_exp": (0.3, 2.0), "synthetic_expert_pool": (8.0, 128.0)}
 
 
@@ -81,7 +82,8 @@ def report(runs: list[Run], inv: ModelInventory, hw: HardwareProfile, name: str,
     worst_pp = sorted(scored, key=lambda s: -abs(s.err_pp))[:WORST]
     return {
         "name": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "runs_file": runs_path, "fit_runs": _same_file(runs_path, FIT_RUNS), "hardware": hw_text, "hardware_profile": hw.to_dict(), "model": inv.name or inv.source,
+        "runs_file": runs_path, "fit_runs": _same_file(runs_path, FIT_RUNS), "hardware": hw_text,
+        "hardware_profile": hw.to_dict(), "model": inv.name or inv.source,
         "engine_facts": asdict(LLAMACPP),
         "mape": {"all": mape(scored), "even_lines": mape(s for s in scored if s.run.index in ti),
                  "odd_lines": mape(s for s in scored if s.run.index not in ti)},
@@ -117,7 +119,8 @@ def markdown(d: dict[str, Any]) -> str:
          f"| all | {m['all']['n']} | {pct(m['all']['tg'])} | {pct(m['all']['pp'])} |",
          *([f"| even lines (what the engine constants were fitted on) | {m['even_lines']['n']} | "
             f"{pct(m['even_lines']['tg'])} | {pct(m['even_lines']['pp'])} |",
-            f"| odd lines (held out) | {m['odd_lines']['n']} | {pct(m['odd_lines']['tg'])} | {pct(m['odd_lines']['pp'])} |"]
+            f"| odd lines (held out) | {m['odd_lines']['n']} | {pct(m['odd_lines']['tg'])} | "
+            f"{pct(m['odd_lines']['pp'])} |"]
            if d.get("fit_runs") else []),
          "", ("The engine constants were fitted on the even lines of this file." if d.get("fit_runs") else
               "None of these runs was used to fit the engine constants (they were fitted on the even lines of "
@@ -126,7 +129,8 @@ def markdown(d: dict[str, Any]) -> str:
     pairs = d["offload_pairs"]
     if pairs:
         L += [f"Measured pairs equal but for op offload (and the load mode): {d['offload_pairs_right']} of "
-              f"{len(pairs)} ranked right.", "", "| on (line) | off (line) | measured PP on / off | predicted PP on / off | right |",
+              f"{len(pairs)} ranked right.", "",
+              "| on (line) | off (line) | measured PP on / off | predicted PP on / off | right |",
               "|---|---|---|---|---|"]
         for p in pairs:
             L.append(f"| {p['on']} | {p['off']} | {p['measured_pp'][0]:.0f} / {p['measured_pp'][1]:.0f} | "
@@ -137,23 +141,28 @@ def markdown(d: dict[str, Any]) -> str:
     n_on = sum(1 for t in tog if t["predicted_pp_on"] > t["predicted_pp_off"])
     L += ["", f"Every run's plan predicted both ways: op offload on is predicted faster in {n_on} of {len(tog)}.", ""]
     for title, key, err in (("TG", "worst_tg", "err_tg"), ("PP", "worst_pp", "err_pp")):
-        L += [f"## Worst {title} predictions", "", "| line | measured | predicted | error | command |", "|---|---|---|---|---|"]
+        L += [f"## Worst {title} predictions", "", "| line | measured | predicted | error | command |",
+              "|---|---|---|---|---|"]
         for i in d[key]:
             r = rows[i]
-            meas, pred = (r["measured_tg_tps"], r["predicted_tg_tps"]) if title == "TG" else (r["measured_pp_tps"], r["predicted_pp_tps"])
+            meas, pred = ((r["measured_tg_tps"], r["predicted_tg_tps"]) if title == "TG"
+                          else (r["measured_pp_tps"], r["predicted_pp_tps"]))
             L.append(f"| {i} | {meas:.1f} | {pred:.1f} | {100 * r[err]:+.1f}% | `{r['command']}` |")
         L.append("")
-    L += ["## Every run", "", "| line | ub | t | op offload | mmap | FA | TG meas | TG pred | TG err | PP meas | PP pred | PP err |",
+    L += ["## Every run", "",
+          "| line | ub | t | op offload | mmap | FA | TG meas | TG pred | TG err | PP meas | PP pred | PP err |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["runs"]:
         L.append(f"| {r['index']} | {r['ubatch']} | {r['threads'] or '-'} | {'on' if r['op_offload'] else 'off'} | "
-                 f"{'yes' if r['mmap'] else 'no'} | {'on' if r['flash_attn'] else 'off'} | {r['measured_tg_tps']:.2f} | "
+                 f"{'yes' if r['mmap'] else 'no'} | {'on' if r['flash_attn'] else 'off'} | "
+                 f"{r['measured_tg_tps']:.2f} | "
                  f"{r['predicted_tg_tps']:.2f} | {100 * r['err_tg']:+.1f}% | {r['measured_pp_tps']:.0f} | "
                  f"{r['predicted_pp_tps']:.0f} | {100 * r['err_pp']:+.1f}% |")
     return "\n".join(L) + "\n"
 
 
-def fit_constants(runs: list[Run], inv: ModelInventory, hw: HardwareProfile) -> tuple[dict[str, float], HardwareProfile, EngineFacts]:
+def fit_constants(runs: list[Run], inv: ModelInventory, hw: HardwareProfile
+                  ) -> tuple[dict[str, float], HardwareProfile, EngineFacts]:
     """Least squares on log(predicted / measured) of TG and PP over `runs`, in the Overheads shares and the
     EngineFacts fields (FIT_SHARES, FIT_FACTS); the other terms stay as the profile measured them."""
     import numpy as np

@@ -51,7 +51,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -456,7 +457,7 @@ def summarise(samples: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any
     for s in samples:
         groups.setdefault(key(s), []).append(s)
     out = []
-    for name, ss in groups.items():
+    for ss in groups.values():
         ok = [s["measurement"] for s in ss if s["measurement"]["ok"]]
         vram = [sum(m["peak_bytes"].values()) / MiB for m in ok if m.get("peak_bytes")]
         out.append({**{k: v for k, v in ss[0].items() if k not in ("measurement", "round")}, "samples": len(ss),

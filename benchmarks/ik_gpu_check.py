@@ -101,7 +101,8 @@ def main() -> int:
     rows = [check(sweep, models[arch], c, n) for arch in models for c in cases]
     (out_dir / "ik_gpu_check.json").write_text(json.dumps({"gpus": n, "rows": rows}, indent=2))
     lines = [f"# ik placement on {n} GPU(s) vs planner/flags", "", "| model | args | ok | notes |", "|---|---|---|---|"]
-    lines += [f"| {r['model']} | `{r['args']}` | {'yes' if r.get('ok') else 'NO'} | {'; '.join(r['mismatches'])[:200]} |"
+    lines += [f"| {r['model']} | `{r['args']}` | {'yes' if r.get('ok') else 'NO'} | "
+              f"{'; '.join(r['mismatches'])[:200]} |"
               for r in rows]
     (out_dir / "ik_gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -34,7 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,7 +59,7 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-# ---- the model --------------------------------------------------------------------------------------------------------
+# ---- the model -------------------------------------------------------------------------------------------------------
 
 def write_model(path: Path, tiny: bool) -> None:
     """The synthetic model, written to a temporary name and renamed (a cut-off write is never mistaken for one)."""
@@ -87,7 +88,7 @@ def write_model(path: Path, tiny: bool) -> None:
     log(f"model: wrote {path} ({path.stat().st_size / GiB:.2f} GiB) in {time.monotonic() - t0:.0f} s")
 
 
-# ---- the plans ----------------------------------------------------------------------------------------------------------
+# ---- the plans -------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Case:
@@ -164,7 +165,7 @@ def cpu_variant(plan: Plan) -> Plan:
     return replace(plan, assignment={n: "CPU" for n in plan.assignment})
 
 
-# ---- measuring -----------------------------------------------------------------------------------------------------------
+# ---- measuring -------------------------------------------------------------------------------------------------------
 
 def goal(predicted: int) -> int:
     return max(int(GOAL_FRACTION * predicted), GOAL_FLOOR)
@@ -247,7 +248,7 @@ def run_plans(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwarePro
     return True
 
 
-# ---- llama.cpp's own --fit -------------------------------------------------------------------------------------------------
+# ---- llama.cpp's own --fit -------------------------------------------------------------------------------------------
 
 def run_fit(args, engine: LlamaCppEngine, fit_params: Path, inv: ModelInventory, hw: HardwareProfile,
             wl: Workload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
@@ -296,7 +297,7 @@ def _fit_choice(fit_params: Path, inv: ModelInventory, hw: HardwareProfile, wl: 
     return line, bench_memory(inv, plan, wl, hw).to_dict()["devices"]
 
 
-# ---- the matcher against the loader, with a GPU ------------------------------------------------------------------------------
+# ---- the matcher against the loader, with a GPU ----------------------------------------------------------------------
 
 MATCHER_CASES = [
     ["-ngl", "0", "-ot", r"blk\.1\.ffn_(up|gate)_exps=CUDA0;blk\.1\.=CPU;exps=CUDA0;^output=CUDA0"],
@@ -335,7 +336,7 @@ def run_matcher(bench: Path, tiny_model: Path, cpu: bool) -> list[dict[str, Any]
     return out
 
 
-# ---- report ------------------------------------------------------------------------------------------------------------
+# ---- report ----------------------------------------------------------------------------------------------------------
 
 def _mib(b: int | None) -> str:
     return "-" if b is None else f"{b / MiB:,.0f}"
@@ -396,7 +397,8 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], fits: list[dict[st
               "error = predicted - measured; measured = peak device memory in use during the run minus the reading "
               "before it (CUDA context included).", ""]
     lines += ["## llama.cpp --fit (llama-bench -fitt) vs the best plan at or under each budget", "",
-              "| budget | --fit PP | --fit TG | --fit VRAM MiB | llama-fit-params choice (pp context) | predicted for it MiB | "
+              "| budget | --fit PP | --fit TG | --fit VRAM MiB | llama-fit-params choice (pp context) | "
+              "predicted for it MiB | "
               "best TG plan <= budget | PP | TG | VRAM MiB | best PP plan <= budget | PP | TG | VRAM MiB |",
               "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|"]
     for f in fits:
@@ -423,7 +425,8 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], fits: list[dict[st
         lines += ["## Matcher and -ngl slots vs the loader's -v lines (tiny model)", "",
                   "| arguments | agrees | tensors | overridden | first mismatches |", "|---|---|---:|---:|---|"]
         for r in matcher:
-            mism = "; ".join(f"{x['tensor']}: ours {x['ours']}, llama.cpp {x['llama.cpp']}" for x in r.get("mismatches", [])[:3])
+            mism = "; ".join(f"{x['tensor']}: ours {x['ours']}, llama.cpp {x['llama.cpp']}"
+                             for x in r.get("mismatches", [])[:3])
             args_cell = " ".join(r["args"]).replace("|", "\\|")
             lines.append(f"| `{args_cell}` | {'yes' if r['ok'] else '**no**'} | {r.get('n_tensors', '-')} | "
                          f"{r.get('n_overridden', '-')} | {r.get('error', mism) or '-'} |")
@@ -432,10 +435,11 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], fits: list[dict[st
     log(f"report: {out_dir / 'llamacpp_gpu.md'} and .json ({len(plans)} plans, {len(fits)} budgets)")
 
 
-# ---- main ----------------------------------------------------------------------------------------------------------------
+# ---- main ------------------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="dry run with the CPU build and a tiny model (no GPU)")
     ap.add_argument("--workdir", type=Path, default=None, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
     ap.add_argument("--out", type=Path, default=None, help="report folder (default $OUT, else <workdir>/report)")

@@ -61,7 +61,8 @@ def plan_for(inv: ModelInventory, n_cpu_moe: int, ubatch: int, threads: int) -> 
         on_cpu = t.role == "token_embd" or (t.is_expert and t.layer is not None and t.layer < n_cpu_moe)
         assignment[t.name] = "CPU" if on_cpu else "CUDA0"
     knobs = Knobs(n_ctx=4096, n_batch=max(2048, ubatch), n_ubatch=ubatch, n_threads=threads)
-    return Plan(inv.name, assignment, knobs, label=f"experts of {n_cpu_moe} layers in RAM" if n_cpu_moe else "all on GPU")
+    label = f"experts of {n_cpu_moe} layers in RAM" if n_cpu_moe else "all on GPU"
+    return Plan(inv.name, assignment, knobs, label=label)
 
 
 # ---- ceilings and rooflines ------------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def gpu_state() -> str:
         return ""
 
 
-# ---- output --------------------------------------------------------------------------------------------------------------
+# ---- output ----------------------------------------------------------------------------------------------------------
 
 def write(out: Path, rows: list[dict], meta: dict) -> None:
     (out / "runtime_roofline.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

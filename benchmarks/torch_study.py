@@ -147,8 +147,9 @@ class Setup:
     def engine(self) -> TimedEngine:
         if self._engine is None:
             from planner.cli import load_engine    # one line (InputError) for an engine this machine cannot run
-            ns = argparse.Namespace(model=self.args.model, llama_bench=None, timeout=None)
-            self._engine = TimedEngine(load_engine(self.args.engine, self.hw, self.inv, ns), self.clock)
+            from planner.options import EngineOptions
+            opts = EngineOptions(engine=self.args.engine, model=self.args.model)
+            self._engine = TimedEngine(load_engine(opts, self.hw), self.clock)
             log(f"engine {self._engine.name} ready")
         return self._engine
 

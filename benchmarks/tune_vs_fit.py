@@ -117,7 +117,8 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
                 "name": r["name"], "tg_vs_fit": r.get("tg_vs_fit"), "pp_vs_fit": r.get("pp_vs_fit"),
                 "tg_vs_fit_server": r.get("tg_vs_fit_server"), "pp_vs_fit_server": r.get("pp_vs_fit_server"),
                 "noisy": r["noisy"], "seen": r["seen"]}
-    fit, best, bal = pick("fit"), pick(conf.get("picks", {}).get("best_tg")), pick(conf.get("picks", {}).get("balanced"))
+    picks = conf.get("picks", {})
+    fit, best, bal = pick("fit"), pick(picks.get("best_tg")), pick(picks.get("balanced"))
     fit_server = pick("fit-server")
     ncmoe = next((b for b in s["baselines"] if b.get("kind") == "ncmoe"), None)
     def ratio(a, k, base=None):
@@ -127,15 +128,19 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
             "engine_runs": s["engine_runs"], "front_share": s["front_share"], "confirmed": bool(conf),
             "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal,
             "best_tg_ratio_vs_fit_server": ratio(best, "tg", fit_server) if fit_server else None,
-            "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"), "balanced_pp_ratio": ratio(bal, "pp"),
-            "ncmoe": None if ncmoe is None else {"name": ncmoe["name"], "ok": ncmoe.get("ok"), "error": ncmoe.get("error"),
+            "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"),
+            "balanced_pp_ratio": ratio(bal, "pp"),
+            "ncmoe": None if ncmoe is None else {"name": ncmoe["name"], "ok": ncmoe.get("ok"),
+                                                 "error": ncmoe.get("error"),
                                                  **({k: ncmoe["measured"][k] for k in ("tg_tps", "pp_tps")}
                                                     if ncmoe.get("ok") else {}),
-                                                 "vram_mib": sum((ncmoe.get("measured") or {}).get("peak_bytes", {}).values()) / MiB},
+                                                 "vram_mib": sum((ncmoe.get("measured") or {}).get("peak_bytes", {})
+                                                                 .values()) / MiB},
             "margin_mib": (s.get("margin_bytes") or 0) / MiB,
             "front": [{k: r.get(k) for k in ("trial", "tg_tps", "pp_tps", "vram_bytes", "tg_x", "pp_x", "label")}
                       for r in s["pareto"]],
-            "over_budget_runs": int((df["error"].str.contains("over the budget", na=False)).sum()) if not df.empty else 0}
+            "over_budget_runs": int((df["error"].str.contains("over the budget", na=False)).sum())
+            if not df.empty else 0}
 
 
 def runs_jsonl(studies, path: Path) -> int:
@@ -171,8 +176,9 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
          f"at most {meta['runs']} engine runs per budget (baselines, search and {meta['confirm']} rounds of "
          "confirmation); every number below is a confirmed median over interleaved re-runs in one device call, "
          "[min-max] its spread; x: ratio to --fit's median, 'tie' when inside the larger spread.", "",
-         "| budget | depth | runs | --fit TG / PP / VRAM MiB | best TG: TG / PP / VRAM MiB | TG x | balanced: TG / PP / VRAM MiB "
-         "| TG x | PP x | best -ncmoe: TG / PP / VRAM MiB | --fit's placement in a server: TG / PP / VRAM MiB | best TG x it |",
+         "| budget | depth | runs | --fit TG / PP / VRAM MiB | best TG: TG / PP / VRAM MiB | TG x "
+         "| balanced: TG / PP / VRAM MiB | TG x | PP x | best -ncmoe: TG / PP / VRAM MiB "
+         "| --fit's placement in a server: TG / PP / VRAM MiB | best TG x it |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(p: dict[str, Any] | None) -> str:
@@ -187,7 +193,8 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
             (nc.get("error") or "-")
         L.append(f"| {r['budget_gib']} GiB | {r['depth']} | {r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'} | "
                  f"{cell(r['fit'])} | {cell(r['best_tg'])} | {verdict(r['best_tg'], 'tg')} | {cell(r['balanced'])} | "
-                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} | {cell(r.get('fit_server'))} | "
+                 f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} | "
+                 f"{cell(r.get('fit_server'))} | "
                  f"{_vs_server(r['best_tg'])} |")
     L += ["", "Commands (llama-server lines; --fit as llama-bench ran it):", ""]
     for r in sorted(rows, key=lambda r: (r["depth"], r["budget_gib"])):
@@ -253,7 +260,8 @@ def prepare(args, workdir: Path) -> dict[str, Any]:
         bench = args.llama_bench or ensure_built()["llama-bench"]
     else:
         bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
-    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
+    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu
+                           else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
     if not model.exists():
         lg.write_model(model, args.cpu)
     inv = load_inventory(model)
@@ -261,8 +269,9 @@ def prepare(args, workdir: Path) -> dict[str, Any]:
     engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
     devs = engine.devices() or {}
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
-            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None, "binary": engine.info.to_dict(),
-            "model": str(model), "model_gib": model.stat().st_size / GiB, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None,
+            "binary": engine.info.to_dict(), "model": str(model), "model_gib": model.stat().st_size / GiB,
+            "n_prompt": args.n_prompt, "n_gen": args.n_gen,
             "reps": args.reps, "runs": args.runs, "confirm": args.confirm, "hardware": hw.name}
     args.engine, args.inv, args.hw = engine, inv, hw
     return meta
@@ -273,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="dry run: CPU build, tiny model, every plan all-CPU")
     ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
     ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
-    ap.add_argument("--llama-bench", type=Path, help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/llama-bench")
+    ap.add_argument("--llama-bench", type=Path,
+                    help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/llama-bench")
     ap.add_argument("--model", type=Path, help="default the llamacpp_gpu benchmark's model (written if missing)")
     ap.add_argument("--budgets", default="4,8,12,16", help="GiB (default 4,8,12,16)")
     ap.add_argument("--depths", default="0,8192", help="context depths (default 0,8192)")

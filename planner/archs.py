@@ -11,7 +11,8 @@ Shapes use dimension names resolved per layer by `_dims`; ggml order (ne0 first)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from .errors import GGUFError, UnknownArchitectureError
 from .model import Hparams, ModelInventory, Tensor, classify
@@ -52,9 +53,11 @@ LAYER_TENSORS: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
     + _ROUTED + _SHARED + _DENSE_FFN,
     "gpt-oss": [
         ("attn_norm.weight", ("E",), "all"), ("post_attention_norm.weight", ("E",), "all"),
-        ("attn_q.weight", ("E", "q"), "all"), ("attn_k.weight", ("E", "k"), "all"), ("attn_v.weight", ("E", "v"), "all"),
+        ("attn_q.weight", ("E", "q"), "all"), ("attn_k.weight", ("E", "k"), "all"),
+        ("attn_v.weight", ("E", "v"), "all"),
         ("attn_q.bias", ("q",), "all"), ("attn_k.bias", ("k",), "all"), ("attn_v.bias", ("v",), "all"),
-        ("attn_output.weight", ("o", "E"), "all"), ("attn_output.bias", ("E",), "all"), ("attn_sinks.weight", ("H",), "all"),
+        ("attn_output.weight", ("o", "E"), "all"), ("attn_output.bias", ("E",), "all"),
+        ("attn_sinks.weight", ("H",), "all"),
         ("ffn_gate_inp.weight", ("E", "X"), "moe"), ("ffn_gate_inp.bias", ("X",), "moe"),
         ("ffn_gate_exps.weight", ("E", "Fe", "X"), "moe"), ("ffn_down_exps.weight", ("Fe", "E", "X"), "moe"),
         ("ffn_up_exps.weight", ("E", "Fe", "X"), "moe"),

@@ -15,7 +15,8 @@ what llama.cpp already does by itself:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .errors import InputError
 from .flags import parse

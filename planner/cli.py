@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import dataclass, replace
 
+from . import defaults as D
 from .builds import Build, parse_build
 from .confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
+from .options import EngineOptions, TuneOptions
 from .plan import DEFAULT_CTX, DIALECTS, KV_TYPES, Knobs, Plan, gpu_index, is_gpu
 from .validate import check_dialect
 
-DEMO_MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
-DEMO_GPU = "16GiB"
+# the demo's study: what studies/demo.toml spells out (a test holds the two equal), built in so that `demo` runs
+# from any folder. Qwen3-30B-A3B Q4_K_M on a 16 GiB RTX 4090 with dual-channel DDR5, sim engine, objective both.
+DEMO = TuneOptions(model="preset:Qwen3-30B-A3B:Q4_K_M", engine="sim", hardware="rtx4090-ddr5", gpu="16GiB",
+                   trials=60, study="demo", objective="both", reps=1, ctx=DEFAULT_CTX, pool=120)
 TOOLS = ("server", "cli", "bench")
 
 
@@ -192,7 +197,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(inventory_summary(inv))
     print(f"tensors: {len(inv.tensors)}; weights read per token: {fmt_bytes(inv.active_bytes_per_token())}"
           + ("; output tied to token_embd" if inv.tied_output else ""))
-    print(f"n_embd {hp.n_embd}, n_head {hp.n_head}, n_head_kv {max(hp.n_head_kv)}, head_dim {hp.head_dim_k}/{hp.head_dim_v}, "
+    print(f"n_embd {hp.n_embd}, n_head {hp.n_head}, n_head_kv {max(hp.n_head_kv)}, "
+          f"head_dim {hp.head_dim_k}/{hp.head_dim_v}, "
           f"vocab {hp.n_vocab}, ctx_train {hp.n_ctx_train}"
           + (f", MLA kv_lora_rank {hp.mla_kv_lora_rank}" if hp.is_mla else "")
           + (f", SWA window {hp.n_swa} on {sum(hp.swa_layers)} layers" if hp.n_swa else ""))
@@ -270,7 +276,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     best = ranked[0]
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
-    print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
+    print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, "
+          f"PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
     print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
     print(f"target:   {build.describe()}")
@@ -378,32 +385,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return calibrate_main(args)
 
 
-def load_engine(name: str, hw: HardwareProfile, inv, args: argparse.Namespace):
-    """The Engine for --engine NAME. sim is always here; torch and llamacpp are looked up lazily in the runtime
+def load_engine(opts: EngineOptions, hw: HardwareProfile):
+    """The Engine `opts` names. sim is always here; torch and llamacpp are looked up lazily in the runtime
     (runtime/torch_engine, runtime/llamacpp.py, built through runtime.run_cli.make_engine as `run` does): a
     module that is missing, or exposes no engine, is one line and exit 2."""
-    if name == "sim":
+    if opts.engine == "sim":
         from runtime.sim import SimEngine
         return SimEngine(hw)
     import importlib.util
-    module = ENGINE_MODULES[name]
+    module = ENGINE_MODULES[opts.engine]
     try:
         found = importlib.util.find_spec(module) is not None
     except ImportError:
         found = False
     if not found:
-        raise InputError(f"engine {name} is not available yet (no {module} in this install); use --engine sim")
-    if name == "torch" and not _cuda_available():
+        raise InputError(f"engine {opts.engine} is not available yet (no {module} in this install); use --engine sim")
+    if opts.engine == "torch" and not _cuda_available():
         raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
                          "(or run the same tune command where the GPU is)")
     try:
         from runtime.run_cli import make_engine
     except ImportError as e:
-        raise InputError(f"engine {name} is not available yet (runtime.run_cli: {e})") from e
-    ns = argparse.Namespace(engine=name, llama_bench=getattr(args, "llama_bench", None),
-                            cpu_stand_in=getattr(args, "cpu_stand_in", False),
-                            timeout=float(args.timeout) if getattr(args, "timeout", None) else 900.0, model=args.model)
-    return make_engine(ns, hw)
+        raise InputError(f"engine {opts.engine} is not available yet (runtime.run_cli: {e})") from e
+    return make_engine(opts, hw)
 
 
 ENGINE_MODULES = {"torch": "runtime.torch_engine", "llamacpp": "runtime.llamacpp"}
@@ -438,18 +442,17 @@ def _progress(total: int, quiet: bool):
 
 @dataclass(frozen=True)
 class TuneInputs:
-    """tune's arguments checked (before any storage or engine is touched): the service checks a tune request
+    """tune's options checked (before any storage or engine is touched): the service checks a tune request
     with the same function before it starts a worker."""
     inv: object
     hw: HardwareProfile
     objective: object
     workload: object
-    kv_types: tuple
     margin: int | None
     study: str
 
 
-def tune_inputs(args: argparse.Namespace) -> TuneInputs:
+def tune_inputs(args: TuneOptions) -> TuneInputs:
     from .loader import load_model
     from .objectives import parse_objective
     from .search import slug
@@ -463,29 +466,26 @@ def tune_inputs(args: argparse.Namespace) -> TuneInputs:
         raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
     workload = Workload(n_prompt=_nonneg(args.n_prompt, "--n-prompt"), n_gen=_nonneg(args.n_gen, "--n-gen"),
                         depth=_nonneg(args.depth, "--depth"), repetitions=_positive(args.reps, "--reps"))
-    kv = tuple(k.strip() for k in args.kv_types.split(",") if k.strip())
-    bad = [k for k in kv if k not in KV_TYPES]
-    if not kv or bad:
-        raise InputError(f"--kv-types {args.kv_types!r}: expected a comma list of {', '.join(KV_TYPES)}")
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
-    return TuneInputs(inv, hw, objective, workload, kv, margin, name)
+    return TuneInputs(inv, hw, objective, workload, margin, name)
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def cmd_tune(args: TuneOptions) -> int:
+    """`tune`, from options built at the edge (flags, a spec, or the demo's)."""
     from pathlib import Path
     from .search import Tuner, default_storage
     from .space import SpaceConfig
+    from .studyspec import storage_beside
     t = tune_inputs(args)
-    inv, hw, objective, workload, kv, margin, name = (t.inv, t.hw, t.objective, t.workload, t.kv_types, t.margin,
-                                                      t.study)
-    storage = args.storage or default_storage(name)
+    inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
+    storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
         from .storage import check_output_folder
         check_output_folder(out, "--out")
-    engine = load_engine(args.engine, hw, inv, args)
+    engine = load_engine(args.engine_options(), hw)
     from .search import STUDIES_DIR, make_storage, sqlite_path
     if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
         from .storage import check_sqlite_folder, lock_sqlite
@@ -493,16 +493,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
         lock_sqlite(sqlite_path(storage))
     make_storage(storage)                         # the driver, the folder, the database answer
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
-    args.dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
-    check_dialect(inv, args.dialect)
-    config = SpaceConfig(kv_types=kv)
+    dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    check_dialect(inv, dialect)
+    config = SpaceConfig(kv_types=args.kv_types)
     if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
-        config = config.settled(hw.host.n_threads, args.dialect)
-    if args.dialect == "ik" and getattr(info, "tool", None) == "bench":
+        config = config.settled(hw.host.n_threads, dialect)
+    if dialect == "ik" and getattr(info, "tool", None) == "bench":
         config = replace(config, op_per_class=False)     # ik's llama-bench has no -op (docs/ik_llama.md)
+    config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
     rounds = args.confirm if args.confirm is not None else (0 if engine.name == "sim" else CONFIRM_ROUNDS)
     _nonneg(rounds, "--confirm")
-    tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=args.dialect,
+    tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=dialect,
                   n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=margin,
                   config=config, study_name=name, storage=storage, fresh=args.fresh,
                   seed=args.seed, pool_size=args.pool)
@@ -549,7 +550,8 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
     for i, g in enumerate(hw.gpus):
         free = g.vram_bytes - margin
         if free <= g.overhead_bytes:
-            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the {fmt_bytes(margin)} margin "
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the "
+                              f"{fmt_bytes(margin)} margin "
                               f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
                               "give more --gpu memory or a smaller --margin")
 
@@ -572,7 +574,8 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     fit = s.get("cost_fit") or {}
     if fit.get("err_prior"):
         print(f"cost model refit on {fit['n']} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
-              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> {fit['err_fit'].get('pp', 0):.1%}"
+              f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
+              f"{fit['err_fit'].get('pp', 0):.1%}"
               f"; terms moved: {CostFit.from_dict(fit).describe_moves()}")
     rows = []
     for b in s.get("baselines", []):
@@ -598,33 +601,29 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
         print(f"report: {out}/summary.md (and summary.html, trials.csv, report.json, PNG and SVG plots)")
 
 
-DEMO_STUDY = "demo"
-DEMO_HARDWARE = "rtx4090-ddr5"
-DEMO_TRIALS = 60
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: a whole study on the sim engine, its report and the best flags."""
     from pathlib import Path
-    from .search import STUDIES_DIR
-    print(f"# offload-tuner demo: tune {DEMO_MODEL} on a {DEMO_GPU} GPU ({DEMO_HARDWARE}, dual-channel DDR5) "
-          f"with the sim engine, {args.trials} runs, objective both (TG and PP)", flush=True)
-    for folder in (STUDIES_DIR, Path("reports")):
+    from .search import default_storage, sqlite_path
+    from .studyspec import load_spec, storage_beside
+    base = TuneOptions(**load_spec(args.spec)) if args.spec else DEMO
+    opts = replace(base, fresh=True, quiet=args.quiet, trials=args.trials if args.trials is not None else base.trials,
+                   pool=args.pool if args.pool is not None else base.pool)
+    print(f"# offload-tuner demo: tune {opts.model} on {opts.gpu or 'the'} GPU ({opts.hardware}) with the "
+          f"{opts.engine} engine, {opts.trials} runs, objective {opts.objective}", flush=True)
+    storage = opts.storage or (storage_beside(opts.spec, opts.study) if opts.spec else default_storage(opts.study))
+    db = sqlite_path(storage)
+    for folder in ({db.parent} if db else set()) | {Path("reports")}:
         if folder.exists() and not folder.is_dir():
             raise InputError(f"demo writes into {folder}/, but {folder} here is a file; run it in another folder")
-    for suffix in ("", "-wal", "-shm", "-journal"):       # a fresh study each run: repeated demos agree
-        Path(STUDIES_DIR / f"{DEMO_STUDY}.db{suffix}").unlink(missing_ok=True)
-    ns = argparse.Namespace(
-        model=DEMO_MODEL, engine="sim", hardware=DEMO_HARDWARE, gpu=DEMO_GPU, trials=args.trials, study=DEMO_STUDY,
-        storage=None, objective="both", n_prompt=2048, n_gen=128, depth=0, reps=1, dialect="mainline", ctx=8192,
-        margin="auto", kv_types="f16,q8_0", fresh=True, seed=0, pool=args.pool, out=None, no_report=False,
-        quiet=args.quiet, json=False, timeout=None, confirm=None, space=None)
-    rc = cmd_tune(ns)
+    for suffix in ("", "-wal", "-shm", "-journal") if db else ():    # a fresh study each run: repeated demos agree
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    rc = cmd_tune(opts)
     if rc == 0 and _cuda_available():
         print()
         print("# a CUDA GPU is here: the same study measured on the bundled PyTorch runtime:")
-        print(f"offload-tuner tune {DEMO_MODEL} --engine torch --gpu {DEMO_GPU} --objective both --trials 40 "
-              "--study demo-torch --n-prompt 2048 --n-gen 128")
+        print(f"offload-tuner tune {opts.model} --engine torch --gpu {opts.gpu} --objective {opts.objective} "
+              f"--trials 40 --study {opts.study}-torch --n-prompt {opts.n_prompt} --n-gen {opts.n_gen}")
     return rc
 
 
@@ -635,7 +634,7 @@ def _cuda_available() -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-    from .report import study_summary, write_study_report
+    from .report import study_summary
     from .search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
     out = Path(args.out) if args.out else Path("reports") / args.study
@@ -647,7 +646,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _emit_json(dict(s, storage=storage))
         return 0
     del study_summary
-    print(f"study {args.study}: {s['n_trials']} trials ({', '.join(f'{v} {k}' for k, v in sorted(s['counts'].items()))})")
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
+    print(f"study {args.study}: {s['n_trials']} trials ({counts})")
     for k, r in s["best"].items():
         if r:
             print(f"best {k}: TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, {r['label']})")
@@ -718,7 +718,8 @@ def _add_build(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="offload-tuner", description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
+    ap = _Parser(prog="offload-tuner",
+                 description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("inspect", help="hparams, tensor groups, bytes per group and per layer")
     p.add_argument("model", help="path to a .gguf (first shard of a split) or preset:NAME[:QUANT]")
@@ -734,8 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amb", type=int, help="ik -amb in MiB (default 512 for MLA models, else ik's default)")
     p.add_argument("--objective", choices=("tg", "pp", "balanced", "both"), default="tg",
                    help="tg, pp or balanced (the geometric mean of both; 'both', tune's word, means the same here)")
-    p.add_argument("--margin", default="512MiB", help="VRAM kept free per GPU (default 512MiB)")
-    p.add_argument("--top", type=int, default=8, help="candidates to list")
+    p.add_argument("--margin", default=D.PLAN_MARGIN, help=f"VRAM kept free per GPU (default {D.PLAN_MARGIN})")
+    p.add_argument("--top", type=int, default=D.PLAN_TOP, help=f"candidates to list (default {D.PLAN_TOP})")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
@@ -765,25 +766,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_arguments(p)
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("tune", help="search placements and knobs with Optuna for the best PP/TG within VRAM")
-    p.add_argument("model")
-    p.add_argument("--engine", choices=("sim", "torch", "llamacpp"), default="sim",
-                   help="what measures a candidate: sim (the cost model), torch, llamacpp")
+    p = sub.add_parser("tune", help="search placements and knobs with Optuna for the best PP/TG within VRAM",
+                       description="Start or resume an Optuna study. --spec studies/NAME.toml reads the study from a "
+                       "file (docs in planner/studyspec.py); any flag given on the command line overrides the "
+                       "spec's value for it.")
+    # every default here is None (or False): TuneOptions holds the real ones, so a flag counts only when given
+    p.add_argument("model", nargs="?", help="path to a .gguf or preset:NAME[:QUANT] (or the spec's model)")
+    p.add_argument("--spec", metavar="FILE", help="study spec (TOML): starts or resumes that study, its database "
+                   "beside the file (studies/NAME.db) unless --storage or the spec says otherwise; flags given "
+                   "here override the spec's values")
+    p.add_argument("--engine", choices=D.ENGINES, help="what measures a candidate: sim (the cost model), torch, "
+                   f"llamacpp (default {D.TUNE_ENGINE})")
     _add_hw(p, True)
-    p.add_argument("--trials", type=int, default=40, help="engine runs to add to the study (default 40)")
-    p.add_argument("--study", help="study name (default from model, hardware, engine, objective); resumes it")
-    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/STUDY.db; postgresql://... for "
-                                     "several workers)")
-    p.add_argument("--objective", default="tg", help="tg, pp, both (Pareto) or an expression such as 'tg + 0.1*pp'")
-    p.add_argument("--n-prompt", type=int, default=2048, help="prompt tokens of the workload (default 2048)")
-    p.add_argument("--n-gen", type=int, default=128, help="generated tokens of the workload (default 128)")
-    p.add_argument("--depth", type=int, default=0, help="context depth before the workload (default 0)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per measurement (default 3)")
-    p.add_argument("--ctx", type=int, help="context the emitted commands reserve (default max(8192, depth+prompt+gen))")
-    p.add_argument("--dialect", choices=DIALECTS, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
+    p.add_argument("--trials", type=int, help=f"engine runs to add to the study (default {D.TUNE_TRIALS})")
+    p.add_argument("--study", help="study name (default: the spec's file name, else from model, hardware, engine, "
+                                   "objective); resumes it")
+    p.add_argument("--storage", help="SQLAlchemy URL (default sqlite:///studies/STUDY.db, or STUDY.db beside the "
+                                     "spec; postgresql://... for several workers)")
+    p.add_argument("--objective", help="tg, pp, both (Pareto) or an expression such as 'tg + 0.1*pp' "
+                                       f"(default {D.TUNE_OBJECTIVE})")
+    p.add_argument("--n-prompt", type=int, help="prompt tokens of the workload "
+                                                f"(default {D.TUNE_WORKLOAD.n_prompt})")
+    p.add_argument("--n-gen", type=int, help=f"generated tokens of the workload (default {D.TUNE_WORKLOAD.n_gen})")
+    p.add_argument("--depth", type=int, help=f"context depth before the workload (default {D.TUNE_WORKLOAD.depth})")
+    p.add_argument("--reps", type=int, help=f"repetitions per measurement (default {D.TUNE_WORKLOAD.repetitions})")
+    p.add_argument("--ctx", type=int, help=f"context the emitted commands reserve (default max({DEFAULT_CTX}, "
+                                           "depth+prompt+gen))")
+    p.add_argument("--dialect", choices=DIALECTS,
+                   help="mainline or ik (default: the llama.cpp binary's, else mainline)")
     p.add_argument("--llama-bench", metavar="PATH", help="llamacpp engine: llama-bench or llama-sweep-bench (else "
                                                           "$LLAMA_BENCH, else llama-bench on PATH)")
-    p.add_argument("--margin", default="auto", help="VRAM kept free per GPU for the memory model's error: auto "
+    p.add_argument("--margin", help="VRAM kept free per GPU for the memory model's error: auto "
                    "(default: learnt from the runs, starting at the engine's known error) or a size, 0 allowed "
                    "(kept, raised only by an out-of-memory or a run over the budget)")
     p.add_argument("--cpu-stand-in", action="store_true", help="llamacpp: run every plan with all its tensors "
@@ -791,19 +804,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "peaks are not the GPU plans')")
     p.add_argument("--confirm", type=int, help="rounds of interleaved re-measurement of the finalists and --fit "
                    f"before the study reports (default {CONFIRM_ROUNDS}; 0 for the sim engine, which is exact)")
-    p.add_argument("--space", choices=("settled", "full"), help="settled: threads, flash attention, batch, "
+    p.add_argument("--space", choices=D.SPACE_MODES, help="settled: threads, flash attention, batch, "
                    "output layer, mmap and op offload fixed at what won on real engines, so runs go to placement, "
                    "ubatch and KV (default for llamacpp and torch); full: search every knob (default for sim)")
-    p.add_argument("--kv-types", default="f16,q8_0", help="KV cache types the search may use (default f16,q8_0)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed")
-    p.add_argument("--pool", type=int, default=200, help="candidates the cost model pre-screens (default 200)")
-    p.add_argument("--timeout", type=float, help="seconds per measurement (llamacpp; default 900)")
+    p.add_argument("--kv-types", help="KV cache types the search may use (default "
+                                      f"{','.join(D.TUNE_KV_TYPES)})")
+    p.add_argument("--seed", type=int, help=f"sampler seed (default {D.TUNE_SEED})")
+    p.add_argument("--pool", type=int, help=f"candidates the cost model pre-screens (default {D.TUNE_POOL})")
+    p.add_argument("--timeout", type=float, help=f"seconds per measurement (llamacpp; default {D.RUN_TIMEOUT_S:.0f})")
     p.add_argument("--fresh", action="store_true", help="delete the study of that name first")
     p.add_argument("--out", help="report folder (default reports/STUDY)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=lambda args: cmd_tune(TuneOptions.from_args(args)))
 
     p = sub.add_parser("report", help="plots, Markdown/HTML summary, CSV and JSON of a study")
     p.add_argument("study")
@@ -831,8 +845,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the embedded default: a sim-engine study, its report, the best "
                                     "flags (no GPU or llama.cpp needed)")
-    p.add_argument("--trials", type=int, default=DEMO_TRIALS, help=f"engine runs (default {DEMO_TRIALS})")
-    p.add_argument("--pool", type=int, default=120, help="candidates the cost model pre-screens (default 120)")
+    p.add_argument("--spec", metavar="FILE", help="the study to run as the demo (default: the built-in one, "
+                                                  "which studies/demo.toml spells out)")
+    p.add_argument("--trials", type=int, help=f"engine runs (default {DEMO.trials})")
+    p.add_argument("--pool", type=int, help=f"candidates the cost model pre-screens (default {DEMO.pool})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
     return ap
@@ -840,6 +856,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # diagnostics from the modules (a fast path dropped for its fallback, ...) as one stderr line each
+    logging.basicConfig(level=logging.WARNING, format="offload-tuner: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
         # everything after the first "--" belongs to llama.cpp (explain), never to our own parser
         cut = argv.index("--") if "--" in argv else len(argv)

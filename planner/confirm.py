@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
+from collections.abc import Sequence
 
 Verdict = Literal["win", "tie", "loss"]
 CONFIRM_ROUNDS = 3        # interleaved re-measurements of each finalist and of --fit

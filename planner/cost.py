@@ -199,16 +199,18 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         pp_bytes = t.nbytes * (used_pp if t.is_expert else 1.0)
         if dev != "CPU":
             g = gpu_of(dev)
-            add(pp, f"{dev}_compute", max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
+            add(pp, f"{dev}_compute",
+                max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
             seq_pp.append(dev)
             continue
         m = offload_min_batch(inv, plan, t)
-        if gpus and m is not None and T >= m:
+        if gpus and m is not None and m <= T:
             g = gpu_of(gpus[0])
             add(pp, "upload", pp_bytes / link_bw)
             n_calls = _expert_runs(hp.n_expert, used_pp * hp.n_expert) if t.is_expert else 1.0
             add(pp, "upload_calls", n_calls * hw.link.copy_call_s)
-            add(pp, f"{gpus[0]}_compute", max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
+            add(pp, f"{gpus[0]}_compute",
+                max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
             add(pp, "launch", ov.launch_s)             # the uploaded weight starts a split of its own
             if t.is_expert and t.layer is not None:
                 uploaded_moe_layers.add(t.layer)

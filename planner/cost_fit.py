@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class Terms:
     pp_tokens: float        # pp_tps * pp_ubatch_s of the prior: tokens per ubatch-second unit
 
     @classmethod
-    def of(cls, pred: Prediction) -> "Terms":
+    def of(cls, pred: Prediction) -> Terms:
         tg = {g: 0.0 for g in TG_GROUPS}
         pp = {g: 0.0 for g in PP_GROUPS}
         for key, s in pred.breakdown.items():
@@ -64,7 +65,7 @@ class Terms:
         return {"tg": self.tg, "pp": self.pp, "pp_tokens": self.pp_tokens}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Terms":
+    def from_dict(cls, d: dict[str, Any]) -> Terms:
         return cls(dict(d["tg"]), dict(d["pp"]), float(d["pp_tokens"]))
 
 
@@ -110,7 +111,7 @@ class CostFit:
                 "moves": self.moves()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "CostFit":
+    def from_dict(cls, d: dict[str, Any] | None) -> CostFit:
         if not d:
             return cls()
         return cls(dict(d["tg"]), dict(d["pp"]), int(d.get("n", 0)), dict(d.get("err_prior", {})),
@@ -120,7 +121,8 @@ class CostFit:
         """The prior profile with the multipliers folded in (approximate where a term is a max of two)."""
         ov = hw.overheads
         ov = replace(ov, gpu_eff=ov.gpu_eff / self.tg["gpu"], cpu_eff=ov.cpu_eff / self.tg["cpu"],
-                     per_split_s=ov.per_split_s * self.tg["fixed"], per_layer_gpu_s=ov.per_layer_gpu_s * self.tg["fixed"],
+                     per_split_s=ov.per_split_s * self.tg["fixed"],
+                     per_layer_gpu_s=ov.per_layer_gpu_s * self.tg["fixed"],
                      per_layer_cpu_s=ov.per_layer_cpu_s * self.tg["fixed"])
         gpus = tuple(replace(g, flops=g.flops / self.pp["gpu"]) for g in hw.gpus)
         host = replace(hw.host, flops=hw.host.flops / self.pp["cpu"])

@@ -23,7 +23,7 @@ Shapes are ggml's ne (ne0 first). Weights and KV cache tensors are external: nev
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .ggml_types import by_name
 
@@ -46,7 +46,7 @@ class GT:
     __slots__ = ("name", "ne", "dtype", "op", "src", "view_src", "flags", "ext", "nbytes", "contig")
 
     def __init__(self, name: str, ne: tuple[int, ...], dtype: str, op: str = "NONE", src: tuple = (),
-                 view_src: "GT | None" = None, ext: str | None = None, contig: bool = True,
+                 view_src: GT | None = None, ext: str | None = None, contig: bool = True,
                  nbytes: int | None = None) -> None:
         self.name = name
         self.ne = tuple(ne) + (1,) * (4 - len(ne))

@@ -18,7 +18,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, overload
+from typing import Any, overload
+from collections.abc import Iterator
 
 import numpy as np
 

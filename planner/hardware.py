@@ -115,13 +115,13 @@ class HardwareProfile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "hardware profile") -> "HardwareProfile":
+    def from_dict(cls, d: dict, where: str = "hardware profile") -> HardwareProfile:
         """A profile from JSON, every field checked against the dataclasses' fields (the message names the field)."""
         _check_schema(d, where)
         return cls(name=d["name"], gpus=tuple(GPU(**g) for g in d["gpus"]), host=Host(**d["host"]),
                    link=Link(**d["link"]), overheads=Overheads(**d.get("overheads", {})), source=d.get("source", ""))
 
-    def with_vram(self, sizes: list[int]) -> "HardwareProfile":
+    def with_vram(self, sizes: list[int]) -> HardwareProfile:
         """Same machine, GPUs resized (and repeated or cut to len(sizes)). A profile without GPUs (calibrated on
         a machine without one) gets generic GPUs of those sizes, and generic link rates where it has none."""
         if not self.gpus:
@@ -216,7 +216,8 @@ def resolve(hardware: str | None, gpu: str | None) -> HardwareProfile | None:
 def _gpu_sizes(sizes: str) -> list[int]:
     parsed = [parse_size(s) for s in sizes.split(",") if s.strip()]
     if not parsed or len(parsed) > MAX_GPUS:
-        raise InputError(f"bad --gpu {sizes[:60]!r}: give one size per GPU (1 to {MAX_GPUS}), e.g. 24GiB or 24GiB,16GiB")
+        raise InputError(f"bad --gpu {sizes[:60]!r}: give one size per GPU (1 to {MAX_GPUS}), "
+                         "e.g. 24GiB or 24GiB,16GiB")
     return parsed
 
 

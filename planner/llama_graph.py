@@ -380,7 +380,6 @@ class _Builder:
         swa = self.kv_inputs(p.swa_cells, "_swa")
         out_ids = self.out_ids()
         inpL = self.inpL
-        n = self._n_main()
         for il in self._layers():
             is_swa = hp.swa_layers[il] if il < len(hp.swa_layers) else False
             inpSA = inpL

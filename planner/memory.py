@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 from .ggml_graph import GT, Compiled, allocate_compiled
 from .ggml_types import by_name
@@ -517,7 +517,7 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     out: dict[str, int] = {}
     for n_tokens, n_outputs in ((T, T), (1, 1)) if T > 1 else ((1, 1),):
         params = _graph_params(inv, plan, n_tokens, n_outputs, layers)
-        peaks = _PEAKS.get(inv, (params, placement), lambda: _graph_peaks(inv, plan, params, gpus))
+        peaks = _PEAKS.get(inv, (params, placement), lambda: _graph_peaks(inv, plan, params, gpus))  # noqa: B023
         for d, b in peaks.items():
             out[d] = max(out.get(d, 0), b)
     return out

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
+from collections.abc import Callable
 
 from .errors import InputError
 

@@ -41,7 +41,7 @@ class OffloadPolicy:
         return getattr(self, op)
 
     @classmethod
-    def all(cls, enabled: bool = True, min_batch: int = DEFAULT_MIN_BATCH) -> "OffloadPolicy":
+    def all(cls, enabled: bool = True, min_batch: int = DEFAULT_MIN_BATCH) -> OffloadPolicy:
         r = OpRule(enabled, min_batch)
         return cls(r, r, r, r)
 
@@ -108,7 +108,7 @@ class Plan:
         return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         k = dict(d.get("knobs", {}))
         if "offload" in k:
             k["offload"] = OffloadPolicy(**{op: OpRule(**r) for op, r in k["offload"].items()})
@@ -116,7 +116,7 @@ class Plan:
                    dialect=d.get("dialect", "mainline"), label=d.get("label", ""))
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         return cls.from_dict(json.loads(text))
 
 

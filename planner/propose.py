@@ -11,12 +11,13 @@ Budgets are per GPU: VRAM minus a safety margin; the memory model (planner/memor
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal
+from typing import Literal
+from collections.abc import Iterable
 
 from .errors import BudgetError
-from .hardware import GiB, MiB, HardwareProfile, fmt_bytes
-from .memory import MemoryReport, compute_bytes, estimate, kv_bytes, weight_bytes
-from .model import ModelInventory, Tensor
+from .hardware import MiB, HardwareProfile, fmt_bytes
+from .memory import MemoryReport, estimate
+from .model import ModelInventory
 from .plan import Dialect, Knobs, Plan, gpu_names
 
 Order = Literal["first", "last", "spread"]
@@ -38,7 +39,7 @@ class Budget:
     host: int
 
     @classmethod
-    def from_hardware(cls, hw: HardwareProfile, margin: int = DEFAULT_MARGIN) -> "Budget":
+    def from_hardware(cls, hw: HardwareProfile, margin: int = DEFAULT_MARGIN) -> Budget:
         return cls({d: g.vram_bytes - margin for d, g in zip(gpu_names(len(hw.gpus)), hw.gpus)}, hw.host.ram_bytes)
 
     def fits(self, report: MemoryReport) -> bool:
@@ -73,7 +74,8 @@ def split_homes(n_layer: int, n_gpu_layers: int, gpus: list[str], weights: list[
     return homes
 
 
-def assignment_from_homes(inv: ModelInventory, homes: list[str], out_dev: str, experts_on: str | None = "CPU") -> dict[str, str]:
+def assignment_from_homes(inv: ModelInventory, homes: list[str], out_dev: str,
+                          experts_on: str | None = "CPU") -> dict[str, str]:
     """Every allocated tensor on its layer's home; experts on `experts_on` (None: on their home too)."""
     a: dict[str, str] = {}
     for t in inv.allocated():
@@ -223,7 +225,8 @@ def propose(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), di
         if not budget.fits(estimate(inv, cpu_only, hw)):
             cpu = estimate(inv, cpu_only, hw).devices["CPU"]
             raise BudgetError(f"nothing fits: host RAM {fmt_bytes(budget.host)} < KV + compute "
-                              f"{fmt_bytes(cpu.kv + cpu.compute)} with every tensor on the CPU; lower --ctx or --ubatch")
+                              f"{fmt_bytes(cpu.kv + cpu.compute)} with every tensor on the CPU; "
+                              "lower --ctx or --ubatch")
         probe = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, gpus[-1], None), knobs, dialect, "")
         need = estimate(inv, probe, hw).devices[gpus[-1]].total
         raise BudgetError(f"nothing fits on the GPU: {gpus[-1]} has {fmt_bytes(budget.gpus[gpus[-1]])} after the "

@@ -20,7 +20,8 @@ def table(headers: list[str], rows: list[list[object]], right: set[int] | None =
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for k, r in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        cells = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        lines.append("  ".join(cells).rstrip())
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -64,7 +65,7 @@ TOOLS_ORDER = ("llama-server", "llama-cli", "llama-bench")
 PLOTS = ("throughput_vs_vram", "pareto", "history")
 
 
-def trials_frame(study: Any) -> "Any":
+def trials_frame(study: Any) -> Any:
     """One row per trial (pandas DataFrame): state, source, plan, measured and predicted speeds, peak bytes."""
     import pandas as pd
     rows = []
@@ -112,7 +113,7 @@ def trials_frame(study: Any) -> "Any":
     return pd.DataFrame(rows)
 
 
-def _best(df: "Any", col: str, vram_max: float | None = None) -> dict[str, Any] | None:
+def _best(df: Any, col: str, vram_max: float | None = None) -> dict[str, Any] | None:
     ok = df[df["ok"] & df[col].notna() & (df["duplicate_of"].isna())]
     if vram_max is not None:
         ok = ok[ok["vram_bytes"].notna() & (ok["vram_bytes"] <= vram_max)]
@@ -140,7 +141,7 @@ def _num(v: Any) -> Any:
     return None if f != f else (int(f) if f.is_integer() and abs(f) > 1e6 else f)
 
 
-def _front_rows(df: "Any") -> list[dict[str, Any]]:
+def _front_rows(df: Any) -> list[dict[str, Any]]:
     """Trials on the TG/PP Pareto front (measured, both maximised), one per distinct point, by TG."""
     ok = df[df["ok"] & df["tg_tps"].notna() & df["pp_tps"].notna() & df["duplicate_of"].isna()]
     ok = ok.sort_values(["tg_tps", "pp_tps", "vram_bytes"], ascending=[False, False, True])
@@ -152,9 +153,10 @@ def _front_rows(df: "Any") -> list[dict[str, Any]]:
     return out
 
 
-def vram_front(df: "Any", col: str) -> "Any":
+def vram_front(df: Any, col: str) -> Any:
     """Trials that are the fastest (col) for their VRAM or less: the throughput-vs-VRAM Pareto front."""
-    ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()].sort_values(["vram_bytes", col], ascending=[True, False])
+    ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()]
+    ok = ok.sort_values(["vram_bytes", col], ascending=[True, False])
     keep, best = [], -1.0
     for i, r in ok.iterrows():
         if r[col] > best:
@@ -163,7 +165,7 @@ def vram_front(df: "Any", col: str) -> "Any":
     return ok.loc[keep]
 
 
-def study_summary(study: Any, df: "Any" | None = None) -> dict[str, Any]:
+def study_summary(study: Any, df: Any | None = None) -> dict[str, Any]:
     """The JSON of a report: settings, counts, best config per objective and per VRAM budget, baselines."""
     from .search import budget_levels
     df = trials_frame(study) if df is None else df
@@ -241,7 +243,7 @@ def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -
     return out
 
 
-def _front_share(df: "Any", ref: dict[str, Any] | None) -> float | None:
+def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
     """Share of the engine runs that landed near the placement front: within 10% of the best TG or of the best
     PP measured at no more VRAM (the rest went to configs far below it)."""
     runs = df[df["engine_run"] & df["ok"] & df["vram_bytes"].notna()]
@@ -255,7 +257,7 @@ def _front_share(df: "Any", ref: dict[str, Any] | None) -> float | None:
     return near / len(runs)
 
 
-def _plots(df: "Any", summary: dict[str, Any], out: Path) -> list[str]:
+def _plots(df: Any, summary: dict[str, Any], out: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -281,7 +283,8 @@ def _plots(df: "Any", summary: dict[str, Any], out: Path) -> list[str]:
         if conf:
             key = col.split("_")[0]
             ax.errorbar([c["vram_bytes"] / GiB for c in conf], [c[key]["median"] for c in conf],
-                        yerr=[[c[key]["median"] - c[key]["lo"] for c in conf], [c[key]["hi"] - c[key]["median"] for c in conf]],
+                        yerr=[[c[key]["median"] - c[key]["lo"] for c in conf],
+                              [c[key]["hi"] - c[key]["median"] for c in conf]],
                         fmt="o", mfc="none", c="C2", capsize=3, zorder=5, label="confirmed (median, range)")
         if summary.get("budget_bytes"):
             ax.axvline(summary["budget_bytes"] / GiB, ls=":", c="C1", lw=1.2, label="budget")
@@ -391,7 +394,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
     L += ["## Best configurations (single runs)", ""]
     sections = [("Best TG", s["best"].get("tg")), ("Best PP", s["best"].get("pp"))]
     if s["best"].get("objective"):
-        sections.insert(0, (f"Best `{st.get('objective')}` = {s['best']['objective']['value']:.4g}", s["best"]["objective"]))
+        sections.insert(0, (f"Best `{st.get('objective')}` = {s['best']['objective']['value']:.4g}",
+                            s["best"]["objective"]))
     for title, r in sections:
         if not r:
             continue
@@ -458,7 +462,8 @@ def _pct(v: Any) -> str:
     return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
 
 
-ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server runs it", "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
+ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server runs it",
+              "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
               "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
               "best_tg_over_fit_vram": "best TG (all over its VRAM)"}
 
@@ -475,18 +480,19 @@ def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
          "the two sides (at least 1%) is a tie.", "",
          "| config | role | TG t/s | PP t/s | VRAM | TG x | PP x | TG x (server --fit) | runs noisy (CV > 5%) |",
          "|---|---|---|---|---|---|---|---|---|"]
-    for r in c["results"]:
-        def sp(k: str) -> str:
-            d = r[k]
-            return f"{d['median']:.2f} [{d['lo']:.2f}-{d['hi']:.2f}]" if d["samples"] else "-"
+    def sp(r: dict, k: str) -> str:
+        d = r[k]
+        return f"{d['median']:.2f} [{d['lo']:.2f}-{d['hi']:.2f}]" if d["samples"] else "-"
 
-        def vs(k: str, tag: str = "fit") -> str:
-            v = r.get(f"{k}_vs_{tag}")
-            return f"{v['ratio']:.3f}x {v['verdict']}" if v else "-"
+    def vs(r: dict, k: str, tag: str = "fit") -> str:
+        v = r.get(f"{k}_vs_{tag}")
+        return f"{v['ratio']:.3f}x {v['verdict']}" if v else "-"
+    for r in c["results"]:
         roles = ", ".join(ROLE_NAMES.get(x, x) for x in r["roles"])
         noisy = ("yes" + (": " + "; ".join(r["seen"])[:120] if r["seen"] else "")) if r["noisy"] else "no"
-        L.append(f"| {r['name']} | {roles} | {sp('tg')} | {sp('pp')} | {fmt_bytes(r['vram_bytes']) if r['vram_bytes'] else '-'} "
-                 f"| {vs('tg')} | {vs('pp')} | {vs('tg', 'fit_server')} | {noisy} |")
+        vram = fmt_bytes(r["vram_bytes"]) if r["vram_bytes"] else "-"
+        L.append(f"| {r['name']} | {roles} | {sp(r, 'tg')} | {sp(r, 'pp')} | {vram} "
+                 f"| {vs(r, 'tg')} | {vs(r, 'pp')} | {vs(r, 'tg', 'fit_server')} | {noisy} |")
     L.append("")
     names = {r["key"]: r["name"] for r in c["results"]}
     for role, key in c.get("picks", {}).items():

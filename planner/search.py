@@ -239,7 +239,8 @@ class Tuner:
     benchmark compares with. `storage` None keeps the study in memory."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any, *, model: str = "",
-                 objective: Objective | str = "tg", workload: Workload = Workload(n_prompt=2048), dialect: Dialect = "mainline",
+                 objective: Objective | str = "tg", workload: Workload = Workload(n_prompt=2048),
+                 dialect: Dialect = "mainline",
                  n_ctx: int | None = None, margin: int | None = None, config: SpaceConfig = SpaceConfig(),
                  study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
                  prescreen: bool | None = None, surrogate: bool = True, seed_trials: bool = True,
@@ -257,7 +258,8 @@ class Tuner:
             raise InputError(f"--ctx {self.n_ctx} is smaller than the workload's depth + n_prompt + n_gen = {need}")
         self.config, self.seed, self.rng = config, seed, random.Random(seed)
         self.prescreen = (getattr(engine, "name", "") != "sim") if prescreen is None else prescreen
-        self.surrogate, self.seed_trials, self.pool_size, self.want_baselines = surrogate, seed_trials, pool_size, baselines
+        self.surrogate, self.seed_trials = surrogate, seed_trials
+        self.pool_size, self.want_baselines = pool_size, baselines
         self.study_name, self.storage_url = study_name, storage
         if margin is not None and margin < 0:
             raise InputError(f"--margin must be >= 0, got {margin}")
@@ -417,8 +419,10 @@ class Tuner:
             return []
         if self.objective.kind == "both":
             front = _front(self._measured_points())
-            scale = (max([p[0] for p in front] + [float(tg.max()), 1e-9]), max([p[1] for p in front] + [float(pp.max()), 1e-9]))
-            scores = [_hvi((a * optimism / scale[0], b * optimism / scale[1]), [(x / scale[0], y / scale[1]) for x, y in front])
+            scale = (max([p[0] for p in front] + [float(tg.max()), 1e-9]),
+                     max([p[1] for p in front] + [float(pp.max()), 1e-9]))
+            scaled_front = [(x / scale[0], y / scale[1]) for x, y in front]
+            scores = [_hvi((a * optimism / scale[0], b * optimism / scale[1]), scaled_front)
                       for a, b in zip(tg, pp)]
         else:
             scores = [self._score(a, b) for a, b in zip(tg, pp)]
@@ -457,9 +461,9 @@ class Tuner:
                 continue
             tg, pp = self.fit.predict_many([e.terms for e in cands])
             if self.objective.kind == "both":     # the report lists the best TG and the best PP per budget
-                keys = [lambda j: (tg[j], pp[j]), lambda j: (pp[j], tg[j])]
+                keys = [lambda j, tg=tg, pp=pp: (tg[j], pp[j]), lambda j, tg=tg, pp=pp: (pp[j], tg[j])]
             else:
-                keys = [lambda j: self._score(tg[j], pp[j])]
+                keys = [lambda j, tg=tg, pp=pp: self._score(tg[j], pp[j])]
             for key in keys:
                 out.append((level, cands[max(range(len(cands)), key=key)]))
         return out
@@ -813,7 +817,8 @@ class Tuner:
         best = max(self._score(a, b) for a, b in pts)
         s = self._score(tg, pp)
         if best > 0 and s < SCREEN_RATIO * best:
-            return False, f"screened: predicted {self.objective.text} {s:.4g} < {SCREEN_RATIO} x best measured {best:.4g}"
+            return False, (f"screened: predicted {self.objective.text} {s:.4g} < {SCREEN_RATIO} x best measured "
+                           f"{best:.4g}")
         return True, ""
 
     def objective_fn(self, trial) -> float | tuple[float, ...]:
@@ -830,7 +835,8 @@ class Tuner:
             else {"plan_id": plan.id, "label": plan.label}
         trial.set_user_attr("plan_id", plan.id)
         trial.set_user_attr("plan", plan.to_json())
-        trial.set_user_attr("candidate", {k: info[k] for k in ("label", "predicted", "memory", "commands") if k in info})
+        trial.set_user_attr("candidate", {k: info[k] for k in ("label", "predicted", "memory", "commands")
+                                          if k in info})
         if not cand.fits:
             trial.set_user_attr("pruned_reason", f"over budget: {cand.reason}")
             raise optuna.TrialPruned(f"over budget: {cand.reason}")
@@ -864,10 +870,12 @@ class Tuner:
             raise MeasurementFailed(m.error or "the engine reported a failure without a message")
         terms = info["terms"]
         trial.set_user_attr("terms", terms.to_dict())
-        values = self.objective.values(m.tg_tps if self.workload.n_gen else 0.0, m.pp_tps if self.workload.n_prompt else 0.0)
+        values = self.objective.values(m.tg_tps if self.workload.n_gen else 0.0,
+                                       m.pp_tps if self.workload.n_prompt else 0.0)
         if any(not math.isfinite(v) for v in values):
             self.measured[plan.id] = (trial.number, None)
-            raise MeasurementFailed(f"objective {self.objective.text!r} is undefined at TG {m.tg_tps:.3g}, PP {m.pp_tps:.3g}")
+            raise MeasurementFailed(f"objective {self.objective.text!r} is undefined at TG {m.tg_tps:.3g}, "
+                                    f"PP {m.pp_tps:.3g}")
         improved = self._improves(m.tg_tps, m.pp_tps)
         self.measured[plan.id] = (trial.number, values)
         if reused is None:            # the baseline's run is in the samples already
@@ -1055,7 +1063,7 @@ class _Result:
     seen: str = ""                                     # the machine's state around the run
 
     @classmethod
-    def of(cls, d: dict[str, Any]) -> "_Result":
+    def of(cls, d: dict[str, Any]) -> _Result:
         return cls(error=d.get("error", ""), ok=bool(d.get("ok")), pp_tps=float(d.get("pp_tps", 0.0)),
                    tg_tps=float(d.get("tg_tps", 0.0)), peak_bytes=dict(d.get("peak_bytes") or {}),
                    host_bytes=int(d.get("host_bytes", 0)), peak_at_ctx=dict(d.get("peak_at_ctx") or {}),
@@ -1068,7 +1076,8 @@ def _mdict(m: Any) -> dict[str, Any]:
     out = {"pp_tps": float(m.pp_tps), "tg_tps": float(m.tg_tps), "ok": bool(m.ok), "error": str(m.error or ""),
            "peak_bytes": {k: int(v) for k, v in dict(m.peak_bytes).items()}, "host_bytes": int(m.host_bytes)}
     raw = dict(getattr(m, "raw", {}) or {})
-    for key, value in (("peak_at_ctx", getattr(m, "peak_at_ctx", None)), ("cv", getattr(m, "cv", None) or raw.get("cv")),
+    for key, value in (("peak_at_ctx", getattr(m, "peak_at_ctx", None)),
+                       ("cv", getattr(m, "cv", None) or raw.get("cv")),
                        ("seen", getattr(m, "seen", None) or raw.get("seen"))):
         if value:
             out[key] = value

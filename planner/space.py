@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal
+from collections.abc import Callable, Iterator, Sequence
 
 from .hardware import HardwareProfile, fmt_bytes
 from .memory import MemoryReport, estimate
@@ -94,7 +95,7 @@ class SpaceConfig:
     op_per_class: bool = True                     # ik: one -op switch per op class; False for ik's llama-bench,
                                                   # which has no -op: offload stays on, only its batch is tuned
 
-    def settled(self, n_threads: int, dialect: Dialect = "mainline") -> "SpaceConfig":
+    def settled(self, n_threads: int, dialect: Dialect = "mainline") -> SpaceConfig:
         """The space for an engine whose runs cost real time: the knobs that never reached the front in the
         H100 studies of issue 10 (30-50% of their runs: 8 or 12 threads on 16 cores, flash attention off,
         -b 16384, the output layer on the CPU, mmap'd (pageable) experts, op offload off with experts in RAM)
@@ -107,7 +108,7 @@ class SpaceConfig:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SpaceConfig":
+    def from_dict(cls, d: dict[str, Any]) -> SpaceConfig:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
 
 
@@ -249,7 +250,7 @@ class Space:
                 return entry
             if entry is None:       # outside the cached grid: decode for real, replaying the answers given
                 given = dict(path)
-                return self._decode(lambda dim: given[dim.name] if dim.name in given else ask(dim))
+                return self._decode(lambda dim: given[dim.name] if dim.name in given else ask(dim))  # noqa: B023
             dim = self.dims[entry]
             path += ((dim.name, dim.snap(ask(dim))),)
 
@@ -394,10 +395,10 @@ class Space:
             fixed = dict(path)
             missing: list[Dim] = []
 
-            def ask(dim: Dim) -> Any:
-                if dim.name in fixed:
-                    return fixed[dim.name]
-                missing.append(dim)
+            def ask(dim: Dim) -> Any:          # called only inside this iteration's _decode
+                if dim.name in fixed:           # noqa: B023
+                    return fixed[dim.name]      # noqa: B023
+                missing.append(dim)             # noqa: B023
                 raise _Branch()
             try:
                 cand = self._decode(ask)
@@ -416,9 +417,6 @@ class Space:
 
     def clear_cache(self) -> None:
         self._trie, self._pending = {}, {}
-
-    def grid_size(self) -> int:
-        return sum(1 for _ in self.grid())
 
     # ---- seeds ----------------------------------------------------------------------------------------------
 
@@ -444,7 +442,8 @@ class Space:
         if "rtr" in d:
             p["rtr"] = False if False in d["rtr"].values else d["rtr"].values[0]
         if "amb" in d:
-            p["amb"] = d["amb"].snap(256) if d["amb"].kind != "cat" else (256 if 256 in d["amb"].values else d["amb"].values[0])
+            amb = d["amb"]
+            p["amb"] = amb.snap(256) if amb.kind != "cat" else (256 if 256 in amb.values else amb.values[0])
         if "mla" in d:
             p["mla"] = 3 if 3 in d["mla"].values else d["mla"].values[0]
         for g in self.gpus[1:]:
@@ -497,10 +496,3 @@ def _arithmetic(vals: Sequence[int]) -> bool:
         return True
     step = vals[1] - vals[0]
     return step > 0 and all(b - a == step for a, b in zip(vals, vals[1:]))
-
-
-def product_size(space: Space) -> int:
-    """Size of the full cartesian product of every dim (an upper bound of the grid)."""
-    return math.prod(len(d.values) for d in space.dims.values())
-
-

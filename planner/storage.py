@@ -81,7 +81,7 @@ def lock_sqlite(path: Path) -> None:
         return
     lock_path = key.with_name(key.name + ".lock")
     try:
-        f = open(lock_path, "a+b")
+        f = open(lock_path, "a+b")     # noqa: SIM115 (held open: the lock lives as long as the process)
     except OSError as e:
         raise InputError(f"cannot create the lock file {lock_path}: {e.strerror or e}") from e
     try:

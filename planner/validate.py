@@ -18,7 +18,8 @@ Facts and their sources (llama.cpp vendored in llama-cpp-python 0.3.36):
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from .archs import ArchSpec, tensor_shapes
 from .errors import GGUFError, InputError
@@ -203,7 +204,7 @@ def check_dialect(inv: ModelInventory, dialect: str) -> None:
                              "(an ik_llama.cpp type): use --dialect ik")
 
 
-def check_plan(plan: "Plan", n_gpus: int | None, where: str) -> None:
+def check_plan(plan: Plan, n_gpus: int | None, where: str) -> None:
     """A Plan from outside (a --plan file): device names that exist, knobs of the right types and ranges."""
     import dataclasses
     from .flags.common import DEVICE_RE
@@ -221,7 +222,8 @@ def check_plan(plan: "Plan", n_gpus: int | None, where: str) -> None:
         if isinstance(ref, OffloadPolicy):
             ok = isinstance(v, OffloadPolicy) and all(
                 isinstance(getattr(v, op).enabled, bool) and type(getattr(v, op).min_batch) is int
-                and getattr(v, op).min_batch >= 0 for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output"))
+                and getattr(v, op).min_batch >= 0
+                for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output"))
         else:
             ok = type(v) is type(ref)
         if not ok:

@@ -33,7 +33,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from planner.errors import InputError
 from planner.hardware import GPU, LLAMACPP_SHARES, HardwareProfile, Host, Link, Overheads, fmt_bytes
@@ -151,7 +152,7 @@ def measure_host(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int |
             best = max(best, (out[key], out[f"{key}_median"]))
     out["gemv_bytes_per_s"], out["gemv_bytes_per_s_median"] = best
     dst = torch.empty_like(W)
-    _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda: dst.copy_(W), sync, reps))
+    _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda d=dst, w=W: d.copy_(w), sync, reps))
     del dst
     # GEMM on the same weight as the GEMV (1 GiB: streamed from RAM, as a model's weights are; a 4096 x 4096
     # matrix stays in the 300 MiB L3 between runs). On the GPU box both gave 3.8-4.5 TFLOP/s at batch 512.
@@ -186,13 +187,13 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
     n = max(256, size_bytes // (k * esize))
     W = _filled(torch, (n, k), dtype, dev)
     x = torch.randn(k, 1, device=dev).to(dtype)
-    _ceiling(out, "gemv_bytes_per_s", W.numel() * esize, _time(lambda: W @ x, sync, reps))
+    _ceiling(out, "gemv_bytes_per_s", W.numel() * esize, _time(lambda w=W: w @ x, sync, reps))
     dst = torch.empty_like(W)
-    _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda: dst.copy_(W), sync, reps))
+    _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda d=dst, w=W: d.copy_(w), sync, reps))
     del dst, W
     A = _filled(torch, (8192, 4096), dtype, dev)
     B = _filled(torch, (4096, 4096), dtype, dev)
-    _ceiling(out, "gemm_flops", 2 * 8192 * 4096 * 4096, _time(lambda: A @ B, sync, reps))
+    _ceiling(out, "gemm_flops", 2 * 8192 * 4096 * 4096, _time(lambda a=A, b=B: a @ b, sync, reps))
     del A, B
     # the link, both ways, page-locked and ordinary host memory
     nbytes = min(size_bytes, GiB)
@@ -201,9 +202,9 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         host.fill_(1)
         _ceiling(out, f"h2d_{kind}_bytes_per_s", nbytes,
-                 _time(lambda: dev_buf.copy_(host, non_blocking=pinned), sync, max(3, reps // 2)))
+                 _time(lambda d=dev_buf, h=host, p=pinned: d.copy_(h, non_blocking=p), sync, max(3, reps // 2)))
         _ceiling(out, f"d2h_{kind}_bytes_per_s", nbytes,
-                 _time(lambda: host.copy_(dev_buf, non_blocking=pinned), sync, max(3, reps // 2)))
+                 _time(lambda d=dev_buf, h=host, p=pinned: h.copy_(d, non_blocking=p), sync, max(3, reps // 2)))
         del host
     del dev_buf
     # per-op costs: eager launch, inside a CUDA graph, and a GPU -> host -> GPU split of one row
@@ -304,7 +305,8 @@ def _summary(d: dict[str, Any]) -> str:
     h = c.get("host", {})
     gemv = ", ".join(f"{r} {h[f'gemv_{r}_bytes_per_s'] / 1e9:.0f}" for r in GEMV_ROUTES if f"gemv_{r}_bytes_per_s" in h)
     lines = [f"host: GEMV {h.get('gemv_bytes_per_s', 0) / 1e9:.1f} GB/s ({gemv}), "
-             f"copy {h.get('copy_bytes_per_s', 0) / 1e9:.1f} GB/s, GEMM {h.get('gemm_flops_b512', 0) / 1e12:.2f} TFLOP/s (batch 512), "
+             f"copy {h.get('copy_bytes_per_s', 0) / 1e9:.1f} GB/s, "
+             f"GEMM {h.get('gemm_flops_b512', 0) / 1e12:.2f} TFLOP/s (batch 512), "
              f"{h.get('gemm_flops_b32', 0) / 1e12:.2f} (batch 32), {int(h.get('threads', 0))} threads "
              f"(best runs; medians GEMV {h.get('gemv_bytes_per_s_median', 0) / 1e9:.1f} GB/s, GEMM "
              f"{h.get('gemm_flops_b512_median', 0) / 1e12:.2f} / {h.get('gemm_flops_b32_median', 0) / 1e12:.2f})"]

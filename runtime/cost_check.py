@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from planner.cost import LLAMACPP, EngineFacts, predict
 from planner.errors import InputError
@@ -60,7 +61,7 @@ class Run:
         """The run's config with op offload and the load mode left out: runs with the same key differ only in
         whether ops on host weights go to the GPU (mmap only decides how fast they upload, so it goes too)."""
         out, skip = [], False
-        for i, a in enumerate(self.args):
+        for a in self.args:
             if skip:
                 skip = False
                 continue

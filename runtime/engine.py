@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from planner.errors import InputError
 from planner.model import ModelInventory
 from planner.plan import Plan
 from planner.workload import Workload  # noqa: F401  (the shared type, re-exported for engines)
@@ -37,7 +36,7 @@ class Measurement:
         return asdict(self)
 
     @classmethod
-    def failed(cls, error: str, **kw: Any) -> "Measurement":
+    def failed(cls, error: str, **kw: Any) -> Measurement:
         return cls(ok=False, error=error, **kw)
 
 

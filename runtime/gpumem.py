@@ -10,11 +10,13 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID, which the engine sets for its child, and CUDA_VISI
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import threading
-from typing import Mapping, Protocol
+from typing import Protocol
+from collections.abc import Mapping
 
 MiB = 1 << 20
 
@@ -89,14 +91,13 @@ class NvmlSampler:
         return dict(self._peak), self._samples
 
 
-def machine_state(sampler: "MemorySampler | None") -> str:
+def machine_state(sampler: MemorySampler | None) -> str:
     """One line on what else was going on (for runs whose repetitions disagree): the host's load average and,
     with NVML, each GPU's SM clock, temperature, throttle reasons and the number of processes on it."""
     parts = []
-    try:
-        parts.append("load %.1f/%.1f/%.1f" % os.getloadavg())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):       # no load average on this platform
+        la = os.getloadavg()
+        parts.append(f"load {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f}")
     if isinstance(sampler, NvmlSampler):
         nv = sampler._nvml
         for i, h in enumerate(sampler._handles):

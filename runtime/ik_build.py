@@ -92,7 +92,8 @@ def _extract(tarball: Path, src: Path) -> None:
                     .replace('set(BUILD_COMMIT "unknown")', f'set(BUILD_COMMIT "{IK_COMMIT[:8]}")')
                     # a tree inside another git checkout (the GPU box's copy of this repository) would take that
                     # repository's commit count as ik's build number and look like a build from before PR 698
-                    .replace("# Get the commit count and hash\nif(Git_FOUND)", "# Get the commit count and hash\nif(FALSE)"))
+                    .replace("# Get the commit count and hash\nif(Git_FOUND)",
+                             "# Get the commit count and hash\nif(FALSE)"))
     top = tmp / "CMakeLists.txt"
     top.write_text(top.read_text().replace("add_subdirectory(pocs)", "# add_subdirectory(pocs)  (pruned)"))
     shutil.rmtree(src, ignore_errors=True)

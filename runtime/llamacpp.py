@@ -29,6 +29,7 @@ llama.cpp allocated on each GPU; else nothing (a CPU-only machine).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -43,7 +44,8 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
+from collections.abc import Mapping, Sequence
 
 from planner.builds import Build, from_version
 from planner.errors import FlagError, InputError
@@ -258,10 +260,8 @@ def _child_setup() -> None:
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _reap(pid: int, deadline: float | None) -> tuple[int, int, Any] | None:
@@ -480,7 +480,7 @@ class LlamaCppEngine:
         return EngineCommand(str(self.path), tuple(argv), dict(rc.env), (*rc.notes, *notes), sweep_depth=row,
                              gpu_devices=tuple(d for d in plan.devices() if d != "CPU"))
 
-    # -- running ----------------------------------------------------------------------------------------------------------
+    # -- running -------------------------------------------------------------------------------------------------------
 
     def _env(self, extra: Mapping[str, str]) -> dict[str, str]:
         env = dict(os.environ)
@@ -601,7 +601,8 @@ class LlamaCppEngine:
         if not exe.is_file():
             return ()
         kn = [("on" if v == "1" else v) if k == "-fa" else v for k, v in zip(knobs[::2], knobs[1::2])]
-        argv = [str(exe), "-m", self._model(inv), "-c", str(workload.depth + workload.n_prompt + workload.n_gen), "-fitt",
+        n_ctx = workload.depth + workload.n_prompt + workload.n_gen
+        argv = [str(exe), "-m", self._model(inv), "-c", str(n_ctx), "-fitt",
                 str(target_mib), "-np", "1", *(x for pair in zip(knobs[::2], kn) for x in pair)]
         run = run_process(argv, self._env({}), 600)
         line = next((ln.strip() for ln in run.stdout.splitlines() if ln.startswith("-c ")), None)
@@ -745,7 +746,7 @@ def _sweep_row(rows: Sequence[SweepRow], depth: int) -> SweepRow | None:
     return below[-1] if below else None
 
 
-# ---- memory: what llama-bench allocates, and llama-fit-params as an oracle --------------------------------------------
+# ---- memory: what llama-bench allocates, and llama-fit-params as an oracle -------------------------------------------
 
 def bench_contexts(workload: Workload) -> list[int]:
     """Context sizes of llama-bench's tests for a workload: one per test, n_prompt + depth and n_gen + depth
@@ -800,7 +801,7 @@ def oracle(inv: ModelInventory, plan: Plan, model_path: str | Path, fit_params_b
             for name, r in rows.items()}
 
 
-# ---- where the loader really put things (-v) ----------------------------------------------------------------------------
+# ---- where the loader really put things (-v) -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class LoaderPlacement:

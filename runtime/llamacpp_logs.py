@@ -52,7 +52,8 @@ _GRAPH = re.compile(r"graph(?: \(pp bs=(\d+), tg bs=(\d+)\))?: nodes = (\d+)(?: 
 _CPARAM = re.compile(r"llama_context: (n_seq_max|n_ctx|n_ctx_seq|n_batch|n_ubatch|flash_attn|kv_unified)\s*= (\S+)")
 _CONSTRUCT = re.compile(r"constructing llama_context")
 _BREAKDOWN_GPU = re.compile(
-    r"\|\s*-\s*(\S+?)(?: \((.*?)\))?\s*\|\s*(\d+)\s*=\s*(\d+)\s*\+\s*\(\s*(\d+)\s*=\s*(\d+)\s*\+\s*(\d+)\s*\+\s*(\d+)\s*\)"
+    r"\|\s*-\s*(\S+?)(?: \((.*?)\))?\s*\|\s*(\d+)\s*=\s*(\d+)\s*\+"
+    r"\s*\(\s*(\d+)\s*=\s*(\d+)\s*\+\s*(\d+)\s*\+\s*(\d+)\s*\)"
     r"\s*\+\s*(-?\d+)\s*\|")
 _BREAKDOWN_OTHER = re.compile(r"\|\s*-\s*(\S+)\s*\|\s*(\d+)\s*=\s*(\d+)\s*\+\s*(\d+)\s*\+\s*(\d+)\s*\|")
 _FIT_ROW = re.compile(r"^\s*(\S+) (\d+) (\d+) (\d+)\s*$")

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner import defaults as D
 from planner.errors import FlagError, InputError
 from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
-from planner.validate import check_dialect, check_plan
+from planner.options import EngineOptions
 from planner.plan import DIALECTS, Plan, device_sort_key, gpu_index, is_gpu
+from planner.validate import check_dialect, check_plan
 
 from .engine import Engine, Measurement, Workload
 
@@ -30,13 +32,12 @@ if TYPE_CHECKING:     # planner.memory is heavy: imported when a command runs, n
     from planner.memory import MemoryReport
     from planner.model import ModelInventory
 
-ENGINES = ("llamacpp", "sim", "torch")
-DEFAULT_WORKLOAD = Workload()
+DEFAULT_WORKLOAD = D.RUN_WORKLOAD
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to a .gguf (the llamacpp engine needs the file) or preset:NAME[:QUANT]")
-    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--engine", choices=D.ENGINES, required=True)
     p.add_argument("--llama-bench", metavar="PATH", help="llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
                                                           "else llama-bench on PATH)")
     p.add_argument("--plan", metavar="FILE", help="Plan JSON (`plan --json` output or Plan.to_json())")
@@ -46,7 +47,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-gen", type=int, help=f"generated tokens (default {DEFAULT_WORKLOAD.n_gen}, or -n)")
     p.add_argument("--depth", type=int, help="context depth before both (default 0, or -d)")
     p.add_argument("--reps", type=int, help=f"repetitions (default {DEFAULT_WORKLOAD.repetitions}, or -r)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (llamacpp; default 900)")
+    p.add_argument("--timeout", type=float, default=D.RUN_TIMEOUT_S,
+                   help=f"seconds per run (llamacpp; default {D.RUN_TIMEOUT_S:.0f})")
     p.add_argument("--gpu", help="GPU sizes for sim and for the predicted memory, e.g. 24GiB")
     p.add_argument("--hardware", help="hardware preset or calibrated JSON (sim; predicted memory)")
     p.add_argument("--json", action="store_true")
@@ -116,15 +118,18 @@ def hardware_for(args: argparse.Namespace, plan: Plan | None = None) -> Hardware
     return from_gpu_sizes(",".join(["24GiB"] * n))
 
 
-def make_engine(args: argparse.Namespace, hw: HardwareProfile) -> Engine:
-    if args.engine == "sim":
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(engine=args.engine, model=args.model, llama_bench=args.llama_bench, timeout_s=args.timeout)
+
+
+def make_engine(opts: EngineOptions, hw: HardwareProfile) -> Engine:
+    if opts.engine == "sim":
         from .sim import SimEngine
         return SimEngine(hw)
-    if args.engine == "llamacpp":
+    if opts.engine == "llamacpp":
         from .llamacpp import LlamaCppEngine
-        model = None if args.model.startswith("preset:") else args.model
-        return LlamaCppEngine(binary=args.llama_bench, timeout_s=args.timeout, model_path=model,
-                              cpu_stand_in=bool(getattr(args, "cpu_stand_in", False)))
+        return LlamaCppEngine(binary=opts.llama_bench, timeout_s=opts.timeout_s, model_path=opts.model_path,
+                              cpu_stand_in=opts.cpu_stand_in)
     if importlib.util.find_spec("runtime.torch_engine") is None:
         raise InputError("engine torch is not available yet (runtime/torch_engine is not built); use --engine sim "
                          "or --engine llamacpp")
@@ -152,7 +157,7 @@ def run_main(args: argparse.Namespace) -> int:
     n_gpus = len(declared.gpus) if declared is not None else None   # devices beyond these do not exist
     engine: Engine | None = None
     if args.engine == "llamacpp":            # the binary decides the dialect of a command line
-        engine = make_engine(args, hardware_for(args))
+        engine = make_engine(engine_options(args), hardware_for(args))
     if args.plan:
         plan, named = read_plan_file(args.plan, inv, n_gpus), {}
     else:
@@ -162,7 +167,7 @@ def run_main(args: argparse.Namespace) -> int:
     workload = workload_from(args, named)
     hw = hardware_for(args, plan)
     if engine is None:
-        engine = make_engine(args, hw)
+        engine = make_engine(engine_options(args), hw)
     command = None
     if args.engine == "llamacpp":
         from .llamacpp import bench_memory

@@ -31,7 +31,8 @@ class SimEngine:
                                  f"{n_gpus} GPU(s) (CUDA0..CUDA{n_gpus - 1})")
         mem = estimate(inv, plan, self.hw)
         peak = {d: m.total for d, m in mem.devices.items() if d != "CPU"}
-        host = mem.host_pinned + mem.host_mapped + sum(getattr(mem.devices.get("CPU"), k, 0) for k in ("kv", "compute", "overhead"))
+        cpu = mem.devices.get("CPU")
+        host = mem.host_pinned + mem.host_mapped + sum(getattr(cpu, k, 0) for k in ("kv", "compute", "overhead"))
         for dev, used in peak.items():
             have = self.hw.gpu(dev).vram_bytes
             if used > have:

@@ -15,7 +15,8 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO
+from collections.abc import Callable, Iterable
 
 import numpy as np
 

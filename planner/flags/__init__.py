@@ -11,7 +11,8 @@ cmdline (table-driven argv in/out), mainline and ik (the tables and the op-offlo
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..builds import PINNED, Build
 from ..errors import FlagError

@@ -13,7 +13,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 from ..builds import PINNED, Build, Feature
 from ..errors import FlagError
@@ -48,7 +49,8 @@ WARNINGS: dict[str, str] = {
     "W014": "no -c", "W015": "flash attention auto", "W016": "(retired)",
     "W017": "no -ngl", "W018": "unknown -op id", "W019": "ik applies -ncmoe/-cmoe after every -ot",
     "W020": "server slots", "W021": "ik -amb below 128", "W022": "-op dense ops disagree",
-    "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold", "W027": "ik -ngl 0 drops overrides",
+    "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold",
+    "W027": "ik -ngl 0 drops overrides",
     "W028": "-b/-ub as llama.cpp runs them", "W029": "context above the training context",
     "W101": "layer homes not expressible", "W102": "token_embd on a GPU", "W103": "knob not expressible in bench",
 }
@@ -417,13 +419,13 @@ POLICY_FIELDS = ("offload", "only_active_experts")
 def knob_fields(spec: DialectSpec, tool: str) -> frozenset[str]:
     """Knobs fields a command line of this dialect and tool sets (the others keep their defaults)."""
     table = spec.tools[tool]
-    return frozenset({KNOB_KEYS[k][0] for k in table.keys() if k in KNOB_KEYS} | set(POLICY_FIELDS))
+    return frozenset({KNOB_KEYS[k][0] for k in table.keys() if k in KNOB_KEYS} | set(POLICY_FIELDS))  # noqa: SIM118 (a ToolTable, not a dict)
 
 
 def check_knobs(knobs: Knobs, table: ToolTable) -> None:
     """Values no llama.cpp command line can carry (they would be changed or rejected)."""
     for fname, low in (("n_ctx", 1), ("n_batch", 1), ("n_ubatch", 1), ("n_seq", 1), ("n_threads", 0)):
-        if getattr(knobs, fname) < low and not (fname in table.ignored_knobs):
+        if getattr(knobs, fname) < low and fname not in table.ignored_knobs:
             raise FlagError(f"knob {fname}={getattr(knobs, fname)} must be >= {low}")
     if table.dialect == "ik" and table.tool != "bench" and 0 < knobs.amb < 128:
         raise FlagError(f"knob amb={knobs.amb}: ik raises -amb values below 128 to 128; use 0 (off) or >= 128")
@@ -672,7 +674,7 @@ def _fit_warning(settings: Mapping[str, Any], events: Sequence[Event], spec: Dia
                  n_devices: int, warnings: list[str]) -> None:
     if not (settings.get("fit", table.defaults.get("fit", False)) or "fitt" in settings):
         return
-    unset = [f for f, k in (("-c", "ctx"), ("-ngl", "ngl")) if k not in settings and k in table.keys()]
+    unset = [f for f, k in (("-c", "ctx"), ("-ngl", "ngl")) if k not in settings and k in table.keys()]  # noqa: SIM118 (a ToolTable, not a dict)
     if n_devices > 1 and "ts" not in settings:
         unset.append("-ts")
     if not any(e.key in ("ot", "cmoe", "ncmoe") for e in events):
@@ -976,7 +978,7 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
         reps = getattr(wl, "repetitions", None)
         settings += [("n_prompt", n_prompt), ("n_gen", n_gen)]
         if depth:
-            if "depth" not in table.keys():
+            if "depth" not in table.keys():  # noqa: SIM118 (a ToolTable, not a dict)
                 raise FlagError(f"{spec.name} {table.binary} has no -d (context depth {depth}); use "
                                 "llama-sweep-bench or the server")
             settings.append(("depth", depth))

@@ -16,7 +16,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Iterable, Literal, Mapping, Sequence, TypeVar
+from typing import Literal, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -131,9 +132,8 @@ def translate_ecmascript(pattern: str) -> str:
             in_class = True
             i = j
             continue
-        if c == "(" and pattern.startswith("(?", i):
-            if i + 2 >= n or pattern[i + 2] not in ":=!":
-                raise _ecma_error(pattern, f"group {pattern[i:i + 4]!r}... is not ECMAScript (only (?: (?= (?! are)")
+        if c == "(" and pattern.startswith("(?", i) and (i + 2 >= n or pattern[i + 2] not in ":=!"):
+            raise _ecma_error(pattern, f"group {pattern[i:i + 4]!r}... is not ECMAScript (only (?: (?= (?! are)")
         if c == "{":
             m = _QUANTIFIER.match(pattern, i)
             if m is None or not out:
@@ -216,7 +216,7 @@ class NameIndex:
     by_block: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, names: Sequence[str]) -> "NameIndex":
+    def of(cls, names: Sequence[str]) -> NameIndex:
         by_block: dict[str, list[str]] = {}
         for n in names:
             if n.startswith("blk.") and "blk." not in n[4:]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import FlagError
 
@@ -32,7 +32,7 @@ class Budget(Exception):
 class Node:
     kind: str                       # char, start, end, wordb, nwordb, group, alt, seq, rep, look, nlook, backref
     test: Callable[[str], bool] | None = None
-    kids: tuple["Node", ...] = ()
+    kids: tuple[Node, ...] = ()
     lo: int = 0
     hi: int = 0
     greedy: bool = True

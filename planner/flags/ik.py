@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from ..builds import PINNED, Build, Feature
 from ..errors import FlagError
@@ -260,19 +261,20 @@ def render_policy(knobs: Knobs, table: ToolTable, inv: ModelInventory, opts: Map
     settings: list[tuple[str, Any]] = []
     off = sorted({ids[o] for op, r in rules.items() if not r.enabled for o in CLASS_OPS[op] if o in ids})
     if off:
-        if "op" not in table.keys():
+        if "op" not in table.keys():  # noqa: SIM118 (a ToolTable, not a dict)
             raise FlagError(f"ik {table.binary} has no -op (turning off the offload of "
                             f"{', '.join(op for op, r in rules.items() if not r.enabled)}): use llama-sweep-bench or "
                             "the server" if table.tool == "bench" else
-                            f"this ik build has no -op (added by ik PR 405, build 3683)")
+                            "this ik build has no -op (added by ik PR 405, build 3683)")
         settings.append(("op", ",".join(f"{i},0" for i in off)))
     mb = batches.pop()
     if mb != DEFAULT_MIN_BATCH:
         settings.append(("cuda", f"{CUDA_MIN_BATCH_KEY}={mb}"))
     ooae_default = table.defaults.get("ooae")
     if knobs.only_active_experts != ooae_default:
-        if "ooae" not in table.keys():
-            raise FlagError(f"ik {table.binary} of this build cannot {'enable' if knobs.only_active_experts else 'disable'}"
+        if "ooae" not in table.keys():  # noqa: SIM118 (a ToolTable, not a dict)
+            verb = "enable" if knobs.only_active_experts else "disable"
+            raise FlagError(f"ik {table.binary} of this build cannot {verb}"
                             " uploading only the active experts (-ooae came with ik PR 698, -no-ooae and llama-bench's "
                             "switch with PR 842)")
         settings.append(("ooae", knobs.only_active_experts))

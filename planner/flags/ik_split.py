@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class SizeParams:
     flash_attn: bool
 
     @classmethod
-    def of(cls, knobs: Knobs, tool: str, ctx_given: bool = True) -> "SizeParams":
+    def of(cls, knobs: Knobs, tool: str, ctx_given: bool = True) -> SizeParams:
         if tool == "bench":
             return cls(0, _BENCH_N_UBATCH, knobs.type_k, knobs.type_v, knobs.mla, _BENCH_AMB, True)
         # common.cpp: max_ctx_size = -c (0 without one), n_ubatch = min(-ub, min(-b, -c)), amb = -amb

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from ..builds import Build, Feature
 from ..errors import FlagError

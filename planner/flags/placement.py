@@ -15,7 +15,7 @@ Strategy (the rendered flags are always verified by parsing them back; see cmdli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import FlagError
 from ..model import ModelInventory, Tensor
@@ -56,11 +56,11 @@ class ModelIndex:
     suffix_layers: dict[str, frozenset[int]]         # suffix -> blocks that have it
 
     @classmethod
-    def of(cls, inv: ModelInventory) -> "ModelIndex":
+    def of(cls, inv: ModelInventory) -> ModelIndex:
         return memo(inv, "model_index", lambda: cls._build(inv))
 
     @classmethod
-    def _build(cls, inv: ModelInventory) -> "ModelIndex":
+    def _build(cls, inv: ModelInventory) -> ModelIndex:
         allocated = inv.allocated()
         n_layer = inv.hparams.n_layer
         slots: list[list[Tensor]] = [[] for _ in range(n_layer + 1)]
@@ -252,7 +252,7 @@ MoeExpander = Callable[[str, int, Sequence[str]], list[Override]]
 
 
 def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
-          moe_candidates: Callable[[Mapping[str, str], "ModelIndex", Sequence[str]], list[tuple[str, int]]],
+          moe_candidates: Callable[[Mapping[str, str], ModelIndex, Sequence[str]], list[tuple[str, int]]],
           expand_moe: MoeExpander, no_ngl0_with_gpu: bool = False,
           catch_all: Override | None = None) -> PlacementFlags:
     """-ngl, -ts, -ot and an optional -cmoe/-ncmoe that together place every tensor where `assignment` says.

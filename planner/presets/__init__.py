@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, cache
 from importlib import resources
-from typing import Callable
+from collections.abc import Callable
 
 from ..archs import ArchSpec, build_inventory, spec_from_metadata
 from ..errors import InputError
@@ -39,7 +39,7 @@ def _read(name: str) -> dict:
     return json.loads(resources.files(__package__).joinpath(name).read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _index() -> dict[str, dict]:
     out = {}
     for res in resources.files(__package__).iterdir():
@@ -76,7 +76,7 @@ def recipe(quant: str, n_layer: int) -> TypeOf:
     return type_of
 
 
-@lru_cache(maxsize=None)
+@cache
 def _every_model_quants() -> tuple[str, ...]:
     """Recipes any preset has (marked every_model: BF16, what convert_hf_to_gguf.py writes from any checkpoint)."""
     return tuple(k for k, r in _read("recipes.json").items() if not k.startswith("_") and r.get("every_model"))

@@ -9,7 +9,8 @@ import re
 import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import anyio
 from fastapi import FastAPI, Request
@@ -22,7 +23,7 @@ from ..errors import InputError
 from . import options
 from .config import ServerConfig
 from .jobs import Jobs
-from .security import (TOKEN_COOKIE, Busy, PathPolicy, ServiceError, TooLarge, Unauthorized, Unsupported, host_ok,
+from .security import (TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok,
                        is_loopback, token_ok)
 from .studies import StudyStore, clean
 
@@ -234,22 +235,24 @@ def create_app(config: ServerConfig) -> FastAPI:
         body = await read_json(request)
 
         def check():
+            from ..options import TuneOptions
             args = options.to_namespace("tune", body, paths)
-            if args.engine not in config.engines:
-                raise InputError(f"engine {args.engine} is not enabled on this server (engines here: "
+            opts = TuneOptions.from_args(args)   # the defaults, as the CLI fills them
+            if opts.engine not in config.engines:
+                raise InputError(f"engine {opts.engine} is not enabled on this server (engines here: "
                                  f"{', '.join(config.engines)}); the server's --engine says which run")
-            if args.trials > config.max_trials:
-                raise InputError(f"--trials {args.trials}: this server runs at most {config.max_trials} per tune")
-            inputs = tune_inputs(args)       # tune's own checks, before a worker starts
+            if opts.trials > config.max_trials:
+                raise InputError(f"--trials {opts.trials}: this server runs at most {config.max_trials} per tune")
+            inputs = tune_inputs(opts)       # tune's own checks, before a worker starts
             if not STUDY_NAME.match(inputs.study):
                 raise InputError(f"study name {inputs.study[:120]!r}: letters, digits, '.', '_' and '-' only")
-            return args, inputs.study
-        args, name = await compute(check)
+            return args, inputs.study, opts.engine
+        args, name, engine_name = await compute(check)
         storage = store.storage_for_new(name)
         argv = [*args.argv, "--json", "--quiet", "--no-report", f"--storage={storage}"]
         if not args.study:
             argv.append(f"--study={name}")
-        if args.engine == "llamacpp" and config.llama_bench:
+        if engine_name == "llamacpp" and config.llama_bench:
             argv.append(f"--llama-bench={config.llama_bench}")
         job = jobs.start(argv, name, storage)
         return as_json(job.to_json(), 202)

@@ -3,6 +3,8 @@ code path, its own session), so a worker that is killed or crashes costs only th
 ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it left running)."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -133,30 +135,24 @@ class Jobs:
         if job.state != "running":
             return job
         job.stop_requested = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             job.proc.send_signal(signal.SIGINT)      # tune's KeyboardInterrupt path: saved, resumable
-        except ProcessLookupError:
-            pass
         threading.Timer(STOP_GRACE_S, self._kill_if_alive, args=(job,)).start()
         return job
 
     @staticmethod
     def _kill_if_alive(job: Job) -> None:
         if job.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 job.proc.kill()
-            except ProcessLookupError:
-                pass
 
     def shutdown(self, wait_s: float = 5.0) -> None:
         """Stop every worker with the server (SIGINT, then SIGKILL)."""
         live = self.running()
         for j in live:
             j.stop_requested = True
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 j.proc.send_signal(signal.SIGINT)
-            except ProcessLookupError:
-                pass
         deadline = time.time() + wait_s
         for j in live:
             try:

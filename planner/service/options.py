@@ -12,7 +12,7 @@ from .security import PathPolicy
 
 # never from a request: binaries and output/storage locations are the server's configuration; output format and
 # progress bars are the service's business
-DENIED = {"oracle", "llama-bench", "storage", "out", "no-report", "quiet", "json", "help"}
+DENIED = {"oracle", "llama-bench", "storage", "out", "no-report", "quiet", "json", "help", "spec"}
 ALIASES = {"n-trials": "trials", "study-name": "study"}
 LIST_JOIN = {"gpu", "kv-types"}          # the CLI takes a comma list; JSON may give a list
 MAX_STRING = 4096

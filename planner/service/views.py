@@ -56,7 +56,8 @@ async def index(request: Request):
     table = ("<table class=grid id=studies><thead><tr><th>study</th><th>model</th><th>engine</th><th>hardware</th>"
              "<th>objective</th><th>trials</th><th>states</th><th>best TG t/s</th><th>best PP t/s</th></tr></thead>"
              f"<tbody>{''.join(rows)}</tbody></table>" if rows else
-             f"<p>No studies in {where} yet: run <code>offload-tuner demo</code> or <code>offload-tuner tune ...</code>, "
+             f"<p>No studies in {where} yet: run <code>offload-tuner demo</code> or "
+             "<code>offload-tuner tune ...</code>, "
              "or POST /api/tunes.</p>")
     return page("studies", f"<h1>Studies</h1><p class=muted>storage: {where}</p>{table}")
 
@@ -72,7 +73,8 @@ async def study_page(name: str, request: Request):
     budget = d.get("budget_bytes")
     head = (f"<h1>{e(name)} <span id=live class=live hidden>running</span></h1>"
             f"<p class=muted>{e(str(s.get('model')))} on {e(d['hardware_words'])}; engine {e(str(s.get('engine')))}, "
-            f"objective {e(str(s.get('objective')))}, dialect {e(str(s.get('dialect')))}, context {e(str(s.get('n_ctx')))}"
+            f"objective {e(str(s.get('objective')))}, dialect {e(str(s.get('dialect')))}, "
+            f"context {e(str(s.get('n_ctx')))}"
             f"; budget {e(fmt_bytes(budget)) if budget else '-'}; <span id=ntrials>{d['n_trials']}</span> trials</p>")
     charts = ("<div class=charts><figure><canvas id=chart-tg></canvas><figcaption>TG (t/s) against peak VRAM"
               "</figcaption></figure><figure><canvas id=chart-pp></canvas><figcaption>PP (t/s) against peak VRAM"

@@ -16,7 +16,8 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -27,6 +28,8 @@ from planner.plan import Plan
 
 from ..engine import Measurement, Workload
 from .config import ModelConfig, config_from_inventory
+from . import cpu_moe
+from . import kernels as K
 from .kernels import ceil_to
 from .model import ForwardBuilder, Runtime, make_fast_helpers
 from .placement import (
@@ -100,7 +103,8 @@ class TorchModel:
             state[f"pos@{dev}"] = pos.to(self.devices.torch(dev))
         return state
 
-    def forward(self, tokens: Sequence[int] | torch.Tensor, pos0: int, n_out: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: Sequence[int] | torch.Tensor, pos0: int,
+                n_out: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """One ubatch: tokens at positions pos0.., KV cache updated; (logits [n_out, V] float32 of the last n_out
         tokens, their argmax). On CUDA a ubatch without uploads replays CUDA graphs captured on its first run."""
         tok = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
@@ -133,6 +137,7 @@ class TorchModel:
                 runner.capture(state)
             except RuntimeError as e:     # e.g. an op that synchronises: this program runs eagerly from now on
                 program.graph_failed = f"{type(e).__name__}: {e}"[:300]
+                K.CAPABILITIES.fell_back("CUDA graph capture", e)
                 torch.cuda.synchronize()
                 return None
             program.graphs = runner
@@ -219,7 +224,7 @@ def _delta(c: Counters, before: Counters) -> Counters:
     return d
 
 
-# ---- the engine ---------------------------------------------------------------------------------------------------------
+# ---- the engine ------------------------------------------------------------------------------------------------------
 
 @dataclass
 class TorchEngine:
@@ -297,6 +302,7 @@ class TorchEngine:
         raw: dict[str, Any] = {"engine": "torch", "logical_gpus": devices.logical, "compute_dtype": self.compute_dtype,
                                "routing": self.routing, "seed": self.seed}
         model = None
+        events_before = len(K.CAPABILITIES.events)
         try:
             t0 = time.perf_counter()
             need = workload.depth + max(workload.n_prompt, workload.n_gen) + 1
@@ -312,6 +318,7 @@ class TorchEngine:
             raw["kv_cells"] = [c.cells for c in model.caches]
             peak = _peak_bytes(model, devices, overhead)
             raw["static_bytes"] = dict(model.acct.static)
+            raw["fallbacks"] = self._fallbacks(inv, plan, events_before)
             return Measurement(pp_tps=pp.get("pp_tps", 0.0), tg_tps=tg.get("tg_tps", 0.0), peak_bytes=peak,
                                host_bytes=_host_peak(), raw=raw)
         except (OutOfMemory, torch.cuda.OutOfMemoryError) as e:
@@ -329,6 +336,18 @@ class TorchEngine:
             gc.collect()
             if devices.cuda:
                 torch.cuda.empty_cache()
+
+
+    def _fallbacks(self, inv: ModelInventory, plan: Plan, events_before: int) -> list[str]:
+        """The slower paths this measurement ran on: fast paths dropped during it or earlier in the process, and
+        experts in RAM without the C kernel (torch's per-expert loop instead)."""
+        out = [*K.CAPABILITIES.events[events_before:],
+               *(f"{d} (dropped earlier in this process)" for d in K.CAPABILITIES.dropped())]
+        experts_in_ram = any(t.is_expert and plan.assignment.get(t.name) == "CPU" for t in inv.allocated())
+        if experts_in_ram and not cpu_moe.available(DTYPES[self.compute_dtype]):
+            out.append("cpu_moe C kernel unavailable (no C compiler, or no flags built it): experts in RAM run "
+                       "torch's per-expert loop")
+        return list(dict.fromkeys(out))
 
 
 def _one_line(e: BaseException) -> str:

@@ -14,15 +14,18 @@ reads only the routed experts' weights, in place, never gathering them:
 """
 from __future__ import annotations
 
+import logging
 import os
 from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from . import cpu_moe
 from .config import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+
+log = logging.getLogger(__name__)
 
 CPU_GEMV_MAX_T = 4      # cpu_moe's GEMV up to this many tokens (it reads the experts once per token)
 GEMV_MAX_T = 8
@@ -239,18 +242,31 @@ def grouped_ok(device: torch.device, T: int, dtype: torch.dtype) -> bool:
 
 
 class _Capability:
-    """Whether an optional fast path worked on a device (it is tried once, and dropped after a failure)."""
+    """Whether an optional fast path worked on a device (it is tried once, and dropped after a failure), and
+    every fast path dropped in this process, in order: TorchEngine reports the ones a measurement ran without in
+    Measurement.raw["fallbacks"] (a slower path is a fact about the number, not an error)."""
 
     def __init__(self) -> None:
         self.failed: set[tuple[str, int]] = set()
+        self.events: list[str] = []
+
+    def fell_back(self, what: str, error: BaseException) -> None:
+        note = f"{what}: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        self.events.append(note)
+        log.warning("fast path dropped, running its fallback: %s", note)
+
+    def dropped(self) -> list[str]:
+        """The fast paths dropped for good (every later run uses the fallback)."""
+        return [f"{name} on device {index}" for name, index in sorted(self.failed)]
 
     def run(self, name: str, device: torch.device, fast: Callable, fallback: Callable, *args):
         key = (name, device.index or 0)
         if key not in self.failed:
             try:
                 return fast(*args)
-            except RuntimeError:
+            except RuntimeError as e:
                 self.failed.add(key)
+                self.fell_back(f"{name} on device {key[1]}", e)
         return fallback(*args)
 
 
@@ -741,10 +757,11 @@ def maybe_compiled(fn: Callable, enabled: bool) -> Callable:
     def call(*args, **kw):
         try:
             return state["fn"](*args, **kw)
-        except Exception:
+        except Exception as e:
             if state["fn"] is fn:
                 raise
             state["fn"] = fn
+            CAPABILITIES.fell_back(f"torch.compile of {getattr(fn, '__name__', 'a helper')}", e)
             return fn(*args, **kw)
     return call
 

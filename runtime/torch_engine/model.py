@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -233,7 +233,7 @@ class ForwardBuilder:
         b.add("output", run, "output", ("xo",), ("logits",), out_fn, offloaded=run != use.device)
         b.add("argmax", run, "glue", ("logits",), ("next",), lambda lg: lg.argmax(-1))
 
-    # ---- building blocks ------------------------------------------------------------------------------------------------
+    # ---- building blocks ---------------------------------------------------------------------------------------------
 
     def norm(self, name: str, src: str, dst: str, batch: int) -> None:
         rt, eps = self.rt, self.cfg.rms_eps

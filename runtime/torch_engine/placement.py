@@ -6,15 +6,15 @@ are "logical GPUs": tensors live in host memory but are accounted per logical de
 plan over budget fails as an out-of-memory would, so placement, offload decisions and counters run anywhere.
 
 Packing: tensors that one op reads together and that share a device share one buffer (Q/K/V; gate and up of
-the dense, shared and routed FFNs; their biases), so that op is one matmul. Every tensor is still placed on exactly the device the plan names, and the bytes per device are
-the same as without packing.
+the dense, shared and routed FFNs; their biases), so that op is one matmul. Every tensor is still placed on
+exactly the device the plan names, and the bytes per device are the same as without packing.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -151,7 +151,7 @@ class Counters:
         self.offloaded.clear()
         self.upload_bytes = self.upload_model_bytes = self.uploads = self.transfer_bytes = self.transfers = 0
 
-    def add(self, other: "Counters", times: int = 1) -> None:
+    def add(self, other: Counters, times: int = 1) -> None:
         for k, v in other.ops.items():
             self.ops[k] += v * times
         for k, v in other.offloaded.items():
@@ -299,10 +299,6 @@ def _clear_cuda_error() -> None:
 
 def _member_shapes(inv: ModelInventory, names: tuple[str, ...]) -> list[tuple[int, ...]]:
     return [torch_shape(inv.by_name[n].shape) for n in names]
-
-
-def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _make_buffer(inv: ModelInventory, names: tuple[str, ...], dev: str, devices: Devices, dtype: torch.dtype
@@ -465,7 +461,7 @@ class Stager:
             self._bufs[key] = torch.empty(src.shape, dtype=src.dtype, device=self.tdev)
         return key, self._bufs[key]
 
-    def start(self, src: torch.Tensor, runs: list[tuple[int, int]] | None, model_bytes: int) -> "Upload":
+    def start(self, src: torch.Tensor, runs: list[tuple[int, int]] | None, model_bytes: int) -> Upload:
         """Begin copying src (whole, or the expert ranges `runs` of its first dim) into a staging buffer."""
         key, dst = self._buffer(src)
         moved = nbytes(src) if runs is None else sum(nbytes(src[a:b]) for a, b in runs)
@@ -503,7 +499,7 @@ class Upload:
     stager: Stager
     key: tuple
     dst: torch.Tensor
-    done: "torch.cuda.Event | None"
+    done: torch.cuda.Event | None
 
     def wait(self) -> torch.Tensor:
         if self.done is not None:

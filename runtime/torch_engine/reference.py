@@ -12,7 +12,7 @@ comparison measures those flips rather than the arithmetic. `margins` and `route
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -73,7 +74,7 @@ class OffloadRules:
         return target if thr is not None and batch >= thr else dev
 
 
-# ---- programs ------------------------------------------------------------------------------------------------------------
+# ---- programs --------------------------------------------------------------------------------------------------------
 
 @dataclass
 class Program:
@@ -82,7 +83,7 @@ class Program:
     device_inputs: dict[str, list[str]]        # external key -> devices it is read on (key@dev filled by the caller)
     outputs: dict[str, str]                    # output -> the name its value has in the state
     key_device: dict[str, str]                 # activation -> device it lives on
-    graphs: "GraphRunner | None" = None
+    graphs: GraphRunner | None = None
     per_run: Counters | None = None            # counters of one run (for graph replays)
     graph_failed: str = ""                     # why capturing it failed (then it runs eagerly)
 
@@ -176,7 +177,7 @@ class ProgramBuilder:
         return Program(self.ops, [tuple(f) for f in free], self.device_inputs, names, key_device)
 
 
-# ---- eager execution ---------------------------------------------------------------------------------------------------
+# ---- eager execution -------------------------------------------------------------------------------------------------
 
 def _count(counters: Counters, op: Op) -> None:
     counters.ops[f"{op.kind}@{op.device}"] += 1
@@ -226,13 +227,13 @@ def _observe(program: Program, state: dict[str, Any], acct: Accountant) -> None:
             acct.observe(dev, n)
 
 
-# ---- CUDA graphs ---------------------------------------------------------------------------------------------------------
+# ---- CUDA graphs -----------------------------------------------------------------------------------------------------
 
 @dataclass
 class Segment:
     device: str                   # plan device; GPU segments are captured
     ops: list[Op]
-    graph: "torch.cuda.CUDAGraph | None" = None
+    graph: torch.cuda.CUDAGraph | None = None
     host_inputs: list[tuple[str, torch.Tensor]] = field(default_factory=list)   # (cpu key, pinned buffer) to fill
     ends_on_host: bool = False    # a later host segment reads its results: synchronize after replay
 

@@ -114,7 +114,7 @@ class Routing:
     zipf: float = 0.0             # 0: uniform
 
     @classmethod
-    def parse(cls, text: str) -> "Routing":
+    def parse(cls, text: str) -> Routing:
         if text == "uniform":
             return cls()
         if text.startswith("zipf:"):

@@ -12,7 +12,7 @@ import random
 import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from planner.gguf_header import read_header
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
@@ -31,7 +31,7 @@ class Raw:
     n_tensors_delta: int = 0                                # declared tensor count minus the real one
     order: list[int] | None = None                          # order of the data (None: the header order)
 
-    def copy(self) -> "Raw":
+    def copy(self) -> Raw:
         return replace(self, kvs=list(self.kvs), tensors=list(self.tensors), gaps=dict(self.gaps))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+import pytest
 from optuna.trial import TrialState
 
 from planner.cli import main
@@ -43,6 +44,7 @@ class BenchLikeEngine:
         return replace(m, peak_bytes={d: v + self.extra for d, v in m.peak_bytes.items()})
 
 
+@pytest.mark.slow
 def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
     inv, hw = _setup()
     engine = BenchLikeEngine(hw, extra=400 * MiB)      # the model under-predicts by 400 MiB
@@ -68,6 +70,7 @@ def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
     assert any(t.state == TrialState.COMPLETE for t in trials)
 
 
+@pytest.mark.slow
 def test_learnt_margin_is_the_worst_error_plus_slack_and_can_fall():
     inv, hw = _setup()
     engine = BenchLikeEngine(hw, extra=100 * MiB)
@@ -91,6 +94,7 @@ def test_learnt_margin_is_the_worst_error_plus_slack_and_can_fall():
     assert sim_tuner.margin == 0
 
 
+@pytest.mark.slow
 def test_margin_zero_and_auto_on_the_command_line(tmp_path, capsys):
     assert parse_size("0", allow_zero=True) == 0 and parse_size("0MiB", allow_zero=True) == 0
     db = f"sqlite:///{tmp_path / 's.db'}"
@@ -119,6 +123,7 @@ class NoisyEngine:
         return replace(m, tg_tps=m.tg_tps * (3.0 if k == 1 else 1.0), raw={"cv": 0.01, "seen": "load 1.0"})
 
 
+@pytest.mark.slow
 def test_confirmation_interleaves_and_picks_by_the_median():
     inv, hw = _setup()
     engine = NoisyEngine(hw)

@@ -90,5 +90,6 @@ def test_errors_through_the_real_console_script(tmp_path):
     # the same path as a user: a separate process, stderr one line, exit 2
     p = tmp_path / "x.gguf"
     p.write_bytes(b"GGUF\x03\x00\x00\x00")
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", str(p)], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", str(p)], capture_output=True, text=True,
+                       cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -43,7 +43,8 @@ def test_tg_improves_monotonically_as_experts_move_to_the_gpu():
 def test_all_gpu_tg_is_bytes_over_bandwidth_plus_launches():
     inv = f32_inventory(qwen3moe_spec())
     hw = load_hardware("gpu-box")
-    plan = Plan("t", {t.name: ("CPU" if t.role == "token_embd" else "CUDA0") for t in inv.allocated()}, Knobs(n_ctx=256))
+    plan = Plan("t", {t.name: ("CPU" if t.role == "token_embd" else "CUDA0") for t in inv.allocated()},
+                Knobs(n_ctx=256))
     p = predict(inv, plan, hw)
     g = hw.gpus[0]
     expert_bytes = sum(t.nbytes for t in inv.allocated() if t.is_expert) * 2 / 4        # 2 of 4 experts

@@ -148,19 +148,19 @@ def test_override_moves_a_tensor_of_a_cpu_layer_to_the_gpu():
 
 
 def test_mainline_cmoe_after_ot_leaves_the_ot_in_charge():
-    a = parse([*"-ngl 99 -ot".split(), r"blk\.3\.ffn_up_exps=CUDA0", "-cmoe"], INV, "mainline").assignment
+    a = parse([*["-ngl", "99", "-ot"], r"blk\.3\.ffn_up_exps=CUDA0", "-cmoe"], INV, "mainline").assignment
     assert {n for n in EXPERTS if a[n] == "CPU"} == set(EXPERTS) - {"blk.3.ffn_up_exps.weight"}
 
 
 def test_mainline_cmoe_before_ot_shadows_it():
-    p = parse([*"-ngl 99 -cmoe -ot".split(), r"blk\.3\.ffn_up_exps=CUDA0"], INV, "mainline")
+    p = parse([*["-ngl", "99", "-cmoe", "-ot"], r"blk\.3\.ffn_up_exps=CUDA0"], INV, "mainline")
     assert all(p.assignment[n] == "CPU" for n in EXPERTS)
     assert any(w.startswith("W002") for w in p.warnings)
     assert [o.origin for o in p.overrides] == ["-cmoe", "-ot"]
 
 
 def test_ik_applies_cmoe_after_every_ot_whatever_the_order():
-    p = parse([*"-ngl 99 -cmoe -ot".split(), r"blk\.3\.ffn_up_exps=CUDA0"], INV, "ik")
+    p = parse([*["-ngl", "99", "-cmoe", "-ot"], r"blk\.3\.ffn_up_exps=CUDA0"], INV, "ik")
     assert {n for n in EXPERTS if p.assignment[n] != "CPU"} == {"blk.3.ffn_up_exps.weight"}
     assert any(w.startswith("W019") for w in p.warnings)
 

@@ -168,11 +168,11 @@ def test_llama_bench_n_cpu_moe_acts_where_it_stands_among_the_ot_options():
     # examples/llama-bench add_cpu_buft_overrides appends to the same list as -ot, in command-line order;
     # the server appends -ncmoe after every -ot instead
     inv = _inv()
-    first = parse([*"-ngl 99 --n-cpu-moe 2 -ot".split(), r"blk\.1\.ffn_up_exps=CUDA0"], inv, "ik", tool="bench")
+    first = parse([*["-ngl", "99", "--n-cpu-moe", "2", "-ot"], r"blk\.1\.ffn_up_exps=CUDA0"], inv, "ik", tool="bench")
     assert first.assignment["blk.1.ffn_up_exps.weight"] == "CPU"          # blk 1's pattern matched first
-    after = parse([*"-ngl 99 -ot".split(), r"blk\.1\.ffn_up_exps=CUDA0", "--n-cpu-moe", "2"], inv, "ik", tool="bench")
+    after = parse([*["-ngl", "99", "-ot"], r"blk\.1\.ffn_up_exps=CUDA0", "--n-cpu-moe", "2"], inv, "ik", tool="bench")
     assert after.assignment["blk.1.ffn_up_exps.weight"] == "CUDA0"
-    server = parse([*"-ngl 99 -ncmoe 48 -ot".split(), r"blk\.1\.ffn_up_exps=CUDA0"], inv, "ik")
+    server = parse([*["-ngl", "99", "-ncmoe", "48", "-ot"], r"blk\.1\.ffn_up_exps=CUDA0"], inv, "ik")
     assert server.assignment["blk.1.ffn_up_exps.weight"] == "CUDA0"       # the -ot wins wherever it stands
 
 

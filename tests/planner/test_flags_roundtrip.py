@@ -159,6 +159,7 @@ ROUNDTRIP = settings(max_examples=1000, deadline=None, derandomize=True,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", ["mainline", "ik"])
 @ROUNDTRIP
 @given(data=st.data())
@@ -166,6 +167,7 @@ def test_round_trip_tiny(dialect, data):
     check_round_trip(*data.draw(plans(TINY, dialect)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", ["mainline", "ik"])
 @ROUNDTRIP
 @given(data=st.data())
@@ -173,6 +175,7 @@ def test_round_trip_large(dialect, data):
     check_round_trip(*data.draw(plans(LARGE, dialect)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", ["mainline", "ik"])
 @ROUNDTRIP
 @given(data=st.data())

@@ -22,11 +22,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, str]]:
     return gf.corpus(gf.make_seeds(root / "seeds"), root / "corpus", N_FILES, SEED)
 
 
+@pytest.mark.slow
 def test_every_kind_is_in_the_corpus(corpus):
     kinds = {label.split(":")[0].split()[-1] for _, label in corpus}
     assert set(gf.STRUCTURAL) | set(gf.BYTES) <= kinds | {"split"}, kinds
 
 
+@pytest.mark.slow
 def test_fuzzed_files_give_success_or_one_clean_line(corpus):
     counts: collections.Counter[str] = collections.Counter()
     bad = []

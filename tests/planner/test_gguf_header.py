@@ -143,13 +143,13 @@ def test_split_reads_as_one(tmp_path: Path) -> None:
     paths = _three_shards(tmp_path)
     assert [p.name for p in paths] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     ref = build_inventory(tiny_spec("qwen3moe"), uniform_recipe("Q8_0"))
-    for given in paths:                                  # shard 1, or a later one: the same model
-        h = read_header(given)
+    for shard in paths:                                  # shard 1, or a later one: the same model
+        h = read_header(shard)
         assert h.path == paths[0] and len(h.shards) == 3
         assert [t.name for t in h.tensors] == [t.name for t in ref.tensors]
         assert sorted({t.shard for t in h.tensors}) == [0, 1, 2]
         assert h.file_size == sum(p.stat().st_size for p in paths)
-        inv = load_inventory(given)
+        inv = load_inventory(shard)
         assert inv.hparams == ref.hparams and inv.tensors == ref.tensors
     h = read_header(paths[0])
     for i, p in enumerate(paths):                       # each shard agrees with gguf-py on its own tensors

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from planner.errors import InputError
-from planner.hardware import GiB, MiB, HardwareProfile, from_gpu_sizes, load_hardware, parse_size, preset_names
+from planner.hardware import GiB, from_gpu_sizes, load_hardware, parse_size, preset_names
 
 
 @pytest.mark.parametrize("text,value", [("24GiB", 24 * GiB), ("24G", 24 * GiB), ("24576MiB", 24 * GiB),

@@ -14,6 +14,7 @@ SEED = 4242
 N_FILES = 120
 
 
+@pytest.mark.slow
 def test_our_verdict_is_llama_benchs_on_every_file(llama_bench, tmp_path):
     seeds = gf.make_seeds(tmp_path / "seeds")
     files = [(p, f"seed {a}") for a, p in seeds.items() if a != "split"]

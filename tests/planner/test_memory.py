@@ -39,7 +39,8 @@ def test_tied_output_loads_token_embd_again_on_the_output_device():
     w = weight_bytes(inv, plan)
     assert w["CUDA0"] == OUTPUT_NORM + TOKEN_EMBD
     # on the CPU the duplicate is the same mapped data: no second copy
-    assert weight_bytes(inv, _plan(inv, lambda t: "CPU")) == {"CPU": 2 * (LAYER_DENSE + LAYER_EXPERTS) + TOKEN_EMBD + OUTPUT_NORM}
+    assert weight_bytes(inv, _plan(inv, lambda t: "CPU")) == \
+        {"CPU": 2 * (LAYER_DENSE + LAYER_EXPERTS) + TOKEN_EMBD + OUTPUT_NORM}
 
 
 def test_nkvo_puts_all_kv_on_the_host():
@@ -95,7 +96,8 @@ def test_op_offload_adds_upload_targets_to_the_gpu_compute_buffer():
     # device), so the buffer grows by at least the largest one, not by the layer's sum; the CPU's shrinks.
     inv = f32_inventory(qwen3moe_spec(n_ff_exp=256))
     largest = max(t.nbytes for t in inv.tensors if t.is_expert)
-    where = lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
+    def where(t):
+        return "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
     on = _plan(inv, where, Knobs(n_ctx=512, n_ubatch=512))
     off = replace(on, knobs=replace(on.knobs, offload=OffloadPolicy.all(False)))
     gpu_on, gpu_off = estimate(inv, on).devices["CUDA0"], estimate(inv, off).devices["CUDA0"]
@@ -121,7 +123,8 @@ def test_reduced_graph_gives_the_full_graph_peaks(name):
 
 def test_mmap_vs_pinned_host_weights():
     inv = f32_inventory(qwen3moe_spec())
-    where = lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
+    def where(t):
+        return "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
     mm = estimate(inv, _plan(inv, where))
     assert mm.host_mapped == 2 * LAYER_EXPERTS + TOKEN_EMBD and mm.host_pinned == 0
     pinned = estimate(inv, _plan(inv, where, Knobs(n_ctx=512, mmap=False)))

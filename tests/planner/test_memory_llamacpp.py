@@ -142,7 +142,11 @@ def expected_model_buffers(path: Path, allocated: set[str], repacked: tuple[str,
     return max(t.offset + t.nbytes for t in in_buffer) - min(t.offset for t in in_buffer) + repack
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+SLOW_CASES = {"qwen2moe-shexp-q4kv", "deepseek2-mla-q8kv", "qwen3moe-q8kv-ctx4096"}   # > 3 s each on 2 cores
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.id in SLOW_CASES else [])
+                                  for c in CASES])
 def test_memory_model_matches_llama_cpp(case: Case, llama_bench: Path, model_file, error_table: list[Row]):
     path = model_file(case)
     text = run_llama_bench(llama_bench, path, case)

@@ -10,7 +10,8 @@ from planner.objectives import MAX_EXPR_CHARS, parse_objective
 
 
 @pytest.mark.parametrize("text,kind,n", [("tg", "tg", 1), ("PP", "pp", 1), ("both", "both", 2), ("pareto", "both", 2),
-                                         ("tg + 0.1*pp", "expr", 1), ("(tg+pp)/2", "expr", 1), ("-tg + 2*pp", "expr", 1)])
+                                         ("tg + 0.1*pp", "expr", 1), ("(tg+pp)/2", "expr", 1),
+                                         ("-tg + 2*pp", "expr", 1)])
 def test_kinds(text, kind, n):
     o = parse_objective(text)
     assert o.kind == kind and o.n_values == n and o.directions == ["maximize"] * n

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import InputError
-from planner.hardware import GiB
 from planner.loader import load_model
 from planner.presets import load_preset, preset_names
 

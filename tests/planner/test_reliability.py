@@ -48,6 +48,7 @@ def _tune(db: Path, seed: int) -> list[str]:
             "--no-report", "--seed", str(seed)]
 
 
+@pytest.mark.slow
 def test_two_workers_on_one_sqlite_file(tmp_path):
     """Started together: each finishes, or is refused at start with one line pointing at PostgreSQL."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -2,6 +2,7 @@
 budget, records failing runs (a crashing or OOM-ing engine) and goes on, raising its margin after an OOM."""
 from __future__ import annotations
 
+import pytest
 from optuna.trial import TrialState
 
 from planner.hardware import GiB, MiB, load_hardware
@@ -35,6 +36,7 @@ class RecordingEngine:
         return self.sim.measure(inv, plan, workload)
 
 
+@pytest.mark.slow
 def test_study_on_sim_beats_the_planners_first_proposal_and_never_runs_over_budget():
     inv, hw = _setup()
     engine = RecordingEngine(hw)
@@ -73,6 +75,7 @@ class FlakyEngine(RecordingEngine):
         return self.sim.measure(inv, plan, workload)
 
 
+@pytest.mark.slow
 def test_failures_are_recorded_and_the_study_goes_on_with_a_larger_margin():
     inv, hw = _setup()
     engine = FlakyEngine(hw)

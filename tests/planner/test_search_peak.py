@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import pytest
 from optuna.trial import TrialState
 
 from planner.hardware import GiB, MiB, load_hardware
@@ -70,6 +71,7 @@ def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the
         (ok.pp_tps, ok.tg_tps, ok.peak_bytes, {})
 
 
+@pytest.mark.slow
 def test_a_study_fails_the_over_budget_runs_and_its_margin_settles_at_the_engines_extra_bytes():
     inv, hw, engine, tuner = _tuner(objective="tg", seed=3)
     engine.margin_now = lambda: tuner.margin

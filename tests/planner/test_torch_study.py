@@ -56,6 +56,7 @@ def test_grid_is_every_other_ngl_up_to_the_most_that_fits(bench, tmp_path):
     assert on_gpu == sorted([t.name for t in inv.tensors if t.layer == 47] + ["output.weight", "output_norm.weight"])
 
 
+@pytest.mark.slow
 def test_dry_run_then_a_resume_that_redoes_nothing(bench, tmp_path):
     out = tmp_path / "out"
     assert bench.main(_sim(out, "--trials", "3")) == 0

@@ -44,6 +44,7 @@ def _finished(url: str) -> tuple[dict[int, tuple[str, tuple[float, ...] | None]]
     return trials, study.best_value
 
 
+@pytest.mark.slow
 def test_sigkill_mid_study_loses_no_finished_trial_and_resumes(tmp_path):
     db = tmp_path / "k.db"
     url = f"sqlite:///{db}"
@@ -89,6 +90,7 @@ def test_sigkill_mid_study_loses_no_finished_trial_and_resumes(tmp_path):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_job(tmp_path):
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "planner.cli", "demo", "--quiet"], cwd=tmp_path, env=ENV,

@@ -40,7 +40,8 @@ def postgres_url():
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
     if not (initdb and pg_ctl):
         pytest.skip("no PostgreSQL server here (initdb and pg_ctl not on PATH)")
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'offload-tuner[postgres]') is not installed")
+    pytest.importorskip("psycopg",
+                        reason="the PostgreSQL driver (pip install 'offload-tuner[postgres]') is not installed")
     run_as: list[str] = []
     folder = Path(tempfile.mkdtemp(prefix="pg"))        # short: a Unix socket path is at most 107 bytes
     if os.geteuid() == 0:                               # the server refuses to run as root
@@ -72,6 +73,7 @@ def _tune_cmd(url: str, trials: int, seed: int) -> list[str]:
             "--objective", "tg", "--seed", str(seed)]
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
     import optuna
     procs = [subprocess.Popen(_tune_cmd(postgres_url, 6, seed), cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
@@ -97,6 +99,7 @@ def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
     assert json.loads(buf.getvalue())["best"]["tg"]["tg_tps"] == pytest.approx(study.best_value)
 
 
+@pytest.mark.slow
 def test_a_killed_workers_running_trial_is_failed_and_retried(tmp_path, monkeypatch):
     """A worker killed mid-trial leaves a RUNNING trial whose heartbeat stops; once the grace period has passed, the
     next worker fails it and queues it again (one retry, run in its turn among the queued trials)."""

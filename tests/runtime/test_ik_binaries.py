@@ -130,6 +130,7 @@ def test_the_acceptance_check_rejects_what_ik_rejects(ik_binaries, models):
         assert r.returncode != 0 and "version: 4840" not in r.stderr, bad
 
 
+@pytest.mark.slow
 def test_every_flag_the_renderer_emits_is_accepted_by_llama_cli(ik_binaries, models):
     names = {v: k for k, v in ik_flags.OP_TABLES["2025-08"].items()}
     for case, path, inv, plan, flags in cases(models):
@@ -163,7 +164,7 @@ def test_every_flag_the_renderer_emits_is_accepted_by_llama_cli(ik_binaries, mod
 
 
 def test_every_flag_the_renderer_emits_is_accepted_by_llama_bench(ik_binaries, models):
-    for case, path, inv, plan, flags in cases(models):
+    for case, path, inv, plan, _flags in cases(models):
         wl = Workload(8, 2, 0, 1)
         try:
             rc = render(plan, inv, "bench", workload=wl, model_path=str(path))

@@ -74,7 +74,7 @@ MAINLINE_HELP = """usage: llama-bench [options]
 """
 
 
-# ---- the binary: what it is and accepts ---------------------------------------------------------------------------------
+# ---- the binary: what it is and accepts ------------------------------------------------------------------------------
 
 @pytest.mark.llamacpp
 def test_probe_reads_dialect_abilities_and_ngl_rule(llama_bench):
@@ -103,12 +103,14 @@ def test_not_a_benchmark_binary(tmp_path):
         LlamaCppEngine(script(tmp_path / "tool", "echo 'usage: tool [--frobnicate]'\n"))
 
 
-# ---- every flag the renderer emits, through the real binary ---------------------------------------------------------------
+# ---- every flag the renderer emits, through the real binary ----------------------------------------------------------
 
 def _rendered_cases(inv_q, inv_oss):
-    few_experts = everything_on(inv_q, "CUDA0", **{"blk.1.ffn_up_exps.weight": "CPU", "blk.1.ffn_gate_exps.weight": "CPU",
+    few_experts = everything_on(inv_q, "CUDA0", **{"blk.1.ffn_up_exps.weight": "CPU",
+                                                  "blk.1.ffn_gate_exps.weight": "CPU",
                                                   "blk.0.ffn_down_exps.weight": "CPU"})
-    oss = everything_on(inv_oss, "CUDA0", **{t.name: "CPU" for t in inv_oss.allocated() if t.layer == 0 and t.is_expert})
+    oss = everything_on(inv_oss, "CUDA0",
+                        **{t.name: "CPU" for t in inv_oss.allocated() if t.layer == 0 and t.is_expert})
     return [
         # (id, inventory, plan, workload, flags that must appear)
         ("knobs", inv_q, Plan("m", everything_on(inv_q), Knobs(n_batch=512, n_ubatch=256, n_threads=1, type_k="q8_0",
@@ -186,7 +188,7 @@ def test_engine_measure_end_to_end_and_json_output_too(llama_bench, inv):
     assert j.ok and [t["kind"] for t in j.raw["tests"]] == ["pp", "tg"]
 
 
-# ---- failures --------------------------------------------------------------------------------------------------------------
+# ---- failures --------------------------------------------------------------------------------------------------------
 
 @pytest.mark.llamacpp
 def test_errors_of_the_real_binary_are_recognised(llama_bench, models, tmp_path):
@@ -226,7 +228,8 @@ def test_gpu_plan_on_a_cpu_build_is_an_input_error(llama_bench, inv):
     with pytest.raises(InputError, match="plan is for ik"):
         engine.measure(inv, replace(plan, dialect="ik"), TINY)
     with pytest.raises(InputError, match="needs the model file"):
-        LlamaCppEngine(llama_bench, model_path="/nonexistent.gguf").measure(inv, replace(plan, assignment=everything_on(inv)), TINY)
+        LlamaCppEngine(llama_bench, model_path="/nonexistent.gguf").measure(
+            inv, replace(plan, assignment=everything_on(inv)), TINY)
 
 
 def test_old_ngl_rule_and_missing_flags_are_refused(tmp_path, inv):
@@ -317,11 +320,12 @@ def test_out_of_memory_texts():
     assert classify_failure("", "killed", -9).message.startswith("crashed with SIGKILL")
 
 
-# ---- parsing the output of both dialects ----------------------------------------------------------------------------------
+# ---- parsing the output of both dialects -----------------------------------------------------------------------------
 
 def test_bench_output_parses_partial_runs_and_nonfinite_rates():
     text = ('{"n_prompt": 8, "n_gen": 0, "n_depth": 0, "avg_ts": inf, "stddev_ts": nan, "samples_ts": [ inf ]}\n'
-            '{"n_prompt": 0, "n_gen": 2, "n_depth": 0, "avg_ts": 12.5, "stddev_ts": 0.5, "samples_ts": [ 12, 13, 20 ]}\n'
+            '{"n_prompt": 0, "n_gen": 2, "n_depth": 0, "avg_ts": 12.5, "stddev_ts": 0.5, '
+            '"samples_ts": [ 12, 13, 20 ]}\n'
             '{"n_prompt": 0, "n_gen": 2, "avg_')
     pp, tg = parse_bench_output(text)
     assert pp.kind == "pp" and pp.avg_ts == float("inf")
@@ -398,11 +402,13 @@ EOF
              "|-------|--------|--------|----------|----------|----------|----------|\n"
              "|   512 |    128 |      0 |    0.512 |  1000.00 |    4.000 |    32.00 |\n"
              "|   512 |    128 |    512 |    0.600 |   853.33 |    4.200 |    30.48 |\n")
-    assert [(r.n_kv, r.pp_tps, r.tg_tps) for r in parse_sweep_output(table)] == [(0, 1000.0, 32.0), (512, 853.33, 30.48)]
+    assert [(r.n_kv, r.pp_tps, r.tg_tps) for r in parse_sweep_output(table)] == \
+        [(0, 1000.0, 32.0), (512, 853.33, 30.48)]
 
 
-# ---- VRAM sampling through nvidia-smi (a fake one) -----------------------------------------------------------------------
+# ---- VRAM sampling through nvidia-smi (a fake one) -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_nvidia_smi_sampler_peak_minus_baseline(tmp_path):
     fake_smi = script(tmp_path / "nvidia-smi", """case "$*" in
 *loop-ms*) for v in 1000 5000 3000; do echo "0, $v"; echo "1, 7"; sleep 0.05; done; sleep 600;;
@@ -426,7 +432,7 @@ def test_no_gpu_tools_here_means_no_sampler(monkeypatch):
     assert gpumem.detect() is None
 
 
-# ---- the planner's matcher against the loader's own log lines ---------------------------------------------------------------
+# ---- the planner's matcher against the loader's own log lines --------------------------------------------------------
 
 MATCHER_CASES = [
     ("qwen3moe", ["-ot", r"^output=CPU"]),                                    # anchor: output AND output_norm
@@ -452,7 +458,7 @@ def test_matcher_agrees_with_the_loader(llama_bench, models):
         assert ours == theirs, (arch, args, sorted(set(ours) ^ set(theirs)))
 
 
-# ---- memory: llama-bench's contexts, and llama-fit-params as an oracle ------------------------------------------------------
+# ---- memory: llama-bench's contexts, and llama-fit-params as an oracle -----------------------------------------------
 
 def test_bench_memory_takes_the_larger_context(inv):
     assert bench_contexts(Workload(2048, 64, 100, 1)) == [2148, 164] and bench_contexts(Workload(0, 64, 0, 1)) == [64]
@@ -478,12 +484,13 @@ def test_fit_params_oracle(fit_params, models, inv, capsys):
     assert code == 0 and out["oracle"]["devices"]["CPU"]["oracle"]["model"] == got["CPU"]["model"]
 
 
-# ---- offload-tuner run ------------------------------------------------------------------------------------------------------
+# ---- offload-tuner run -----------------------------------------------------------------------------------------------
 
 @pytest.mark.llamacpp
 def test_cli_run_llamacpp_json(llama_bench, models, capsys):
     code = main(["run", str(models["qwen3moe"]), "--engine", "llamacpp", "--llama-bench", str(llama_bench),
-                 "--n-prompt", "8", "--n-gen", "2", "--reps", "1", "--json", "--", "-ngl", "0", "-t", "1", "-ub", "256"])
+                 "--n-prompt", "8", "--n-gen", "2", "--reps", "1", "--json",
+                 "--", "-ngl", "0", "-t", "1", "-ub", "256"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["measurement"]["ok"] and out["measurement"]["pp_tps"] > 0
     assert set(out["measurement"]) >= {"pp_tps", "tg_tps", "peak_bytes", "ok", "error"}
@@ -512,15 +519,17 @@ def test_cli_run_bad_input_is_one_line(models, tmp_path, capsys):
         (["run", m, "--engine", "sim"], "neither"),
         (["run", m, "--engine", "sim", "--plan", str(bad_plan)], "does not fit this model"),
         (["run", m, "--engine", "sim", "--reps", "0", "--", "-ngl", "1"], "--reps must be >= 1"),
-        (["run", m, "--engine", "llamacpp", "--llama-bench", str(tmp_path / "nope"), "--", "-ngl", "1"], "no such file"),
+        (["run", m, "--engine", "llamacpp", "--llama-bench", str(tmp_path / "nope"), "--", "-ngl", "1"],
+         "no such file"),
     ]:
         assert main(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], (args, err)
 
 
-# ---- the GPU benchmark's pipeline, dry-run on the CPU build ----------------------------------------------------------------
+# ---- the GPU benchmark's pipeline, dry-run on the CPU build ----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.llamacpp
 def test_gpu_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
     import importlib.util

@@ -21,7 +21,7 @@ def read(name: str) -> str:
 def test_mib_values_become_bytes():
     assert mib_to_bytes("7.27") == round(7.27 * MiB)
     assert mib_to_bytes("2.7568") == round(2.7568 * MiB)
-    assert RESOLUTION_2DP == MiB // 200 and RESOLUTION_4DP > MiB // 20000
+    assert MiB // 200 == RESOLUTION_2DP and MiB // 20000 < RESOLUTION_4DP
 
 
 def test_llama_bench_qwen3moe_flash_attention():
@@ -94,10 +94,10 @@ def test_fit_params_dry_run_and_its_memory_breakdown():
 def test_breakdown_gpu_rows_follow_common_fit_cpp_format():
     # the row format of common/fit.cpp common_memory_breakdown_print (template_gpu / template_other)
     text = "\n".join([
-        "common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |",
-        "common_memory_breakdown_print: |   - CUDA0 (H100 80GB HBM3) | 81079 = 60000 + (20000 = 18000 +    1500 +     500) +  1079 |",
-        "common_memory_breakdown_print: |   - Host                   |                   4000 =  3900 +       0 +     100           |",
-        "common_memory_breakdown_print: |   - CUDA_Host              |                     64 =     0 +       0 +      64           |",
+        "common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |",  # noqa: E501 (verbatim log line)
+        "common_memory_breakdown_print: |   - CUDA0 (H100 80GB HBM3) | 81079 = 60000 + (20000 = 18000 +    1500 +     500) +  1079 |",  # noqa: E501 (verbatim log line)
+        "common_memory_breakdown_print: |   - Host                   |                   4000 =  3900 +       0 +     100           |",  # noqa: E501 (verbatim log line)
+        "common_memory_breakdown_print: |   - CUDA_Host              |                     64 =     0 +       0 +      64           |",  # noqa: E501 (verbatim log line)
     ])
     rows = parse_memory_breakdown(text)
     gpu = rows["CUDA0"]
@@ -133,7 +133,7 @@ def test_no_context_is_a_clear_error():
     log = parse_log("llama_model_load: error loading model: tensor 'x' data is not within the file bounds\n")
     assert log.contexts == () and log.model_buffers == {}
     with pytest.raises(ValueError, match="no llama_context"):
-        log.context
+        _ = log.context
 
 
 def test_ik_model_buffer_lines_are_read():

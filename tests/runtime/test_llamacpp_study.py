@@ -21,6 +21,7 @@ def _tune(llama_bench, model, tmp_path, trials: int) -> list[str]:
             "--out", str(tmp_path / "report"), "--pool", "20", "--quiet", "--json"]
 
 
+@pytest.mark.slow
 def test_a_llamacpp_study_measures_fit_keeps_its_baselines_and_reports_ratios(llama_bench, tmp_path, capsys):
     model = write_gguf(tmp_path / "tiny.gguf", tiny_spec("qwen3moe", n_layer=6, n_expert=8, n_expert_used=2),
                        uniform_recipe("Q4_0"))[0]
@@ -50,6 +51,7 @@ def test_a_llamacpp_study_measures_fit_keeps_its_baselines_and_reports_ratios(ll
     assert s2["engine_runs"]["trials"] == runs["trials"] + 1
 
 
+@pytest.mark.slow
 def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
     """benchmarks/tune_vs_fit.py --cpu: the GPU benchmark's whole pipeline on the CPU build; the JSON has the rows
     the issue asks for, and a second call resumes (nothing left to run)."""

@@ -144,7 +144,7 @@ def test_synth_main_split_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "s.gguf"
     synth_main(_args("--arch", "qwen3moe", "--tiny", "--out", str(out), "--split-max", "1MiB", "--sparse"))
     printed = capsys.readouterr().out.split()
-    assert len(printed) > 1 and printed[0].endswith("s-00001-of-%05d.gguf" % len(printed))
+    assert len(printed) > 1 and printed[0].endswith(f"s-00001-of-{len(printed):05d}.gguf")
     for argv, match in [(("--arch", "qwen3moe"), "--arch ARCH --tiny"), ((), "synth needs --preset"),
                         (("--preset", "Qwen3-30B-A3B", "--arch", "llama", "--tiny"), "not both"),
                         (("--preset", "Qwen3-30B-A3B", "--quant", "Q4_0"), "--quant is for --tiny")]:
@@ -183,8 +183,8 @@ def _bench(llama_bench: Path, model: Path) -> list[dict]:
     return json.loads(r.stdout)
 
 
-@pytest.mark.llamacpp
-@pytest.mark.parametrize("arch", list(TINY))
+@pytest.mark.llamacpp                 # llama: > 3 s on 2 cores, so slow
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "llama" else a for a in TINY])
 def test_llama_bench_loads_tiny_model(arch: str, tiny_gguf, llama_bench: Path) -> None:
     path = tiny_gguf(arch, *BENCH_QUANTS[arch])
     rows = _bench(llama_bench, path)

@@ -70,3 +70,30 @@ def test_weights_are_reused_between_measurements_of_the_same_model() -> None:
     kept = dict(engine._cache.buffers)
     engine.measure(inv, plan_for(inv, experts_in_ram, knobs(min_batch=4)), wl)
     assert kept and all(engine._cache.buffers[k][0] is v[0] for k, v in kept.items())
+
+
+def test_fast_path_fallbacks_are_logged_and_recorded_in_raw(caplog) -> None:
+    import logging
+
+    import torch
+
+    from runtime.torch_engine import kernels as K
+    inv = tiny_inventory("qwen3moe")
+    engine = TorchEngine(device_map="logical", compute_dtype="fp32")
+    plan = plan_for(inv, experts_in_ram, knobs())
+    wl = Workload(n_prompt=8, n_gen=2, repetitions=1)
+    m = engine.measure(inv, plan, wl)
+    assert m.ok and isinstance(m.raw["fallbacks"], list)      # what this machine lacks, if anything, is listed
+    # a fast path that fails for real (shapes that do not multiply) is dropped for its fallback, logged once, and
+    # every later measurement says it ran without it
+    x = torch.ones(2, 3)
+    try:
+        with caplog.at_level(logging.WARNING, logger="runtime.torch_engine.kernels"):
+            y = K.CAPABILITIES.run("probe_mm", x.device, lambda a: a @ torch.ones(2, 2), lambda a: a * 2, x)
+            again = K.CAPABILITIES.run("probe_mm", x.device, lambda a: a @ torch.ones(2, 2), lambda a: a * 3, x)
+        assert torch.equal(y, x * 2) and torch.equal(again, x * 3)
+        assert caplog.text.count("probe_mm on device 0: RuntimeError") == 1
+        m = engine.measure(inv, plan, wl)
+        assert m.ok and "probe_mm on device 0 (dropped earlier in this process)" in m.raw["fallbacks"]
+    finally:
+        K.CAPABILITIES.failed.discard(("probe_mm", 0))

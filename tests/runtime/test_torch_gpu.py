@@ -160,7 +160,8 @@ def test_combine_kernel_equals_the_torch_weighted_sum() -> None:
 
 
 @pytest.mark.parametrize("gating,norm,scale,probs", [("softmax", True, 1.0, False), ("softmax", False, 2.5, False),
-                                                     ("sigmoid", True, 2.5, True), ("softmax_weight", True, 1.0, False)])
+                                                     ("sigmoid", True, 2.5, True),
+                                                     ("softmax_weight", True, 1.0, False)])
 def test_select_kernel_matches_route(gating: str, norm: bool, scale: float, probs: bool) -> None:
     """The prompt-ubatch selection kernel against route(): the same experts, the same weights."""
     torch.manual_seed(4)

@@ -1,7 +1,7 @@
 """Tiny models and placements for the torch-engine tests (logical GPUs on the CPU; CUDA where present)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -43,9 +43,7 @@ def two_gpus(inv: ModelInventory) -> dict[str, str]:
     out = {}
     for t in inv.allocated():
         layer = _layer_of(t.name)
-        if t.role == "token_embd":
-            out[t.name] = "CPU"
-        elif layer == 0 and t.is_expert:
+        if t.role == "token_embd" or layer == 0 and t.is_expert:
             out[t.name] = "CPU"
         elif layer is None or layer >= inv.n_layer // 2:
             out[t.name] = "CUDA1"
@@ -91,7 +89,8 @@ def plan_for(inv: ModelInventory, assign: Assign, k: Knobs) -> Plan:
     return Plan(inv.name, assign(inv), k)
 
 
-def untied_prompt(inv: ModelInventory, engine_model, n: int, seeds: range = range(40)) -> tuple[list[int], torch.Tensor]:
+def untied_prompt(inv: ModelInventory, engine_model, n: int,
+                  seeds: range = range(40)) -> tuple[list[int], torch.Tensor]:
     """A prompt whose routing has no near-ties (every top-k margin > 0.02 in logit units), and the reference
     logits for it in the engine's dtype: bf16 rounding cannot flip an expert choice on it."""
     W = reference_weights(inv, engine_model.rt.source, engine_model.dtype)

@@ -1,5 +1,6 @@
 """Helpers and fixtures of the service tests (conftest.py makes the fixtures visible): the real thing,
-`offload-tuner serve` as a subprocess on a free loopback port, over a folder with a real sim-engine study written by `offload-tuner tune` (SQLite, as tune writes it by default)."""
+`offload-tuner serve` as a subprocess on a free loopback port, over a folder with a real sim-engine study written
+by `offload-tuner tune` (SQLite, as tune writes it by default)."""
 from __future__ import annotations
 
 import json

@@ -44,7 +44,8 @@ BAD = [   # (command, body, the same on the command line)
     ("plan", {"model": MODEL, "gpu": "16GiB", "ctx": -5}, ["plan", MODEL, "--gpu", "16GiB", "--ctx=-5"]),
     ("plan", {"model": "preset:Nope-7B", "gpu": "16GiB"}, ["plan", "preset:Nope-7B", "--gpu", "16GiB"]),
     ("plan", {"model": MODEL}, ["plan", MODEL]),
-    ("plan", {"model": MODEL, "gpu": "16GiB", "dialect": "vllm"}, ["plan", MODEL, "--gpu", "16GiB", "--dialect", "vllm"]),
+    ("plan", {"model": MODEL, "gpu": "16GiB", "dialect": "vllm"},
+     ["plan", MODEL, "--gpu", "16GiB", "--dialect", "vllm"]),
     ("explain", {"model": "preset:gpt-oss-120b", "args": ["-ngl", "99", "-ot", "blk\\.(1|2|3),ffn.*=CPU"]},
      ["explain", "preset:gpt-oss-120b", "--", "-ngl", "99", "-ot", "blk\\.(1|2|3),ffn.*=CPU"]),
     ("explain", {"model": MODEL, "gpu": "16GiB", "args": ["-ngl", "99", "-ot", "exps=CUDA3"]},
@@ -98,7 +99,8 @@ def test_the_servers_configuration_is_not_a_requests(server):
 def test_http_guards(server):
     with server.client() as c:
         r = c.post("/api/plan", content=b"{not json", headers={"content-type": "application/json"})
-        assert r.status_code == 400 and r.json()["error"].startswith("offload-tuner: error: the request body is not JSON")
+        assert r.status_code == 400
+        assert r.json()["error"].startswith("offload-tuner: error: the request body is not JSON")
         r = c.post("/api/plan", content=json.dumps({"model": MODEL}), headers={"content-type": "text/plain"})
         assert r.status_code == 415
         r = c.post("/api/plan", json={"model": MODEL, "gpu": "x" * 70000})

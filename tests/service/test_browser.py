@@ -54,7 +54,8 @@ def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):
         "const pts = c.getDatasetMeta(i).data; const k = pts.length - 1;"
         "return [pts[k].x, pts[k].y, c.data.datasets[i].data[k].ref.row.trial];")
     w, h = canvas.size["width"], canvas.size["height"]
-    ActionChains(chrome).move_to_element_with_offset(canvas, int(x - w / 2), int(y - h / 2)).pause(0.3).click().perform()
+    ActionChains(chrome).move_to_element_with_offset(canvas, int(x - w / 2), int(y - h / 2)).pause(0.3) \
+        .click().perform()
     panel = chrome.find_element(By.ID, "config")
     wait(lambda: panel.is_displayed(), what="the config panel")
     assert chrome.find_element(By.ID, "config-title").text.startswith(f"trial {trial}:")

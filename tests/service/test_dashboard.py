@@ -25,9 +25,10 @@ def test_optuna_dashboard_reads_a_tune_study(server):
             try:
                 r = httpx.get(f"{url}/api/studies", timeout=5)
                 break
-            except httpx.HTTPError:
+            except httpx.HTTPError as e:
                 if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError(proc.stdout.read().decode()[-2000:] if proc.poll() is not None else "no answer")
+                    why = proc.stdout.read().decode()[-2000:] if proc.poll() is not None else "no answer"
+                    raise AssertionError(why) from e
                 time.sleep(0.3)
         assert r.status_code == 200
         summary = next(s for s in r.json()["study_summaries"] if s["study_name"] == STUDY)

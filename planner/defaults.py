@@ -1,0 +1,34 @@
+"""The command line's and the tuner's defaults in one place: the argparse help, TuneOptions, the study-spec loader
+and the `run` command read them from here instead of repeating the numbers.
+
+Defaults that belong to one module's own model stay there and are only named here: DEFAULT_CTX (planner.plan, the
+context emitted commands hold), DEFAULT_MARGIN (planner.propose, the planner's VRAM margin) and CONFIRM_ROUNDS
+(planner.confirm)."""
+from __future__ import annotations
+
+from typing import Final
+
+from .plan import DEFAULT_CTX
+from .workload import Workload
+
+ENGINES: Final = ("sim", "torch", "llamacpp")
+SPACE_MODES: Final = ("settled", "full")
+
+TUNE_ENGINE: Final = "sim"
+TUNE_TRIALS: Final = 40                 # engine runs a `tune` session adds
+TUNE_OBJECTIVE: Final = "tg"
+# the workload a study measures: a 2048-token prompt (PP) and 128 generated tokens (TG) at depth 0, 3 repetitions
+TUNE_WORKLOAD: Final = Workload(n_prompt=2048, n_gen=128, depth=0, repetitions=3)
+TUNE_MARGIN: Final = "auto"             # learnt from the runs (docs/tuning.md)
+TUNE_KV_TYPES: Final = ("f16", "q8_0")  # KV cache types the search may use
+TUNE_SEED: Final = 0
+TUNE_POOL: Final = 200                  # candidates the cost model pre-screens per trial
+RUN_TIMEOUT_S: Final = 900.0            # seconds per llama-bench run (tune and run)
+RUN_WORKLOAD: Final = Workload()        # `run` without -p/-n: llama-bench's own pp512 / tg128, 3 reps
+
+PLAN_MARGIN: Final = "512MiB"           # `plan --margin` (planner.propose.DEFAULT_MARGIN in bytes)
+PLAN_TOP: Final = 8
+
+__all__ = ["DEFAULT_CTX", "ENGINES", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_WORKLOAD",
+           "TUNE_MARGIN", "TUNE_KV_TYPES", "TUNE_SEED", "TUNE_POOL", "RUN_TIMEOUT_S", "RUN_WORKLOAD", "PLAN_MARGIN",
+           "PLAN_TOP"]
