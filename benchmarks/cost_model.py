@@ -42,6 +42,27 @@ WORST = 8
 FIT_SHARES = {"gpu_eff": (0.05, 1.5), "cpu_eff": (0.05, 1.5), "gpu_gemm_eff": (0.005, 1.0),
               "cpu_gemm_eff": (0.005, 1.0)}
 FIT_FACTS = {"cpu_thread_exp": (0.3, 2.0), "synthetic_expert_pool": (8.0, 128.0)}
+# attention at depth: identifiable only from runs at depth (--fit-depth RUNS), fitted with the others held
+FIT_DEPTH = {"tg_kv_eff": (0.05, 2.0), "tg_kv_quant_cost": (1.0, 5.0), "pp_attn_scale": (0.05, 2.0)}
+
+
+def fit_depth(runs: list[Run], inv: ModelInventory, hw: HardwareProfile) -> tuple[dict[str, float], EngineFacts]:
+    """Least squares on log(predicted / measured) of TG and PP over `runs` (depth runs and depth-0 runs, so the
+    PP attention term stays right at depth 0 too), in FIT_DEPTH only."""
+    import numpy as np
+    from scipy.optimize import least_squares
+    names = list(FIT_DEPTH)
+
+    def facts(x) -> EngineFacts:
+        return replace(LLAMACPP, **dict(zip(names, (float(a) for a in x))))
+
+    def resid(x):
+        sc = score(runs, inv, hw, facts(x))
+        return np.array([math.log(s.pred_tg_tps / s.run.tg_tps) for s in sc if s.run.tg_tps > 0]
+                        + [math.log(s.pred_pp_tps / s.run.pp_tps) for s in sc if s.run.pp_tps > 0])
+    res = least_squares(resid, [1.0, 1.0, 1.0], bounds=([b[0] for b in FIT_DEPTH.values()],
+                                                        [b[1] for b in FIT_DEPTH.values()]))
+    return dict(zip(names, (round(float(a), 4) for a in res.x))), facts(res.x)
 
 
 def load_model(text: str | None) -> ModelInventory:
@@ -197,10 +218,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="h100", help="report name: cost_model_<name>.{md,json}")
     ap.add_argument("--fit", action="store_true", help="refit the engine constants on the even lines and print "
                                                        "them with the held-out MAPE (needs scipy); writes nothing")
+    ap.add_argument("--fit-depth", metavar="DEPTH_RUNS", help="refit the attention-at-depth constants on the even "
+                    "lines of DEPTH_RUNS and of --runs together, print them with the held-out MAPE; writes nothing")
     args = ap.parse_args(argv)
     inv = load_model(args.model)
     hw = load_hardware(args.hardware)
     runs = read_runs(args.runs, inv)
+    if args.fit_depth:
+        deep = [r for r in read_runs(args.fit_depth, inv) if r.depth > 0]
+        (dtr, dte), (rtr, rte) = split_train_test(deep), split_train_test(runs)
+        consts, f = fit_depth(dtr + rtr, inv, hw)
+        print(json.dumps(consts, indent=2))
+        for label, rs in (("depth runs, fitted on (even lines)", dtr), ("depth runs, held out (odd lines)", dte),
+                          ("--runs, even lines", rtr), ("--runs, odd lines", rte)):
+            m = mape(score(rs, inv, hw, f))
+            print(f"{label}: n {m['n']}, TG MAPE {100 * m['tg']:.1f}%, PP MAPE {100 * m['pp']:.1f}%")
+        return 0
     if args.fit:
         train, test = split_train_test(runs)
         consts, h, f = fit_constants(train, inv, hw)

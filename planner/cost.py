@@ -50,6 +50,12 @@ class EngineFacts:
     cpu_thread_exp: float = 0.716      # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
     synthetic_expert_pool: float = 9.21   # experts a ubatch's tokens spread over in runtime.synth's random-weight
                                           # models (routing collapses: attention averages random values)
+    # attention at depth (fitted on the H100 runs at depth 8192, docs/cost_model.md "Attention over the KV cache")
+    tg_kv_eff: float = 0.26            # share of the GEMV bandwidth the one-token flash-attention kernel reaches
+                                       # over the KV cells (fattn-vec: a few heads, split over the cells)
+    tg_kv_quant_cost: float = 3.05     # x that time when K/V are quantized (q8_0 ...): dequantised in the kernel
+    pp_attn_scale: float = 0.73        # x the ubatch's attention time at GEMM rate (fattn-mma on tensor cores
+                                       # reaches another share of the GEMM ceiling than the quantized matmuls)
 
 
 LLAMACPP = EngineFacts()
@@ -261,11 +267,12 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
             add(pp, "cpu_attn", attn_flops / cpu_rate)
             continue
         g = gpu_of(dev)
-        add(tg, f"{dev}_kv", cell * ctx_tg / (g.mem_bw * ov.gpu_eff))
+        quant = facts.tg_kv_quant_cost if {knobs.type_k, knobs.type_v} - {"f16", "bf16", "f32"} else 1.0
+        add(tg, f"{dev}_kv", quant * cell * ctx_tg / (g.mem_bw * ov.gpu_eff * facts.tg_kv_eff))
         s = attn_flops / (g.flops * ov.gpu_gemm_eff) + cell * ctx_pp / (g.mem_bw * ov.gpu_eff)
         if not knobs.flash_attn:        # the f32 score matrix goes through memory
             s += facts.nofa_score_passes * 4 * T * ctx_pp * hp.n_head / (g.mem_bw * ov.gpu_eff)
-        add(pp, f"{dev}_attn", s)
+        add(pp, f"{dev}_attn", s * facts.pp_attn_scale)
 
     # ---- fixed costs: launches, CPU thread-pool work, device round trips
     n_gpu_layers = sum(1 for h in homes if h != "CPU")
