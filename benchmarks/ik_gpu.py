@@ -292,34 +292,10 @@ def study_args(c: Ctx) -> argparse.Namespace:
 
 
 def run_cell(c: Ctx, budget_gib: int) -> bool:
-    """One ik cell as tune_vs_fit.run_cell runs a mainline one (baselines, search, confirmation), with an ik
-    Tuner: run_cell builds its Tuner without a dialect (mainline plans, which the ik engine refuses)."""
+    """One ik cell (baselines with ik's own --fit first, search, confirmation), as tune_vs_fit runs a mainline one."""
     import tune_vs_fit as tvf
-    from planner.report import study_summary
-    from planner.search import Tuner
-    from planner.space import SpaceConfig
-    a = study_args(c)
-    wl = Workload(a.n_prompt, a.n_gen, 0, a.reps)
-    hw = c.hw.with_vram([budget_gib * GiB])
-    tuner = Tuner(c.inv, hw, c.engine, model=str(c.inv.source), objective="both", workload=wl,
-                  n_ctx=a.n_prompt + a.n_gen, margin=None, config=SpaceConfig().settled(hw.host.n_threads),
-                  dialect="ik", study_name=cell_name(budget_gib), storage=a.storage, seed=a.seed, pool_size=a.pool)
-    if "confirmed" in tuner.study.user_attrs:
-        return True
-    if "baselines" not in tuner.study.user_attrs:
-        log(f"{tuner.study_name}: baselines (ik's own --fit first)")
-        tuner.baselines()
-    runs = study_summary(tuner.study)["engine_runs"]
-    n_search = a.runs - runs["baselines"] - a.confirm * tvf.CONFIRM_CONTENDERS - runs["trials"]
-    if n_search > 0 and time.monotonic() < c.deadline:
-        res = tuner.run(n_search, deadline=c.deadline, patience=40)
-        log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'})")
-        if res.stopped.startswith("stopped at the deadline"):
-            return False
-    if time.monotonic() >= c.deadline:
-        return False
-    log(f"{tuner.study_name}: confirmation, {a.confirm} rounds")
-    return bool(tuner.confirm(a.confirm, n_tg=1, deadline=c.deadline))
+    return tvf.run_cell(study_args(c), c.engine, c.inv, c.hw, budget_gib, 0, c.deadline, dialect="ik",
+                        study_name=cell_name(budget_gib))
 
 
 def step_study(c: Ctx) -> bool:

@@ -54,18 +54,20 @@ def cell_name(budget_gib: int, depth: int) -> str:
     return f"tvf-{budget_gib}g-d{depth}"
 
 
-def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float) -> bool:
-    """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it."""
+def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",
+             study_name: str | None = None) -> bool:
+    """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it.
+    benchmarks/ik_gpu.py runs its ik cells through here too (dialect "ik", its own study names)."""
     wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
     hw = hw0.with_vram([budget_gib * GiB])
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
     ctx = depth + args.n_prompt + args.n_gen
-    config = SpaceConfig().settled(hw.host.n_threads)
+    config = SpaceConfig().settled(hw.host.n_threads, dialect)
     tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
-                  config=config, study_name=cell_name(budget_gib, depth), storage=args.storage, seed=args.seed,
-                  pool_size=args.pool)
-    if args.reconfirm and tuner.redo_references():
+                  config=config, dialect=dialect, study_name=study_name or cell_name(budget_gib, depth),
+                  storage=args.storage, seed=args.seed, pool_size=args.pool)
+    if getattr(args, "reconfirm", False) and tuner.redo_references():
         log(f"{tuner.study_name}: references re-measured; confirmation again")
     if tuner.study.user_attrs.get("confirmed"):
         return True
