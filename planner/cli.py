@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from . import defaults as D
+from . import engines
 from .builds import Build, parse_build
 from .confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
@@ -100,8 +101,7 @@ def _target_build(args: argparse.Namespace) -> Build:
     """--build DIALECT:N, or the path of a llama.cpp program (its --help and --version say), else pinned."""
     spec = getattr(args, "build", None)
     if spec and ("/" in spec or spec.startswith(".")):
-        from runtime.llamacpp import build_of_binary      # cli.py is where planner and runtime meet
-        build = build_of_binary(spec)
+        build = engines.runtime("build_of_binary")(spec)    # cli.py is where planner and runtime meet
         if build.dialect != args.dialect:
             raise InputError(f"--build {spec} is a {build.dialect} program; say --dialect {build.dialect}")
         return build
@@ -343,8 +343,7 @@ def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
                             "this command would run out of memory")
     oracle = None
     if getattr(args, "oracle", None):
-        from runtime.run_cli import oracle_compare   # llama-fit-params next to our memory model
-        oracle = oracle_compare(inv, plan, mem, args.model, args.oracle)
+        oracle = engines.runtime("oracle_compare")(inv, plan, mem, args.model, args.oracle)
     return ExplainOutcome(args.dialect, inv, hw, plan, mem, pred, warnings, oracle)
 
 
@@ -371,46 +370,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runtime.run_cli import run_main
-    return run_main(args)
+    return engines.runtime("run")(args)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from runtime.synth import synth_main
-    return synth_main(args) or 0
+    return engines.runtime("synth")(args) or 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from runtime.calibrate import calibrate_main
-    return calibrate_main(args)
+    return engines.runtime("calibrate")(args)
 
 
 def load_engine(opts: EngineOptions, hw: HardwareProfile):
-    """The Engine `opts` names. sim is always here; torch and llamacpp are looked up lazily in the runtime
-    (runtime/torch_engine, runtime/llamacpp.py, built through runtime.run_cli.make_engine as `run` does): a
-    module that is missing, or exposes no engine, is one line and exit 2."""
+    """The Engine `opts` names, looked up in planner.engines' registry. sim is always here; torch and llamacpp
+    are looked up lazily in the runtime (runtime/torch_engine, runtime/llamacpp.py, built through the registry's
+    make_engine as `run` does): a module that is missing, or exposes no engine, is one line and exit 2."""
     if opts.engine == "sim":
-        from runtime.sim import SimEngine
-        return SimEngine(hw)
-    import importlib.util
+        return engines.engine_class("sim")(hw)
     module = ENGINE_MODULES[opts.engine]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ImportError:
-        found = False
-    if not found:
+    if not engines.module_found(module):
         raise InputError(f"engine {opts.engine} is not available yet (no {module} in this install); use --engine sim")
     if opts.engine == "torch" and not _cuda_available():
         raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
                          "(or run the same tune command where the GPU is)")
     try:
-        from runtime.run_cli import make_engine
+        make_engine = engines.runtime("make_engine")
     except ImportError as e:
         raise InputError(f"engine {opts.engine} is not available yet (runtime.run_cli: {e})") from e
     return make_engine(opts, hw)
 
 
-ENGINE_MODULES = {"torch": "runtime.torch_engine", "llamacpp": "runtime.llamacpp"}
+ENGINE_MODULES = {name: engines.engine_module(name) for name in ("torch", "llamacpp")}   # tests point one elsewhere
 
 
 def _nonneg(v: int, flag: str) -> int:
@@ -628,8 +618,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cuda_available() -> bool:
-    from runtime.gpumem import cuda_available   # torch lives in runtime/, imported only there
-    return cuda_available()
+    return engines.runtime("cuda_available")()   # torch lives in runtime/, imported only there
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -667,9 +656,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_bind(args.host, token)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port {args.port}: give 0-65535")
-    engines = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
-    bad = [e for e in engines if e not in ENGINES]
-    if not engines or bad:
+    names = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
+    bad = [e for e in names if e not in ENGINES]
+    if not names or bad:
         raise InputError(f"--engine {args.engine!r}: a comma list of {', '.join(ENGINES)}")
     dirs = tuple(Path(d) for d in args.models or ())
     missing = [str(d) for d in dirs if not d.is_dir()]
@@ -679,7 +668,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .storage import resolve_url
         resolve_url(args.storage)
     config = ServerConfig(host=args.host, port=args.port, storage=args.storage, model_dirs=dirs, token=token,
-                          engines=engines, llama_bench=args.llama_bench,
+                          engines=names, llama_bench=args.llama_bench,
                           max_tunes=_positive(args.max_tunes, "--max-tunes"),
                           max_trials=_positive(args.max_trials, "--max-trials"))
     from .service.app import serve
@@ -751,19 +740,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("run", help="measure one plan on an engine (llamacpp, sim, torch)")
-    from runtime.run_cli import add_run_arguments
-    add_run_arguments(p)
+    engines.runtime("add_run_arguments")(p)
     p.epilog = "the plan: --plan FILE, or -- and the llama.cpp arguments"
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("synth", help="write a synthetic GGUF that llama.cpp loads")
-    from runtime.synth import add_synth_arguments   # cli.py is where planner and runtime meet
-    add_synth_arguments(p)
+    engines.runtime("add_synth_arguments")(p)   # cli.py is where planner and runtime meet, by name
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("calibrate", help="measure this machine's bandwidths, FLOP/s, PCIe and overheads (--hardware)")
-    from runtime.calibrate import add_calibrate_arguments
-    add_calibrate_arguments(p)
+    engines.runtime("add_calibrate_arguments")(p)
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("tune", help="search placements and knobs with Optuna for the best PP/TG within VRAM",
