@@ -49,6 +49,7 @@ from .cost import predict
 from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
 from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
+from .engine import Measurement
 from .errors import InputError, OffloadTunerError
 from .hardware import GiB, MiB, HardwareProfile
 from .model import ModelInventory
@@ -231,7 +232,7 @@ class TuneResult:
 class Tuner:
     """One study: `Tuner(...).run(n)` measures n more candidates (screened and duplicate trials do not count).
 
-    `engine` is anything with the runtime.engine.Engine protocol; `hw` the machine as the memory model and the
+    `engine` is anything with the planner.engine.Engine protocol; `hw` the machine as the memory model and the
     cost model see it (the cost model's prior; for sim it is the engine's own). `prescreen` (default: the engine
     is not sim) skips sampler candidates the refitted cost model predicts to be poor; `surrogate` enqueues the
     pool's best candidate every other trial; `seed_trials` enqueues proposals, the predicted front and the
@@ -703,7 +704,7 @@ class Tuner:
         except InputError:
             raise
         except Exception as e:   # an engine bug must not end the study; the trial records it
-            return _Result(f"engine raised {type(e).__name__}: {e}")
+            return _Result.failed(f"engine raised {type(e).__name__}: {e}")
 
     def peaks_at_ctx(self, plan: Plan, peaks: dict[str, int]) -> dict[str, int]:
         """Measured GPU peaks plus what the emitted command holds more at --ctx than the run did at its own
@@ -1017,7 +1018,7 @@ class Tuner:
         except InputError:
             raise
         except Exception as e:   # as _measure: an engine bug is a failed sample, not the end of the study
-            return _Result(f"engine raised {type(e).__name__}: {e}")
+            return _Result.failed(f"engine raised {type(e).__name__}: {e}")
 
     def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
                 deadline: float | None = None) -> dict[str, Any]:
@@ -1049,15 +1050,9 @@ class Tuner:
 # ---- helpers ------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Result:
-    """A measurement as the tuner keeps it (an engine exception turned into a failure; a stored baseline run)."""
-    error: str = ""
-    ok: bool = False
-    pp_tps: float = 0.0
-    tg_tps: float = 0.0
-    peak_bytes: dict = field(default_factory=dict)
-    host_bytes: int = 0
-    raw: dict = field(default_factory=dict)
+class _Result(Measurement):
+    """A Measurement as the tuner keeps it (an engine exception turned into a failure; a stored baseline run),
+    with what the tuner adds to a run. Its stored shape is _mdict's; `of` reads it back."""
     peak_at_ctx: dict = field(default_factory=dict)   # peaks moved to the emitted context ({} when the same)
     cv: float | None = None                            # the run's own noise over its repetitions
     seen: str = ""                                     # the machine's state around the run
