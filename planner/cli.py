@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from . import defaults as D
 from . import engines
 from .builds import Build, parse_build
-from .confirm import CONFIRM_ROUNDS
+from .tuner.confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
 from .options import EngineOptions, TuneOptions
@@ -153,7 +153,7 @@ def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
 
 
 def _print_layers(inv, assignment: dict[str, str]) -> None:
-    from .report import table
+    from .tuner.report import table
     out_dev = assignment.get("output.weight", assignment.get("output_norm.weight", "CPU"))
     rows = [["token_embd", assignment.get("token_embd.weight", "CPU"), "-"], ["output", out_dev, "-"]]
     for r in layer_summary(inv, assignment):
@@ -186,7 +186,7 @@ def inspect_json(inv) -> dict:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .loader import load_model
-    from .report import inventory_summary, table
+    from .tuner.report import inventory_summary, table
     inv = load_model(args.model)
     hp = inv.hparams
     groups = inv.groups()
@@ -267,7 +267,7 @@ def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .report import inventory_summary, memory_table, table
+    from .tuner.report import inventory_summary, memory_table, table
     o = plan_outcome(args)
     if args.json:
         _emit_json(o.to_json())
@@ -348,7 +348,7 @@ def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .report import inventory_summary, memory_table
+    from .tuner.report import inventory_summary, memory_table
     o = explain_outcome(args)
     if args.json:
         _emit_json(o.to_json())
@@ -444,8 +444,8 @@ class TuneInputs:
 
 def tune_inputs(args: TuneOptions) -> TuneInputs:
     from .loader import load_model
-    from .objectives import parse_objective
-    from .search import slug
+    from .tuner.objectives import parse_objective
+    from .tuner.search import slug
     from .workload import Workload
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
@@ -465,20 +465,20 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
 def cmd_tune(args: TuneOptions) -> int:
     """`tune`, from options built at the edge (flags, a spec, or the demo's)."""
     from pathlib import Path
-    from .search import Tuner, default_storage
-    from .space import SpaceConfig
+    from .tuner.search import Tuner, default_storage
+    from .tuner.space import SpaceConfig
     from .studyspec import storage_beside
     t = tune_inputs(args)
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
-        from .storage import check_output_folder
+        from .tuner.storage import check_output_folder
         check_output_folder(out, "--out")
     engine = load_engine(args.engine_options(), hw)
-    from .search import STUDIES_DIR, make_storage, sqlite_path
+    from .tuner.search import STUDIES_DIR, make_storage, sqlite_path
     if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
-        from .storage import check_sqlite_folder, lock_sqlite
+        from .tuner.storage import check_sqlite_folder, lock_sqlite
         check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
         lock_sqlite(sqlite_path(storage))
     make_storage(storage)                         # the driver, the folder, the database answer
@@ -523,14 +523,14 @@ def cmd_tune(args: TuneOptions) -> int:
                           "more --gpu memory or a smaller --margin")
     summary = None if args.no_report else _write_report(tuner.study, out)
     if args.json:
-        from .report import study_summary
+        from .tuner.report import study_summary
         s = summary or study_summary(tuner.study)
         s = dict(s, storage=storage, run={"measured": result.measured, "trials": result.trials,
                                           "engine_runs": s.get("engine_runs"),
                                           "elapsed_s": round(result.elapsed_s, 3), "stopped": result.stopped})
         _emit_json(s)
         return 0
-    _print_tune(tuner, result, summary or __import__("planner.report", fromlist=["x"]).study_summary(tuner.study),
+    _print_tune(tuner, result, summary or __import__("planner.tuner.report", fromlist=["x"]).study_summary(tuner.study),
                 storage, None if args.no_report else out)
     return 0
 
@@ -547,7 +547,7 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
 
 
 def _write_report(study, out):
-    from .report import write_study_report
+    from .tuner.report import write_study_report
     try:
         return write_study_report(study, out)
     except OSError as e:
@@ -555,7 +555,7 @@ def _write_report(study, out):
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
-    from .cost_fit import CostFit
+    from .tuner.cost_fit import CostFit
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
     print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s['n_trials']} trials in all ({counts}); storage {storage}")
@@ -578,7 +578,7 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     for title, r in picks:
         rows.append([f"{title} (trial {r['trial']})", f"{r['tg_tps']:.2f}", f"{r['pp_tps']:.1f}",
                      fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"])
-    from .report import table
+    from .tuner.report import table
     print()
     print(table(["config", "TG t/s", "PP t/s", "peak VRAM"], rows))
     for title, r in picks:
@@ -594,7 +594,7 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: a whole study on the sim engine, its report and the best flags."""
     from pathlib import Path
-    from .search import default_storage, sqlite_path
+    from .tuner.search import default_storage, sqlite_path
     from .studyspec import load_spec, storage_beside
     base = TuneOptions(**load_spec(args.spec)) if args.spec else DEMO
     opts = replace(base, fresh=True, quiet=args.quiet, trials=args.trials if args.trials is not None else base.trials,
@@ -623,11 +623,11 @@ def _cuda_available() -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-    from .report import study_summary
-    from .search import default_storage, load_study
+    from .tuner.report import study_summary
+    from .tuner.search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
     out = Path(args.out) if args.out else Path("reports") / args.study
-    from .storage import check_output_folder
+    from .tuner.storage import check_output_folder
     check_output_folder(out, "--out")
     study = load_study(args.study, storage)
     s = _write_report(study, out)
@@ -665,7 +665,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"--models {missing[0]}: not a folder")
     if args.storage:
-        from .storage import resolve_url
+        from .tuner.storage import resolve_url
         resolve_url(args.storage)
     config = ServerConfig(host=args.host, port=args.port, storage=args.storage, model_dirs=dirs, token=token,
                           engines=names, llama_bench=args.llama_bench,

@@ -54,7 +54,7 @@ from planner.flags.common import (
     SLOT_RULES, Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
     shell_join, slot_devices,
 )
-from planner.baselines import EngineFit
+from planner.tuner.baselines import EngineFit
 from planner.hardware import HardwareProfile
 from planner.memory import DeviceMemory, MemoryReport, estimate
 from planner.model import ModelInventory

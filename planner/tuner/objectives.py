@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 from collections.abc import Callable
 
-from .errors import InputError
+from ..errors import InputError
 
 ObjectiveKind = Literal["tg", "pp", "both", "expr"]
 MAX_EXPR_CHARS = 200

@@ -1,4 +1,4 @@
-"""The autotuner: an Optuna study over planner.space, measured on any Engine, screened by the memory model.
+"""The autotuner: an Optuna study over planner.tuner.space, measured on any Engine, screened by the memory model.
 
 One trial = one candidate of the space decoded into a Plan. Before anything runs:
 - the memory model judges it against every GPU's budget (VRAM minus the study's margin) and host RAM; one over
@@ -15,7 +15,7 @@ where the memory model is wrong.
 
 Search efficiency: the study starts with the planner's proposals (propose.best_plans) and the cost model's
 predicted Pareto front over a pool of candidates, enqueued as trials; after every measurement the cost model's
-coefficients are refitted (planner.cost_fit) and, every other trial, the pool's best unmeasured candidate under
+coefficients are refitted (planner.tuner.cost_fit) and, every other trial, the pool's best unmeasured candidate under
 the refitted model is enqueued ("surrogate"); the sampler (TPE) proposes the rest.
 
 Budgets mean what users mean: `--gpu 16GiB` is the peak VRAM the emitted command may use at the emitted
@@ -24,8 +24,8 @@ model's difference between the two contexts is added to each measured peak befor
 the memory model's own error, learnt from the runs (`margin=None`, the default: it starts at the engine's known
 error and becomes the largest under-prediction seen plus MARGIN_SLACK); a fixed margin is kept as given.
 
-Baselines (planner.baselines): the engine's own `--fit` where it has one, `-ngl 99 -cmoe` and the best
-`-ncmoe N`. Confirmation (planner.confirm, `Tuner.confirm`): the finalists and `--fit` re-measured interleaved,
+Baselines (planner.tuner.baselines): the engine's own `--fit` where it has one, `-ngl 99 -cmoe` and the best
+`-ncmoe N`. Confirmation (planner.tuner.confirm, `Tuner.confirm`): the finalists and `--fit` re-measured interleaved,
 judged by the median and its spread.
 
 Storage is Optuna's RDBStorage (SQLite under studies/ by default, any SQLAlchemy URL): every finished trial is
@@ -45,19 +45,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .cost import predict
+from ..cost import predict
 from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
 from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
-from .engine import Measurement
-from .errors import InputError, OffloadTunerError
-from .hardware import GiB, MiB, HardwareProfile
-from .model import ModelInventory
+from ..engine import Measurement
+from ..errors import InputError, OffloadTunerError
+from ..hardware import GiB, MiB, HardwareProfile
+from ..model import ModelInventory
 from .objectives import Objective, parse_objective
-from .plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
-from .propose import DEFAULT_MARGIN, Budget, best_plans, propose
+from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
+from ..propose import DEFAULT_MARGIN, Budget, best_plans, propose
 from .space import Candidate, Space, SpaceConfig
-from .workload import Workload
+from ..workload import Workload
 
 STUDIES_DIR = Path("studies")
 HEARTBEAT_S = 10
@@ -535,7 +535,7 @@ class Tuner:
         self._queued_ids.add(plan_id)
 
     def baselines(self) -> list[dict[str, Any]]:
-        """Measure the reference points once per study (planner.baselines): the engine's own --fit (or, for an
+        """Measure the reference points once per study (planner.tuner.baselines): the engine's own --fit (or, for an
         engine without one, the --fit-like fill, labelled an imitation), -ngl 99 -cmoe, and the best -ngl 99
         -ncmoe N that fits. Each record is stored as it is made (a killed study resumes after the last one)."""
         if "baselines" in self.study.user_attrs or not self.want_baselines:
@@ -613,7 +613,7 @@ class Tuner:
         if plan is None:
             return rec
         rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
-        from .memory import estimate
+        from ..memory import estimate
         reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
         if reason and judged:
             rec["error"] = f"not run: over budget ({reason})"
@@ -641,7 +641,7 @@ class Tuner:
     def _ncmoe_record(self, knobs) -> dict[str, Any]:
         """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
         over the budget (NCMOE_TRIES runs at most)."""
-        from .memory import estimate
+        from ..memory import estimate
 
         def fits(plan: Plan) -> bool:
             return not self.space.over_budget(estimate(self.inv, plan, self.hw))
@@ -662,7 +662,7 @@ class Tuner:
     def _fit_record(self, fit: EngineFit) -> dict[str, Any]:
         """The engine's own --fit: its run (kept as measured; judged against the budget only to say so) and the
         arguments to run it again."""
-        from .flags.common import shell_join
+        from ..flags.common import shell_join
         m = fit.measurement
         rec: dict[str, Any] = {
             "name": "--fit", "kind": "engine-fit", "ok": bool(m.ok), "error": str(m.error or ""), "runs": 1,
@@ -676,8 +676,8 @@ class Tuner:
         return rec
 
     def _describe(self, plan: Plan, terms: Terms | None = None, memory: Any = None) -> dict[str, Any]:
-        from .flags import render_shell
-        from .memory import estimate
+        from ..flags import render_shell
+        from ..memory import estimate
         cmds: dict[str, str] = {}
         model_path = "MODEL.gguf" if self.settings.model.startswith("preset:") else self.settings.model
         for tool in ("server", "cli", "bench") if self.want_commands else ():
@@ -711,7 +711,7 @@ class Tuner:
         context (KV and compute, per the memory model): the VRAM the user's command will use."""
         if self.run_ctx >= self.n_ctx or not peaks:
             return dict(peaks)
-        from .memory import estimate
+        from ..memory import estimate
         at_ctx = estimate(self.inv, plan, self.hw).devices
         at_run = estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=self.run_ctx)), self.hw).devices
         return {d: int(v) + max(at_ctx[d].total - at_run[d].total, 0) if d in at_ctx and d in at_run else int(v)
@@ -731,7 +731,7 @@ class Tuner:
             return m
         measured = {k: int(v) for k, v in dict(m.peak_bytes).items()}
         peaks = self.peaks_at_ctx(plan, measured)
-        from .memory import estimate
+        from ..memory import estimate
         predicted = estimate(self.inv, plan, self.hw).devices
         gap = max((p - predicted[d].total for d, p in peaks.items() if d in predicted), default=None)
         if gap is not None and self.margin_asked is None:
@@ -786,7 +786,7 @@ class Tuner:
         """Raise the margin (for every later trial) so that `plan` no longer fits any GPU it failed on: by the
         predicted shortfall plus OOM_STEP, by at least OOM_STEP, and to at least `at_least` bytes; capped at
         MAX_MARGIN_SHARE of the smallest GPU. A learnt margin keeps it as its floor."""
-        from .memory import estimate
+        from ..memory import estimate
         mem = estimate(self.inv, plan, self.hw)
         step = OOM_STEP
         for dev, m in mem.devices.items():
@@ -1022,7 +1022,7 @@ class Tuner:
 
     def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
                 deadline: float | None = None) -> dict[str, Any]:
-        """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.confirm) and
+        """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.tuner.confirm) and
         judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
         confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
         when `deadline` passed before the last sample: call again to go on)."""

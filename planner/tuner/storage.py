@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from .errors import InputError
+from ..errors import InputError
 
 INSTALL_HINT = "pip install 'offload-tuner[postgres]'"
 # URL scheme -> (module, package that provides it). Plain postgresql:// is psycopg 3 in SQLAlchemy 2.1.

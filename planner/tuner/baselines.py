@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
 
-from .errors import InputError
-from .flags import parse
-from .model import ModelInventory
-from .plan import Dialect, Knobs, Plan
+from ..errors import InputError
+from ..flags import parse
+from ..model import ModelInventory
+from ..plan import Dialect, Knobs, Plan
 
 NCMOE_TRIES = 3           # -ncmoe runs at most: the model's guess and two steps up if it measured over budget
 

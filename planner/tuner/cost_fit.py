@@ -21,8 +21,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .cost import Prediction
-from .hardware import HardwareProfile
+from ..cost import Prediction
+from ..hardware import HardwareProfile
 
 TG_GROUPS: tuple[str, ...] = ("gpu", "cpu", "fixed")
 PP_GROUPS: tuple[str, ...] = ("gpu", "cpu", "link", "fixed")

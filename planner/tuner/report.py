@@ -7,10 +7,10 @@ from typing import Any
 
 from .confirm import NOISY_CV, vram_of
 from .cost_fit import CostFit
-from .hardware import fmt_bytes
-from .memory import MemoryReport
-from .model import ModelInventory
-from .plan import device_sort_key
+from ..hardware import fmt_bytes
+from ..memory import MemoryReport
+from ..model import ModelInventory
+from ..plan import device_sort_key
 
 
 def table(headers: list[str], rows: list[list[object]], right: set[int] | None = None) -> str:
@@ -261,7 +261,7 @@ def _plots(df: Any, summary: dict[str, Any], out: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .hardware import GiB
+    from ..hardware import GiB
     files: list[str] = []
     settings = summary["settings"]
     ok = df[df["ok"] & df["vram_bytes"].notna() & df["duplicate_of"].isna()] if not df.empty else df
@@ -353,7 +353,7 @@ def _save(fig: Any, stem: Path) -> list[str]:
 
 
 def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
-    from .hardware import fmt_bytes
+    from ..hardware import fmt_bytes
     if not r:
         return "-", "-", "-"
     vram = fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"
@@ -362,7 +362,7 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
 
 
 def summary_markdown(s: dict[str, Any]) -> str:
-    from .hardware import fmt_bytes
+    from ..hardware import fmt_bytes
     st = s["settings"]
     w = st.get("workload", {})
     L = [f"# offload-tuner study `{s['study']}`", "",
@@ -470,7 +470,7 @@ ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server r
 
 def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
     """The confirmed finalists against the reference: medians, spread, ratios with their verdicts, noisy runs."""
-    from .hardware import fmt_bytes
+    from ..hardware import fmt_bytes
     c = s.get("confirmed") or {}
     if not c.get("results"):
         return []

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from collections.abc import Callable, Iterator, Sequence
 
-from .hardware import HardwareProfile, fmt_bytes
-from .memory import MemoryReport, estimate
-from .model import ModelInventory
-from .plan import DEFAULT_CTX, Dialect, Knobs, OffloadPolicy, OpRule, Plan, gpu_names
-from .propose import (
+from ..hardware import HardwareProfile, fmt_bytes
+from ..memory import MemoryReport, estimate
+from ..model import ModelInventory
+from ..plan import DEFAULT_CTX, Dialect, Knobs, OffloadPolicy, OpRule, Plan, gpu_names
+from ..propose import (
     DEFAULT_MARGIN, ORDERS, Budget, assignment_from_homes, fill_experts, max_gpu_layers, model_id, split_homes,
 )
 
