@@ -312,7 +312,7 @@ def step_study(c: Ctx) -> bool:
 def load_study(storage_url: str, name: str):
     """The Optuna study of that name in that storage, or None."""
     import optuna
-    from planner.search import make_storage
+    from planner.tuner.search import make_storage
     storage = make_storage(storage_url)
     if name not in {s.study_name for s in storage.get_all_studies()}:
         return None

@@ -59,9 +59,9 @@ from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
-from planner.search import slug  # noqa: E402
+from planner.tuner.search import slug  # noqa: E402
 from planner.workload import Workload  # noqa: E402
-from planner.space import Space, SpaceConfig  # noqa: E402
+from planner.tuner.space import Space, SpaceConfig  # noqa: E402
 
 PHASES = ("grid", "study", "compare")
 GRID_UBATCHES = (512, 2048)
@@ -288,7 +288,7 @@ def _checkpoint(storage_url: str, study: Any) -> None:
 
 
 def run_study(s: Setup) -> None:
-    from planner.search import Tuner, load_study, make_storage, study_exists
+    from planner.tuner.search import Tuner, load_study, make_storage, study_exists
     done, have_baselines = 0, False
     if study_exists(make_storage(s.storage), s.study_name):
         old = load_study(s.study_name, s.storage)
@@ -335,7 +335,7 @@ def run_study(s: Setup) -> None:
 
 def write_report(s: Setup, study: Any) -> Path | None:
     """The `report` command's output for the study (plots need pandas and matplotlib; without them, one line)."""
-    from planner.report import write_study_report
+    from planner.tuner.report import write_study_report
     out = s.out / "reports" / s.study_name
     s.report_tried = True
     try:
@@ -361,7 +361,7 @@ def _front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def study_points(study: Any, budget_bytes: int) -> dict[str, Any]:
     """Every measured trial of the study (duplicates of a plan left out), its Pareto front over the successful
-    runs within `budget_bytes` (the tuner fails the others: planner.search), and its failures."""
+    runs within `budget_bytes` (the tuner fails the others: planner.tuner.search), and its failures."""
     from optuna.trial import TrialState
     trials, failed = [], []
     for t in study.get_trials(deepcopy=False):
@@ -403,7 +403,7 @@ def _best(points: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def compare(s: Setup) -> dict[str, Any]:
-    from planner.search import load_study, make_storage, study_exists
+    from planner.tuner.search import load_study, make_storage, study_exists
     grid = load_grid(s)
     gpts = [{"n_gpu_layers": p["n_gpu_layers"], "ubatch": p["ubatch"], "label": p["label"], "flags": p["flags"],
              "ok": p["measured"]["ok"], "within_budget": p["within_budget"], "tg_tps": p["measured"]["tg_tps"],

@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
-from planner.report import study_summary, trials_frame  # noqa: E402
-from planner.search import Tuner  # noqa: E402
-from planner.space import SpaceConfig  # noqa: E402
+from planner.tuner.report import study_summary, trials_frame  # noqa: E402
+from planner.tuner.search import Tuner  # noqa: E402
+from planner.tuner.space import SpaceConfig  # noqa: E402
 from planner.workload import Workload  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline)
             finished &= ok
             log(f"{cell_name(b, depth)}: {'confirmed' if ok else 'not finished: run again'}")
-    from planner.search import make_storage
+    from planner.tuner.search import make_storage
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
     studies = [optuna.load_study(study_name=cell_name(b, d), storage=storage) for d in depths for b in budgets

@@ -11,8 +11,9 @@ import sys
 from dataclasses import dataclass, replace
 
 from . import defaults as D
+from . import engines
 from .builds import Build, parse_build
-from .confirm import CONFIRM_ROUNDS
+from .tuner.confirm import CONFIRM_ROUNDS
 from .errors import BudgetError, InputError
 from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
 from .options import EngineOptions, TuneOptions
@@ -100,8 +101,7 @@ def _target_build(args: argparse.Namespace) -> Build:
     """--build DIALECT:N, or the path of a llama.cpp program (its --help and --version say), else pinned."""
     spec = getattr(args, "build", None)
     if spec and ("/" in spec or spec.startswith(".")):
-        from runtime.llamacpp import build_of_binary      # cli.py is where planner and runtime meet
-        build = build_of_binary(spec)
+        build = engines.runtime("build_of_binary")(spec)    # cli.py is where planner and runtime meet
         if build.dialect != args.dialect:
             raise InputError(f"--build {spec} is a {build.dialect} program; say --dialect {build.dialect}")
         return build
@@ -153,7 +153,7 @@ def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
 
 
 def _print_layers(inv, assignment: dict[str, str]) -> None:
-    from .report import table
+    from .tuner.report import table
     out_dev = assignment.get("output.weight", assignment.get("output_norm.weight", "CPU"))
     rows = [["token_embd", assignment.get("token_embd.weight", "CPU"), "-"], ["output", out_dev, "-"]]
     for r in layer_summary(inv, assignment):
@@ -186,7 +186,7 @@ def inspect_json(inv) -> dict:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .loader import load_model
-    from .report import inventory_summary, table
+    from .tuner.report import inventory_summary, table
     inv = load_model(args.model)
     hp = inv.hparams
     groups = inv.groups()
@@ -267,7 +267,7 @@ def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .report import inventory_summary, memory_table, table
+    from .tuner.report import inventory_summary, memory_table, table
     o = plan_outcome(args)
     if args.json:
         _emit_json(o.to_json())
@@ -343,13 +343,12 @@ def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
                             "this command would run out of memory")
     oracle = None
     if getattr(args, "oracle", None):
-        from runtime.run_cli import oracle_compare   # llama-fit-params next to our memory model
-        oracle = oracle_compare(inv, plan, mem, args.model, args.oracle)
+        oracle = engines.runtime("oracle_compare")(inv, plan, mem, args.model, args.oracle)
     return ExplainOutcome(args.dialect, inv, hw, plan, mem, pred, warnings, oracle)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .report import inventory_summary, memory_table
+    from .tuner.report import inventory_summary, memory_table
     o = explain_outcome(args)
     if args.json:
         _emit_json(o.to_json())
@@ -371,46 +370,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runtime.run_cli import run_main
-    return run_main(args)
+    return engines.runtime("run")(args)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from runtime.synth import synth_main
-    return synth_main(args) or 0
+    return engines.runtime("synth")(args) or 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from runtime.calibrate import calibrate_main
-    return calibrate_main(args)
+    return engines.runtime("calibrate")(args)
 
 
 def load_engine(opts: EngineOptions, hw: HardwareProfile):
-    """The Engine `opts` names. sim is always here; torch and llamacpp are looked up lazily in the runtime
-    (runtime/torch_engine, runtime/llamacpp.py, built through runtime.run_cli.make_engine as `run` does): a
-    module that is missing, or exposes no engine, is one line and exit 2."""
+    """The Engine `opts` names, looked up in planner.engines' registry. sim is always here; torch and llamacpp
+    are looked up lazily in the runtime (runtime/torch_engine, runtime/llamacpp.py, built through the registry's
+    make_engine as `run` does): a module that is missing, or exposes no engine, is one line and exit 2."""
     if opts.engine == "sim":
-        from runtime.sim import SimEngine
-        return SimEngine(hw)
-    import importlib.util
+        return engines.engine_class("sim")(hw)
     module = ENGINE_MODULES[opts.engine]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ImportError:
-        found = False
-    if not found:
+    if not engines.module_found(module):
         raise InputError(f"engine {opts.engine} is not available yet (no {module} in this install); use --engine sim")
     if opts.engine == "torch" and not _cuda_available():
         raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
                          "(or run the same tune command where the GPU is)")
     try:
-        from runtime.run_cli import make_engine
+        make_engine = engines.runtime("make_engine")
     except ImportError as e:
         raise InputError(f"engine {opts.engine} is not available yet (runtime.run_cli: {e})") from e
     return make_engine(opts, hw)
 
 
-ENGINE_MODULES = {"torch": "runtime.torch_engine", "llamacpp": "runtime.llamacpp"}
+ENGINE_MODULES = {name: engines.engine_module(name) for name in ("torch", "llamacpp")}   # tests point one elsewhere
 
 
 def _nonneg(v: int, flag: str) -> int:
@@ -454,8 +444,8 @@ class TuneInputs:
 
 def tune_inputs(args: TuneOptions) -> TuneInputs:
     from .loader import load_model
-    from .objectives import parse_objective
-    from .search import slug
+    from .tuner.objectives import parse_objective
+    from .tuner.search import slug
     from .workload import Workload
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
@@ -475,20 +465,20 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
 def cmd_tune(args: TuneOptions) -> int:
     """`tune`, from options built at the edge (flags, a spec, or the demo's)."""
     from pathlib import Path
-    from .search import Tuner, default_storage
-    from .space import SpaceConfig
+    from .tuner.search import Tuner, default_storage
+    from .tuner.space import SpaceConfig
     from .studyspec import storage_beside
     t = tune_inputs(args)
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
-        from .storage import check_output_folder
+        from .tuner.storage import check_output_folder
         check_output_folder(out, "--out")
     engine = load_engine(args.engine_options(), hw)
-    from .search import STUDIES_DIR, make_storage, sqlite_path
+    from .tuner.search import STUDIES_DIR, make_storage, sqlite_path
     if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
-        from .storage import check_sqlite_folder, lock_sqlite
+        from .tuner.storage import check_sqlite_folder, lock_sqlite
         check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
         lock_sqlite(sqlite_path(storage))
     make_storage(storage)                         # the driver, the folder, the database answer
@@ -533,14 +523,14 @@ def cmd_tune(args: TuneOptions) -> int:
                           "more --gpu memory or a smaller --margin")
     summary = None if args.no_report else _write_report(tuner.study, out)
     if args.json:
-        from .report import study_summary
+        from .tuner.report import study_summary
         s = summary or study_summary(tuner.study)
         s = dict(s, storage=storage, run={"measured": result.measured, "trials": result.trials,
                                           "engine_runs": s.get("engine_runs"),
                                           "elapsed_s": round(result.elapsed_s, 3), "stopped": result.stopped})
         _emit_json(s)
         return 0
-    _print_tune(tuner, result, summary or __import__("planner.report", fromlist=["x"]).study_summary(tuner.study),
+    _print_tune(tuner, result, summary or __import__("planner.tuner.report", fromlist=["x"]).study_summary(tuner.study),
                 storage, None if args.no_report else out)
     return 0
 
@@ -557,7 +547,7 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
 
 
 def _write_report(study, out):
-    from .report import write_study_report
+    from .tuner.report import write_study_report
     try:
         return write_study_report(study, out)
     except OSError as e:
@@ -565,7 +555,7 @@ def _write_report(study, out):
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
-    from .cost_fit import CostFit
+    from .tuner.cost_fit import CostFit
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
     print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s['n_trials']} trials in all ({counts}); storage {storage}")
@@ -588,7 +578,7 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     for title, r in picks:
         rows.append([f"{title} (trial {r['trial']})", f"{r['tg_tps']:.2f}", f"{r['pp_tps']:.1f}",
                      fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"])
-    from .report import table
+    from .tuner.report import table
     print()
     print(table(["config", "TG t/s", "PP t/s", "peak VRAM"], rows))
     for title, r in picks:
@@ -604,7 +594,7 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: a whole study on the sim engine, its report and the best flags."""
     from pathlib import Path
-    from .search import default_storage, sqlite_path
+    from .tuner.search import default_storage, sqlite_path
     from .studyspec import load_spec, storage_beside
     base = TuneOptions(**load_spec(args.spec)) if args.spec else DEMO
     opts = replace(base, fresh=True, quiet=args.quiet, trials=args.trials if args.trials is not None else base.trials,
@@ -628,17 +618,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cuda_available() -> bool:
-    from runtime.gpumem import cuda_available   # torch lives in runtime/, imported only there
-    return cuda_available()
+    return engines.runtime("cuda_available")()   # torch lives in runtime/, imported only there
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-    from .report import study_summary
-    from .search import default_storage, load_study
+    from .tuner.report import study_summary
+    from .tuner.search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
     out = Path(args.out) if args.out else Path("reports") / args.study
-    from .storage import check_output_folder
+    from .tuner.storage import check_output_folder
     check_output_folder(out, "--out")
     study = load_study(args.study, storage)
     s = _write_report(study, out)
@@ -667,19 +656,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_bind(args.host, token)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port {args.port}: give 0-65535")
-    engines = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
-    bad = [e for e in engines if e not in ENGINES]
-    if not engines or bad:
+    names = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
+    bad = [e for e in names if e not in ENGINES]
+    if not names or bad:
         raise InputError(f"--engine {args.engine!r}: a comma list of {', '.join(ENGINES)}")
     dirs = tuple(Path(d) for d in args.models or ())
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:
         raise InputError(f"--models {missing[0]}: not a folder")
     if args.storage:
-        from .storage import resolve_url
+        from .tuner.storage import resolve_url
         resolve_url(args.storage)
     config = ServerConfig(host=args.host, port=args.port, storage=args.storage, model_dirs=dirs, token=token,
-                          engines=engines, llama_bench=args.llama_bench,
+                          engines=names, llama_bench=args.llama_bench,
                           max_tunes=_positive(args.max_tunes, "--max-tunes"),
                           max_trials=_positive(args.max_trials, "--max-trials"))
     from .service.app import serve
@@ -751,19 +740,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("run", help="measure one plan on an engine (llamacpp, sim, torch)")
-    from runtime.run_cli import add_run_arguments
-    add_run_arguments(p)
+    engines.runtime("add_run_arguments")(p)
     p.epilog = "the plan: --plan FILE, or -- and the llama.cpp arguments"
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("synth", help="write a synthetic GGUF that llama.cpp loads")
-    from runtime.synth import add_synth_arguments   # cli.py is where planner and runtime meet
-    add_synth_arguments(p)
+    engines.runtime("add_synth_arguments")(p)   # cli.py is where planner and runtime meet, by name
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("calibrate", help="measure this machine's bandwidths, FLOP/s, PCIe and overheads (--hardware)")
-    from runtime.calibrate import add_calibrate_arguments
-    add_calibrate_arguments(p)
+    engines.runtime("add_calibrate_arguments")(p)
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("tune", help="search placements and knobs with Optuna for the best PP/TG within VRAM",

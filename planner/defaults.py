@@ -3,7 +3,7 @@ and the `run` command read them from here instead of repeating the numbers.
 
 Defaults that belong to one module's own model stay there and are only named here: DEFAULT_CTX (planner.plan, the
 context emitted commands hold), DEFAULT_MARGIN (planner.propose, the planner's VRAM margin) and CONFIRM_ROUNDS
-(planner.confirm)."""
+(planner.tuner.confirm)."""
 from __future__ import annotations
 
 from typing import Final

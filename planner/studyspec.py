@@ -18,7 +18,7 @@
     [space]
     mode = "full"                # settled or full (tune --space)
     kv_types = ["f16", "q8_0"]
-    ubatch = [512, 1024, 2048]   # limits: any SpaceConfig choice list (planner/space.py)
+    ubatch = [512, 1024, 2048]   # limits: any SpaceConfig choice list (planner/tuner/space.py)
 
 load_spec returns TuneOptions' fields; flags given on the command line override them (TuneOptions.from_args).
 A key the file should not have, or a value that is not one, is one InputError naming the key and the file.
@@ -91,7 +91,7 @@ def _wrap(check: Callable[[str], Any]) -> Callable[[Any], str]:
 
 
 def _objective(s: str) -> None:
-    from .objectives import parse_objective
+    from .tuner.objectives import parse_objective
     parse_objective(s)
 
 
@@ -164,7 +164,7 @@ WORKLOAD: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "n_prompt": ("n_prompt", _int(0)), "n_gen": ("n_gen", _int(0)), "depth": ("depth", _int(0)),
     "reps": ("reps", _int(1)),
 }
-# [space]: mode and kv_types are tune's flags; the rest limit planner.space.SpaceConfig's choice lists
+# [space]: mode and kv_types are tune's flags; the rest limit planner.tuner.space.SpaceConfig's choice lists
 SPACE_LIMITS: dict[str, Callable[[Any], tuple[Any, ...]]] = {
     "ubatch": _choices(_pow2, sort=True), "min_batch": _choices(_pow2, sort=True),
     "batch_mult": _choices(_int(1), sort=True), "threads": _choices(_int(1)),

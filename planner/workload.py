@@ -1,6 +1,6 @@
 """What an engine measures: a prompt of n_prompt tokens (PP), n_gen greedy steps (TG) after a prompt of depth
-tokens, repeated. Defined here, on the planner side, so the tuner and every engine (runtime.engine re-exports it)
-share one type; planner never imports runtime."""
+tokens, repeated. Defined here, on the planner side, so the tuner and every engine (planner.engine and
+runtime.engine re-export it) share one type; planner never imports runtime."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,49 +1,5 @@
-"""The Engine protocol shared by every engine (sim, torch, llamacpp), and its Workload and Measurement.
+"""The Engine protocol, Workload and Measurement: defined in planner/engine.py (the tuner uses them and planner never
+imports runtime), re-exported here so the engines and their tests keep importing them from runtime.engine."""
+from planner.engine import Engine, Measurement, Workload
 
-Contract of `Engine.measure(inv, plan, workload) -> Measurement`:
-- It runs (or predicts) the plan exactly as given: every tensor on the device the plan says, the plan's knobs.
-- It returns a Measurement. A run that fails for a reason of the run itself (out of memory, a crash, a time
-  limit, a load failure) is NOT an exception: it comes back as Measurement(ok=False, error="...") with what
-  is known (peak bytes so far, the log tail in `raw`), so a study records it and goes on.
-- It raises planner.errors.InputError (one clear line) only for input no run could succeed with: a plan that
-  names a device the machine does not have, a dialect the engine cannot speak, a workload of zero tokens.
-- Throughputs are tokens per second: pp_tps over n_prompt tokens processed in ubatches at the given depth,
-  tg_tps over n_gen single-token steps after a prompt of `depth` tokens. Medians over `repetitions`.
-- peak_bytes maps device names as llama.cpp spells them (CUDA0, CUDA1, ...) to the peak bytes used there,
-  including the CUDA context; host_bytes is the process's peak resident host memory.
-"""
-from __future__ import annotations
-
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-from planner.model import ModelInventory
-from planner.plan import Plan
-from planner.workload import Workload  # noqa: F401  (the shared type, re-exported for engines)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    pp_tps: float = 0.0
-    tg_tps: float = 0.0
-    peak_bytes: dict[str, int] = field(default_factory=dict)
-    host_bytes: int = 0
-    ok: bool = True
-    error: str = ""
-    raw: dict[str, Any] = field(default_factory=dict)   # engine-specific details (log tail, counters, spreads)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def failed(cls, error: str, **kw: Any) -> Measurement:
-        return cls(ok=False, error=error, **kw)
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """Anything that can measure a Plan. `name` is "sim", "torch" or "llamacpp"."""
-    name: str
-
-    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
-        ...
+__all__ = ["Engine", "Measurement", "Workload"]

@@ -6,7 +6,7 @@ llama-sweep-bench, and use llama-fit-params as a memory oracle.
     engine.command(inv, plan, workload).shell      # the exact command line it runs
     oracle(inv, plan, "model.gguf", "llama-fit-params")   # {device: {model, context, compute}} in bytes
 
-How a run goes (contract: runtime/engine.py):
+How a run goes (contract: planner/engine.py):
 1. The binary is probed once per path and mtime (`probe`): `--help` says the dialect (ik lists -mla/-fmoe/-rtr)
    and which flags exist (-ot, -ncmoe, -nopo, -d, -fitt, -gp, -lm, the output formats); `--version` the build.
    The -ngl semantics follow (docs/llamacpp.md section 2): ik counts the last blocks; mainline takes the output layer
@@ -54,7 +54,7 @@ from planner.flags.common import (
     SLOT_RULES, Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
     shell_join, slot_devices,
 )
-from planner.baselines import EngineFit
+from planner.tuner.baselines import EngineFit
 from planner.hardware import HardwareProfile
 from planner.memory import DeviceMemory, MemoryReport, estimate
 from planner.model import ModelInventory

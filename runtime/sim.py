@@ -1,7 +1,7 @@
 """The cost model as an engine: memory model + roofline predictor for a HardwareProfile (no hardware needed).
 
 Deterministic and instant; for planning hardware you do not have, for tests, and as the optimizer's prior.
-The smallest Engine, so also the example implementation of runtime/engine.py's contract: a plan over a
+The smallest Engine, so also the example implementation of planner/engine.py's contract: a plan over a
 GPU's memory is a failed Measurement (as a real out-of-memory would be), not an exception.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..search import STUDIES_DIR
+from ..tuner.search import STUDIES_DIR
 
 ENGINES = ("sim", "torch", "llamacpp")
 

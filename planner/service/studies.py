@@ -1,5 +1,5 @@
 """Studies as the service reads them: the SQLite files under studies/ (one per study, as `tune` writes them by
-default) or every study in one --storage URL. A study's JSON is `report --json`'s summary (planner.report)
+default) or every study in one --storage URL. A study's JSON is `report --json`'s summary (planner.tuner.report)
 plus its trials and throughput-versus-VRAM fronts, for the API and the web view."""
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class StudyStore:
         """One RDBStorage per URL for the server's life (opening one costs a schema check)."""
         with self._lock:
             if url not in self._storages:
-                from ..search import make_storage
+                from ..tuner.search import make_storage
                 self._storages[url] = make_storage(url)
             return self._storages[url]
 
@@ -119,8 +119,8 @@ class StudyStore:
                 "hardware": hardware_words(s), "objective": s.get("objective"), **p}
 
     def detail(self, name: str) -> dict[str, Any]:
-        """`report --json` (planner.report.study_summary) plus every trial and the VRAM fronts."""
-        from ..report import study_summary, trials_frame, vram_front
+        """`report --json` (planner.tuner.report.study_summary) plus every trial and the VRAM fronts."""
+        from ..tuner.report import study_summary, trials_frame, vram_front
         study = self.load(name)
         df = trials_frame(study)
         s = study_summary(study, df)

@@ -1,7 +1,7 @@
 """The bundled PyTorch runtime: executes a Plan with llama.cpp's placement and op-offload rules and measures it.
 
     TorchEngine(compute_dtype="bf16", device_map=None, seed=0, routing="uniform", use_cuda_graphs=True)
-        .measure(inv, plan, workload) -> Measurement          (runtime/engine.py's Engine protocol)
+        .measure(inv, plan, workload) -> Measurement          (planner/engine.py's Engine protocol)
         .load(inv, plan, min_cells) -> TorchModel              (forward / prefill / decode / generate, counters)
 
 Files: config.py (what the forward pass needs to know), weights.py (GGUF dequantization, synthetic weights),

@@ -1,4 +1,4 @@
-"""TorchEngine: the bundled PyTorch runtime as an Engine (runtime/engine.py), and TorchModel, a placed model
+"""TorchEngine: the bundled PyTorch runtime as an Engine (planner/engine.py), and TorchModel, a placed model
 that runs ubatches and decode steps (what the engine times, and what tests drive directly).
 
 Timing follows llama-bench: PP = n_prompt tokens processed in ubatches of knobs.n_ubatch_eff after a prompt of

@@ -10,11 +10,11 @@ import pytest
 from optuna.trial import TrialState
 
 from planner.cli import main
-from planner.confirm import Spread, compare, schedule, Contender
+from planner.tuner.confirm import Spread, compare, schedule, Contender
 from planner.hardware import GiB, MiB, load_hardware, parse_size
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.search import MARGIN_SLACK, Tuner, Workload
+from planner.tuner.search import MARGIN_SLACK, Tuner, Workload
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from planner.cost import predict
-from planner.cost_fit import CostFit, Terms, fit
+from planner.tuner.cost_fit import CostFit, Terms, fit
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
-from planner.space import Space
+from planner.tuner.space import Space
 
 
 def _setup():

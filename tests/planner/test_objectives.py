@@ -6,7 +6,7 @@ import math
 import pytest
 
 from planner.errors import InputError
-from planner.objectives import MAX_EXPR_CHARS, parse_objective
+from planner.tuner.objectives import MAX_EXPR_CHARS, parse_objective
 
 
 @pytest.mark.parametrize("text,kind,n", [("tg", "tg", 1), ("PP", "pp", 1), ("both", "both", 2), ("pareto", "both", 2),

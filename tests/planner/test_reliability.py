@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import storage
+from planner.tuner import storage
 from planner.errors import FlagError, InputError
 from planner.flags import parse
 from planner.flags.common import translate_ecmascript

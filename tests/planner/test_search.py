@@ -10,7 +10,7 @@ from planner.memory import estimate
 from planner.plan import Knobs
 from planner.presets import load_preset
 from planner.propose import best_plans
-from planner.search import Tuner, Workload
+from planner.tuner.search import Tuner, Workload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 

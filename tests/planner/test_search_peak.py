@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.search import Tuner, Workload
+from planner.tuner.search import Tuner, Workload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 

@@ -12,7 +12,7 @@ from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.propose import Budget
-from planner.space import Space, SpaceConfig
+from planner.tuner.space import Space, SpaceConfig
 
 CASES = [  # model, hardware, VRAM per GPU, dialect
     ("Qwen3-30B-A3B:Q4_K_M", "rtx4090-ddr5", [16 * GiB], "mainline"),

@@ -31,7 +31,7 @@ def _sim(out: Path, *extra: str) -> list[str]:
 
 
 def _runs(db_url: str, name: str, bench) -> int:
-    from planner.search import load_study
+    from planner.tuner.search import load_study
     return bench.engine_runs(load_study(name, db_url))
 
 

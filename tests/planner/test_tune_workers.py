@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli, search
+from planner import cli
+from planner.tuner import search
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
 from runtime.sim import SimEngine

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from planner.baselines import flag_plan
+from planner.tuner.baselines import flag_plan
 from planner.cli import main
 from planner.gguf_header import load_inventory
 from planner.plan import Knobs

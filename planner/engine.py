@@ -1,0 +1,54 @@
+"""The Engine protocol shared by every engine (sim, torch, llamacpp), and its Workload and Measurement.
+
+Defined on the planner side so the tuner speaks the same types as the engines without importing runtime/
+(runtime.engine re-exports all three); the engines themselves live in runtime/, named in planner.engines.
+
+Contract of `Engine.measure(inv, plan, workload) -> Measurement`:
+- It runs (or predicts) the plan exactly as given: every tensor on the device the plan says, the plan's knobs.
+- It returns a Measurement. A run that fails for a reason of the run itself (out of memory, a crash, a time
+  limit, a load failure) is NOT an exception: it comes back as Measurement(ok=False, error="...") with what
+  is known (peak bytes so far, the log tail in `raw`), so a study records it and goes on.
+- It raises planner.errors.InputError (one clear line) only for input no run could succeed with: a plan that
+  names a device the machine does not have, a dialect the engine cannot speak, a workload of zero tokens.
+- Throughputs are tokens per second: pp_tps over n_prompt tokens processed in ubatches at the given depth,
+  tg_tps over n_gen single-token steps after a prompt of `depth` tokens. Medians over `repetitions`.
+- peak_bytes maps device names as llama.cpp spells them (CUDA0, CUDA1, ...) to the peak bytes used there,
+  including the CUDA context; host_bytes is the process's peak resident host memory.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .model import ModelInventory
+from .plan import Plan
+from .workload import Workload
+
+__all__ = ["Engine", "Measurement", "Workload"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    pp_tps: float = 0.0
+    tg_tps: float = 0.0
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    host_bytes: int = 0
+    ok: bool = True
+    error: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)   # engine-specific details (log tail, counters, spreads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def failed(cls, error: str, **kw: Any) -> Measurement:
+        return cls(ok=False, error=error, **kw)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Anything that can measure a Plan. `name` is "sim", "torch" or "llamacpp"."""
+    name: str
+
+    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
+        ...

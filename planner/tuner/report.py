@@ -1,0 +1,577 @@
+"""Human-readable tables for the CLI, and the autotuner's study reports (Markdown, HTML, CSV, JSON, plots)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .confirm import NOISY_CV, vram_of
+from .cost_fit import CostFit
+from ..hardware import fmt_bytes
+from ..memory import MemoryReport
+from ..model import ModelInventory
+from ..plan import device_sort_key
+
+
+def table(headers: list[str], rows: list[list[object]], right: set[int] | None = None) -> str:
+    """Plain aligned text table; columns in `right` (default: all but the first) are right-aligned."""
+    right = set(range(1, len(headers))) if right is None else right
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for k, r in enumerate(cells):
+        cells = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def memory_table(report: MemoryReport, budgets: dict[str, int] | None = None) -> str:
+    budgets = budgets or {}
+    rows = []
+    for dev in sorted(report.devices, key=device_sort_key):
+        m = report.devices[dev]
+        b = budgets.get(dev)
+        rows.append([dev, fmt_bytes(m.weights), fmt_bytes(m.kv), fmt_bytes(m.compute), fmt_bytes(m.overhead),
+                     fmt_bytes(m.total), fmt_bytes(b) if b else "-"])
+    text = table(["device", "weights", "kv", "compute", "overhead", "total", "budget"], rows)
+    if report.host_mapped or report.host_pinned:
+        text += (f"\nCPU weights: {fmt_bytes(report.host_mapped)} mmap'd (page cache, evictable), "
+                 f"{fmt_bytes(report.host_pinned)} pinned")
+    return text
+
+
+def inventory_summary(inv: ModelInventory) -> str:
+    hp = inv.hparams
+    parts = [f"{inv.name or inv.source} ({hp.arch}, {hp.n_layer} layers"]
+    if hp.n_nextn:
+        parts.append(f" incl. {hp.n_nextn} NextN")
+    if hp.is_moe:
+        parts.append(f", {hp.n_expert} experts / {hp.n_expert_used} used")
+    parts.append(f", {fmt_bytes(inv.total_bytes())})")
+    return "".join(parts)
+
+
+# ---- study reports (the autotuner's) ----------------------------------------------------------------------------
+#
+# Everything comes from the study's storage: each trial's user attrs hold its plan id, label, rendered commands,
+# predicted and measured speeds and peak bytes (planner/search.py), so a report needs neither the model file nor
+# the engine. Layout of reports/<study>/: summary.md, summary.html, report.json, trials.csv and, as PNG and SVG,
+# throughput_vs_vram (TG and PP against peak VRAM, the VRAM-Pareto front highlighted, baselines marked),
+# pareto (TG against PP) and history (objective per trial, best so far).
+
+TOOLS_ORDER = ("llama-server", "llama-cli", "llama-bench")
+PLOTS = ("throughput_vs_vram", "pareto", "history")
+
+
+def trials_frame(study: Any) -> Any:
+    """One row per trial (pandas DataFrame): state, source, plan, measured and predicted speeds, peak bytes."""
+    import pandas as pd
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        c = ua.get("candidate", {})
+        m = ua.get("measured", {})
+        pred = c.get("predicted", {})
+        peak = m.get("peak_at_ctx") or m.get("peak_bytes") or {}     # at the emitted context (search.peaks_at_ctx)
+        predicted_gpu = {d: v["total"] for d, v in c.get("memory", {}).get("devices", {}).items() if d != "CPU"}
+        row: dict[str, Any] = {
+            "trial": t.number, "state": t.state.name.lower(), "source": ua.get("source", "sampler"),
+            "plan_id": ua.get("plan_id", ""), "label": c.get("label", ""),
+            "ok": bool(m.get("ok")) and t.state.name == "COMPLETE",
+            "tg_tps": m.get("tg_tps") if m.get("ok") else None, "pp_tps": m.get("pp_tps") if m.get("ok") else None,
+            "pred_tg_tps": pred.get("tg_tps"), "pred_pp_tps": pred.get("pp_tps"),
+            "prior_tg_tps": pred.get("prior_tg_tps"), "prior_pp_tps": pred.get("prior_pp_tps"),
+            "vram_bytes": sum(peak.values()) if peak else (sum(predicted_gpu.values()) or None),
+            "vram_source": "measured" if peak else "predicted",
+            "host_bytes": m.get("host_bytes"), "cv": m.get("cv"),
+            "engine_run": "measured" in ua and ua.get("duplicate_of") is None and not ua.get("reused_baseline_run"),
+            "duplicate_of": ua.get("duplicate_of"),
+            "error": m.get("error") or ua.get("pruned_reason") or "",
+        }
+        if t.state.name == "FAIL" and not row["error"]:
+            row["error"] = "no result recorded (interrupted, or the worker died)"
+        if t.state.name == "COMPLETE" and ua.get("duplicate_of") is not None:
+            row["ok"] = True
+            vals = t.values or []
+            names = study.user_attrs.get("objective_names", [])
+            if names == ["tg_tps", "pp_tps"] and len(vals) == 2:
+                row["tg_tps"], row["pp_tps"] = vals
+        for d, v in sorted(peak.items()):
+            row[f"peak_{d}"] = v
+        for d, v in sorted(predicted_gpu.items()):
+            row[f"pred_bytes_{d}"] = v
+        if t.values is not None:
+            for i, v in enumerate(t.values):
+                row[f"value{i}"] = v
+        for k, v in sorted(t.params.items()):
+            row[f"param.{k}"] = v
+        for tool in TOOLS_ORDER:
+            row[tool] = c.get("commands", {}).get(tool, "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _best(df: Any, col: str, vram_max: float | None = None) -> dict[str, Any] | None:
+    ok = df[df["ok"] & df[col].notna() & (df["duplicate_of"].isna())]
+    if vram_max is not None:
+        ok = ok[ok["vram_bytes"].notna() & (ok["vram_bytes"] <= vram_max)]
+    if ok.empty:
+        return None
+    other = "pp_tps" if col == "tg_tps" else "tg_tps"
+    ok = ok.assign(_v=ok["vram_bytes"].fillna(float("inf")))
+    r = ok.sort_values([col, other, "_v"], ascending=[False, False, True]).iloc[0]
+    return _row(r)
+
+
+def _row(r: Any) -> dict[str, Any]:
+    out = {"trial": int(r["trial"]), "plan_id": r["plan_id"], "label": r["label"], "source": r["source"],
+           "tg_tps": _num(r["tg_tps"]), "pp_tps": _num(r["pp_tps"]), "vram_bytes": _num(r["vram_bytes"]),
+           "cv": _num(r.get("cv")),
+           "commands": {tool: r[tool] for tool in TOOLS_ORDER if r.get(tool)}}
+    return out
+
+
+def _num(v: Any) -> Any:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else (int(f) if f.is_integer() and abs(f) > 1e6 else f)
+
+
+def _front_rows(df: Any) -> list[dict[str, Any]]:
+    """Trials on the TG/PP Pareto front (measured, both maximised), one per distinct point, by TG."""
+    ok = df[df["ok"] & df["tg_tps"].notna() & df["pp_tps"].notna() & df["duplicate_of"].isna()]
+    ok = ok.sort_values(["tg_tps", "pp_tps", "vram_bytes"], ascending=[False, False, True])
+    out, best_pp = [], -1.0
+    for _, r in ok.iterrows():
+        if r["pp_tps"] > best_pp:
+            out.append(_row(r))
+            best_pp = r["pp_tps"]
+    return out
+
+
+def vram_front(df: Any, col: str) -> Any:
+    """Trials that are the fastest (col) for their VRAM or less: the throughput-vs-VRAM Pareto front."""
+    ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()]
+    ok = ok.sort_values(["vram_bytes", col], ascending=[True, False])
+    keep, best = [], -1.0
+    for i, r in ok.iterrows():
+        if r[col] > best:
+            keep.append(i)
+            best = r[col]
+    return ok.loc[keep]
+
+
+def study_summary(study: Any, df: Any | None = None) -> dict[str, Any]:
+    """The JSON of a report: settings, counts, best config per objective and per VRAM budget, baselines."""
+    from .search import budget_levels
+    df = trials_frame(study) if df is None else df
+    attrs = study.user_attrs
+    settings = attrs.get("settings", {})
+    total_vram = sum(v for _, v in settings.get("hardware", {}).get("gpus", [])) or 0
+    counts = df["state"].value_counts().to_dict() if not df.empty else {}
+    best: dict[str, Any] = {}
+    if not df.empty:
+        best = {"tg": _best(df, "tg_tps"), "pp": _best(df, "pp_tps")}
+        if settings.get("objective") not in ("tg", "pp", "both") and "value0" in df:
+            ok = df[df["ok"] & df["value0"].notna() & df["duplicate_of"].isna()]
+            if not ok.empty:
+                best["objective"] = _row(ok.sort_values("value0", ascending=False).iloc[0]) | {
+                    "value": float(ok["value0"].max())}
+    per_budget = []
+    for lv in budget_levels(total_vram) if total_vram and not df.empty else []:
+        per_budget.append({"budget_bytes": lv, "tg": _best(df, "tg_tps", lv), "pp": _best(df, "pp_tps", lv)})
+    by_number = {}
+    for r in [*best.values(), *(x for b in per_budget for x in (b["tg"], b["pp"]))]:
+        if r:
+            by_number.setdefault(r["trial"], []).append(r)
+    for t in study.get_trials(deepcopy=False):     # memory per device and the measurement, as --json promises
+        for r in by_number.get(t.number, []):
+            r["devices"] = t.user_attrs.get("candidate", {}).get("memory", {}).get("devices", {})
+            r["measurement"] = t.user_attrs.get("measured", {})
+    baselines = attrs.get("baselines", [])
+    ref = next((b for b in baselines if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok")), None)
+    budget = _budget_bytes(settings, attrs)
+    front = _front_rows(df) if not df.empty else []
+    for r in [*front, *best.values(), *(x for b in per_budget for x in (b["tg"], b["pp"]))]:
+        if r:
+            r.update(_ratios(r, ref, budget))
+    for b in baselines:
+        if b.get("ok") and b is not ref:
+            b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
+                              "vram_bytes": vram_of(b["measured"])}, ref, budget))
+    runs = {"baselines": int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
+            "trials": int(df["engine_run"].sum()) if not df.empty else 0,
+            "confirmation": len((attrs.get("confirmation") or {}).get("rows", []))}
+    runs["total"] = sum(runs.values())
+    return {
+        "study": study.study_name, "settings": settings, "engine_runs": runs, "budget_bytes": budget,
+        "reference": ref["name"] if ref else None, "confirmed": attrs.get("confirmed"),
+        "front_share": _front_share(df, ref) if not df.empty else None,
+        "counts": {str(k): int(v) for k, v in counts.items()}, "n_trials": int(len(df)),
+        "margin_bytes": attrs.get("margin_bytes"), "margin_events": attrs.get("margin_events", []),
+        "cost_fit": attrs.get("cost_fit"), "best": best, "pareto": front,
+        "per_budget": per_budget, "baselines": baselines,
+        "failed": [{"trial": int(r["trial"]), "error": r["error"]} for _, r in df[df["state"] == "fail"].iterrows()]
+        if not df.empty else [],
+    }
+
+
+def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
+    """All GPUs' VRAM less the margin asked for (none when it is learnt): what a config may use."""
+    total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
+    if not total:
+        return None
+    n = len(settings.get("hardware", {}).get("gpus", []))
+    asked = 0 if attrs.get("margin_rule", "learnt") == "learnt" else int(attrs.get("margin_bytes") or 0)
+    return total - n * asked
+
+
+def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -> dict[str, Any]:
+    """TG x, PP x and VRAM x of a config against the reference (--fit), from single runs; and its budget use."""
+    out: dict[str, Any] = {}
+    if budget and r.get("vram_bytes"):
+        out["budget_share"] = r["vram_bytes"] / budget
+    if ref is not None:
+        m = ref["measured"]
+        for key, have, base in (("tg_x", r.get("tg_tps"), m.get("tg_tps")), ("pp_x", r.get("pp_tps"), m.get("pp_tps")),
+                                ("vram_x", r.get("vram_bytes"), vram_of(m))):
+            out[key] = have / base if have is not None and base else None
+    return out
+
+
+def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
+    """Share of the engine runs that landed near the placement front: within 10% of the best TG or of the best
+    PP measured at no more VRAM (the rest went to configs far below it)."""
+    runs = df[df["engine_run"] & df["ok"] & df["vram_bytes"].notna()]
+    if runs.empty:
+        return None
+    near = 0
+    for _, r in runs.iterrows():
+        cheaper = runs[runs["vram_bytes"] <= r["vram_bytes"]]
+        if r["tg_tps"] >= 0.9 * cheaper["tg_tps"].max() or r["pp_tps"] >= 0.9 * cheaper["pp_tps"].max():
+            near += 1
+    return near / len(runs)
+
+
+def _plots(df: Any, summary: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..hardware import GiB
+    files: list[str] = []
+    settings = summary["settings"]
+    ok = df[df["ok"] & df["vram_bytes"].notna() & df["duplicate_of"].isna()] if not df.empty else df
+    base = [b for b in summary["baselines"] if b.get("ok")]
+    markers = ["X", "D", "*", "P", "s"]
+    title = f"{settings.get('model_id', '')} on {settings.get('hardware', {}).get('name', '')}"
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, col, name in ((axes[0], "tg_tps", "TG"), (axes[1], "pp_tps", "PP")):
+        if not ok.empty:
+            ax.scatter(ok["vram_bytes"] / GiB, ok[col], s=14, c="0.7", label="trials", zorder=1)
+            fr = vram_front(ok, col)
+            ax.step(fr["vram_bytes"] / GiB, fr[col], where="post", c="C3", lw=1.5, zorder=2)
+            ax.scatter(fr["vram_bytes"] / GiB, fr[col], s=30, c="C3", label="Pareto front (speed vs VRAM)", zorder=3)
+        for i, b in enumerate(base):
+            ax.scatter([vram_of(b["measured"]) / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90,
+                       zorder=4, edgecolor="k", label=b["name"])
+        conf = [c for c in (summary.get("confirmed") or {}).get("results", []) if c["vram_bytes"]]
+        if conf:
+            key = col.split("_")[0]
+            ax.errorbar([c["vram_bytes"] / GiB for c in conf], [c[key]["median"] for c in conf],
+                        yerr=[[c[key]["median"] - c[key]["lo"] for c in conf],
+                              [c[key]["hi"] - c[key]["median"] for c in conf]],
+                        fmt="o", mfc="none", c="C2", capsize=3, zorder=5, label="confirmed (median, range)")
+        if summary.get("budget_bytes"):
+            ax.axvline(summary["budget_bytes"] / GiB, ls=":", c="C1", lw=1.2, label="budget")
+        total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
+        if total:
+            ax.axvline(total / GiB, ls="--", c="0.4", lw=1, label="VRAM")
+        ax.set_xlabel("peak VRAM (GiB, all GPUs)")
+        ax.set_ylabel(f"{name} (tokens/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    files += _save(fig, out / "throughput_vs_vram")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    if not ok.empty:
+        both = ok[ok["tg_tps"].notna() & ok["pp_tps"].notna()]
+        ax.scatter(both["tg_tps"], both["pp_tps"], s=14, c="0.7", label="trials")
+        front = summary["pareto"]
+        ax.plot([r["tg_tps"] for r in front], [r["pp_tps"] for r in front], "o-", c="C3", ms=5, label="Pareto front")
+    for i, b in enumerate(base):
+        ax.scatter([b["measured"]["tg_tps"]], [b["measured"]["pp_tps"]], marker=markers[i % len(markers)], s=90,
+                   edgecolor="k", label=b["name"])
+    ax.set_xlabel("TG (tokens/s)")
+    ax.set_ylabel("PP (tokens/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    files += _save(fig, out / "pareto")
+    plt.close(fig)
+
+    names = ["TG (t/s)", "PP (t/s)"] if settings.get("objective") == "both" else [settings.get("objective", "value")]
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names)), squeeze=False)
+    for i, name in enumerate(names):
+        ax = axes[i][0]
+        col = f"value{i}"
+        if not df.empty and col in df:
+            done = df[df["state"] == "complete"].sort_values("trial")
+            ax.scatter(done["trial"], done[col], s=12, c="C0", label="complete")
+            ax.plot(done["trial"], done[col].cummax(), c="C3", lw=1.5, label="best so far")
+            fails = df[df["state"] == "fail"]
+            pruned = df[df["state"] == "pruned"]
+            lo = float(done[col].min()) if not done.empty else 0.0
+            ax.scatter(fails["trial"], [lo] * len(fails), marker="x", c="k", s=20, label="failed")
+            ax.scatter(pruned["trial"], [lo] * len(pruned), marker="|", c="0.6", s=20, label="pruned / screened")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=8, loc="lower right")
+    axes[-1][0].set_xlabel("trial")
+    fig.tight_layout()
+    files += _save(fig, out / "history")
+    plt.close(fig)
+    return files
+
+
+def _save(fig: Any, stem: Path) -> list[str]:
+    out = []
+    for ext in ("png", "svg"):
+        path = stem.with_suffix(f".{ext}")
+        fig.savefig(path, dpi=110 if ext == "png" else None)
+        out.append(path.name)
+    return out
+
+
+def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
+    from ..hardware import fmt_bytes
+    if not r:
+        return "-", "-", "-"
+    vram = fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"
+    return f"{r['tg_tps']:.2f}" if r.get("tg_tps") is not None else "-", \
+        f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    from ..hardware import fmt_bytes
+    st = s["settings"]
+    w = st.get("workload", {})
+    L = [f"# offload-tuner study `{s['study']}`", "",
+         f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
+         f"- hardware: {st.get('hardware', {}).get('name', '')}: "
+         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", [])),
+         f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
+         f"depth {w.get('depth')}; context {st.get('n_ctx')}",
+         f"- trials: {s['n_trials']} (" + ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items())) + ")"
+         + (f"; safety margin {fmt_bytes(s['margin_bytes'])}" if s.get("margin_bytes") else ""), ""]
+    runs = s.get("engine_runs") or {}
+    if runs:
+        L.append(f"- engine runs: {runs.get('total', 0)} (baselines {runs.get('baselines', 0)}, search "
+                 f"{runs.get('trials', 0)}, confirmation {runs.get('confirmation', 0)})"
+                 + (f"; {s['front_share']:.0%} of the search and baseline runs landed within 10% of the front"
+                    if s.get("front_share") is not None else ""))
+    if s.get("budget_bytes"):
+        ctx_note = (" VRAM is the peak the emitted command uses at its context: measured at the engine's own "
+                    "context, plus the memory model's difference to the emitted one where it is larger.")
+        L.append(f"- budget: {fmt_bytes(s['budget_bytes'])} of VRAM (all GPUs);" + ctx_note)
+    fit = s.get("cost_fit") or {}
+    if fit.get("err_prior"):
+        L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
+                 f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
+                 f"{fit['err_fit'].get('pp', 0):.1%}; terms moved: {CostFit.from_dict(fit).describe_moves()}")
+        L.append("")
+    L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
+    L += _confirmed_markdown(s)
+    L += ["## Best configurations (single runs)", ""]
+    sections = [("Best TG", s["best"].get("tg")), ("Best PP", s["best"].get("pp"))]
+    if s["best"].get("objective"):
+        sections.insert(0, (f"Best `{st.get('objective')}` = {s['best']['objective']['value']:.4g}",
+                            s["best"]["objective"]))
+    for title, r in sections:
+        if not r:
+            continue
+        tg, pp, vram = _fmt_row(r)
+        L += [f"### {title}: TG {tg} t/s, PP {pp} t/s, VRAM {vram} (trial {r['trial']}, {r['label']})", ""]
+        for tool, cmd in r["commands"].items():
+            L += [f"{tool}:", "", "```", cmd, "```", ""]
+    if s["pareto"]:
+        ref = s.get("reference") or "the reference"
+        L += ["## TG/PP Pareto front", "", f"Ratios are to {ref}, from single runs.", "",
+              "| trial | TG t/s | PP t/s | VRAM | of budget | TG x | PP x | VRAM x | run CV | placement |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in s["pareto"]:
+            tg, pp, vram = _fmt_row(r)
+            cv = r.get("cv")
+            noisy = "-" if cv is None else f"{cv:.1%}" + (" noisy" if cv > NOISY_CV else "")
+            L.append(f"| {r['trial']} | {tg} | {pp} | {vram} | {_pct(r.get('budget_share'))} | {_x(r.get('tg_x'))} | "
+                     f"{_x(r.get('pp_x'))} | {_x(r.get('vram_x'))} | {noisy} | {r['label']} |")
+        L.append("")
+    if s["per_budget"]:
+        L += ["## Best per VRAM budget", "", "| VRAM budget | best TG (t/s, trial) | best PP (t/s, trial) |",
+              "|---|---|---|"]
+        for b in s["per_budget"]:
+            tg = f"{b['tg']['tg_tps']:.2f} (#{b['tg']['trial']})" if b["tg"] else "-"
+            pp = f"{b['pp']['pp_tps']:.1f} (#{b['pp']['trial']})" if b["pp"] else "-"
+            L.append(f"| {fmt_bytes(b['budget_bytes'])} | {tg} | {pp} |")
+        L.append("")
+        for b in s["per_budget"]:
+            for key in ("tg", "pp"):
+                r = b[key]
+                if r and r["commands"].get("llama-server"):
+                    L += [f"- {fmt_bytes(b['budget_bytes'])}, best {key.upper()} (trial {r['trial']}):", "",
+                          "  ```", "  " + r["commands"]["llama-server"], "  ```"]
+        L.append("")
+    if s["baselines"]:
+        L += ["## Baselines", "", "| baseline | TG t/s | PP t/s | VRAM | TG x | PP x | note |",
+              "|---|---|---|---|---|---|---|"]
+        for b in s["baselines"]:
+            m = b.get("measured") or {}
+            vram = vram_of(m)
+            note = b.get("error") or b.get("note") or ""
+            if b.get("over_budget"):
+                note = (note + "; " if note else "") + f"over the budget: {b['over_budget']}"
+            L.append(f"| {b['name']} | {m.get('tg_tps', 0):.2f} | {m.get('pp_tps', 0):.1f} | "
+                     f"{fmt_bytes(vram) if vram else '-'} | {_x(b.get('tg_x'))} | {_x(b.get('pp_x'))} | {note} |")
+        L.append("")
+        for b in s["baselines"]:
+            for tool in ("llama-server", "llama-bench"):
+                if b.get("commands", {}).get(tool):
+                    L += [f"- {b['name']} ({tool}): `{b['commands'][tool]}`"]
+                    break
+        L.append("")
+    if s["failed"]:
+        L += ["## Failed trials", ""] + [f"- trial {f['trial']}: {f['error']}" for f in s["failed"][:20]] + [""]
+    L += ["![history](history.png)", "", "Files: trials.csv (every trial), report.json, *.png / *.svg plots.", ""]
+    return "\n".join(L)
+
+
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
+
+
+ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server runs it",
+              "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
+              "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
+              "best_tg_over_fit_vram": "best TG (all over its VRAM)"}
+
+
+def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
+    """The confirmed finalists against the reference: medians, spread, ratios with their verdicts, noisy runs."""
+    from ..hardware import fmt_bytes
+    c = s.get("confirmed") or {}
+    if not c.get("results"):
+        return []
+    L = ["## Confirmed against " + (s.get("reference") or "the reference"), "",
+         f"Each config re-measured {c['rounds']} times, interleaved with the others (A B C A B C ..., the order "
+         "rotated each round); medians with [min-max]. A ratio whose edge is inside the larger relative spread of "
+         "the two sides (at least 1%) is a tie.", "",
+         "| config | role | TG t/s | PP t/s | VRAM | TG x | PP x | TG x (server --fit) | runs noisy (CV > 5%) |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    def sp(r: dict, k: str) -> str:
+        d = r[k]
+        return f"{d['median']:.2f} [{d['lo']:.2f}-{d['hi']:.2f}]" if d["samples"] else "-"
+
+    def vs(r: dict, k: str, tag: str = "fit") -> str:
+        v = r.get(f"{k}_vs_{tag}")
+        return f"{v['ratio']:.3f}x {v['verdict']}" if v else "-"
+    for r in c["results"]:
+        roles = ", ".join(ROLE_NAMES.get(x, x) for x in r["roles"])
+        noisy = ("yes" + (": " + "; ".join(r["seen"])[:120] if r["seen"] else "")) if r["noisy"] else "no"
+        vram = fmt_bytes(r["vram_bytes"]) if r["vram_bytes"] else "-"
+        L.append(f"| {r['name']} | {roles} | {sp(r, 'tg')} | {sp(r, 'pp')} | {vram} "
+                 f"| {vs(r, 'tg')} | {vs(r, 'pp')} | {vs(r, 'tg', 'fit_server')} | {noisy} |")
+    L.append("")
+    names = {r["key"]: r["name"] for r in c["results"]}
+    for role, key in c.get("picks", {}).items():
+        L.append(f"- picked by median, {ROLE_NAMES.get(role, role)}: {names.get(key, key)}")
+    L.append("")
+    return L
+
+
+def summary_html(s: dict[str, Any], markdown: str) -> str:
+    """A self-contained page: the same content as the Markdown, with the SVG plots inline by reference."""
+    import html
+    body = []
+    in_code = False
+    for line in markdown.splitlines():
+        if line.strip().startswith("```"):
+            body.append("</pre>" if in_code else "<pre>")
+            in_code = not in_code
+            continue
+        if in_code:
+            body.append(html.escape(line.strip()))
+            continue
+        if line.startswith("!["):
+            alt, src = line[2:].split("](", 1)
+            body.append(f'<p><img alt="{html.escape(alt)}" src="{html.escape(src[:-1].replace(".png", ".svg"))}" '
+                        'style="max-width:100%"></p>')
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if all(set(c) <= {"-"} for c in cells):
+                continue
+            tag = "th" if not body or not body[-1].startswith("<tr") and not body[-1].startswith("<table") else "td"
+            if not body or not (body[-1].startswith("<tr") or body[-1].startswith("<table")):
+                body.append("<table>")
+                tag = "th"
+            body.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+        else:
+            if body and body[-1].startswith("<tr"):
+                body.append("</table>")
+            if line.strip():
+                body.append(f"<p>{_inline(line.lstrip('- ').strip()) if line.startswith('- ') else _inline(line)}</p>")
+    if body and body[-1].startswith("<tr"):
+        body.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}pre{background:#f4f4f4;"
+             "padding:.6em;overflow-x:auto;white-space:pre-wrap}table{border-collapse:collapse}td,th{border:1px solid "
+             "#ccc;padding:.2em .6em;text-align:left}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>offload-tuner {html.escape(s['study'])}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _inline(text: str) -> str:
+    import html
+    import re
+    out = html.escape(text)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def write_study_report(study: Any, out: Path) -> dict[str, Any]:
+    """Write reports/<study>/ (see the layout above); returns the summary with the list of files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    df = trials_frame(study)
+    summary = study_summary(study, df)
+    df.to_csv(out / "trials.csv", index=False)
+    files = ["trials.csv"] + _plots(df, summary, out)
+    md = summary_markdown(summary)
+    (out / "summary.md").write_text(md)
+    (out / "summary.html").write_text(summary_html(summary, md))
+    files += ["summary.md", "summary.html", "report.json"]
+    summary["files"] = [str(out / f) for f in files]
+    (out / "report.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    return summary
+
+
+def _json_default(o: Any) -> Any:
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:
+        pass
+    return str(o)

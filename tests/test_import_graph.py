@@ -1,0 +1,125 @@
+"""The layers the tree shows, held by parsing the source (issue 13): planner/ never imports runtime/ (the engines
+and the CLI's runtime commands are named in planner/engines.py and imported by name) nor torch at module level;
+the tuner (planner/tuner/) imports neither runtime/ nor argparse, itself or through the planner modules it uses.
+Every import counts, at any depth (inside functions too), relative ones resolved to the module they name."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANNER = ROOT / "planner"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(source: str, module: str, is_package: bool = False) -> Iterator[tuple[str, int, bool]]:
+    """(absolute module name, line, at module level) of every import in `source`; `module` is the file's own
+    dotted name, for resolving relative imports. Module level: not inside a function (class bodies and
+    if/try blocks at the top run at import time, so they count as module level)."""
+    package = module if is_package else module.rpartition(".")[0]
+
+    def resolve(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        base = package.split(".")
+        base = base[:len(base) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+
+    def walk(node: ast.AST, top: bool) -> Iterator[tuple[str, int, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, child.lineno, top
+            elif isinstance(child, ast.ImportFrom):
+                name = resolve(child)
+                yield name, child.lineno, top
+                for alias in child.names:     # `from . import x` imports the module x
+                    yield f"{name}.{alias.name}", child.lineno, top
+            yield from walk(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                   ast.Lambda)))
+    yield from walk(ast.parse(source), True)
+
+
+def names(name: str, root: str) -> bool:
+    return name == root or name.startswith(root + ".")
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """What breaks the layering in one module's source."""
+    out = []
+    for name, line, top in imports(source, module, is_package):
+        if names(name, "runtime"):
+            out.append(f"{module}:{line} imports {name} (planner never imports runtime/: name it in planner/engines)")
+        if top and names(name, "torch"):
+            out.append(f"{module}:{line} imports torch at module level (only inside a function, and only in runtime/)")
+        if names(module, "planner.tuner") and names(name, "argparse"):
+            out.append(f"{module}:{line} imports argparse (the tuner takes typed options; the CLI parses)")
+    return out
+
+
+def planner_sources() -> dict[str, tuple[Path, str]]:
+    return {module_name(p): (p, p.read_text()) for p in sorted(PLANNER.rglob("*.py"))}
+
+
+def test_planner_never_imports_runtime_nor_torch_at_module_level():
+    bad = [v for mod, (p, src) in planner_sources().items() for v in violations(src, mod, p.name == "__init__.py")]
+    assert not bad, "\n".join(bad)
+
+
+def test_tuner_reaches_neither_runtime_nor_argparse_through_planner():
+    """The tuner's imports followed through planner's own modules: none of those imports runtime or argparse."""
+    sources = planner_sources()
+    graph = {mod: {n for n, _, _ in imports(src, mod, p.name == "__init__.py")} for mod, (p, src) in sources.items()}
+    seen: dict[str, str] = {}
+    todo = [(m, m) for m in sources if names(m, "planner.tuner")]
+    while todo:
+        mod, via = todo.pop()
+        if mod in seen or mod not in graph:
+            continue
+        seen[mod] = via
+        todo += [(n, mod) for n in graph[mod]]
+    bad = [f"{mod} (reached from {via}) imports {n}" for mod, via in seen.items() for n in graph[mod]
+           if names(n, "runtime") or names(n, "argparse")]
+    assert not bad, "\n".join(bad)
+    assert "planner.tuner.search" in seen and "planner.plan" in seen     # the walk did follow the tuner's imports
+
+
+def test_importing_the_planner_loads_no_runtime_nor_torch():
+    """The same, as Python sees it: the CLI and the tuner import without runtime/ or torch (a fresh interpreter)."""
+    code = ("import sys, planner.cli, planner.tuner.search, planner.tuner.report, planner.service.app\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'runtime', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"importing the planner loaded {out.stdout.strip()}"
+
+
+def test_the_check_catches_each_kind_of_violation():
+    """The checker itself: each way of breaking the layers is caught, and the allowed forms are not."""
+    assert violations("from runtime.sim import SimEngine\n", "planner.cli")
+    assert violations("def f():\n    import runtime.gpumem\n", "planner.cli")               # at any depth
+    assert violations("def f():\n    from runtime import synth\n", "planner.cli")
+    assert violations("from ...runtime import sim\n", "planner.service.app")                # relative, resolved
+    assert violations("import torch\n", "planner.memory")
+    assert violations("try:\n    from torch import nn\nexcept ImportError:\n    pass\n", "planner.memory")
+    assert violations("import argparse\n", "planner.tuner.search")
+    assert violations("def f():\n    from argparse import Namespace\n", "planner.tuner.space")
+    assert not violations("def f():\n    import torch\n", "planner.memory")                  # lazily: allowed
+    assert not violations("import argparse\n", "planner.cli")                               # the CLI parses
+    assert not violations('ENGINES = {"sim": "runtime.sim:SimEngine"}\n', "planner.engines")  # a name, not an import
+    assert not violations("from ..memory import estimate\n", "planner.tuner.search")
+
+
+def test_old_tuner_names_are_the_moved_modules():
+    """planner.search, planner.space, ... (from before planner/tuner/) still import, as the same module objects."""
+    import importlib
+    for name in ("search", "space", "objectives", "cost_fit", "baselines", "confirm", "storage", "report"):
+        assert importlib.import_module(f"planner.{name}") is importlib.import_module(f"planner.tuner.{name}"), name
+    from planner.search import Tuner, _mdict        # private names too: the alias is the module, not a copy
+    from planner.tuner.search import Tuner as T, _mdict as m
+    assert (Tuner, _mdict) == (T, m)
