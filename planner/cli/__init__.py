@@ -10,15 +10,15 @@ import logging
 import sys
 from dataclasses import dataclass, replace
 
-from . import defaults as D
-from . import engines
-from .builds import Build, parse_build
-from .tuner.confirm import CONFIRM_ROUNDS
-from .errors import BudgetError, InputError
-from .hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
-from .options import EngineOptions, TuneOptions
-from .plan import DEFAULT_CTX, DIALECTS, KV_TYPES, Knobs, Plan, gpu_index, is_gpu
-from .validate import check_dialect
+from .. import defaults as D
+from .. import engines
+from ..builds import Build, parse_build
+from ..tuner.confirm import CONFIRM_ROUNDS
+from ..errors import BudgetError, InputError
+from ..hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, parse_size, resolve
+from ..options import EngineOptions, TuneOptions
+from ..plan import DEFAULT_CTX, DIALECTS, KV_TYPES, Knobs, Plan, gpu_index, is_gpu
+from ..validate import check_dialect
 
 # the demo's study: what studies/demo.toml spells out (a test holds the two equal), built in so that `demo` runs
 # from any folder. Qwen3-30B-A3B Q4_K_M on a 16 GiB RTX 4090 with dual-channel DDR5, sim engine, objective both.
@@ -82,8 +82,8 @@ def commands_for(plan: Plan, inv, model: str, build: Build | None = None) -> Com
     A tool that cannot express the plan (ik's llama-bench has no -op) costs only its own line: the others are
     still printed, the reason is kept, and for ik the plan is measured with llama-sweep-bench instead, which
     reads the server's flags (examples/sweep-bench uses the common parser)."""
-    from .errors import FlagError
-    from .flags import render
+    from ..errors import FlagError
+    from ..flags import render
     lines: dict[str, str] = {}
     cannot: dict[str, str] = {}
     for tool in TOOLS:
@@ -123,13 +123,13 @@ def _mmap_words(plan: Plan, build: Build) -> str:
     """How the target spells the plan's mmap choice (mainline -lm none since PR 20834; --no-mmap before; ik)."""
     if plan.knobs.mmap:
         return "mmap"
-    from .builds import Feature
+    from ..builds import Feature
     return "-lm none" if build.has(Feature.LOAD_MODE) else "--no-mmap"
 
 
 def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
     """Runs of consecutive layers with the same placement pattern: home device and where experts sit."""
-    from .flags import home_devices
+    from ..flags import home_devices
     homes = home_devices(assignment, inv)
     rows: list[dict] = []
     for il in range(inv.n_layer):
@@ -153,7 +153,7 @@ def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
 
 
 def _print_layers(inv, assignment: dict[str, str]) -> None:
-    from .tuner.report import table
+    from ..tuner.report import table
     out_dev = assignment.get("output.weight", assignment.get("output_norm.weight", "CPU"))
     rows = [["token_embd", assignment.get("token_embd.weight", "CPU"), "-"], ["output", out_dev, "-"]]
     for r in layer_summary(inv, assignment):
@@ -185,8 +185,8 @@ def inspect_json(inv) -> dict:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .loader import load_model
-    from .tuner.report import inventory_summary, table
+    from ..loader import load_model
+    from ..tuner.report import inventory_summary, table
     inv = load_model(args.model)
     hp = inv.hparams
     groups = inv.groups()
@@ -230,7 +230,7 @@ class PlanOutcome:
     cmds: Commands
 
     def to_json(self) -> dict:
-        from .memory import estimate
+        from ..memory import estimate
         best, inv, hw = self.ranked[0], self.inv, self.hw
         return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
                 "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
@@ -243,8 +243,8 @@ class PlanOutcome:
 
 
 def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
-    from .loader import load_model
-    from .propose import Budget, best_plans
+    from ..loader import load_model
+    from ..propose import Budget, best_plans
     inv = load_model(args.model)
     check_dialect(inv, args.dialect)
     hw = _hardware(args)
@@ -253,7 +253,7 @@ def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
     if args.top < 1:
         raise InputError(f"--top {args.top}: list at least 1 candidate")
     build = _target_build(args)
-    from .builds import Feature
+    from ..builds import Feature
     if args.dialect == "ik" and not build.has(Feature.ONLY_ACTIVE_EXPERTS):
         knobs = replace(knobs, only_active_experts=False)   # before ik PR 698 every expert is uploaded
     if args.dialect == "ik" and inv.hparams.is_mla and args.amb is None:
@@ -267,7 +267,7 @@ def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .tuner.report import inventory_summary, memory_table, table
+    from ..tuner.report import inventory_summary, memory_table, table
     o = plan_outcome(args)
     if args.json:
         _emit_json(o.to_json())
@@ -318,10 +318,10 @@ class ExplainOutcome:
 
 
 def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
-    from .cost import predict
-    from .flags import parse
-    from .loader import load_model
-    from .memory import estimate
+    from ..cost import predict
+    from ..flags import parse
+    from ..loader import load_model
+    from ..memory import estimate
     inv = load_model(args.model)
     if not args.llama_args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
@@ -348,7 +348,7 @@ def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .tuner.report import inventory_summary, memory_table
+    from ..tuner.report import inventory_summary, memory_table
     o = explain_outcome(args)
     if args.json:
         _emit_json(o.to_json())
@@ -443,10 +443,10 @@ class TuneInputs:
 
 
 def tune_inputs(args: TuneOptions) -> TuneInputs:
-    from .loader import load_model
-    from .tuner.objectives import parse_objective
-    from .tuner.search import slug
-    from .workload import Workload
+    from ..loader import load_model
+    from ..tuner.objectives import parse_objective
+    from ..tuner.search import slug
+    from ..workload import Workload
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
     inv = load_model(args.model)
@@ -465,20 +465,20 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
 def cmd_tune(args: TuneOptions) -> int:
     """`tune`, from options built at the edge (flags, a spec, or the demo's)."""
     from pathlib import Path
-    from .tuner.search import Tuner, default_storage
-    from .tuner.space import SpaceConfig
-    from .studyspec import storage_beside
+    from ..tuner.search import Tuner, default_storage
+    from ..tuner.space import SpaceConfig
+    from ..studyspec import storage_beside
     t = tune_inputs(args)
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
-        from .tuner.storage import check_output_folder
+        from ..tuner.storage import check_output_folder
         check_output_folder(out, "--out")
     engine = load_engine(args.engine_options(), hw)
-    from .tuner.search import STUDIES_DIR, make_storage, sqlite_path
+    from ..tuner.search import STUDIES_DIR, make_storage, sqlite_path
     if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
-        from .tuner.storage import check_sqlite_folder, lock_sqlite
+        from ..tuner.storage import check_sqlite_folder, lock_sqlite
         check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
         lock_sqlite(sqlite_path(storage))
     make_storage(storage)                         # the driver, the folder, the database answer
@@ -523,7 +523,7 @@ def cmd_tune(args: TuneOptions) -> int:
                           "more --gpu memory or a smaller --margin")
     summary = None if args.no_report else _write_report(tuner.study, out)
     if args.json:
-        from .tuner.report import study_summary
+        from ..tuner.report import study_summary
         s = summary or study_summary(tuner.study)
         s = dict(s, storage=storage, run={"measured": result.measured, "trials": result.trials,
                                           "engine_runs": s.get("engine_runs"),
@@ -547,7 +547,7 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
 
 
 def _write_report(study, out):
-    from .tuner.report import write_study_report
+    from ..tuner.report import write_study_report
     try:
         return write_study_report(study, out)
     except OSError as e:
@@ -555,7 +555,7 @@ def _write_report(study, out):
 
 
 def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
-    from .tuner.cost_fit import CostFit
+    from ..tuner.cost_fit import CostFit
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
     print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s['n_trials']} trials in all ({counts}); storage {storage}")
@@ -578,7 +578,7 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
     for title, r in picks:
         rows.append([f"{title} (trial {r['trial']})", f"{r['tg_tps']:.2f}", f"{r['pp_tps']:.1f}",
                      fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"])
-    from .tuner.report import table
+    from ..tuner.report import table
     print()
     print(table(["config", "TG t/s", "PP t/s", "peak VRAM"], rows))
     for title, r in picks:
@@ -594,8 +594,8 @@ def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the embedded default: a whole study on the sim engine, its report and the best flags."""
     from pathlib import Path
-    from .tuner.search import default_storage, sqlite_path
-    from .studyspec import load_spec, storage_beside
+    from ..tuner.search import default_storage, sqlite_path
+    from ..studyspec import load_spec, storage_beside
     base = TuneOptions(**load_spec(args.spec)) if args.spec else DEMO
     opts = replace(base, fresh=True, quiet=args.quiet, trials=args.trials if args.trials is not None else base.trials,
                    pool=args.pool if args.pool is not None else base.pool)
@@ -623,11 +623,11 @@ def _cuda_available() -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-    from .tuner.report import study_summary
-    from .tuner.search import default_storage, load_study
+    from ..tuner.report import study_summary
+    from ..tuner.search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
     out = Path(args.out) if args.out else Path("reports") / args.study
-    from .tuner.storage import check_output_folder
+    from ..tuner.storage import check_output_folder
     check_output_folder(out, "--out")
     study = load_study(args.study, storage)
     s = _write_report(study, out)
@@ -650,8 +650,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The HTTP API and web view (planner/service): configuration is checked here, the serving is there."""
     import os
     from pathlib import Path
-    from .service.config import ENGINES, ServerConfig
-    from .service.security import check_bind
+    from ..service.config import ENGINES, ServerConfig
+    from ..service.security import check_bind
     token = args.token or os.environ.get("OFFLOAD_TUNER_TOKEN") or None
     check_bind(args.host, token)
     if not 0 <= args.port <= 65535:
@@ -665,13 +665,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"--models {missing[0]}: not a folder")
     if args.storage:
-        from .tuner.storage import resolve_url
+        from ..tuner.storage import resolve_url
         resolve_url(args.storage)
     config = ServerConfig(host=args.host, port=args.port, storage=args.storage, model_dirs=dirs, token=token,
                           engines=names, llama_bench=args.llama_bench,
                           max_tunes=_positive(args.max_tunes, "--max-tunes"),
                           max_trials=_positive(args.max_trials, "--max-trials"))
-    from .service.app import serve
+    from ..service.app import serve
     print(f"# offload-tuner serve: http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}/ "
           f"(API docs at /docs, /openapi.json); studies in {args.storage or str(config.studies_dir) + '/'}",
           file=sys.stderr, flush=True)
