@@ -1,5 +1,5 @@
 """`offload-tuner run` (measure one plan on an engine) and `explain --oracle` (llama-fit-params next to our
-memory model). planner/cli.py registers the commands; the work is here, where the runtime is.
+memory model). planner/cli/runtime_cmds.py registers the commands; the work is here, where the runtime is.
 
     offload-tuner run MODEL --engine llamacpp|sim|torch [--llama-bench PATH] (--plan FILE | -- <llama.cpp args>)
                       [--n-prompt N --n-gen N --depth N --reps N] [--gpu SIZE | --hardware P] [--json]
