@@ -70,6 +70,7 @@ def test_the_chosen_placement_is_ik_pattern_and_our_parser_reads_it(model):
     assert IkFitChoice(10, 20, ()).args() == ("-ngl", "999")       # everything fitted
 
 
+@pytest.mark.slow
 def test_a_tune_study_on_ik_sweep_bench_stores_the_fit_baseline(ik_binaries, model, tmp_path, capsys):
     args = ["tune", str(model), "--engine", "llamacpp", "--llama-bench", str(ik_binaries["llama-sweep-bench"]),
             "--dialect", "ik", "--cpu-stand-in", "--gpu", "1GiB", "--trials", "2", "--n-prompt", "16", "--n-gen", "4",

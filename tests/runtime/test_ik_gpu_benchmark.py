@@ -23,6 +23,7 @@ def bench(monkeypatch):
     return mod
 
 
+@pytest.mark.slow
 def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
     out = tmp_path / "out"
     argv = ["--cpu", "--workdir", str(tmp_path / "work"), "--out", str(out), "--name", "ik_gpu_cpu",

@@ -65,6 +65,7 @@ def _tune_vs_fit(monkeypatch):
     return bench
 
 
+@pytest.mark.slow
 def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
     """benchmarks/tune_vs_fit.py --cpu: the GPU benchmark's whole pipeline on the CPU build; the JSON has the rows
     the issue asks for, and a second call resumes (nothing left to run)."""
@@ -84,6 +85,7 @@ def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
     assert bench.main(argv) == 0          # resumed: every cell is confirmed already
 
 
+@pytest.mark.slow
 def test_reconfirm_runs_a_refused_server_fit_and_confirms_again(llama_bench, tmp_path, monkeypatch):
     """A study whose '--fit's placement in a server' was refused by an older budget check (the H100 16 GiB cell
     of the first benchmark) gets it measured, unjudged, and a new confirmation that interleaves it."""

@@ -160,6 +160,7 @@ def test_token_off_loopback(workdir):
         s.stop()
 
 
+@pytest.mark.slow
 def test_tune_lifecycle(server):
     with server.client() as c:
         r = c.post("/api/tunes", json={"model": MODEL, **HW, "trials": 150, "pool": 40, "study": "api-stop",
@@ -179,6 +180,7 @@ def test_tune_lifecycle(server):
         assert d["n_trials"] >= 3
 
 
+@pytest.mark.slow
 def test_a_killed_worker_costs_only_its_job(server):
     with server.client() as c:
         job = c.post("/api/tunes", json={"model": MODEL, **HW, "trials": 150, "pool": 40, "study": "api-kill",

@@ -105,6 +105,7 @@ def test_explain_page_shows_every_device(server, chrome):
     assert err.startswith("offload-tuner: error: -ot") and "comma" in err
 
 
+@pytest.mark.slow
 def test_study_page_is_live_while_a_tune_runs(server, chrome):
     from selenium.webdriver.common.by import By
     with server.client() as c:

@@ -3,6 +3,8 @@ reports/service/load.json and printed), then a storm of malformed requests (all 
 the server and its tune are still fine."""
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import json
 import time
@@ -59,6 +61,7 @@ async def _storm(url: str) -> list[int]:
             [r.text if isinstance(r, httpx.Response) else r[1] for r in out]
 
 
+@pytest.mark.slow
 def test_load_with_a_running_study_and_a_malformed_storm(server):
     with server.client() as c:
         job = c.post("/api/tunes", json={"model": MODEL, **HW, "trials": 60, "pool": 60, "study": "load",
