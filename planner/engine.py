@@ -47,7 +47,13 @@ class Measurement:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Anything that can measure a Plan. `name` is "sim", "torch" or "llamacpp"."""
+    """Anything that can measure a Plan. `name` is "sim", "torch" or "llamacpp".
+
+    Optional methods the tuner uses when an engine has them (getattr):
+    - `run_context(workload[, plan]) -> int`: the context a run holds when it differs from the plan's -c (llama-bench:
+      its prompt test's; llama-sweep-bench: whole ubatch rows of the plan, hence the plan); the tuner adds the memory
+      model's difference to each measured peak, to judge the emitted command at its own context;
+    - `own_fit(inv, workload, budgets) -> EngineFit | None`: the engine's own --fit at those per-GPU budgets."""
     name: str
 
     def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:

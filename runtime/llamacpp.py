@@ -507,10 +507,13 @@ class LlamaCppEngine:
             argv.append("-v")
         return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), workload)
 
-    def run_context(self, workload: Workload) -> int:
-        """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: one
-        for the row it reads), so the tuner can add the memory model's KV and compute for the emitted -c."""
+    def run_context(self, workload: Workload, plan: Plan | None = None) -> int:
+        """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: the
+        -c of the plan's run, whole ubatch rows up to the one it reads), so the tuner can add the memory model's KV
+        and compute for the emitted -c. Without the plan, sweep-bench's smallest (-ub 512)."""
         if self.info.tool == "sweep":
+            if plan is not None:
+                return sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, workload)
             return workload.depth + max(workload.n_gen, 512)
         return max(bench_contexts(workload), default=0)
 

@@ -35,6 +35,7 @@ measured PP/TG and peak bytes per device (user attrs), so reports need neither t
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -273,6 +274,9 @@ class Tuner:
         # An engine without run_context (sim: the memory model at n_ctx) measures at n_ctx itself.
         run_context = getattr(engine, "run_context", None)
         self.run_ctx = min(run_context(workload), self.n_ctx) if run_context else self.n_ctx
+        # llama-sweep-bench's context follows the plan's ubatch (one row of it): such engines take the plan
+        self._run_ctx_of_plan = run_context if run_context and "plan" in inspect.signature(run_context).parameters \
+            else None
         self.settings = Settings(model=model or inv.source or inv.name, model_id=inv.source or inv.name,
                                  engine=getattr(engine, "name", type(engine).__name__), hardware=_hw_key(hw),
                                  dialect=dialect, objective=self.objective.text, workload=asdict(workload),
@@ -709,11 +713,13 @@ class Tuner:
     def peaks_at_ctx(self, plan: Plan, peaks: dict[str, int]) -> dict[str, int]:
         """Measured GPU peaks plus what the emitted command holds more at --ctx than the run did at its own
         context (KV and compute, per the memory model): the VRAM the user's command will use."""
-        if self.run_ctx >= self.n_ctx or not peaks:
+        run_ctx = min(self._run_ctx_of_plan(self.workload, plan), self.n_ctx) if self._run_ctx_of_plan \
+            else self.run_ctx
+        if run_ctx >= self.n_ctx or not peaks:
             return dict(peaks)
         from ..memory import estimate
         at_ctx = estimate(self.inv, plan, self.hw).devices
-        at_run = estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=self.run_ctx)), self.hw).devices
+        at_run = estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=run_ctx)), self.hw).devices
         return {d: int(v) + max(at_ctx[d].total - at_run[d].total, 0) if d in at_ctx and d in at_run else int(v)
                 for d, v in peaks.items()}
 
