@@ -51,3 +51,18 @@ def ik_binaries() -> dict[str, Path]:
     except IkSourceMissing as e:
         pytest.skip(str(e))
 
+
+@pytest.fixture
+def bench_script():
+    """bench_scripts.load_benchmark for one test: the modules it loads leave sys.modules afterwards."""
+    import sys
+
+    from bench_scripts import load_benchmark
+    loaded: list[str] = []
+
+    def load(name: str) -> Any:
+        loaded.append(name)
+        return load_benchmark(name)
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)

@@ -3,7 +3,6 @@ study, the comparison; a second call resumes both without redoing anything; the 
 when the torch engine cannot run here."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,16 +12,10 @@ import pytest
 from planner.hardware import GiB
 from planner.memory import estimate
 
-PATH = Path(__file__).parents[2] / "benchmarks" / "torch_study.py"
-
-
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("torch_study", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["torch_study"] = mod
-    spec.loader.exec_module(mod)
-    yield mod
+    from bench_scripts import load_benchmark
+    yield load_benchmark("torch_study")
     sys.modules.pop("torch_study", None)
 
 

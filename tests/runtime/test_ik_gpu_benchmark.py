@@ -3,10 +3,7 @@ ik's --fit, the interleaved comparison with mainline's --fit) on the CPU ik and 
 a second call resumes with nothing left to run; bad input is one line and exit 2."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +11,8 @@ pytestmark = [pytest.mark.ik, pytest.mark.llamacpp]
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    path = Path(__file__).parents[2] / "benchmarks" / "ik_gpu.py"
-    spec = importlib.util.spec_from_file_location("ik_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "ik_gpu", mod)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(bench_script):
+    return bench_script("ik_gpu")
 
 
 @pytest.mark.slow

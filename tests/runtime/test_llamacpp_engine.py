@@ -531,14 +531,8 @@ def test_cli_run_bad_input_is_one_line(models, tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.llamacpp
-def test_gpu_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
-    import importlib.util
-    import sys
-    path = Path(__file__).parents[2] / "benchmarks" / "llamacpp_gpu.py"
-    spec = importlib.util.spec_from_file_location("llamacpp_gpu", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "llamacpp_gpu", bench)
-    spec.loader.exec_module(bench)
+def test_gpu_benchmark_dry_run(llama_bench, tmp_path, bench_script):
+    bench = bench_script("llamacpp_gpu")
     out = tmp_path / "out"
     code = bench.main(["--cpu", "--workdir", str(tmp_path / "work"), "--out", str(out), "--budgets", "4",
                        "--plans", "all-gpu,attn-only-nopo,exps-first3-ub2048,planner-4G", "--n-prompt", "16"])

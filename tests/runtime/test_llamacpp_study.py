@@ -52,24 +52,10 @@ def test_a_llamacpp_study_measures_fit_keeps_its_baselines_and_reports_ratios(ll
 
 
 @pytest.mark.slow
-def _tune_vs_fit(monkeypatch):
-    """benchmarks/tune_vs_fit.py as a module (it is a script, not a package member)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-    path = Path(__file__).parents[2] / "benchmarks" / "tune_vs_fit.py"
-    spec = importlib.util.spec_from_file_location("tune_vs_fit", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "tune_vs_fit", bench)
-    spec.loader.exec_module(bench)
-    return bench
-
-
-@pytest.mark.slow
-def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
+def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, bench_script):
     """benchmarks/tune_vs_fit.py --cpu: the GPU benchmark's whole pipeline on the CPU build; the JSON has the rows
     the issue asks for, and a second call resumes (nothing left to run)."""
-    bench = _tune_vs_fit(monkeypatch)
+    bench = bench_script("tune_vs_fit")
     argv = ["--cpu", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--budgets", "1",
             "--depths", "0", "--runs", "14", "--confirm", "2", "--pool", "20"]
     assert bench.main(argv) == 0
@@ -86,11 +72,11 @@ def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_reconfirm_runs_a_refused_server_fit_and_confirms_again(llama_bench, tmp_path, monkeypatch):
+def test_reconfirm_runs_a_refused_server_fit_and_confirms_again(llama_bench, tmp_path, bench_script):
     """A study whose '--fit's placement in a server' was refused by an older budget check (the H100 16 GiB cell
     of the first benchmark) gets it measured, unjudged, and a new confirmation that interleaves it."""
     import optuna
-    bench = _tune_vs_fit(monkeypatch)
+    bench = bench_script("tune_vs_fit")
     argv = ["--cpu", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--budgets", "1",
             "--depths", "0", "--runs", "12", "--confirm", "2", "--pool", "20"]
     assert bench.main(argv) == 0
