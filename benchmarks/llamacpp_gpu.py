@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -432,7 +433,32 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], fits: list[dict[st
                          f"{r.get('n_overridden', '-')} | {r.get('error', mism) or '-'} |")
         lines.append("")
     (out_dir / "llamacpp_gpu.md").write_text("\n".join(lines) + "\n")
-    log(f"report: {out_dir / 'llamacpp_gpu.md'} and .json ({len(plans)} plans, {len(fits)} budgets)")
+    n_runs = write_runs(plans, out_dir / "llamacpp_gpu_runs.jsonl")
+    log(f"report: {out_dir / 'llamacpp_gpu.md'} and .json ({len(plans)} plans, {len(fits)} budgets), "
+        f"{n_runs} runs in llamacpp_gpu_runs.jsonl")
+
+
+def write_runs(plans: list[dict[str, Any]], path: Path) -> int:
+    """Every plan measured on the GPU as a line of the shared runs format (llama_bench_args after -m MODEL, env,
+    pp_tps, tg_tps, peak_vram_mib), so benchmarks/cost_model.py can score the cost model on this call's runs:
+    the op offload on/off pairs among the plans included."""
+    n = 0
+    with path.open("w") as f:
+        for p in plans:
+            m = p.get("measurement") or {}
+            if p.get("cpu_mode") or not m.get("ok"):
+                continue
+            words = shlex.split(p["command"])
+            i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
+            env = dict(w.split("=", 1) for w in words[:i])
+            args = words[i + 1:]
+            if "-m" in args:
+                del args[args.index("-m"):args.index("-m") + 2]
+            f.write(json.dumps({"study": "llamacpp_gpu", "plan": p["name"], "env": env, "llama_bench_args": args,
+                                "pp_tps": m["pp_tps"], "tg_tps": m["tg_tps"],
+                                "peak_vram_mib": sum((m.get("peak_bytes") or {}).values()) // MiB}) + "\n")
+            n += 1
+    return n
 
 
 # ---- main ------------------------------------------------------------------------------------------------------------

@@ -264,13 +264,75 @@ def _ram_bytes() -> int:
     return 0
 
 
+def _is_rate(key: str) -> bool:
+    return "bytes_per_s" in key or "flops" in key
+
+
+def merge_sweeps(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement from several whole sweeps: each ceiling (a rate: bytes/s, FLOP/s) the best sweep's, as a
+    ceiling is the best run; each per-op time (launch, split, ...) and each `_median` the median over sweeps;
+    anything else (name, sizes, threads) the first sweep's."""
+    out: dict[str, Any] = {}
+    for key, first in sweeps[0].items():
+        vals = [s[key] for s in sweeps if isinstance(s.get(key), (int, float))]
+        if not isinstance(first, (int, float)) or isinstance(first, bool) or len(vals) != len(sweeps):
+            out[key] = first
+        elif _is_rate(key) and not key.endswith("_median"):
+            out[key] = max(vals)
+        elif _is_rate(key) or key.endswith("_s"):
+            out[key] = statistics.median(vals)
+        else:
+            out[key] = first
+    return out
+
+
+# the ceilings the profile takes, by where they sit in a sweep (what `sweep_spread` reports)
+HEADLINE_HOST = ("gemv_bytes_per_s", "copy_bytes_per_s", "gemm_flops_b512")
+HEADLINE_GPU = ("gemv_bytes_per_s", "gemm_flops", "h2d_pinned_bytes_per_s", "h2d_pageable_bytes_per_s")
+
+
+def sweep_spread(sweeps: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:
+    """max / min - 1 of each ceiling over the sweeps: how much one short calibration can be off on this machine."""
+    out = {}
+    for k in keys:
+        vals = [s[k] for s in sweeps if s.get(k)]
+        if len(vals) == len(sweeps) and min(vals) > 0:
+            out[k] = max(vals) / min(vals) - 1
+    return out
+
+
+def host_load() -> dict[str, float]:
+    """The 1-minute load average and the CPU count (a busy host reads every ceiling low, the GPU's too: the
+    timing loops are launched from the host)."""
+    try:
+        load1 = os.getloadavg()[0]
+    except OSError:
+        load1 = float("nan")
+    return {"load1": load1, "cpus": float(os.cpu_count() or 1)}
+
+
+BUSY_LOAD_SHARE = 0.25   # a 1-minute load above this share of the CPUs before measuring: say the host is busy
+
+
 def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | None = None,
-              name: str = "calibrated") -> tuple[HardwareProfile, dict[str, Any]]:
-    """Measure this machine (all its GPUs, its host): the HardwareProfile and every raw measurement."""
+              name: str = "calibrated", sweeps: int = 1, pause_s: float = 2.0
+              ) -> tuple[HardwareProfile, dict[str, Any]]:
+    """Measure this machine (all its GPUs, its host): the HardwareProfile and every raw measurement. With
+    sweeps > 1 the whole measurement repeats (pause_s apart) and the sweeps merge (merge_sweeps); their spread
+    is kept, with the host's load before each."""
     torch = _torch()
-    host = measure_host(dtype_name, size_bytes, threads)
-    gpus = [measure_gpu(i, dtype_name, size_bytes) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    host_sweeps: list[dict[str, Any]] = []
+    gpu_sweeps: list[list[dict[str, Any]]] = []
+    loads = []
+    for i in range(max(1, sweeps)):
+        if i:
+            time.sleep(pause_s)
+        loads.append(host_load())
+        host_sweeps.append(measure_host(dtype_name, size_bytes, threads))
+        gpu_sweeps.append([measure_gpu(g, dtype_name, size_bytes) for g in range(n_gpu)])
+    host = merge_sweeps(host_sweeps)
+    gpus = [merge_sweeps([s[g] for s in gpu_sweeps]) for g in range(n_gpu)]
     defaults = Overheads()
     overheads = defaults
     link = Link(h2d_pinned=0.0, h2d_pageable=0.0)
@@ -292,7 +354,25 @@ def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | No
         link=link, overheads=overheads,
         source=f"offload-tuner calibrate ({dtype_name}, {time.strftime('%Y-%m-%d %H:%M')})",
     )
-    return profile, {"dtype": dtype_name, "host": host, "gpus": gpus, "gpu": "present" if gpus else "absent"}
+    calibration: dict[str, Any] = {"dtype": dtype_name, "host": host, "gpus": gpus,
+                                   "gpu": "present" if gpus else "absent", "sweeps": len(host_sweeps),
+                                   "load_before": loads}
+    if len(host_sweeps) > 1:
+        calibration["sweep_spread"] = {"host": sweep_spread(host_sweeps, HEADLINE_HOST),
+                                       **{f"CUDA{g}": sweep_spread([s[g] for s in gpu_sweeps], HEADLINE_GPU)
+                                          for g in range(n_gpu)}}
+    if busy := busy_note(loads):
+        calibration["busy"] = busy
+    return profile, calibration
+
+
+def busy_note(loads: list[dict[str, float]]) -> str:
+    """'' when the host was idle before every sweep, else what a user should know: its ceilings read low."""
+    busy = [x["load1"] for x in loads if x["load1"] > BUSY_LOAD_SHARE * x["cpus"]]
+    if not busy:
+        return ""
+    return (f"1-minute load {max(busy):.1f} on {int(loads[0]['cpus'])} CPUs before measuring: other work lowers "
+            "every ceiling (by 10% or more on the GPU box); calibrate an idle machine")
 
 
 def profile_json(profile: HardwareProfile, calibration: dict[str, Any]) -> dict[str, Any]:
@@ -310,6 +390,11 @@ def _summary(d: dict[str, Any]) -> str:
              f"{h.get('gemm_flops_b32', 0) / 1e12:.2f} (batch 32), {int(h.get('threads', 0))} threads "
              f"(best runs; medians GEMV {h.get('gemv_bytes_per_s_median', 0) / 1e9:.1f} GB/s, GEMM "
              f"{h.get('gemm_flops_b512_median', 0) / 1e12:.2f} / {h.get('gemm_flops_b32_median', 0) / 1e12:.2f})"]
+    for where, spread in (c.get("sweep_spread") or {}).items():
+        lines.append(f"{where}: {c['sweeps']} sweeps, ceilings spread " + ", ".join(
+            f"{k.replace('_bytes_per_s', '').replace('_flops', ' flops')} {100 * v:.1f}%" for k, v in spread.items()))
+    if c.get("busy"):
+        lines.append(f"warning: {c['busy']}")
     if not c.get("gpus"):
         lines.append("gpu: absent (no CUDA device): the profile has no GPUs; give --gpu sizes to plan for one")
     for i, g in enumerate(c.get("gpus", [])):
@@ -333,6 +418,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     p.add_argument("--size", default="1GiB", help="bytes per bandwidth test (default 1GiB)")
     p.add_argument("--name", default="calibrated", help="profile name")
+    p.add_argument("--sweeps", type=int, default=2, help="whole measurements to merge: the best of each ceiling, "
+                   "the median of each per-op time (default 2; their spread is reported)")
     p.add_argument("--json", action="store_true", help="print the profile JSON on stdout")
 
 
@@ -350,8 +437,11 @@ def calibrate_main(args: argparse.Namespace) -> int:
         if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
             raise InputError(f"--out {out}: cannot write a file there (a folder, or a folder that does not exist "
                              "or is not writable)")
+    sweeps = getattr(args, "sweeps", 2)
+    if not 1 <= sweeps <= 20:
+        raise InputError(f"--sweeps {sweeps}: give 1 to 20 whole measurements")
     profile, calibration = calibrate(getattr(args, "dtype", "bf16"), size, getattr(args, "threads", None),
-                                     getattr(args, "name", None) or "calibrated")
+                                     getattr(args, "name", None) or "calibrated", sweeps)
     d = profile_json(profile, calibration)
     text = json.dumps(d, indent=2)
     if out:

@@ -5,7 +5,9 @@ import argparse
 import json
 
 from planner.hardware import LLAMACPP_SHARES, load_hardware
-from runtime.calibrate import add_calibrate_arguments, calibrate_main
+import pytest
+
+from runtime.calibrate import add_calibrate_arguments, busy_note, calibrate_main, merge_sweeps, sweep_spread
 
 
 def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys) -> None:
@@ -25,3 +27,34 @@ def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys) -> N
     else:
         assert profile.gpus[0].mem_bw > 0 and profile.link.h2d_pinned > 0
         assert profile.overheads.sync_s > 0 and profile.link.copy_call_s >= 0
+    # two sweeps by default: merged, their spread reported
+    assert raw["sweeps"] == 2 and len(raw["load_before"]) == 2
+    assert set(raw["sweep_spread"]["host"]) == {"gemv_bytes_per_s", "copy_bytes_per_s", "gemm_flops_b512"}
+    assert "2 sweeps, ceilings spread" in printed
+
+
+def test_sweeps_merge_best_ceiling_and_median_times() -> None:
+    a = {"name": "H100", "threads": 16.0, "gemv_bytes_per_s": 100.0, "gemv_bytes_per_s_median": 90.0,
+         "gemm_flops": 7.0, "launch_s": 5e-6, "vram_bytes": 80}
+    b = {**a, "gemv_bytes_per_s": 120.0, "gemv_bytes_per_s_median": 80.0, "gemm_flops": 6.0, "launch_s": 9e-6}
+    c = {**a, "gemv_bytes_per_s": 110.0, "gemv_bytes_per_s_median": 85.0, "launch_s": 6e-6}
+    m = merge_sweeps([a, b, c])
+    # a ceiling is the best sweep's, a median or a per-op time the median sweep's, the rest the first's
+    assert m == {"name": "H100", "threads": 16.0, "gemv_bytes_per_s": 120.0, "gemv_bytes_per_s_median": 85.0,
+                 "gemm_flops": 7.0, "launch_s": 6e-6, "vram_bytes": 80}
+    assert sweep_spread([a, b, c], ("gemv_bytes_per_s", "gemm_flops")) == pytest.approx(
+        {"gemv_bytes_per_s": 0.2, "gemm_flops": 7 / 6 - 1})
+
+
+def test_busy_host_is_named() -> None:
+    assert busy_note([{"load1": 1.0, "cpus": 16.0}, {"load1": 3.9, "cpus": 16.0}]) == ""
+    note = busy_note([{"load1": 1.0, "cpus": 16.0}, {"load1": 12.5, "cpus": 16.0}])
+    assert note.startswith("1-minute load 12.5 on 16 CPUs") and "idle" in note
+
+
+def test_bad_sweeps_is_one_line(capsys) -> None:
+    from planner.errors import InputError
+    ap = argparse.ArgumentParser()
+    add_calibrate_arguments(ap)
+    with pytest.raises(InputError, match="--sweeps 0"):
+        calibrate_main(ap.parse_args(["--sweeps", "0"]))

@@ -545,3 +545,13 @@ def test_gpu_benchmark_dry_run(llama_bench, tmp_path, bench_script):
     nopo = rep["plans"][1]
     assert "-nopo 1" in nopo["command"] and "-ncmoe" in nopo["command"] and "CUDA0" not in nopo["ran"]
     assert "| attn-only-nopo |" in (out / "llamacpp_gpu.md").read_text()
+    # runs for benchmarks/cost_model.py: none from a CPU dry run (what ran is not the GPU command) ...
+    assert (out / "llamacpp_gpu_runs.jsonl").read_text() == ""
+    # ... and each GPU plan's llama-bench arguments without -m MODEL, op offload off kept
+    gpu_plans = [{**p, "cpu_mode": False} for p in rep["plans"]]
+    assert bench.write_runs(gpu_plans, tmp_path / "runs.jsonl") == 4
+    runs = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["plan"] for r in runs] == ["all-gpu", "attn-only-nopo", "exps-first3-ub2048", "planner-4G"]
+    assert runs[1]["llama_bench_args"][:2] == ["-p", "16"] and "-m" not in runs[1]["llama_bench_args"]
+    assert runs[1]["llama_bench_args"][runs[1]["llama_bench_args"].index("-nopo") + 1] == "1"
+    assert runs[0]["pp_tps"] == rep["plans"][0]["measurement"]["pp_tps"]
