@@ -38,6 +38,9 @@ repeated until it exits 0 (the first call writes the model, ~3 min, if llamacpp_
 Here, without a GPU, the whole pipeline on the CPU ik build and a tiny model, every plan run all-CPU (the CPU
 build's --fit cannot fit anything: the stand-in drops it; ~1 min on 2 cores):
     .venv/bin/python benchmarks/ik_gpu.py --cpu
+After a change to the memory model, a stored GPU report's memory plans predicted again (no runs, no GPU, no model
+file: the synthetic model's inventory is rebuilt from its preset), REPORT_repredict.{md,json} beside it:
+    .venv/bin/python benchmarks/ik_gpu.py --repredict benchmarks/reported/ik_gpu_h100.json
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ IK_BIN = lg.DEFAULT_WORKDIR / "ik_llama.cpp-cuda" / "build" / "bin"
 MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
 MAINLINE_DB = ROOT / "benchmarks" / "results" / "tune_vs_fit" / "tune_vs_fit.db"
 MAINLINE_BENCH = lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+PARTS = ("weights", "kv", "compute", "overhead", "pool")   # planner.memory.DeviceMemory, in the report's order
 LONG_CTX = 8192              # the depth of the long-context memory plans (KV of f16 vs q8_0); --cpu: 1024
 log = lg.log
 
@@ -451,7 +455,7 @@ def _cell(s: dict[str, float] | None, fmt: str = ".1f") -> str:
 def memory_lines(plans: list[dict[str, Any]]) -> list[str]:
     L = ["## GPU memory: predicted vs measured (ik llama-sweep-bench)", "",
          "| plan | ctx | ub | PP t/s | TG t/s | measured MiB | predicted MiB | error MiB | error % | goal MiB | ok | "
-         "ik log: model+KV+compute MiB | model: weights+KV+compute+overhead MiB |",
+         "ik log: model+KV+compute MiB | model: weights+KV+compute+overhead+pool MiB |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for p in plans:
         m, c0, lgd, pr = p["measurement"], p["cuda0"], p.get("log"), p.get("predicted_parts")
@@ -460,7 +464,7 @@ def memory_lines(plans: list[dict[str, Any]]) -> list[str]:
         pct = "-" if c0["error_pct"] is None else f"{c0['error_pct']:+.1f}"
         logged = "-" if not lgd else "+".join(lg._mib(lgd[x]) for x in ("model", "kv")) + \
             f"+{lg._mib(lgd['compute'] + lgd['output'])}"
-        parts = "-" if not pr else "+".join(lg._mib(pr[x]) for x in ("weights", "kv", "compute", "overhead"))
+        parts = "-" if not pr else "+".join(lg._mib(pr.get(x, 0)) for x in PARTS)
         L.append(f"| {p['name']} | {p['n_ctx']} | {p['knobs']['n_ubatch']} | {pp} | {m['tg_tps']:.2f} | "
                  f"{lg._mib(c0['measured_bytes'])} | {lg._mib(c0['predicted_bytes'])} | {lg._mib(c0['error_bytes'])} | "
                  f"{pct} | {lg._mib(c0['goal_bytes'])} | {within} | {logged} | {parts} |")
@@ -572,6 +576,78 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
         f"{len(ml)} mainline contenders)")
 
 
+# ---- predicting a stored report again --------------------------------------------------------------------------------
+
+def synthetic_inventory(source: str = "") -> ModelInventory:
+    """The inventory of the model write_model writes (no file needed): the preset's shape, uniform Q4_0."""
+    from planner.archs import build_inventory
+    from planner.presets import load_preset
+    from runtime.synth import uniform_recipe
+    return build_inventory(load_preset(lg.PRESET).spec, uniform_recipe(lg.QUANT),
+                           name=f"synthetic-{lg.PRESET.split(':')[0]}-{lg.QUANT}", source=source)
+
+
+def repredict(stored: dict[str, Any], inv: ModelInventory, hw: HardwareProfile) -> list[dict[str, Any]]:
+    """Every measured memory plan of a stored GPU report predicted again by today's planner.memory, from the
+    GPU command it recorded (its -c is the context the run held): no engine, no GPU."""
+    from planner.flags import parse
+    out = []
+    for rec in stored.get("memory", []):
+        measured = rec["cuda0"]["measured_bytes"]
+        if measured is None or not rec["command"]:
+            continue
+        plan = parse(rec["command"], inv, "ik").to_plan(str(inv.source), rec["name"])
+        now = estimate(inv, plan, hw).to_dict()["devices"].get("CUDA0", {"total": 0})
+        out.append({"name": rec["name"], "n_ubatch": rec["knobs"]["n_ubatch"], "measured_bytes": measured,
+                    "stored_predicted_bytes": rec["cuda0"]["predicted_bytes"],
+                    "stored_error_bytes": rec["cuda0"]["error_bytes"], "log": rec.get("log"),
+                    "predicted_parts": now, "cuda0": lg.compare(now, measured)})
+    return out
+
+
+def repredict_lines(rows: list[dict[str, Any]], source: str, hw_name: str) -> list[str]:
+    L = [f"# {source}: the memory plans predicted again", "",
+         f"planner.memory (dialect ik, hardware '{hw_name}') today, from each plan's recorded GPU command; measured "
+         "and stored columns as the report has them.", "",
+         "| plan | ub | measured MiB | stored predicted | stored error | predicted now | error now | ok | "
+         "ik log: model+KV+compute MiB | now: weights+KV+compute+overhead+pool MiB |",
+         "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        c0, lgd, pr = r["cuda0"], r["log"], r["predicted_parts"]
+        logged = "-" if not lgd else "+".join(lg._mib(lgd[x]) for x in ("model", "kv")) + \
+            f"+{lg._mib(lgd['compute'] + lgd['output'])}"
+        L.append(f"| {r['name']} | {r['n_ubatch']} | {lg._mib(r['measured_bytes'])} | "
+                 f"{lg._mib(r['stored_predicted_bytes'])} | {lg._mib(r['stored_error_bytes'])} | "
+                 f"{lg._mib(c0['predicted_bytes'])} | {lg._mib(c0['error_bytes'])} | "
+                 f"{'yes' if c0['within_goal'] else '**no**'} | {logged} | "
+                 f"{'+'.join(lg._mib(pr.get(x, 0)) for x in PARTS)} |")
+    over = [r["name"] for r in rows if not r["cuda0"]["within_goal"]]
+    L += ["", f"{len(rows) - len(over)} of {len(rows)} plans within |error| <= max(3%, 256 MiB)"
+          + (f"; over: {', '.join(over)}" if over else "") + "; error = predicted - measured.", ""]
+    return L
+
+
+def run_repredict(args: argparse.Namespace) -> int:
+    path = args.repredict
+    if not path.is_file():
+        raise BadInput(f"--repredict {path}: no such file")
+    stored = json.loads(path.read_text())
+    if stored.get("meta", {}).get("cpu_mode"):
+        raise BadInput(f"--repredict {path}: a CPU dry run has no measured VRAM to predict")
+    model = args.model or Path(stored.get("meta", {}).get("model", ""))
+    inv = load_inventory(model) if model.is_file() else synthetic_inventory(str(model))
+    hw = load_hardware(args.hardware)
+    rows = repredict(stored, inv, hw)
+    out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else path.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{path.stem}_repredict"
+    lg.write_json(out / f"{name}.json", {"source": str(path), "hardware": hw.name, "memory": rows})
+    text = "\n".join(repredict_lines(rows, path.name, hw.name)) + "\n"
+    (out / f"{name}.md").write_text(text)
+    print(text, end="")
+    return 0
+
+
 # ---- main ------------------------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -607,6 +683,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "cell's baselines need about 2 of them)")
     ap.add_argument("--model-min-left", type=float, default=200.0, help="seconds the 17 GB model write needs")
     ap.add_argument("--hardware", default="gpu-box")
+    ap.add_argument("--repredict", type=Path, metavar="REPORT.json", help="no runs: predict the memory plans of a "
+                    "stored GPU report again with today's memory model; writes REPORT_repredict.{md,json} to --out "
+                    "(default: beside it)")
     args = ap.parse_args(argv)
     args.steps = [s for s in args.steps.split(",") if s]
     bad = [s for s in args.steps if s not in STEPS]
@@ -651,7 +730,7 @@ def binaries(args: argparse.Namespace) -> tuple[Path, Path | None]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        return run(args)
+        return run_repredict(args) if args.repredict else run(args)
     except (BadInput, InputError) as e:
         print(f"ik_gpu: error: {e}", file=sys.stderr)
         return 2

@@ -57,6 +57,7 @@ class GPU:
     mem_bw: float              # bytes/s, effective for quantized GEMV (what decode reads at)
     flops: float               # FLOP/s, effective for quantized GEMM in prompt processing
     overhead_bytes: int = 600 * MiB   # CUDA context + cuBLAS, not seen by llama.cpp's allocator (ref. section 6)
+    n_sm: int = 0              # streaming multiprocessors (0: unknown); ik's flash attention sizes a temporary by it
 
 
 @dataclass(frozen=True)

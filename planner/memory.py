@@ -14,10 +14,14 @@ copies of a quantized KV cache, the F16 mask of flash attention), let the schedu
 holes, and the high-water mark it reports is 0-40% above the largest live set on the tiny models of the
 integration test (tests/planner/test_memory_llamacpp.py), which holds weights, KV and compute to llama.cpp's
 own numbers. The graphs are mainline's; for the ik dialect they are an approximation.
+
+ik's GPUs also hold its CUDA pool (pool_bytes): the temporaries of its flash attention, which grow with the ubatch
+and appear in no buffer line ik logs.
 """
 from __future__ import annotations
 
 import copy
+import functools
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
@@ -42,10 +46,11 @@ class DeviceMemory:
     kv: int = 0
     compute: int = 0
     overhead: int = 0
+    pool: int = 0       # ggml-cuda's memory pool: kernels' temporaries outside the logged buffers (ik: pool_bytes)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute + self.overhead
+        return self.weights + self.kv + self.compute + self.overhead + self.pool
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
@@ -494,7 +499,9 @@ def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams, gpus: tup
     private = copy.copy(c)          # _split appends copy tensors: keep the cached graph intact
     for name in ("tensors", "src", "root", "kind", "layout", "inplace", "output", "is_view_op"):
         setattr(private, name, list(getattr(c, name)))
-    private.nbytes = list(_cuda_sizes(c, dev, params.n_tokens))
+    # ik has no such rule (ik ggml-cuda.cu:754-765 sizes every tensor by its bytes): its F16 copies of a quantized
+    # cache come from the CUDA pool (pool_bytes)
+    private.nbytes = list(_cuda_sizes(c, dev, params.n_tokens) if plan.dialect != "ik" else c.nbytes)
     private.index = {}
     private._layouts = dict(c._layouts)
     order, src = _split(private, dev)
@@ -523,6 +530,97 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     return out
 
 
+# ---- the CUDA memory pool (ik) ----------------------------------------------------------------------------------
+#
+# Kernels take their temporaries from a per-device pool that no buffer line logs (ik 8337e4cd ggml-cuda.cu:426-521:
+# on a GPU with virtual memory management it maps physical memory in granularity steps as the high-water mark of its
+# stack rises, and never unmaps it). For a GQA model with flash attention the largest temporary is the attention's
+# own, sized in launch_fattn_mma (ggml-cuda/fattn-mma-f16.cuh:1269-1432): F16 copies of K and V unless the cache is
+# F16, the KV_min_max table from 1024 tokens, and dst_tmp_meta. That last one is allocated as
+# blocks * ncols * (4 + D) * sizeof(float) elements of float2 (fattn-mma-f16.cuh:1389), and on a batch that fills
+# its waves well (>= 75 %, up to 2048 tokens) ik launches one block per tile instead of 2 per SM
+# (fattn-mma-f16.cuh:1372-1385): 264 MiB at 2048 tokens for Qwen3-30B-A3B's 32 heads of 128, 66 MiB at 512.
+# Mainline always takes the stream-k path on Ada and newer, with a block count bounded by the SMs, so the term is
+# ik's. docs/ik_llama.md has the derivation and the H100 numbers.
+
+VMM_GRANULARITY = 2 * MiB     # cuMemGetAllocationGranularity(RECOMMENDED) on NVIDIA GPUs
+POOL_ALIGNMENT = 128          # ggml_cuda_pool_vmm::alloc rounds every request to 128 bytes
+FATTN_KQ_STRIDE = 256         # ggml-cuda/fattn-common.cuh
+DEFAULT_N_SM = 128            # SMs of a GPU whose profile does not say (an RTX 4090's)
+
+
+def _pool_round(n: int) -> int:
+    return -(-n // POOL_ALIGNMENT) * POOL_ALIGNMENT
+
+
+def _ik_fattn_pool(n_tokens: int, head_dim: int, n_head: int, n_head_kv: int, cells: int, n_swa: int,
+                   convert_k: bool, convert_v: bool, n_sm: int) -> int:
+    """Pool bytes ik's MMA flash attention holds at once for a batch of n_tokens (ggml-cuda/fattn.cu:34-172,
+    fattn-mma-f16.cu:152-260, fattn-mma-f16.cuh:1269-1432)."""
+    gqa = n_head // n_head_kv
+    ncols2 = next(c for c in (8, 4, 2, 1) if gqa % c == 0)          # the GQA-optimised kernels (mask, no ALiBi)
+    ncols1 = next((c // ncols2 for c in (8, 16, 32) if n_tokens <= c // ncols2), 64 // ncols2)
+    ncols = ncols1 * ncols2
+    n_kv = cells
+    if n_swa > 0:                                                   # fattn.cu:53-71: only the window is attended
+        window = FATTN_KQ_STRIDE * (-(-(max(FATTN_KQ_STRIDE, n_tokens) + n_swa) // FATTN_KQ_STRIDE))
+        n_kv = min(cells, window)
+    used = 0
+    if convert_k:
+        used += _pool_round(2 * head_dim * n_kv * n_head_kv)
+    if convert_v:
+        used += _pool_round(2 * head_dim * n_kv * n_head_kv)
+    ntiles_x = -(-n_tokens // ncols1)
+    if n_tokens >= 1024:                                            # KV_min_max: one int2 per tile row
+        used += _pool_round(8 * ntiles_x)
+    ntiles_total = ntiles_x * (n_head // ncols2)
+    max_blocks = 2 * n_sm if n_tokens > 1 else n_sm
+    nwaves = -(-ntiles_total // max_blocks)
+    efficiency = 100 * ntiles_total // (max_blocks * nwaves)
+    blocks = max_blocks if efficiency < 75 or n_tokens > 2048 else ntiles_total
+    used += _pool_round(blocks * ncols * (4 + head_dim) * 4 * 8)
+    return used
+
+
+@functools.lru_cache(maxsize=256)
+def ik_fattn_pool_bytes(max_tokens: int, head_dim: int, n_head: int, n_head_kv: int, cells: int, n_swa: int = 0,
+                        convert_k: bool = False, convert_v: bool = False, n_sm: int = DEFAULT_N_SM) -> int:
+    """The pool ik's flash attention grows to over batches of 1..max_tokens tokens (a server sees every size up
+    to the ubatch), rounded to the VMM granularity. Not monotonic: past 2048 tokens, or on a poorly filled last
+    wave, the kernel falls back to 2 blocks per SM and the temporary shrinks."""
+    peak = max(_ik_fattn_pool(b, head_dim, n_head, n_head_kv, cells, n_swa, convert_k, convert_v, n_sm)
+               for b in range(1, max_tokens + 1))
+    return -(-peak // VMM_GRANULARITY) * VMM_GRANULARITY
+
+
+def pool_bytes(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None) -> dict[str, int]:
+    """Per GPU, the CUDA pool the plan's run keeps (ik dialect, flash attention): the largest of its layers'
+    attention temporaries on that GPU. Attention runs where the layer's KV lives (its home, unless -nkvo). Not
+    modelled (0): mainline (its pool peaks are part of the calibrated overhead), ik without flash attention, MLA
+    and K/V head sizes that differ (other kernels), and the smaller temporaries of the other ops."""
+    knobs, hp = plan.knobs, inv.hparams
+    if plan.dialect != "ik" or not knobs.flash_attn or knobs.no_kv_offload:
+        return {}
+    if hp.is_mla or hp.head_dim_k != hp.head_dim_v:
+        return {}
+    homes = home_devices(inv, plan)
+    out: dict[str, int] = {}
+    for il in range(hp.n_layer - hp.n_nextn):
+        dev = homes[il]
+        n_head_kv = hp.n_head_kv[il] if il < len(hp.n_head_kv) else hp.n_head_kv[-1]
+        if dev == "CPU" or n_head_kv <= 0:
+            continue
+        n_sm = DEFAULT_N_SM
+        if hw is not None and gpu_index(dev) < len(hw.gpus) and hw.gpu(dev).n_sm > 0:
+            n_sm = hw.gpu(dev).n_sm
+        swa = hp.n_swa if il < len(hp.swa_layers) and hp.swa_layers[il] else 0
+        b = ik_fattn_pool_bytes(knobs.n_ubatch_eff, hp.head_dim_k, hp.n_head, n_head_kv,
+                                kv_cells(inv, knobs, il, plan.dialect), swa,
+                                knobs.type_k != "f16", knobs.type_v != "f16", n_sm)
+        out[dev] = max(out.get(dev, 0), b)
+    return out
+
+
 # ---- everything -------------------------------------------------------------------------------------------------
 
 def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None) -> MemoryReport:
@@ -530,7 +628,8 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
     # prompt there (-ngl 0 on a GPU box reserves a CUDA0 compute buffer), but a plan without GPU tensors is
     # rendered and budgeted as a CPU-only run by propose.py.
     w, kv, comp = weight_bytes(inv, plan), kv_bytes(inv, plan), compute_bytes(inv, plan)
-    devices = sorted(set(w) | set(kv) | set(comp) | {"CPU"}, key=device_sort_key)
+    pool = pool_bytes(inv, plan, hw)
+    devices = sorted(set(w) | set(kv) | set(comp) | set(pool) | {"CPU"}, key=device_sort_key)
     out = {}
     for d in devices:
         if d == "CPU":
@@ -539,7 +638,7 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
             overhead = hw.gpu(d).overhead_bytes
         else:
             overhead = DEFAULT_GPU_OVERHEAD
-        out[d] = DeviceMemory(w.get(d, 0), kv.get(d, 0), comp.get(d, 0), overhead)
+        out[d] = DeviceMemory(w.get(d, 0), kv.get(d, 0), comp.get(d, 0), overhead, pool.get(d, 0))
     cpu_w = w.get("CPU", 0)
     # CPU weights are mmap'd (page cache) unless mmap is off. ik too: tensors an -ot sends to RAM land in its
     # default host buffer type, which ik maps from the file like the plain CPU one (ik 8337e4cd src/llama.cpp

@@ -177,7 +177,7 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
     sync = lambda: torch.cuda.synchronize(dev)  # noqa: E731
     esize = torch.finfo(dtype).bits // 8
     props = torch.cuda.get_device_properties(dev)
-    out: dict[str, Any] = {"name": props.name}
+    out: dict[str, Any] = {"name": props.name, "n_sm": int(getattr(props, "multi_processor_count", 0))}
     a = torch.ones(256, 256, device=dev)
     (a @ a).sum().item()
     free, total = torch.cuda.mem_get_info(dev)
@@ -348,7 +348,8 @@ def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | No
     profile = HardwareProfile(
         name=name,
         gpus=tuple(GPU(name=g["name"], vram_bytes=int(g["vram_bytes"]), mem_bw=g["gemv_bytes_per_s"],
-                       flops=g["gemm_flops"], overhead_bytes=int(g["context_bytes"])) for g in gpus),
+                       flops=g["gemm_flops"], overhead_bytes=int(g["context_bytes"]), n_sm=int(g.get("n_sm", 0)))
+                   for g in gpus),
         host=Host(ram_bytes=_ram_bytes(), mem_bw=host["gemv_bytes_per_s"], flops=host["gemm_flops_b512"],
                   n_threads=int(host["threads"])),
         link=link, overheads=overheads,

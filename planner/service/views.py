@@ -153,11 +153,13 @@ def _explain_result(o) -> str:
     layers = "".join(f"<tr><td>{e(x)}</td><td>{e(y)}</td><td>{e(z)}</td></tr>" for x, y, z in rows)
     budgets = {f"CUDA{i}": g.vram_bytes for i, g in enumerate(o.hw.gpus)}
     dev_rows = []
-    for dev, m in o.mem.to_dict()["devices"].items():
+    devices = o.mem.to_dict()["devices"]
+    pool = any(m["pool"] for m in devices.values())       # ik's CUDA pool: a column only where there is one
+    keys = ("weights", "kv", "compute", "overhead", *(("pool",) if pool else ()), "total")
+    for dev, m in devices.items():
         over = budgets.get(dev) is not None and m["total"] > budgets[dev]
         dev_rows.append(f"<tr{' class=over' if over else ''}><td>{e(dev)}</td>" +
-                        "".join(f"<td class=r>{e(fmt_bytes(m[k]))}</td>" for k in ("weights", "kv", "compute",
-                                                                                     "overhead", "total")) +
+                        "".join(f"<td class=r>{e(fmt_bytes(m[k]))}</td>" for k in keys) +
                         f"<td class=r>{e(fmt_bytes(budgets[dev])) if dev in budgets else '-'}</td></tr>")
     tensors = "".join(f"<tr><td>{e(n)}</td><td>{e(d)}</td></tr>" for n, d in sorted(a.items()))
     warns = "".join(f"<li>{e(w)}</li>" for w in o.warnings)
@@ -168,7 +170,8 @@ def _explain_result(o) -> str:
             f"<details><summary>every tensor ({len(a)})</summary><table class=grid id=tensors><thead><tr>"
             f"<th>tensor</th><th>device</th></tr></thead><tbody>{tensors}</tbody></table></details>"
             f"<h2>Memory per device</h2><table class=grid id=devices><thead><tr><th>device</th><th>weights</th>"
-            f"<th>KV</th><th>compute</th><th>overhead</th><th>total</th><th>budget</th></tr></thead>"
+            f"<th>KV</th><th>compute</th><th>overhead</th>{'<th>pool</th>' if pool else ''}<th>total</th>"
+            f"<th>budget</th></tr></thead>"
             f"<tbody>{''.join(dev_rows)}</tbody></table>"
             f"<p id=predicted>predicted: PP {o.pred.pp_tps:.1f} t/s, TG {o.pred.tg_tps:.2f} t/s</p>"
             + (f"<h2>Warnings</h2><ul id=warnings>{warns}</ul>" if warns else ""))

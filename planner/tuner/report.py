@@ -29,13 +29,15 @@ def table(headers: list[str], rows: list[list[object]], right: set[int] | None =
 
 def memory_table(report: MemoryReport, budgets: dict[str, int] | None = None) -> str:
     budgets = budgets or {}
+    pool = any(m.pool for m in report.devices.values())     # ik's CUDA pool: a column only where there is one
     rows = []
     for dev in sorted(report.devices, key=device_sort_key):
         m = report.devices[dev]
         b = budgets.get(dev)
         rows.append([dev, fmt_bytes(m.weights), fmt_bytes(m.kv), fmt_bytes(m.compute), fmt_bytes(m.overhead),
-                     fmt_bytes(m.total), fmt_bytes(b) if b else "-"])
-    text = table(["device", "weights", "kv", "compute", "overhead", "total", "budget"], rows)
+                     *([fmt_bytes(m.pool)] if pool else []), fmt_bytes(m.total), fmt_bytes(b) if b else "-"])
+    text = table(["device", "weights", "kv", "compute", "overhead", *(["pool"] if pool else []), "total", "budget"],
+                 rows)
     if report.host_mapped or report.host_pinned:
         text += (f"\nCPU weights: {fmt_bytes(report.host_mapped)} mmap'd (page cache, evictable), "
                  f"{fmt_bytes(report.host_pinned)} pinned")

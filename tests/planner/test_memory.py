@@ -5,7 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from planner.memory import compute_bytes, estimate, kv_bytes, kv_cells, kv_layer_bytes, weight_bytes
+from planner.hardware import MiB, load_hardware
+from planner.memory import (_ik_fattn_pool, compute_bytes, estimate, ik_fattn_pool_bytes, kv_bytes, kv_cells,
+                            kv_layer_bytes, pool_bytes, weight_bytes)
 from planner.plan import Knobs, OffloadPolicy, Plan
 from planner.presets import load_preset, preset_names
 
@@ -133,3 +135,41 @@ def test_mmap_vs_pinned_host_weights():
     # ik 8337e4cd src/llama.cpp ~4735; docs/ik_llama.md); only --no-mmap / -rtr copy them
     ik = estimate(inv, _plan(inv, where, dialect="ik"))
     assert ik.host_mapped == 2 * LAYER_EXPERTS + TOKEN_EMBD and ik.host_pinned == 0
+
+
+def test_ik_flash_attention_pool_on_the_qwen3_30b_shape():
+    # ik 8337e4cd ggml-cuda/fattn-mma-f16.cuh launch_fattn_mma, 32 heads of 128, 4 KV heads (GQA 8: ncols2 8,
+    # ncols1 8, 64 columns a tile), an H100's 132 SMs. 2048 tokens: 256 x 4 = 1024 tiles fill 4 waves of 264
+    # blocks 96 % (>= 75): one block per tile, dst_tmp_meta = 1024 * 64 * (4 + 128) * 4 float2 = 264 MiB, plus
+    # KV_min_max (256 int2) from 1024 tokens; the pool maps 2 MiB steps
+    assert _ik_fattn_pool(2048, 128, 32, 4, 2048, 0, False, False, 132) == 1024 * 64 * 132 * 4 * 8 + 2048
+    assert ik_fattn_pool_bytes(2048, 128, 32, 4, 2048, n_sm=132) == 266 * MiB
+    assert _ik_fattn_pool(512, 128, 32, 4, 512, 0, False, False, 132) == 66 * MiB      # 256 tiles, 1 wave
+    # a server also runs smaller batches: a poorly filled wave takes the stream-k path, 2 blocks per SM
+    assert _ik_fattn_pool(100, 128, 32, 4, 512, 0, False, False, 132) == 264 * 64 * 132 * 4 * 8
+    assert ik_fattn_pool_bytes(512, 128, 32, 4, 512, n_sm=132) == 70 * MiB
+    # past 2048 tokens stream-k again: -ub 4096 holds 68 MiB at 4096 tokens, 266 MiB once a 2048-token batch ran
+    assert _ik_fattn_pool(4096, 128, 32, 4, 4096, 0, False, False, 132) < 69 * MiB
+    assert ik_fattn_pool_bytes(4096, 128, 32, 4, 4096, n_sm=132) == 266 * MiB
+    # a quantized cache is converted to F16 in the pool: K and V of 8704 cells x 4 heads x 128, 8.5 MiB each,
+    # beside the 68.06 MiB of stream-k: 85.06 MiB -> 86
+    assert ik_fattn_pool_bytes(512, 128, 32, 4, 8704, 0, True, True, 132) == 86 * MiB
+
+
+def test_ik_pool_is_on_the_gpus_that_run_attention():
+    inv = f32_inventory(qwen3moe_spec())
+    gpu = _plan(inv, lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0", Knobs(n_ctx=512),
+                "ik")
+    # tiny: 4 heads of 16, 2 KV heads (ncols2 2, 64 columns a tile); 512 tokens make 16 x 2 = 32 tiles, far from
+    # a wave of 2 x 128 blocks (no profile: DEFAULT_N_SM): stream-k, 256 * 64 * (4 + 16) * 4 float2 = 10 MiB
+    assert pool_bytes(inv, gpu) == {"CUDA0": 10 * MiB}
+    rep = estimate(inv, gpu)
+    assert rep.devices["CUDA0"].pool == 10 * MiB and rep.devices["CPU"].pool == 0
+    assert rep.devices["CUDA0"].total == sum(rep.devices["CUDA0"].to_dict()[k]
+                                             for k in ("weights", "kv", "compute", "overhead", "pool"))
+    # the H100 profile's 132 SMs: 264 blocks, 10.3 MiB -> 12
+    assert pool_bytes(inv, gpu, load_hardware("gpu-box")) == {"CUDA0": 12 * MiB}
+    assert pool_bytes(inv, replace(gpu, dialect="mainline")) == {}                        # mainline: in overhead
+    assert pool_bytes(inv, replace(gpu, knobs=Knobs(n_ctx=512, no_kv_offload=True))) == {}  # attention on the CPU
+    assert pool_bytes(inv, replace(gpu, knobs=Knobs(n_ctx=512, flash_attn=False))) == {}
+    assert pool_bytes(inv, _plan(inv, lambda t: "CPU", Knobs(n_ctx=512), "ik")) == {}
