@@ -711,16 +711,18 @@ class Tuner:
             return _Result.failed(f"engine raised {type(e).__name__}: {e}")
 
     def peaks_at_ctx(self, plan: Plan, peaks: dict[str, int]) -> dict[str, int]:
-        """Measured GPU peaks plus what the emitted command holds more at --ctx than the run did at its own
-        context (KV and compute, per the memory model): the VRAM the user's command will use."""
-        run_ctx = min(self._run_ctx_of_plan(self.workload, plan), self.n_ctx) if self._run_ctx_of_plan \
-            else self.run_ctx
-        if run_ctx >= self.n_ctx or not peaks:
+        """Measured GPU peaks moved from the run's own context to the emitted --ctx by what the memory model says
+        the two hold apart (KV and compute): the VRAM the user's command will use. Either way: llama-bench's
+        prompt test holds less than --ctx, while sweep-bench's -c follows the plan's ubatch and can hold more
+        (-ub 4096 runs at -c 4096, where an emitted -c 2112 caps the ubatch at 2112: ~1.3 GiB less compute on
+        the H100 ik study, which a one-way move counted as a +1342 MiB memory model error)."""
+        run_ctx = self._run_ctx_of_plan(self.workload, plan) if self._run_ctx_of_plan else self.run_ctx
+        if run_ctx == self.n_ctx or not peaks:
             return dict(peaks)
         from ..memory import estimate
         at_ctx = estimate(self.inv, plan, self.hw).devices
         at_run = estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=run_ctx)), self.hw).devices
-        return {d: int(v) + max(at_ctx[d].total - at_run[d].total, 0) if d in at_ctx and d in at_run else int(v)
+        return {d: max(int(v) + at_ctx[d].total - at_run[d].total, 0) if d in at_ctx and d in at_run else int(v)
                 for d, v in peaks.items()}
 
     def _judge_peak(self, plan: Plan, m: Any) -> Any:

@@ -222,3 +222,25 @@ def test_a_plan_dependent_run_context_moves_each_peak_from_its_own_run():
     for dev, v in moved.items():
         # the sim's peak at -c 2048 moved to 2112: the memory model at 2112, to the byte (a few MiB of KV added)
         assert v == truth[dev].total, (dev, v, truth[dev].total)
+
+
+def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down():
+    """sweep-bench runs a -ub 4096 plan at -c 4096, but the emitted -c 2112 caps the ubatch at 2112 (llama.cpp
+    and ik: n_ubatch <= n_batch <= n_ctx): the command holds ~half that compute buffer and less KV. The peak is
+    moved down to the memory model at 2112, so the study neither fails the plan over budget nor learns a false
+    memory error of the difference."""
+    inv, hw = _setup()
+    engine = SweepLikeEngine(hw)
+    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1)
+    from planner.plan import Knobs
+    from planner.tuner.baselines import flag_plan
+    plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=4096, n_ubatch=4096),
+                     "mainline", "m")
+    m = engine.measure(inv, plan, WL)
+    moved = tuner.peaks_at_ctx(plan, dict(m.peak_bytes))
+    truth = estimate(inv, plan, hw).devices
+    gpus = [d for d in moved if d != "CPU"]
+    assert gpus
+    for dev in gpus:
+        assert m.peak_bytes[dev] > truth[dev].total           # the run held more than the command will
+        assert moved[dev] == truth[dev].total, (dev, moved[dev], truth[dev].total)
