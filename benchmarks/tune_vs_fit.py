@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
+from planner.tuner.records import TrialRecord  # noqa: E402
 from planner.tuner.report import study_summary, trials_frame  # noqa: E402
 from planner.tuner.search import Tuner  # noqa: E402
 from planner.tuner.space import SpaceConfig  # noqa: E402
@@ -152,9 +153,9 @@ def runs_jsonl(studies, path: Path) -> int:
     with path.open("w") as f:
         for study in studies:
             for t in study.get_trials(deepcopy=False):
-                m, cmd = t.user_attrs.get("measured") or {}, (t.user_attrs.get("candidate") or {}).get("commands", {})
-                bench = cmd.get("llama-bench", "")
-                if not m.get("ok") or not bench or t.user_attrs.get("duplicate_of") is not None:
+                rec = TrialRecord.from_trial(t)
+                m, bench = rec.measured, rec.commands.get("llama-bench", "")
+                if m is None or not m.ok or not bench or rec.duplicate_of is not None:
                     continue
                 words = shlex.split(bench)
                 i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
@@ -163,8 +164,8 @@ def runs_jsonl(studies, path: Path) -> int:
                 if "-m" in args:
                     del args[args.index("-m"):args.index("-m") + 2]
                 f.write(json.dumps({"study": study.study_name, "trial": t.number, "env": env, "llama_bench_args": args,
-                                    "pp_tps": m["pp_tps"], "tg_tps": m["tg_tps"],
-                                    "peak_vram_mib": sum((m.get("peak_bytes") or {}).values()) // MiB}) + "\n")
+                                    "pp_tps": m.pp_tps, "tg_tps": m.tg_tps,
+                                    "peak_vram_mib": sum(m.peak_bytes.values()) // MiB}) + "\n")
                 n += 1
     return n
 

@@ -23,7 +23,8 @@ def _progress(total: int, quiet: bool):
 
     def update(tuner, trial) -> None:
         if state["start"] is None:
-            state["start"] = tuner.n_measured - (1 if trial.user_attrs.get("measured") else 0)
+            from ..tuner.records import TrialRecord
+            state["start"] = tuner.n_measured - (1 if TrialRecord.from_trial(trial).measured is not None else 0)
         done = min(total, tuner.n_measured - state["start"])
         if done > bar.n:
             bar.update(done - bar.n)

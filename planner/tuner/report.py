@@ -7,6 +7,7 @@ from typing import Any
 
 from .confirm import NOISY_CV, vram_of
 from .cost_fit import CostFit
+from .records import TrialRecord
 from ..hardware import fmt_bytes
 from ..memory import MemoryReport
 from ..model import ModelInventory
@@ -70,29 +71,29 @@ def trials_frame(study: Any) -> Any:
     import pandas as pd
     rows = []
     for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        c = ua.get("candidate", {})
-        m = ua.get("measured", {})
-        pred = c.get("predicted", {})
-        peak = m.get("peak_at_ctx") or m.get("peak_bytes") or {}     # at the emitted context (search.peaks_at_ctx)
-        predicted_gpu = {d: v["total"] for d, v in c.get("memory", {}).get("devices", {}).items() if d != "CPU"}
+        rec = TrialRecord.from_trial(t)
+        m = rec.measured
+        ok = m is not None and m.ok
+        pred = rec.candidate.predicted if rec.candidate is not None else None
+        peak = m.command_peak_bytes if m is not None else {}     # at the emitted context (search.peaks_at_ctx)
+        predicted_gpu = rec.candidate.gpu_bytes if rec.candidate is not None else {}
         row: dict[str, Any] = {
-            "trial": t.number, "state": t.state.name.lower(), "source": ua.get("source", "sampler"),
-            "plan_id": ua.get("plan_id", ""), "label": c.get("label", ""),
-            "ok": bool(m.get("ok")) and t.state.name == "COMPLETE",
-            "tg_tps": m.get("tg_tps") if m.get("ok") else None, "pp_tps": m.get("pp_tps") if m.get("ok") else None,
-            "pred_tg_tps": pred.get("tg_tps"), "pred_pp_tps": pred.get("pp_tps"),
-            "prior_tg_tps": pred.get("prior_tg_tps"), "prior_pp_tps": pred.get("prior_pp_tps"),
+            "trial": t.number, "state": t.state.name.lower(), "source": rec.source,
+            "plan_id": rec.plan_id, "label": rec.label,
+            "ok": ok and t.state.name == "COMPLETE",
+            "tg_tps": m.tg_tps if ok else None, "pp_tps": m.pp_tps if ok else None,
+            "pred_tg_tps": pred.tg_tps if pred else None, "pred_pp_tps": pred.pp_tps if pred else None,
+            "prior_tg_tps": pred.prior_tg_tps if pred else None, "prior_pp_tps": pred.prior_pp_tps if pred else None,
             "vram_bytes": sum(peak.values()) if peak else (sum(predicted_gpu.values()) or None),
             "vram_source": "measured" if peak else "predicted",
-            "host_bytes": m.get("host_bytes"), "cv": m.get("cv"),
-            "engine_run": "measured" in ua and ua.get("duplicate_of") is None and not ua.get("reused_baseline_run"),
-            "duplicate_of": ua.get("duplicate_of"),
-            "error": m.get("error") or ua.get("pruned_reason") or "",
+            "host_bytes": m.host_bytes if m is not None else None, "cv": m.cv if m is not None else None,
+            "engine_run": rec.engine_run,
+            "duplicate_of": rec.duplicate_of,
+            "error": (m.error if m is not None else "") or rec.pruned_reason or "",
         }
         if t.state.name == "FAIL" and not row["error"]:
             row["error"] = "no result recorded (interrupted, or the worker died)"
-        if t.state.name == "COMPLETE" and ua.get("duplicate_of") is not None:
+        if t.state.name == "COMPLETE" and rec.duplicate_of is not None:
             row["ok"] = True
             vals = t.values or []
             names = study.user_attrs.get("objective_names", [])
@@ -107,8 +108,9 @@ def trials_frame(study: Any) -> Any:
                 row[f"value{i}"] = v
         for k, v in sorted(t.params.items()):
             row[f"param.{k}"] = v
+        commands = rec.commands
         for tool in TOOLS_ORDER:
-            row[tool] = c.get("commands", {}).get(tool, "")
+            row[tool] = commands.get(tool, "")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -189,9 +191,13 @@ def study_summary(study: Any, df: Any | None = None) -> dict[str, Any]:
         if r:
             by_number.setdefault(r["trial"], []).append(r)
     for t in study.get_trials(deepcopy=False):     # memory per device and the measurement, as --json promises
-        for r in by_number.get(t.number, []):
-            r["devices"] = t.user_attrs.get("candidate", {}).get("memory", {}).get("devices", {})
-            r["measurement"] = t.user_attrs.get("measured", {})
+        if t.number not in by_number:
+            continue
+        rec = TrialRecord.from_trial(t)
+        memory = (rec.candidate.memory if rec.candidate is not None else None) or {}
+        for r in by_number[t.number]:
+            r["devices"] = memory.get("devices", {})
+            r["measurement"] = rec.measured.to_dict() if rec.measured is not None else {}
     baselines = attrs.get("baselines", [])
     ref = next((b for b in baselines if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok")), None)
     budget = _budget_bytes(settings, attrs)
