@@ -56,7 +56,7 @@ from ..model import ModelInventory
 from .objectives import Objective, parse_objective
 from .records import CandidateInfo, MeasuredRun, RecordWriter, TrialRecord
 from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
-from ..propose import DEFAULT_MARGIN, Budget, best_plans, propose
+from ..propose import DEFAULT_MARGIN, Budget, best_plans, proposals
 from .space import Candidate, Space, SpaceConfig
 from ..workload import Workload
 
@@ -493,7 +493,7 @@ class Tuner:
         except InputError:
             ranked = []
         for s in ranked[:6]:
-            seeds.append((self.space.proposal_params(s.plan.label, s.plan.knobs), f"proposal:{s.plan.label}"))
+            seeds.append((self.space.proposal_params(s.proposal), f"proposal:{s.proposal.label}"))
         seeds.append((self.space.default_params(), "default"))
         for e in self._front_seeds(6):
             seeds.append((e.params, "cost-front"))
@@ -568,8 +568,8 @@ class Tuner:
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
             try:
-                props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
-                fitlike = props.get("experts-cpu+fill-last")
+                fitlike = next((p.plan for p in proposals(self.inv, self.hw, knobs, self.dialect, self.margin)
+                                if p.strategy == "experts-cpu+fill" and p.order == "last"), None)
                 keep(self._plan_record("--fit-like fill (imitation)", "fit-like", fitlike,
                                        "" if fitlike else "no experts-cpu proposal"))
             except InputError as e:
