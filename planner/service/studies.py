@@ -126,8 +126,8 @@ class StudyStore:
         s = study_summary(study, df)
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
-        return clean(dict(s, storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
-                          hardware_words=hardware_words(s.get("settings", {}))))
+        return clean(dict(s.to_dict(), storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
+                          hardware_words=hardware_words(s.settings)))
 
     def progress(self, name: str) -> dict[str, Any]:
         return progress(self.load(name))
