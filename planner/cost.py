@@ -3,6 +3,7 @@
 Each term is one thing ggml does (docs/cost_model.md says which code path, with its upstream source) priced
 with a ceiling `calibrate` measures (HardwareProfile) times the share of it llama.cpp's kernels reach
 (Overheads.*_eff: llama.cpp's own, fitted once on measured runs; calibrate cannot run llama.cpp's kernels).
+Each term is keyed by its kind and device (planner.cost_terms.Term); the names below are their text form.
 
 TG (one token, batch 1: no op offload, ggml-backend.cpp compares the batch with the min batch):
   CUDAi_read   weight bytes the token touches on GPU i (n_expert_used / n_expert of an expert tensor)
