@@ -68,6 +68,7 @@ from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E
 from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan  # noqa: E402
+from planner.tuner.records import TrialRecord  # noqa: E402
 from runtime.engine import Workload  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
 
@@ -378,7 +379,7 @@ def _best_plan(study) -> Plan | None:
     if not key or not key.startswith("trial:"):
         return None
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == int(key.split(":")[1])), None)
-    return Plan.from_json(trial.user_attrs["plan"]) if trial is not None and "plan" in trial.user_attrs else None
+    return TrialRecord.from_trial(trial).plan() if trial is not None else None
 
 
 def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: Workload) -> list[Contender]:

@@ -59,6 +59,7 @@ from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
+from planner.tuner.records import TrialRecord  # noqa: E402
 from planner.tuner.search import slug  # noqa: E402
 from planner.workload import Workload  # noqa: E402
 from planner.tuner.space import Space, SpaceConfig  # noqa: E402
@@ -268,9 +269,7 @@ def run_grid(s: Setup) -> dict[str, Any]:
 
 def engine_runs(study: Any) -> int:
     """Engine runs the study's trials made (a repeat of a plan, or a trial that took a baseline's run, made none)."""
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if "measured" in t.user_attrs and t.user_attrs.get("duplicate_of") is None
-               and not t.user_attrs.get("reused_baseline_run"))
+    return sum(1 for t in study.get_trials(deepcopy=False) if TrialRecord.from_trial(t).engine_run)
 
 
 def _checkpoint(storage_url: str, study: Any) -> None:
@@ -309,14 +308,13 @@ def run_study(s: Setup) -> None:
     stop = {"why": ""}
 
     def progress(tuner: Any, trial: Any) -> None:
-        ua = trial.user_attrs
-        m = ua.get("measured")
-        if m is not None and ua.get("duplicate_of") is None:
-            peak = sum((m.get("peak_bytes") or {}).values())
-            what = (f"TG {m['tg_tps']:.2f} PP {m['pp_tps']:.1f} t/s, peak {peak / GiB:.2f} GiB" if m.get("ok")
-                    else f"failed: {m.get('error', '')[:160]}")
-            log(f"study trial {trial.number} ({ua.get('source', 'sampler')}): {what}; "
-                f"{ua.get('candidate', {}).get('label', '')}")
+        rec = TrialRecord.from_trial(trial)
+        m = rec.measured
+        if m is not None and rec.duplicate_of is None:
+            peak = sum(m.peak_bytes.values())
+            what = (f"TG {m.tg_tps:.2f} PP {m.pp_tps:.1f} t/s, peak {peak / GiB:.2f} GiB" if m.ok
+                    else f"failed: {m.error[:160]}")
+            log(f"study trial {trial.number} ({rec.source}): {what}; {rec.label}")
         if not s.clock.can_start() and not stop["why"]:
             stop["why"] = f"time budget reached after {s.clock.elapsed():.0f} s"
             tuner.study.stop()
@@ -365,18 +363,16 @@ def study_points(study: Any, budget_bytes: int) -> dict[str, Any]:
     from optuna.trial import TrialState
     trials, failed = [], []
     for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        m = ua.get("measured")
-        if m is None or ua.get("duplicate_of") is not None:
+        rec = TrialRecord.from_trial(t)
+        m = rec.measured
+        if m is None or rec.duplicate_of is not None:
             continue
-        c = ua.get("candidate", {})
-        row = {"trial": t.number, "source": ua.get("source", "sampler"), "plan_id": ua.get("plan_id", ""),
-               "label": c.get("label", ""), "flags": c.get("commands", {}).get("llama-server", ""),
-               "ok": bool(m.get("ok")) and t.state == TrialState.COMPLETE, "tg_tps": float(m.get("tg_tps", 0.0)),
-               "pp_tps": float(m.get("pp_tps", 0.0)), "peak_bytes": sum((m.get("peak_bytes") or {}).values()),
-               "predicted_gpu_bytes": sum(v["total"] for d, v in c.get("memory", {}).get("devices", {}).items()
-                                          if d != "CPU"),
-               "reused_baseline_run": bool(ua.get("reused_baseline_run")), "error": m.get("error", "")}
+        row = {"trial": t.number, "source": rec.source, "plan_id": rec.plan_id,
+               "label": rec.label, "flags": rec.commands.get("llama-server", ""),
+               "ok": m.ok and t.state == TrialState.COMPLETE, "tg_tps": m.tg_tps,
+               "pp_tps": m.pp_tps, "peak_bytes": sum(m.peak_bytes.values()),
+               "predicted_gpu_bytes": sum(rec.candidate.gpu_bytes.values()) if rec.candidate is not None else 0,
+               "reused_baseline_run": rec.reused_baseline_run, "error": m.error}
         trials.append(row)
         if not row["ok"]:
             failed.append({"trial": t.number, "label": row["label"], "error": row["error"] or t.state.name.lower()})

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
+from planner.tuner.records import TrialRecord  # noqa: E402
 from planner.tuner.report import study_summary, trials_frame  # noqa: E402
 from planner.tuner.search import Tuner  # noqa: E402
 from planner.tuner.space import SpaceConfig  # noqa: E402
@@ -75,13 +76,12 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
         log(f"{tuner.study_name}: baselines")
         tuner.baselines()
     # the search gets what the baselines and the confirmation leave of --runs
-    runs = study_summary(tuner.study)["engine_runs"]
-    n_search = args.runs - runs["baselines"] - args.confirm * CONFIRM_CONTENDERS - runs["trials"]
+    runs = study_summary(tuner.study).engine_runs
+    n_search = args.runs - runs.baselines - args.confirm * CONFIRM_CONTENDERS - runs.trials
     if n_search > 0 and time.monotonic() < deadline:
         res = tuner.run(n_search, deadline=deadline, patience=40)
         log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "
             f"{tuner.margin / MiB:.0f} MiB")
-        runs = study_summary(tuner.study)["engine_runs"]
         if res.stopped.startswith("stopped at the deadline"):
             return False
     if time.monotonic() >= deadline:
@@ -94,16 +94,16 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
 def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
     """The JSON row of a cell: --fit, best TG and balanced (confirmed medians), their ratios, the -ncmoe line."""
     s = study_summary(study)
-    conf = s.get("confirmed") or {}
+    conf = s.confirmed or {}
     by_key = {r["key"]: r for r in conf.get("results", [])}
     df = trials_frame(study)
 
     def flags(key: str | None) -> str:
         if key == "fit":
-            ref = next(b for b in s["baselines"] if b.get("kind") == "engine-fit")
+            ref = next(b for b in s.baselines if b.get("kind") == "engine-fit")
             return ref["commands"].get("llama-server") or ref["commands"]["llama-bench"]
         if key == "fit-server":
-            rec = next(b for b in s["baselines"] if b.get("kind") == "engine-fit-server")
+            rec = next(b for b in s.baselines if b.get("kind") == "engine-fit-server")
             return (rec.get("commands") or {}).get("llama-server", "")
         if key and key.startswith("trial:"):
             row = df[df["trial"] == int(key.split(":")[1])]
@@ -122,12 +122,12 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
     picks = conf.get("picks", {})
     fit, best, bal = pick("fit"), pick(picks.get("best_tg")), pick(picks.get("balanced"))
     fit_server = pick("fit-server")
-    ncmoe = next((b for b in s["baselines"] if b.get("kind") == "ncmoe"), None)
+    ncmoe = next((b for b in s.baselines if b.get("kind") == "ncmoe"), None)
     def ratio(a, k, base=None):
         base = base or fit
         return a[k] / base[k] if a and base and base[k] else None
-    return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s["engine_runs"]["total"],
-            "engine_runs": s["engine_runs"], "front_share": s["front_share"], "confirmed": bool(conf),
+    return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s.engine_runs.total,
+            "engine_runs": s.engine_runs.to_dict(), "front_share": s.front_share, "confirmed": bool(conf),
             "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal,
             "best_tg_ratio_vs_fit_server": ratio(best, "tg", fit_server) if fit_server else None,
             "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"),
@@ -138,9 +138,9 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
                                                     if ncmoe.get("ok") else {}),
                                                  "vram_mib": sum((ncmoe.get("measured") or {}).get("peak_bytes", {})
                                                                  .values()) / MiB},
-            "margin_mib": (s.get("margin_bytes") or 0) / MiB,
+            "margin_mib": (s.margin_bytes or 0) / MiB,
             "front": [{k: r.get(k) for k in ("trial", "tg_tps", "pp_tps", "vram_bytes", "tg_x", "pp_x", "label")}
-                      for r in s["pareto"]],
+                      for r in s.pareto],
             "over_budget_runs": int((df["error"].str.contains("over the budget", na=False)).sum())
             if not df.empty else 0}
 
@@ -152,9 +152,9 @@ def runs_jsonl(studies, path: Path) -> int:
     with path.open("w") as f:
         for study in studies:
             for t in study.get_trials(deepcopy=False):
-                m, cmd = t.user_attrs.get("measured") or {}, (t.user_attrs.get("candidate") or {}).get("commands", {})
-                bench = cmd.get("llama-bench", "")
-                if not m.get("ok") or not bench or t.user_attrs.get("duplicate_of") is not None:
+                rec = TrialRecord.from_trial(t)
+                m, bench = rec.measured, rec.commands.get("llama-bench", "")
+                if m is None or not m.ok or not bench or rec.duplicate_of is not None:
                     continue
                 words = shlex.split(bench)
                 i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
@@ -163,8 +163,8 @@ def runs_jsonl(studies, path: Path) -> int:
                 if "-m" in args:
                     del args[args.index("-m"):args.index("-m") + 2]
                 f.write(json.dumps({"study": study.study_name, "trial": t.number, "env": env, "llama_bench_args": args,
-                                    "pp_tps": m["pp_tps"], "tg_tps": m["tg_tps"],
-                                    "peak_vram_mib": sum((m.get("peak_bytes") or {}).values()) // MiB}) + "\n")
+                                    "pp_tps": m.pp_tps, "tg_tps": m.tg_tps,
+                                    "peak_vram_mib": sum(m.peak_bytes.values()) // MiB}) + "\n")
                 n += 1
     return n
 

@@ -3,6 +3,7 @@
 Each term is one thing ggml does (docs/cost_model.md says which code path, with its upstream source) priced
 with a ceiling `calibrate` measures (HardwareProfile) times the share of it llama.cpp's kernels reach
 (Overheads.*_eff: llama.cpp's own, fitted once on measured runs; calibrate cannot run llama.cpp's kernels).
+Each term is keyed by its kind and device (planner.cost_terms.Term); the names below are their text form.
 
 TG (one token, batch 1: no op offload, ggml-backend.cpp compares the batch with the min batch):
   CUDAi_read   weight bytes the token touches on GPU i (n_expert_used / n_expert of an expert tensor)
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .cost_terms import Term, text_keys
 from .ggml_types import by_name as ggml_type
 from .hardware import HardwareProfile
 from .memory import KV_TYPE, home_devices, offload_min_batch, output_device
@@ -101,7 +103,13 @@ class Prediction:
     tg_tps: float
     tg_s: float                     # seconds per generated token
     pp_ubatch_s: float              # seconds per ubatch (the prompt's one-off costs spread over its ubatches)
-    breakdown: dict[str, float] = field(default_factory=dict)   # seconds per term, TG and PP
+    tg_terms: dict[Term, float] = field(default_factory=dict)   # seconds per term of a generated token
+    pp_terms: dict[Term, float] = field(default_factory=dict)   # seconds per term of a prompt ubatch
+
+    @property
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per term as text ({"tg.CUDA0_read": s, "pp.upload": s, ...}): for JSON and reports."""
+        return text_keys("tg", self.tg_terms) | text_keys("pp", self.pp_terms)
 
 
 def _params(t: Tensor) -> int:
@@ -168,10 +176,10 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     def gpu_of(dev: str):
         return hw.gpus[min(gpu_index(dev), len(hw.gpus) - 1)]
 
-    tg: dict[str, float] = {}
-    pp: dict[str, float] = {}
+    tg: dict[Term, float] = {}
+    pp: dict[Term, float] = {}
 
-    def add(d: dict[str, float], key: str, v: float) -> None:
+    def add(d: dict[Term, float], key: Term, v: float) -> None:
         d[key] = d.get(key, 0.0) + v
 
     # ---- weights, in graph order: where each op runs at batch 1 (TG) and at batch T (PP)
@@ -190,41 +198,41 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         flops_tok = 2 * _params(t) * active            # per token, MAC = 2 flops
         if len(t.shape) < 2:     # norms, biases: read with their layer's ops, never a split of their own
             if dev != "CPU":
-                add(tg, f"{dev}_read", t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff))
+                add(tg, Term("read", dev), t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff))
             else:
-                add(tg, "cpu_read", t.nbytes / cpu_bw)
+                add(tg, Term("read", "CPU"), t.nbytes / cpu_bw)
             continue
         # TG: batch 1 never reaches the offload threshold; the op runs where its weight is
         seq_tg.append(dev)
         if dev != "CPU":
             g = gpu_of(dev)
-            add(tg, f"{dev}_read", t.nbytes * active / (g.mem_bw * ov.gpu_eff))
+            add(tg, Term("read", dev), t.nbytes * active / (g.mem_bw * ov.gpu_eff))
         else:
-            add(tg, "cpu_read", max(t.nbytes * active / cpu_bw, flops_tok / cpu_rate))
+            add(tg, Term("read", "CPU"), max(t.nbytes * active / cpu_bw, flops_tok / cpu_rate))
         # PP: T tokens; an expert tensor reads the experts the ubatch routes to
         pp_bytes = t.nbytes * (used_pp if t.is_expert else 1.0)
         if dev != "CPU":
             g = gpu_of(dev)
-            add(pp, f"{dev}_compute",
+            add(pp, Term("compute", dev),
                 max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
             seq_pp.append(dev)
             continue
         m = offload_min_batch(inv, plan, t)
         if gpus and m is not None and m <= T:
             g = gpu_of(gpus[0])
-            add(pp, "upload", pp_bytes / link_bw)
+            add(pp, Term("upload"), pp_bytes / link_bw)
             n_calls = _expert_runs(hp.n_expert, used_pp * hp.n_expert) if t.is_expert else 1.0
-            add(pp, "upload_calls", n_calls * hw.link.copy_call_s)
-            add(pp, f"{gpus[0]}_compute",
+            add(pp, Term("upload_calls"), n_calls * hw.link.copy_call_s)
+            add(pp, Term("compute", gpus[0]),
                 max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
-            add(pp, "launch", ov.launch_s)             # the uploaded weight starts a split of its own
+            add(pp, Term("launch"), ov.launch_s)             # the uploaded weight starts a split of its own
             if t.is_expert and t.layer is not None:
                 uploaded_moe_layers.add(t.layer)
             seq_pp.append(gpus[0])
         else:
-            add(pp, "cpu_compute", max(T * flops_tok / cpu_rate, pp_bytes / cpu_bw))
+            add(pp, Term("compute", "CPU"), max(T * flops_tok / cpu_rate, pp_bytes / cpu_bw))
             seq_pp.append("CPU")
-    pp["sync"] = len(uploaded_moe_layers) * ov.sync_s
+    pp[Term("sync")] = len(uploaded_moe_layers) * ov.sync_s
 
     # output layer: every generated token; in a prompt only its last token (llama-bench, llama-server: logits of
     # the last position), spread over the prompt's ubatches
@@ -233,22 +241,22 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         if out_dev != "CPU":
             g = gpu_of(out_dev)
             s = out_w.nbytes / (g.mem_bw * ov.gpu_eff)
-            add(tg, f"{out_dev}_read", s)
-            add(pp, f"{out_dev}_output", s / n_ub)
+            add(tg, Term("read", out_dev), s)
+            add(pp, Term("output", out_dev), s / n_ub)
         else:
             s = max(out_w.nbytes / cpu_bw, active_flops / cpu_rate)
-            add(tg, "cpu_read", s)
-            add(pp, "cpu_output", s / n_ub)
+            add(tg, Term("read", "CPU"), s)
+            add(pp, Term("output", "CPU"), s / n_ub)
         seq_tg.append(out_dev)
     for t in inv.by_layer.get(None, ()):                # output_norm: read with the output
         if len(t.shape) < 2:
             dev = plan.assignment.get(t.name, "CPU")
-            add(tg, f"{dev}_read" if dev != "CPU" else "cpu_read",
+            add(tg, Term("read", dev),
                 t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff if dev != "CPU" else cpu_bw))
     if emb is not None:                                 # GET_ROWS on the CPU: one row per token
         row = emb.nbytes / max(hp.n_vocab, 1)
-        add(tg, "cpu_read", row / cpu_bw)
-        add(pp, "cpu_compute", T * row / cpu_bw)
+        add(tg, Term("read", "CPU"), row / cpu_bw)
+        add(pp, Term("compute", "CPU"), T * row / cpu_bw)
 
     # ---- attention over the KV cache: TG reads it; PP multiplies with it (cells so far, on average over the
     # prompt's ubatches: depth + T * (n_ub + 1) / 2)
@@ -263,26 +271,25 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         dk = (hp.mla_kv_lora_rank + hp.n_rot) if hp.is_mla else hp.head_dim_k
         attn_flops = 4 * T * ctx_pp * hp.n_head * dk
         if dev == "CPU" or knobs.no_kv_offload:
-            add(tg, "cpu_kv", cell * ctx_tg / cpu_bw)
-            add(pp, "cpu_attn", attn_flops / cpu_rate)
+            add(tg, Term("kv", "CPU"), cell * ctx_tg / cpu_bw)
+            add(pp, Term("attn", "CPU"), attn_flops / cpu_rate)
             continue
         g = gpu_of(dev)
         quant = facts.tg_kv_quant_cost if {knobs.type_k, knobs.type_v} - {"f16", "bf16", "f32"} else 1.0
-        add(tg, f"{dev}_kv", quant * cell * ctx_tg / (g.mem_bw * ov.gpu_eff * facts.tg_kv_eff))
+        add(tg, Term("kv", dev), quant * cell * ctx_tg / (g.mem_bw * ov.gpu_eff * facts.tg_kv_eff))
         s = attn_flops / (g.flops * ov.gpu_gemm_eff) + cell * ctx_pp / (g.mem_bw * ov.gpu_eff)
         if not knobs.flash_attn:        # the f32 score matrix goes through memory
             s += facts.nofa_score_passes * 4 * T * ctx_pp * hp.n_head / (g.mem_bw * ov.gpu_eff)
-        add(pp, f"{dev}_attn", s * facts.pp_attn_scale)
+        add(pp, Term("attn", dev), s * facts.pp_attn_scale)
 
     # ---- fixed costs: launches, CPU thread-pool work, device round trips
     n_gpu_layers = sum(1 for h in homes if h != "CPU")
     n_cpu_layers = len(homes) - n_gpu_layers
-    tg["launch"] = n_gpu_layers * ov.per_layer_gpu_s + n_cpu_layers * ov.per_layer_cpu_s
-    tg["sync"] = _round_trips(seq_tg) * ov.per_split_s * facts.split_inputs
-    add(pp, "launch", n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s + n_cpu_layers * ov.per_layer_cpu_s)
-    pp["sync"] += _round_trips(seq_pp) * ov.per_split_s * facts.split_inputs
+    tg[Term("launch")] = n_gpu_layers * ov.per_layer_gpu_s + n_cpu_layers * ov.per_layer_cpu_s
+    tg[Term("sync")] = _round_trips(seq_tg) * ov.per_split_s * facts.split_inputs
+    add(pp, Term("launch"), n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s + n_cpu_layers * ov.per_layer_cpu_s)
+    pp[Term("sync")] += _round_trips(seq_pp) * ov.per_split_s * facts.split_inputs
     tg_s = sum(tg.values())
     pp_s = sum(pp.values())
-    breakdown = {f"tg.{k}": v for k, v in tg.items()} | {f"pp.{k}": v for k, v in pp.items()}
     return Prediction(pp_tps=n_prompt / max(n_ub * pp_s, 1e-12), tg_tps=1.0 / tg_s, tg_s=tg_s, pp_ubatch_s=pp_s,
-                      breakdown=breakdown)
+                      tg_terms=tg, pp_terms=pp)

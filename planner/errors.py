@@ -24,3 +24,7 @@ class FlagError(InputError):
 
 class BudgetError(InputError):
     """No placement fits in the memory given."""
+
+
+class RecordError(InputError):
+    """A study's stored trial record this offload-tuner cannot read: written by a newer version, or damaged."""

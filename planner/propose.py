@@ -160,6 +160,35 @@ def _plan(inv: ModelInventory, a: dict[str, str], knobs: Knobs, dialect: Dialect
     return Plan(model_id(inv), a, knobs, dialect, label)
 
 
+Strategy = Literal["experts-cpu+fill", "experts-cpu", "layers", "output-only"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A plan propose() made and the parameters it made it with. The label (also the plan's) is built from them,
+    so whoever needs the parameters (the tuner, seeding its space with proposals) reads the fields, never the
+    label's text."""
+    plan: Plan
+    strategy: Strategy
+    order: Order | None = None       # experts-cpu+fill: the layer order the experts filled the GPUs in
+    n_gpu_layers: int = 0            # layers homed on the GPUs (experts-cpu*: their experts on the CPU)
+
+    @classmethod
+    def of(cls, plan: Plan, strategy: Strategy, *, order: Order | None = None, n_gpu_layers: int = 0) -> Proposal:
+        """The proposal, its plan labelled from the parameters."""
+        p = cls(plan, strategy, order, n_gpu_layers)
+        return replace(p, plan=replace(plan, label=p.label))
+
+    @property
+    def label(self) -> str:
+        """experts-cpu+fill-ORDER, experts-cpu, layers-N or output-only: what `plan` lists and trials' sources say."""
+        if self.strategy == "experts-cpu+fill":
+            return f"experts-cpu+fill-{self.order}"
+        if self.strategy == "layers":
+            return f"layers-{self.n_gpu_layers}"
+        return self.strategy
+
+
 def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, budget: Budget, knobs: Knobs, dialect: Dialect,
                    experts_on_cpu: bool, *, weights: list[float] | None = None, output_on_gpu: bool = True) -> int:
     """Largest number of trailing layers whose homes fit on the GPUs (binary search; fits is monotone).
@@ -189,13 +218,20 @@ def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, budget: Budget, kno
 
 def propose(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
             margin: int = DEFAULT_MARGIN, orders: Iterable[str] = ORDERS) -> list[Plan]:
-    """Candidate plans, best-informed first: experts-on-CPU plus filling in each order, and whole layers.
+    """Candidate plans, best-informed first (the plans of `proposals`)."""
+    return [p.plan for p in proposals(inv, hw, knobs, dialect, margin, orders)]
+
+
+def proposals(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
+              margin: int = DEFAULT_MARGIN, orders: Iterable[str] = ORDERS) -> list[Proposal]:
+    """Candidate plans with how each was made, best-informed first: experts-on-CPU plus filling in each order,
+    and whole layers.
 
     Raises BudgetError when not even the output layer and the KV of one layer fit."""
     budget = Budget.from_hardware(hw, margin)
     gpus = gpu_names(len(hw.gpus))
     weights = [float(g.vram_bytes) for g in hw.gpus]
-    plans: list[Plan] = []
+    plans: list[Proposal] = []
     n_dense = max_gpu_layers(inv, hw, budget, knobs, dialect, experts_on_cpu=True) if inv.hparams.is_moe else -1
     if n_dense >= 0 and inv.hparams.is_moe:
         homes = split_homes(inv.n_layer, n_dense, gpus, weights)
@@ -205,21 +241,21 @@ def propose(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), di
             base = _plan(inv, assignment_from_homes(inv, homes, "CPU", "CPU"), knobs, dialect, "experts-cpu")
         for order in orders:
             filled = fill_experts(inv, base, budget, hw, order)
-            plans.append(replace(filled, label=f"experts-cpu+fill-{order}"))
-        plans.append(base)
+            plans.append(Proposal.of(filled, "experts-cpu+fill", order=order, n_gpu_layers=n_dense))
+        plans.append(Proposal.of(base, "experts-cpu", n_gpu_layers=n_dense))
     n_full = max_gpu_layers(inv, hw, budget, knobs, dialect, experts_on_cpu=False)
     if n_full >= 0:
         homes = split_homes(inv.n_layer, n_full, gpus, weights)
         out_dev = homes[-1] if n_full > 0 else "CPU"
         a = assignment_from_homes(inv, homes, out_dev, None)
-        p = _plan(inv, a, knobs, dialect, f"layers-{n_full}")
+        p = Proposal.of(_plan(inv, a, knobs, dialect, ""), "layers", n_gpu_layers=n_full)
         if n_full == 0:   # not even one layer: try the output layer alone (mainline -ngl 1)
             a1 = assignment_from_homes(inv, homes, gpus[-1], None)
-            p1 = _plan(inv, a1, knobs, dialect, "output-only")
-            if budget.fits(estimate(inv, p1, hw)):
+            p1 = Proposal.of(_plan(inv, a1, knobs, dialect, ""), "output-only")
+            if budget.fits(estimate(inv, p1.plan, hw)):
                 p = p1
         plans.append(p)
-    useful = [p for p in plans if any(d != "CPU" for d in p.assignment.values())]
+    useful = [p for p in plans if any(d != "CPU" for d in p.plan.assignment.values())]
     if not useful:
         cpu_only = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, "CPU", None), knobs, dialect, "cpu")
         if not budget.fits(estimate(inv, cpu_only, hw)):
@@ -241,10 +277,14 @@ Objective = Literal["tg", "pp", "balanced"]
 
 @dataclass(frozen=True)
 class Scored:
-    plan: Plan
+    proposal: Proposal
     memory: MemoryReport
     pp_tps: float
     tg_tps: float
+
+    @property
+    def plan(self) -> Plan:
+        return self.proposal.plan
 
     def score(self, objective: str) -> tuple[float, float]:
         """(primary, tie-break): the objective first, the other speed second."""
@@ -279,15 +319,15 @@ def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(),
     error: BudgetError | None = None
     for k in knob_variants(knobs, dialect):
         try:
-            plans = propose(inv, hw, k, dialect, margin)
+            props = proposals(inv, hw, k, dialect, margin)
         except BudgetError as e:
             error = error or e
             continue
-        for p in plans:
-            mem = estimate(inv, p, hw)
+        for p in props:
+            mem = estimate(inv, p.plan, hw)
             if budget.fits(mem):
-                pr = predict(inv, p, hw, n_prompt=n_prompt)
-                scored.setdefault(p.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
+                pr = predict(inv, p.plan, hw, n_prompt=n_prompt)
+                scored.setdefault(p.plan.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
     if not scored:
         raise error or BudgetError("nothing fits in the given memory")
     return sorted(scored.values(), key=lambda s: s.score(objective), reverse=True)

@@ -8,7 +8,6 @@ from .common import _emit_json, _write_report
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
-    from ..tuner.report import study_summary
     from ..tuner.search import default_storage, load_study
     storage = args.storage or default_storage(args.study)
     out = Path(args.out) if args.out else Path("reports") / args.study
@@ -17,12 +16,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     study = load_study(args.study, storage)
     s = _write_report(study, out)
     if args.json:
-        _emit_json(dict(s, storage=storage))
+        _emit_json(dict(s.to_dict(), storage=storage))
         return 0
-    del study_summary
-    counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
-    print(f"study {args.study}: {s['n_trials']} trials ({counts})")
-    for k, r in s["best"].items():
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))
+    print(f"study {args.study}: {s.n_trials} trials ({counts})")
+    for k, r in s.best.items():
         if r:
             print(f"best {k}: TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, {r['label']})")
             if r["commands"].get("llama-server"):

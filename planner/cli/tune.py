@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from .. import defaults as D
 from ..errors import BudgetError, InputError
@@ -12,6 +13,9 @@ from ..plan import DEFAULT_CTX, DIALECTS
 from ..tuner.confirm import CONFIRM_ROUNDS
 from ..validate import check_dialect
 from .common import _add_hw, _emit_json, _hardware, _nonneg, _positive, _write_report, load_engine
+
+if TYPE_CHECKING:
+    from ..tuner.report import StudySummary
 
 
 def _progress(total: int, quiet: bool):
@@ -23,7 +27,8 @@ def _progress(total: int, quiet: bool):
 
     def update(tuner, trial) -> None:
         if state["start"] is None:
-            state["start"] = tuner.n_measured - (1 if trial.user_attrs.get("measured") else 0)
+            from ..tuner.records import TrialRecord
+            state["start"] = tuner.n_measured - (1 if TrialRecord.from_trial(trial).measured is not None else 0)
         done = min(total, tuner.n_measured - state["start"])
         if done > bar.n:
             bar.update(done - bar.n)
@@ -126,17 +131,16 @@ def cmd_tune(args: TuneOptions) -> int:
         raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
                           f"minus the {fmt_bytes(tuner.margin)} margin ({result.trials} trials, none complete); give "
                           "more --gpu memory or a smaller --margin")
+    from ..tuner.report import study_summary
     summary = None if args.no_report else _write_report(tuner.study, out)
+    s = summary or study_summary(tuner.study)
     if args.json:
-        from ..tuner.report import study_summary
-        s = summary or study_summary(tuner.study)
-        s = dict(s, storage=storage, run={"measured": result.measured, "trials": result.trials,
-                                          "engine_runs": s.get("engine_runs"),
-                                          "elapsed_s": round(result.elapsed_s, 3), "stopped": result.stopped})
-        _emit_json(s)
+        runs = s.engine_runs.to_dict()
+        _emit_json(dict(s.to_dict(), storage=storage,
+                        run={"measured": result.measured, "trials": result.trials, "engine_runs": runs,
+                             "elapsed_s": round(result.elapsed_s, 3), "stopped": result.stopped}))
         return 0
-    _print_tune(tuner, result, summary or __import__("planner.tuner.report", fromlist=["x"]).study_summary(tuner.study),
-                storage, None if args.no_report else out)
+    _print_tune(tuner, result, s, storage, None if args.no_report else out)
     return 0
 
 
@@ -151,27 +155,28 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
                               "give more --gpu memory or a smaller --margin")
 
 
-def _print_tune(tuner, result, s: dict, storage: str, out) -> None:
+def _print_tune(tuner, result, s: StudySummary, storage: str, out) -> None:
+    """The text outcome of `tune`: runs, the refit, the baselines and the best configs."""
     from ..tuner.cost_fit import CostFit
-    counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
-    print(f"study {s['study']}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
-          f"{s['n_trials']} trials in all ({counts}); storage {storage}")
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))
+    print(f"study {s.study}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
+          f"{s.n_trials} trials in all ({counts}); storage {storage}")
     if result.stopped:
         print(f"note: {result.stopped}")
-    fit = s.get("cost_fit") or {}
+    fit = s.cost_fit or {}
     if fit.get("err_prior"):
         print(f"cost model refit on {fit['n']} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
               f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
               f"{fit['err_fit'].get('pp', 0):.1%}"
               f"; terms moved: {CostFit.from_dict(fit).describe_moves()}")
     rows = []
-    for b in s.get("baselines", []):
+    for b in s.baselines:
         m = b.get("measured") or {}
         rows.append([b["name"], f"{m.get('tg_tps', 0):.2f}" if b.get("ok") else "-",
                      f"{m.get('pp_tps', 0):.1f}" if b.get("ok") else "-",
                      fmt_bytes(sum((m.get("peak_bytes") or {}).values())) if b.get("ok") else (b.get("error") or "-")])
-    picks = [("best " + k.upper() if k in ("tg", "pp") else f"best {s['settings'].get('objective')}", r)
-             for k, r in s["best"].items() if r]
+    picks = [("best " + k.upper() if k in ("tg", "pp") else f"best {s.settings.get('objective')}", r)
+             for k, r in s.best.items() if r]
     for title, r in picks:
         rows.append([f"{title} (trial {r['trial']})", f"{r['tg_tps']:.2f}", f"{r['pp_tps']:.1f}",
                      fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"])

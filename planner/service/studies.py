@@ -126,8 +126,8 @@ class StudyStore:
         s = study_summary(study, df)
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
-        return clean(dict(s, storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
-                          hardware_words=hardware_words(s.get("settings", {}))))
+        return clean(dict(s.to_dict(), storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
+                          hardware_words=hardware_words(s.settings)))
 
     def progress(self, name: str) -> dict[str, Any]:
         return progress(self.load(name))
@@ -142,13 +142,13 @@ def hardware_words(settings: dict[str, Any]) -> str:
 
 def progress(study) -> dict[str, Any]:
     """Counts and the best measured speeds: what a progress event carries (cheap: no DataFrame)."""
+    from ..tuner.records import TrialRecord
     counts: dict[str, int] = {}
     best_tg = best_pp = None
     for t in study.get_trials(deepcopy=False):
         counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
-        m = t.user_attrs.get("measured") or {}
-        if t.state.name == "COMPLETE" and m.get("ok"):
-            tg, pp = m.get("tg_tps"), m.get("pp_tps")
-            best_tg = tg if tg is not None and (best_tg is None or tg > best_tg) else best_tg
-            best_pp = pp if pp is not None and (best_pp is None or pp > best_pp) else best_pp
+        m = TrialRecord.from_trial(t).measured
+        if t.state.name == "COMPLETE" and m is not None and m.ok:
+            best_tg = m.tg_tps if best_tg is None or m.tg_tps > best_tg else best_tg
+            best_pp = m.pp_tps if best_pp is None or m.pp_tps > best_pp else best_pp
     return clean({"n_trials": sum(counts.values()), "counts": counts, "best_tg_tps": best_tg, "best_pp_tps": best_pp})

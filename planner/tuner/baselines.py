@@ -30,7 +30,7 @@ NCMOE_TRIES = 3           # -ncmoe runs at most: the model's guess and two steps
 class EngineFit:
     """What an engine's own --fit did for a budget: its run, the arguments to run it again (confirmation), the
     free memory it was asked to leave, and (when the engine can say) the placement it chose."""
-    measurement: Any                          # planner.engine.Measurement (or the tuner's _Result)
+    measurement: Any                          # planner.engine.Measurement (or a stored MeasuredRun)
     argv: tuple[str, ...]                     # the benchmark's arguments after the program
     env: dict[str, str] = field(default_factory=dict)
     target_bytes: int = 0                     # -fitt: free memory llama.cpp must leave on each GPU

@@ -11,6 +11,10 @@ that share a coefficient makes the predicted time *linear* in one multiplier per
 so a fit is a small bounded linear least-squares problem (rows: relative error of each measurement; a ridge
 pulls every multiplier towards 1, the prior profile, so a handful of measurements cannot run away). The
 multipliers map back onto the profile (gpu_eff / theta, link bandwidth / theta, ...) for reports.
+
+A term (planner.cost_terms.Term) joins its group by kind (group_of): read, kv, compute, attn and output by their
+device (a GPU's -> gpu, the CPU's -> cpu), upload -> link, upload_calls, sync and launch -> fixed. The stored form
+of a trial's terms (Terms.to_dict) is seconds per group, the group names as above.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..cost import Prediction
+from ..cost_terms import DEVICE_KINDS, Term
 from ..hardware import HardwareProfile
 
 TG_GROUPS: tuple[str, ...] = ("gpu", "cpu", "fixed")
@@ -30,15 +35,21 @@ THETA_BOUNDS = (0.1, 10.0)
 RIDGE = 0.05          # weight of "theta = 1" against one measurement's relative error
 
 
-def _group(key: str) -> str:
-    """Breakdown key (without its tg./pp. prefix) -> coefficient group."""
-    if key.startswith("CUDA"):
-        return "gpu"
-    if key.startswith("cpu_"):
-        return "cpu"
-    if key == "upload":
-        return "link"
-    return "fixed"          # launch, sync, upload_calls
+# The coefficient each machine-wide kind scales with; per-device kinds scale with their device's (gpu or cpu).
+MACHINE_GROUPS: dict[str, str] = {"upload": "link", "upload_calls": "fixed", "sync": "fixed", "launch": "fixed"}
+
+
+def group_of(term: Term) -> str:
+    """The coefficient group of a cost term, by its kind (and a per-device kind's device): no text is parsed, and a
+    kind without a group is an error, never "fixed" by default."""
+    if not isinstance(term, Term):
+        raise TypeError(f"cost terms are keyed by planner.cost_terms.Term, not {type(term).__name__} ({term!r})")
+    if term.kind in DEVICE_KINDS:
+        return "gpu" if term.on_gpu else "cpu"
+    group = MACHINE_GROUPS.get(term.kind)
+    if group is None:
+        raise ValueError(f"cost term {term} (kind {term.kind!r}) has no coefficient group in the refit")
+    return group
 
 
 @dataclass(frozen=True)
@@ -52,13 +63,12 @@ class Terms:
     def of(cls, pred: Prediction) -> Terms:
         tg = {g: 0.0 for g in TG_GROUPS}
         pp = {g: 0.0 for g in PP_GROUPS}
-        for key, s in pred.breakdown.items():
-            phase, _, name = key.partition(".")
-            g = _group(name)
-            if phase == "tg":
-                tg[g if g in tg else "fixed"] += s
-            else:
-                pp[g] += s
+        for phase, terms, groups in (("TG", pred.tg_terms, tg), ("PP", pred.pp_terms, pp)):
+            for term, s in terms.items():
+                g = group_of(term)
+                if g not in groups:      # TG has no link coefficient: a token uploads no weights
+                    raise ValueError(f"{phase} cost term {term} falls in group {g!r}, which {phase} does not fit")
+                groups[g] += s
         return cls(tg, pp, pred.pp_tps * pred.pp_ubatch_s)
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,7 +76,11 @@ class Terms:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Terms:
-        return cls(dict(d["tg"]), dict(d["pp"]), float(d["pp_tokens"]))
+        tg, pp = dict(d["tg"]), dict(d["pp"])
+        if set(tg) != set(TG_GROUPS) or set(pp) != set(PP_GROUPS):     # predict() would miss or drop a group
+            raise ValueError(f"terms with groups TG {sorted(tg)}, PP {sorted(pp)}; expected TG {list(TG_GROUPS)}, "
+                             f"PP {list(PP_GROUPS)}")
+        return cls(tg, pp, float(d["pp_tokens"]))
 
 
 @dataclass(frozen=True)

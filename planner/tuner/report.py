@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .confirm import NOISY_CV, vram_of
 from .cost_fit import CostFit
+from .records import TrialRecord
 from ..hardware import fmt_bytes
 from ..memory import MemoryReport
 from ..model import ModelInventory
@@ -72,29 +74,29 @@ def trials_frame(study: Any) -> Any:
     import pandas as pd
     rows = []
     for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        c = ua.get("candidate", {})
-        m = ua.get("measured", {})
-        pred = c.get("predicted", {})
-        peak = m.get("peak_at_ctx") or m.get("peak_bytes") or {}     # at the emitted context (search.peaks_at_ctx)
-        predicted_gpu = {d: v["total"] for d, v in c.get("memory", {}).get("devices", {}).items() if d != "CPU"}
+        rec = TrialRecord.from_trial(t)
+        m = rec.measured
+        ok = m is not None and m.ok
+        pred = rec.candidate.predicted if rec.candidate is not None else None
+        peak = m.command_peak_bytes if m is not None else {}     # at the emitted context (search.peaks_at_ctx)
+        predicted_gpu = rec.candidate.gpu_bytes if rec.candidate is not None else {}
         row: dict[str, Any] = {
-            "trial": t.number, "state": t.state.name.lower(), "source": ua.get("source", "sampler"),
-            "plan_id": ua.get("plan_id", ""), "label": c.get("label", ""),
-            "ok": bool(m.get("ok")) and t.state.name == "COMPLETE",
-            "tg_tps": m.get("tg_tps") if m.get("ok") else None, "pp_tps": m.get("pp_tps") if m.get("ok") else None,
-            "pred_tg_tps": pred.get("tg_tps"), "pred_pp_tps": pred.get("pp_tps"),
-            "prior_tg_tps": pred.get("prior_tg_tps"), "prior_pp_tps": pred.get("prior_pp_tps"),
+            "trial": t.number, "state": t.state.name.lower(), "source": rec.source,
+            "plan_id": rec.plan_id, "label": rec.label,
+            "ok": ok and t.state.name == "COMPLETE",
+            "tg_tps": m.tg_tps if ok else None, "pp_tps": m.pp_tps if ok else None,
+            "pred_tg_tps": pred.tg_tps if pred else None, "pred_pp_tps": pred.pp_tps if pred else None,
+            "prior_tg_tps": pred.prior_tg_tps if pred else None, "prior_pp_tps": pred.prior_pp_tps if pred else None,
             "vram_bytes": sum(peak.values()) if peak else (sum(predicted_gpu.values()) or None),
             "vram_source": "measured" if peak else "predicted",
-            "host_bytes": m.get("host_bytes"), "cv": m.get("cv"),
-            "engine_run": "measured" in ua and ua.get("duplicate_of") is None and not ua.get("reused_baseline_run"),
-            "duplicate_of": ua.get("duplicate_of"),
-            "error": m.get("error") or ua.get("pruned_reason") or "",
+            "host_bytes": m.host_bytes if m is not None else None, "cv": m.cv if m is not None else None,
+            "engine_run": rec.engine_run,
+            "duplicate_of": rec.duplicate_of,
+            "error": (m.error if m is not None else "") or rec.pruned_reason or "",
         }
         if t.state.name == "FAIL" and not row["error"]:
             row["error"] = "no result recorded (interrupted, or the worker died)"
-        if t.state.name == "COMPLETE" and ua.get("duplicate_of") is not None:
+        if t.state.name == "COMPLETE" and rec.duplicate_of is not None:
             row["ok"] = True
             vals = t.values or []
             names = study.user_attrs.get("objective_names", [])
@@ -109,8 +111,9 @@ def trials_frame(study: Any) -> Any:
                 row[f"value{i}"] = v
         for k, v in sorted(t.params.items()):
             row[f"param.{k}"] = v
+        commands = rec.commands
         for tool in TOOLS_ORDER:
-            row[tool] = c.get("commands", {}).get(tool, "")
+            row[tool] = commands.get(tool, "")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -167,8 +170,86 @@ def vram_front(df: Any, col: str) -> Any:
     return ok.loc[keep]
 
 
-def study_summary(study: Any, df: Any | None = None) -> dict[str, Any]:
-    """The JSON of a report: settings, counts, best config per objective and per VRAM budget, baselines."""
+# One configuration of a report, as its JSON has it: trial, plan_id, label, source, tg_tps, pp_tps, vram_bytes,
+# cv, commands; the ratios to the reference (tg_x, pp_x, vram_x, budget_share) where there is one; a best row also
+# its memory per device ("devices") and its stored measurement ("measurement"); the objective's best its "value".
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EngineRuns:
+    """Engine runs the study made: the baselines', the search's (trials that ran), the confirmation's."""
+    baselines: int
+    trials: int
+    confirmation: int
+
+    @property
+    def total(self) -> int:
+        return self.baselines + self.trials + self.confirmation
+
+    def to_dict(self) -> dict[str, int]:
+        return {"baselines": self.baselines, "trials": self.trials, "confirmation": self.confirmation,
+                "total": self.total}
+
+
+@dataclass(frozen=True)
+class BudgetBest:
+    """The best TG and the best PP among the runs that used at most `budget_bytes` of VRAM (all GPUs)."""
+    budget_bytes: int
+    tg: Row | None
+    pp: Row | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "tg": self.tg, "pp": self.pp}
+
+
+@dataclass(frozen=True)
+class FailedTrial:
+    trial: int
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial": self.trial, "error": self.error}
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """A study's report: what `report --json`, report.json, `tune --json` and the service's study page give
+    (to_dict, the same keys in the same order as ever), and what the Markdown and the plots are written from.
+    The study's own records (settings, confirmation, cost fit, baselines) are kept as the study stores them."""
+    study: str
+    settings: dict[str, Any]                    # search.Settings as stored
+    engine_runs: EngineRuns
+    budget_bytes: int | None                    # all GPUs' VRAM less the margin asked for (None: no GPU)
+    reference: str | None                       # the baseline ratios are to: --fit, else its imitation
+    confirmed: dict[str, Any] | None            # planner.tuner.confirm's record, when confirmation ran
+    front_share: float | None                   # share of the runs within 10% of the front
+    counts: dict[str, int]                      # trials per state
+    n_trials: int
+    margin_bytes: int | None
+    margin_events: list[dict[str, Any]]
+    cost_fit: dict[str, Any] | None             # CostFit.to_dict() as stored
+    best: dict[str, Row | None]                 # tg, pp (and objective, for an expression)
+    pareto: list[Row]                           # the TG/PP front, by TG
+    per_budget: list[BudgetBest]
+    baselines: list[dict[str, Any]]             # the study's baseline records, with their ratios
+    failed: list[FailedTrial]
+    files: tuple[str, ...] | None = None        # what write_study_report wrote (not in the JSON before that)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"study": self.study, "settings": self.settings, "engine_runs": self.engine_runs.to_dict(),
+               "budget_bytes": self.budget_bytes, "reference": self.reference, "confirmed": self.confirmed,
+               "front_share": self.front_share, "counts": self.counts, "n_trials": self.n_trials,
+               "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
+               "best": self.best, "pareto": self.pareto, "per_budget": [b.to_dict() for b in self.per_budget],
+               "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed]}
+        if self.files is not None:
+            out["files"] = list(self.files)
+        return out
+
+
+def study_summary(study: Any, df: Any | None = None) -> StudySummary:
+    """A study's report: settings, counts, best config per objective and per VRAM budget, baselines."""
     from .search import budget_levels
     df = trials_frame(study) if df is None else df
     attrs = study.user_attrs
@@ -183,43 +264,43 @@ def study_summary(study: Any, df: Any | None = None) -> dict[str, Any]:
             if not ok.empty:
                 best["objective"] = _row(ok.sort_values("value0", ascending=False).iloc[0]) | {
                     "value": float(ok["value0"].max())}
-    per_budget = []
-    for lv in budget_levels(total_vram) if total_vram and not df.empty else []:
-        per_budget.append({"budget_bytes": lv, "tg": _best(df, "tg_tps", lv), "pp": _best(df, "pp_tps", lv)})
-    by_number = {}
-    for r in [*best.values(), *(x for b in per_budget for x in (b["tg"], b["pp"]))]:
+    per_budget = [BudgetBest(lv, _best(df, "tg_tps", lv), _best(df, "pp_tps", lv))
+                  for lv in (budget_levels(total_vram) if total_vram and not df.empty else [])]
+    by_number: dict[int, list[Row]] = {}
+    for r in [*best.values(), *(x for b in per_budget for x in (b.tg, b.pp))]:
         if r:
             by_number.setdefault(r["trial"], []).append(r)
     for t in study.get_trials(deepcopy=False):     # memory per device and the measurement, as --json promises
-        for r in by_number.get(t.number, []):
-            r["devices"] = t.user_attrs.get("candidate", {}).get("memory", {}).get("devices", {})
-            r["measurement"] = t.user_attrs.get("measured", {})
+        if t.number not in by_number:
+            continue
+        rec = TrialRecord.from_trial(t)
+        memory = (rec.candidate.memory if rec.candidate is not None else None) or {}
+        for r in by_number[t.number]:
+            r["devices"] = memory.get("devices", {})
+            r["measurement"] = rec.measured.to_dict() if rec.measured is not None else {}
     baselines = attrs.get("baselines", [])
     ref = next((b for b in baselines if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok")), None)
     budget = _budget_bytes(settings, attrs)
     front = _front_rows(df) if not df.empty else []
-    for r in [*front, *best.values(), *(x for b in per_budget for x in (b["tg"], b["pp"]))]:
+    for r in [*front, *best.values(), *(x for b in per_budget for x in (b.tg, b.pp))]:
         if r:
             r.update(_ratios(r, ref, budget))
     for b in baselines:
         if b.get("ok") and b is not ref:
             b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
                               "vram_bytes": vram_of(b["measured"])}, ref, budget))
-    runs = {"baselines": int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
-            "trials": int(df["engine_run"].sum()) if not df.empty else 0,
-            "confirmation": len((attrs.get("confirmation") or {}).get("rows", []))}
-    runs["total"] = sum(runs.values())
-    return {
-        "study": study.study_name, "settings": settings, "engine_runs": runs, "budget_bytes": budget,
-        "reference": ref["name"] if ref else None, "confirmed": attrs.get("confirmed"),
-        "front_share": _front_share(df, ref) if not df.empty else None,
-        "counts": {str(k): int(v) for k, v in counts.items()}, "n_trials": int(len(df)),
-        "margin_bytes": attrs.get("margin_bytes"), "margin_events": attrs.get("margin_events", []),
-        "cost_fit": attrs.get("cost_fit"), "best": best, "pareto": front,
-        "per_budget": per_budget, "baselines": baselines,
-        "failed": [{"trial": int(r["trial"]), "error": r["error"]} for _, r in df[df["state"] == "fail"].iterrows()]
-        if not df.empty else [],
-    }
+    runs = EngineRuns(baselines=int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
+                      trials=int(df["engine_run"].sum()) if not df.empty else 0,
+                      confirmation=len((attrs.get("confirmation") or {}).get("rows", [])))
+    return StudySummary(
+        study=study.study_name, settings=settings, engine_runs=runs, budget_bytes=budget,
+        reference=ref["name"] if ref else None, confirmed=attrs.get("confirmed"),
+        front_share=_front_share(df, ref) if not df.empty else None,
+        counts={str(k): int(v) for k, v in counts.items()}, n_trials=int(len(df)),
+        margin_bytes=attrs.get("margin_bytes"), margin_events=attrs.get("margin_events", []),
+        cost_fit=attrs.get("cost_fit"), best=best, pareto=front, per_budget=per_budget, baselines=baselines,
+        failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
+        if not df.empty else [])
 
 
 def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
@@ -259,15 +340,15 @@ def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
     return near / len(runs)
 
 
-def _plots(df: Any, summary: dict[str, Any], out: Path) -> list[str]:
+def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from ..hardware import GiB
     files: list[str] = []
-    settings = summary["settings"]
+    settings = summary.settings
     ok = df[df["ok"] & df["vram_bytes"].notna() & df["duplicate_of"].isna()] if not df.empty else df
-    base = [b for b in summary["baselines"] if b.get("ok")]
+    base = [b for b in summary.baselines if b.get("ok")]
     markers = ["X", "D", "*", "P", "s"]
     title = f"{settings.get('model_id', '')} on {settings.get('hardware', {}).get('name', '')}"
 
@@ -281,15 +362,15 @@ def _plots(df: Any, summary: dict[str, Any], out: Path) -> list[str]:
         for i, b in enumerate(base):
             ax.scatter([vram_of(b["measured"]) / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90,
                        zorder=4, edgecolor="k", label=b["name"])
-        conf = [c for c in (summary.get("confirmed") or {}).get("results", []) if c["vram_bytes"]]
+        conf = [c for c in (summary.confirmed or {}).get("results", []) if c["vram_bytes"]]
         if conf:
             key = col.split("_")[0]
             ax.errorbar([c["vram_bytes"] / GiB for c in conf], [c[key]["median"] for c in conf],
                         yerr=[[c[key]["median"] - c[key]["lo"] for c in conf],
                               [c[key]["hi"] - c[key]["median"] for c in conf]],
                         fmt="o", mfc="none", c="C2", capsize=3, zorder=5, label="confirmed (median, range)")
-        if summary.get("budget_bytes"):
-            ax.axvline(summary["budget_bytes"] / GiB, ls=":", c="C1", lw=1.2, label="budget")
+        if summary.budget_bytes:
+            ax.axvline(summary.budget_bytes / GiB, ls=":", c="C1", lw=1.2, label="budget")
         total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
         if total:
             ax.axvline(total / GiB, ls="--", c="0.4", lw=1, label="VRAM")
@@ -306,7 +387,7 @@ def _plots(df: Any, summary: dict[str, Any], out: Path) -> list[str]:
     if not ok.empty:
         both = ok[ok["tg_tps"].notna() & ok["pp_tps"].notna()]
         ax.scatter(both["tg_tps"], both["pp_tps"], s=14, c="0.7", label="trials")
-        front = summary["pareto"]
+        front = summary.pareto
         ax.plot([r["tg_tps"] for r in front], [r["pp_tps"] for r in front], "o-", c="C3", ms=5, label="Pareto front")
     for i, b in enumerate(base):
         ax.scatter([b["measured"]["tg_tps"]], [b["measured"]["pp_tps"]], marker=markers[i % len(markers)], s=90,
@@ -363,29 +444,28 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
         f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram
 
 
-def summary_markdown(s: dict[str, Any]) -> str:
+def summary_markdown(s: StudySummary) -> str:
     from ..hardware import fmt_bytes
-    st = s["settings"]
+    st = s.settings
     w = st.get("workload", {})
-    L = [f"# offload-tuner study `{s['study']}`", "",
+    L = [f"# offload-tuner study `{s.study}`", "",
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
          + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", [])),
          f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
-         f"- trials: {s['n_trials']} (" + ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items())) + ")"
-         + (f"; safety margin {fmt_bytes(s['margin_bytes'])}" if s.get("margin_bytes") else ""), ""]
-    runs = s.get("engine_runs") or {}
-    if runs:
-        L.append(f"- engine runs: {runs.get('total', 0)} (baselines {runs.get('baselines', 0)}, search "
-                 f"{runs.get('trials', 0)}, confirmation {runs.get('confirmation', 0)})"
-                 + (f"; {s['front_share']:.0%} of the search and baseline runs landed within 10% of the front"
-                    if s.get("front_share") is not None else ""))
-    if s.get("budget_bytes"):
+         f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
+         + (f"; safety margin {fmt_bytes(s.margin_bytes)}" if s.margin_bytes else ""), ""]
+    runs = s.engine_runs
+    L.append(f"- engine runs: {runs.total} (baselines {runs.baselines}, search {runs.trials}, confirmation "
+             f"{runs.confirmation})"
+             + (f"; {s.front_share:.0%} of the search and baseline runs landed within 10% of the front"
+                if s.front_share is not None else ""))
+    if s.budget_bytes:
         ctx_note = (" VRAM is the peak the emitted command uses at its context: measured at the engine's own "
                     "context, plus the memory model's difference to the emitted one where it is larger.")
-        L.append(f"- budget: {fmt_bytes(s['budget_bytes'])} of VRAM (all GPUs);" + ctx_note)
-    fit = s.get("cost_fit") or {}
+        L.append(f"- budget: {fmt_bytes(s.budget_bytes)} of VRAM (all GPUs);" + ctx_note)
+    fit = s.cost_fit or {}
     if fit.get("err_prior"):
         L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
                  f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
@@ -394,10 +474,10 @@ def summary_markdown(s: dict[str, Any]) -> str:
     L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
     L += _confirmed_markdown(s)
     L += ["## Best configurations (single runs)", ""]
-    sections = [("Best TG", s["best"].get("tg")), ("Best PP", s["best"].get("pp"))]
-    if s["best"].get("objective"):
-        sections.insert(0, (f"Best `{st.get('objective')}` = {s['best']['objective']['value']:.4g}",
-                            s["best"]["objective"]))
+    sections = [("Best TG", s.best.get("tg")), ("Best PP", s.best.get("pp"))]
+    if s.best.get("objective"):
+        sections.insert(0, (f"Best `{st.get('objective')}` = {s.best['objective']['value']:.4g}",
+                            s.best["objective"]))
     for title, r in sections:
         if not r:
             continue
@@ -405,37 +485,36 @@ def summary_markdown(s: dict[str, Any]) -> str:
         L += [f"### {title}: TG {tg} t/s, PP {pp} t/s, VRAM {vram} (trial {r['trial']}, {r['label']})", ""]
         for tool, cmd in r["commands"].items():
             L += [f"{tool}:", "", "```", cmd, "```", ""]
-    if s["pareto"]:
-        ref = s.get("reference") or "the reference"
+    if s.pareto:
+        ref = s.reference or "the reference"
         L += ["## TG/PP Pareto front", "", f"Ratios are to {ref}, from single runs.", "",
               "| trial | TG t/s | PP t/s | VRAM | of budget | TG x | PP x | VRAM x | run CV | placement |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in s["pareto"]:
+        for r in s.pareto:
             tg, pp, vram = _fmt_row(r)
             cv = r.get("cv")
             noisy = "-" if cv is None else f"{cv:.1%}" + (" noisy" if cv > NOISY_CV else "")
             L.append(f"| {r['trial']} | {tg} | {pp} | {vram} | {_pct(r.get('budget_share'))} | {_x(r.get('tg_x'))} | "
                      f"{_x(r.get('pp_x'))} | {_x(r.get('vram_x'))} | {noisy} | {r['label']} |")
         L.append("")
-    if s["per_budget"]:
+    if s.per_budget:
         L += ["## Best per VRAM budget", "", "| VRAM budget | best TG (t/s, trial) | best PP (t/s, trial) |",
               "|---|---|---|"]
-        for b in s["per_budget"]:
-            tg = f"{b['tg']['tg_tps']:.2f} (#{b['tg']['trial']})" if b["tg"] else "-"
-            pp = f"{b['pp']['pp_tps']:.1f} (#{b['pp']['trial']})" if b["pp"] else "-"
-            L.append(f"| {fmt_bytes(b['budget_bytes'])} | {tg} | {pp} |")
+        for b in s.per_budget:
+            tg = f"{b.tg['tg_tps']:.2f} (#{b.tg['trial']})" if b.tg else "-"
+            pp = f"{b.pp['pp_tps']:.1f} (#{b.pp['trial']})" if b.pp else "-"
+            L.append(f"| {fmt_bytes(b.budget_bytes)} | {tg} | {pp} |")
         L.append("")
-        for b in s["per_budget"]:
-            for key in ("tg", "pp"):
-                r = b[key]
+        for b in s.per_budget:
+            for key, r in (("tg", b.tg), ("pp", b.pp)):
                 if r and r["commands"].get("llama-server"):
-                    L += [f"- {fmt_bytes(b['budget_bytes'])}, best {key.upper()} (trial {r['trial']}):", "",
+                    L += [f"- {fmt_bytes(b.budget_bytes)}, best {key.upper()} (trial {r['trial']}):", "",
                           "  ```", "  " + r["commands"]["llama-server"], "  ```"]
         L.append("")
-    if s["baselines"]:
+    if s.baselines:
         L += ["## Baselines", "", "| baseline | TG t/s | PP t/s | VRAM | TG x | PP x | note |",
               "|---|---|---|---|---|---|---|"]
-        for b in s["baselines"]:
+        for b in s.baselines:
             m = b.get("measured") or {}
             vram = vram_of(m)
             note = b.get("error") or b.get("note") or ""
@@ -444,14 +523,14 @@ def summary_markdown(s: dict[str, Any]) -> str:
             L.append(f"| {b['name']} | {m.get('tg_tps', 0):.2f} | {m.get('pp_tps', 0):.1f} | "
                      f"{fmt_bytes(vram) if vram else '-'} | {_x(b.get('tg_x'))} | {_x(b.get('pp_x'))} | {note} |")
         L.append("")
-        for b in s["baselines"]:
+        for b in s.baselines:
             for tool in ("llama-server", "llama-bench"):
                 if b.get("commands", {}).get(tool):
                     L += [f"- {b['name']} ({tool}): `{b['commands'][tool]}`"]
                     break
         L.append("")
-    if s["failed"]:
-        L += ["## Failed trials", ""] + [f"- trial {f['trial']}: {f['error']}" for f in s["failed"][:20]] + [""]
+    if s.failed:
+        L += ["## Failed trials", ""] + [f"- trial {f.trial}: {f.error}" for f in s.failed[:20]] + [""]
     L += ["![history](history.png)", "", "Files: trials.csv (every trial), report.json, *.png / *.svg plots.", ""]
     return "\n".join(L)
 
@@ -470,13 +549,13 @@ ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server r
               "best_tg_over_fit_vram": "best TG (all over its VRAM)"}
 
 
-def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
+def _confirmed_markdown(s: StudySummary) -> list[str]:
     """The confirmed finalists against the reference: medians, spread, ratios with their verdicts, noisy runs."""
     from ..hardware import fmt_bytes
-    c = s.get("confirmed") or {}
+    c = s.confirmed or {}
     if not c.get("results"):
         return []
-    L = ["## Confirmed against " + (s.get("reference") or "the reference"), "",
+    L = ["## Confirmed against " + (s.reference or "the reference"), "",
          f"Each config re-measured {c['rounds']} times, interleaved with the others (A B C A B C ..., the order "
          "rotated each round); medians with [min-max]. A ratio whose edge is inside the larger relative spread of "
          "the two sides (at least 1%) is a tie.", "",
@@ -503,7 +582,7 @@ def _confirmed_markdown(s: dict[str, Any]) -> list[str]:
     return L
 
 
-def summary_html(s: dict[str, Any], markdown: str) -> str:
+def summary_html(s: StudySummary, markdown: str) -> str:
     """A self-contained page: the same content as the Markdown, with the SVG plots inline by reference."""
     import html
     body = []
@@ -542,7 +621,7 @@ def summary_html(s: dict[str, Any], markdown: str) -> str:
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}pre{background:#f4f4f4;"
              "padding:.6em;overflow-x:auto;white-space:pre-wrap}table{border-collapse:collapse}td,th{border:1px solid "
              "#ccc;padding:.2em .6em;text-align:left}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>offload-tuner {html.escape(s['study'])}</title>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>offload-tuner {html.escape(s.study)}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
@@ -553,7 +632,7 @@ def _inline(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
 
 
-def write_study_report(study: Any, out: Path) -> dict[str, Any]:
+def write_study_report(study: Any, out: Path) -> StudySummary:
     """Write reports/<study>/ (see the layout above); returns the summary with the list of files written."""
     out.mkdir(parents=True, exist_ok=True)
     df = trials_frame(study)
@@ -564,8 +643,8 @@ def write_study_report(study: Any, out: Path) -> dict[str, Any]:
     (out / "summary.md").write_text(md)
     (out / "summary.html").write_text(summary_html(summary, md))
     files += ["summary.md", "summary.html", "report.json"]
-    summary["files"] = [str(out / f) for f in files]
-    (out / "report.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    summary = replace(summary, files=tuple(str(out / f) for f in files))
+    (out / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=_json_default))
     return summary
 
 

@@ -50,13 +50,13 @@ from ..cost import predict
 from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
 from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
-from ..engine import Measurement
 from ..errors import InputError, OffloadTunerError
 from ..hardware import GiB, MiB, HardwareProfile
 from ..model import ModelInventory
 from .objectives import Objective, parse_objective
+from .records import CandidateInfo, MeasuredRun, RecordWriter, TrialRecord
 from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
-from ..propose import DEFAULT_MARGIN, Budget, best_plans, propose
+from ..propose import DEFAULT_MARGIN, Budget, best_plans, proposals
 from .space import Candidate, Space, SpaceConfig
 from ..workload import Workload
 
@@ -302,7 +302,7 @@ class Tuner:
         self.idle = 0                 # trials in a row that ran nothing (screened, duplicate, over budget)
         self._queued_ids: set[str] = set()
         # baseline runs by plan id: a trial of the same plan takes its measurement instead of running it again
-        self._baseline_runs = {b["plan_id"]: _Result.of(b["measured"]) for b in attrs.get("baselines", [])
+        self._baseline_runs = {b["plan_id"]: MeasuredRun.from_dict(b["measured"]) for b in attrs.get("baselines", [])
                                if b.get("plan_id") and b.get("measured")}
         self._load_history()
 
@@ -351,17 +351,18 @@ class Tuner:
         """Rebuild the measured-plan cache and the refit samples from the stored trials (resume)."""
         from optuna.trial import TrialState
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            ua = t.user_attrs
-            pid = ua.get("plan_id")
-            if not pid or "measured" not in ua or ua.get("duplicate_of") is not None:
+            r = TrialRecord.from_trial(t)
+            m = r.measured
+            if not r.plan_id or m is None or r.duplicate_of is not None:
                 continue
-            m = ua["measured"]
-            self.measured[pid] = (t.number, tuple(t.values) if t.state == TrialState.COMPLETE and t.values else None)
-            if m.get("ok") and "terms" in ua:
-                self.samples.append((Terms.from_dict(ua["terms"]), m.get("tg_tps", 0.0), m.get("pp_tps", 0.0)))
+            self.measured[r.plan_id] = (t.number, tuple(t.values) if t.state == TrialState.COMPLETE and t.values
+                                        else None)
+            if m.ok and r.terms is not None:
+                self.samples.append((r.terms, m.tg_tps, m.pp_tps))
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            if "plan_id" in t.user_attrs:
-                self._queued_ids.add(t.user_attrs["plan_id"])
+            r = TrialRecord.from_trial(t)
+            if r.plan_id:
+                self._queued_ids.add(r.plan_id)
         if self.samples:
             self.fit = fit(self.samples)
 
@@ -492,7 +493,7 @@ class Tuner:
         except InputError:
             ranked = []
         for s in ranked[:6]:
-            seeds.append((self.space.proposal_params(s.plan.label, s.plan.knobs), f"proposal:{s.plan.label}"))
+            seeds.append((self.space.proposal_params(s.proposal), f"proposal:{s.proposal.label}"))
         seeds.append((self.space.default_params(), "default"))
         for e in self._front_seeds(6):
             seeds.append((e.params, "cost-front"))
@@ -535,7 +536,8 @@ class Tuner:
         return out
 
     def _enqueue(self, params: dict[str, Any], plan_id: str, source: str) -> None:
-        self.study.enqueue_trial(params, user_attrs={"source": source, "plan_id": plan_id}, skip_if_exists=True)
+        self.study.enqueue_trial(params, user_attrs=TrialRecord(source=source, plan_id=plan_id).to_attrs(),
+                                 skip_if_exists=True)
         self._queued_ids.add(plan_id)
 
     def baselines(self) -> list[dict[str, Any]]:
@@ -566,8 +568,8 @@ class Tuner:
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
             try:
-                props = {p.label: p for p in propose(self.inv, self.hw, knobs, self.dialect, self.margin)}
-                fitlike = props.get("experts-cpu+fill-last")
+                fitlike = next((p.plan for p in proposals(self.inv, self.hw, knobs, self.dialect, self.margin)
+                                if p.strategy == "experts-cpu+fill" and p.order == "last"), None)
                 keep(self._plan_record("--fit-like fill (imitation)", "fit-like", fitlike,
                                        "" if fitlike else "no experts-cpu proposal"))
             except InputError as e:
@@ -631,7 +633,7 @@ class Tuner:
         if not m.ok and _OOM.search(m.error or ""):
             self._raise_margin(plan, m.error)
         if judged:     # a trial of the same plan takes this run (an unjudged one may be over the budget)
-            self._baseline_runs[plan.id] = _Result.of(_mdict(m))
+            self._baseline_runs[plan.id] = MeasuredRun.from_dict(_mdict(m))
         if m.ok:
             self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
         return rec
@@ -708,7 +710,7 @@ class Tuner:
         except InputError:
             raise
         except Exception as e:   # an engine bug must not end the study; the trial records it
-            return _Result.failed(f"engine raised {type(e).__name__}: {e}")
+            return MeasuredRun.failed(f"engine raised {type(e).__name__}: {e}")
 
     def peaks_at_ctx(self, plan: Plan, peaks: dict[str, int]) -> dict[str, int]:
         """Measured GPU peaks moved from the run's own context to the emitted --ctx by what the memory model says
@@ -750,7 +752,7 @@ class Tuner:
             have = budget.get(dev)
             if have is not None and peak > have and (worst is None or peak - have > worst[0]):
                 worst = (peak - have, dev, int(peak), have)
-        result = _Result(error="", ok=True, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps), peak_bytes=measured,
+        result = MeasuredRun(error="", ok=True, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps), peak_bytes=measured,
                          host_bytes=int(m.host_bytes), peak_at_ctx=peaks if peaks != measured else {},
                          cv=dict(getattr(m, "raw", {}) or {}).get("cv"),
                          seen=str(dict(getattr(m, "raw", {}) or {}).get("seen", "")))
@@ -833,52 +835,48 @@ class Tuner:
     def objective_fn(self, trial) -> float | tuple[float, ...]:
         import optuna
         self.n_trials_session += 1
-        source = trial.user_attrs.get("source", "sampler")
-        if source == "sampler":
-            trial.set_user_attr("source", "sampler")
+        rec = RecordWriter(trial)       # an enqueued trial's record holds its source; the sampler's says "sampler"
+        source = rec.update().source
         cand = self.space.decode(lambda dim: dim.suggest(trial))
         self._add_pool(cand)
         plan = cand.plan
         pooled = self.pool.get(plan.id)
         info = self._describe(plan, pooled.terms if pooled else None, cand.memory) if cand.memory is not None \
             else {"plan_id": plan.id, "label": plan.label}
-        trial.set_user_attr("plan_id", plan.id)
-        trial.set_user_attr("plan", plan.to_json())
-        trial.set_user_attr("candidate", {k: info[k] for k in ("label", "predicted", "memory", "commands")
-                                          if k in info})
+        rec.update(plan_id=plan.id, plan_json=plan.to_json(), candidate=CandidateInfo.from_dict(info))
         if not cand.fits:
-            trial.set_user_attr("pruned_reason", f"over budget: {cand.reason}")
+            rec.update(pruned_reason=f"over budget: {cand.reason}")
             raise optuna.TrialPruned(f"over budget: {cand.reason}")
         prev = self.measured.get(plan.id)
         if prev is not None:
-            trial.set_user_attr("duplicate_of", prev[0])
+            rec.update(duplicate_of=prev[0])
             if prev[1] is None:
-                trial.set_user_attr("pruned_reason", f"same plan as failed trial {prev[0]}")
+                rec.update(pruned_reason=f"same plan as failed trial {prev[0]}")
                 raise optuna.TrialPruned(f"same plan as failed trial {prev[0]}")
             return prev[1] if self.objective.n_values > 1 else prev[1][0]
         pred = info["predicted"]
         if self.prescreen and source == "sampler":
             ok, why = self._promising(pred["tg_tps"], pred["pp_tps"])
             if not ok:
-                trial.set_user_attr("pruned_reason", why)
+                rec.update(pruned_reason=why)
                 raise optuna.TrialPruned(why)
         reused = self._baseline_runs.get(plan.id)
         if reused is not None:        # a baseline already ran this plan: its run is this trial's
             m = reused
-            trial.set_user_attr("reused_baseline_run", True)
+            rec.update(reused_baseline_run=True)
         else:
             m = self._judge_peak(plan, self._measure(plan))   # a baseline's run was judged when it ran
             self.n_measured += 1
         self.idle = -1                # the callback adds one per trial
         self._queued_ids.discard(plan.id)
-        trial.set_user_attr("measured", _mdict(m))
+        rec.update(measured=MeasuredRun.from_measurement(m))
         if not m.ok:
             self.measured[plan.id] = (trial.number, None)
             if reused is None and _OOM.search(m.error or ""):
                 self._raise_margin(plan, m.error)
             raise MeasurementFailed(m.error or "the engine reported a failure without a message")
         terms = info["terms"]
-        trial.set_user_attr("terms", terms.to_dict())
+        rec.update(terms=terms)
         values = self.objective.values(m.tg_tps if self.workload.n_gen else 0.0,
                                        m.pp_tps if self.workload.n_prompt else 0.0)
         if any(not math.isfinite(v) for v in values):
@@ -975,9 +973,10 @@ class Tuner:
         ref = self.reference()
         rows = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            m = t.user_attrs.get("measured") or {}
-            if m.get("ok") and t.user_attrs.get("duplicate_of") is None and "plan" in t.user_attrs:
-                rows.append((t.number, float(m["tg_tps"]), float(m["pp_tps"]), vram_of(m)))
+            r = TrialRecord.from_trial(t)
+            m = r.measured
+            if m is not None and m.ok and r.duplicate_of is None and r.plan_json is not None:
+                rows.append((t.number, m.tg_tps, m.pp_tps, m.vram_bytes))
         roles: dict[int, list[str]] = {}
         cap = vram_of(ref["measured"]) if ref and vram_of(ref["measured"]) else math.inf
         under = [r for r in rows if r[3] <= cap] or rows     # none at its VRAM: the fastest still, to show the gap
@@ -1004,7 +1003,7 @@ class Tuner:
             plan = Plan.from_json(rec["plan"])
             m = self._measure(plan)
             if m.ok:
-                m = replace(_Result.of(_mdict(m)), peak_at_ctx=self.peaks_at_ctx(plan, dict(m.peak_bytes)))
+                m = replace(MeasuredRun.from_dict(_mdict(m)), peak_at_ctx=self.peaks_at_ctx(plan, dict(m.peak_bytes)))
         elif c.trial is None:
             ref = self.reference() or {}
             if ref.get("argv"):
@@ -1013,7 +1012,7 @@ class Tuner:
                 m = self._measure(Plan.from_json(ref["plan"]))
         else:
             trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
-            plan = Plan.from_json(trial.user_attrs["plan"])
+            plan = TrialRecord.from_trial(trial).plan()
             m = self._judge_peak(plan, self._measure(plan))
         d = _mdict(m)
         row = {k: d[k] for k in ("ok", "tg_tps", "pp_tps", "error")}
@@ -1026,7 +1025,7 @@ class Tuner:
         except InputError:
             raise
         except Exception as e:   # as _measure: an engine bug is a failed sample, not the end of the study
-            return _Result.failed(f"engine raised {type(e).__name__}: {e}")
+            return MeasuredRun.failed(f"engine raised {type(e).__name__}: {e}")
 
     def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
                 deadline: float | None = None) -> dict[str, Any]:
@@ -1057,36 +1056,9 @@ class Tuner:
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Result(Measurement):
-    """A Measurement as the tuner keeps it (an engine exception turned into a failure; a stored baseline run),
-    with what the tuner adds to a run. Its stored shape is _mdict's; `of` reads it back."""
-    peak_at_ctx: dict = field(default_factory=dict)   # peaks moved to the emitted context ({} when the same)
-    cv: float | None = None                            # the run's own noise over its repetitions
-    seen: str = ""                                     # the machine's state around the run
-
-    @classmethod
-    def of(cls, d: dict[str, Any]) -> _Result:
-        return cls(error=d.get("error", ""), ok=bool(d.get("ok")), pp_tps=float(d.get("pp_tps", 0.0)),
-                   tg_tps=float(d.get("tg_tps", 0.0)), peak_bytes=dict(d.get("peak_bytes") or {}),
-                   host_bytes=int(d.get("host_bytes", 0)), peak_at_ctx=dict(d.get("peak_at_ctx") or {}),
-                   cv=d.get("cv"), seen=d.get("seen", ""))
-
-
 def _mdict(m: Any) -> dict[str, Any]:
-    """A Measurement as stored on a trial (the engine's `raw` stays out: it can be large). `peak_at_ctx`: the
-    peaks at the emitted context, when they differ from the measured ones; `cv`: the run's noise."""
-    out = {"pp_tps": float(m.pp_tps), "tg_tps": float(m.tg_tps), "ok": bool(m.ok), "error": str(m.error or ""),
-           "peak_bytes": {k: int(v) for k, v in dict(m.peak_bytes).items()}, "host_bytes": int(m.host_bytes)}
-    raw = dict(getattr(m, "raw", {}) or {})
-    for key, value in (("peak_at_ctx", getattr(m, "peak_at_ctx", None)),
-                       ("cv", getattr(m, "cv", None) or raw.get("cv")),
-                       ("seen", getattr(m, "seen", None) or raw.get("seen"))):
-        if value:
-            out[key] = value
-    return out
-
-
+    """A Measurement as stored on a trial or a baseline (MeasuredRun.to_dict: the engine's `raw` stays out)."""
+    return MeasuredRun.from_measurement(m).to_dict()
 
 
 def _hw_key(hw: HardwareProfile) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from ..memory import MemoryReport, estimate
 from ..model import ModelInventory
 from ..plan import DEFAULT_CTX, Dialect, Knobs, OffloadPolicy, OpRule, Plan, gpu_names
 from ..propose import (
-    DEFAULT_MARGIN, ORDERS, Budget, assignment_from_homes, fill_experts, max_gpu_layers, model_id, split_homes,
+    DEFAULT_MARGIN, ORDERS, Budget, Proposal, assignment_from_homes, fill_experts, max_gpu_layers, model_id,
+    split_homes,
 )
 
 DimKind = Literal["float", "int", "cat"]
@@ -453,8 +454,10 @@ class Space:
                 p[f"fill.{g}"] = 0.0
         return {k: v for k, v in p.items() if k in d}
 
-    def proposal_params(self, label: str, knobs: Knobs) -> dict[str, Any]:
-        """Params that reproduce a propose.py candidate (its label and knob variant) as closely as the space can."""
+    def proposal_params(self, proposal: Proposal) -> dict[str, Any]:
+        """Params that reproduce a propose.py candidate (its strategy, fill order and knob variant) as closely as
+        the space can."""
+        knobs = proposal.plan.knobs
         p = self.default_params()
         if "offload" in p:
             p["offload"] = knobs.offload.any_enabled
@@ -464,14 +467,14 @@ class Space:
                 p[name] = knobs.offload.rule(op).enabled
         if "mmap" in p and knobs.mmap in self.dims["mmap"].values:
             p["mmap"] = knobs.mmap
-        if label.startswith("experts-cpu+fill-"):
-            order = label.rsplit("-", 1)[1]
+        if proposal.strategy == "experts-cpu+fill":
+            order = proposal.order
             for g in self.gpus:
                 if f"fill.{g}" in self.dims:
                     p[f"fill.{g}"] = 1.0
             p["order"] = order if order in self.config.orders else self.config.orders[0]
             p["partial"] = True if True in self.config.partial else self.config.partial[0]
-        elif label.startswith("layers-") or label == "output-only":
+        elif proposal.strategy in ("layers", "output-only"):
             for g in self.gpus:
                 if f"fill.{g}" in self.dims:
                     p[f"fill.{g}"] = 1.0

@@ -14,6 +14,7 @@ from planner.tuner.confirm import Spread, compare, schedule, Contender
 from planner.hardware import GiB, MiB, load_hardware, parse_size
 from planner.memory import estimate
 from planner.presets import load_preset
+from planner.tuner.records import TrialRecord
 from planner.tuner.search import MARGIN_SLACK, Tuner, Workload
 from runtime.sim import SimEngine
 
@@ -52,19 +53,19 @@ def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
                   seed=3, baselines=False)
     assert tuner.run_ctx == 2048 and tuner.n_ctx == 8192
     tuner.run(8)
-    trials = [t for t in tuner.study.get_trials(deepcopy=False) if "measured" in t.user_attrs]
+    trials = [t for t in tuner.study.get_trials(deepcopy=False) if TrialRecord.from_trial(t).measured is not None]
     for t in trials:
-        m = t.user_attrs["measured"]
+        rec = TrialRecord.from_trial(t)
+        m = rec.measured
         # what -c 8192 holds more than the run's -c 2048, per the memory model, is added to the measured peak
-        from planner.plan import Plan
-        plan = Plan.from_json(t.user_attrs["plan"])
+        plan = rec.plan()
         grow = estimate(inv, plan, hw).devices["CUDA0"].total - \
             estimate(inv, replace(plan, knobs=replace(plan.knobs, n_ctx=2048)), hw).devices["CUDA0"].total
         assert grow > 0
-        assert m["peak_at_ctx"]["CUDA0"] - m["peak_bytes"]["CUDA0"] == grow
+        assert m.peak_at_ctx["CUDA0"] - m.peak_bytes["CUDA0"] == grow
     # the first plans fill the budget as the model sees it: 400 MiB more is over it, at the emitted context
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert failed and all("at -c 8192" in t.user_attrs["measured"]["error"] for t in failed)
+    assert failed and all("at -c 8192" in TrialRecord.from_trial(t).measured.error for t in failed)
     # a fixed margin (0 here) is raised by the error, and later runs fit
     assert tuner.margin >= 400 * MiB
     assert any(t.state == TrialState.COMPLETE for t in trials)
@@ -142,8 +143,8 @@ def test_confirmation_interleaves_and_picks_by_the_median():
     from planner.plan import Plan
     for r in rec["results"]:
         plan = Plan.from_json(tuner.reference()["plan"]) if r["key"] == "fit" else \
-            Plan.from_json(next(t for t in tuner.study.get_trials(deepcopy=False)
-                                if t.number == r["trial"]).user_attrs["plan"])
+            TrialRecord.from_trial(next(t for t in tuner.study.get_trials(deepcopy=False)
+                                        if t.number == r["trial"])).plan()
         truth[r["key"]] = SimEngine(hw).measure(inv, plan, WL).tg_tps
         # at most one sample in three is a x3 outlier: the median is the true speed
         assert abs(r["tg"]["median"] - truth[r["key"]]) < 1e-6 * truth[r["key"]]

@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from planner.cost import distinct_expert_fraction, predict
+from planner.cost_terms import Term
 from planner.hardware import load_hardware
 from planner.plan import Knobs, OffloadPolicy, Plan
 from planner.presets import load_preset
@@ -50,8 +51,12 @@ def test_all_gpu_tg_is_bytes_over_bandwidth_plus_launches():
     expert_bytes = sum(t.nbytes for t in inv.allocated() if t.is_expert) * 2 / 4        # 2 of 4 experts
     other = sum(t.nbytes for t in inv.allocated() if not t.is_expert and t.role != "token_embd")
     gpu_read = (expert_bytes + other) / (g.mem_bw * hw.overheads.gpu_eff)
-    assert p.breakdown["tg.CUDA0_read"] == pytest.approx(gpu_read)
-    assert p.breakdown["tg.launch"] == pytest.approx(2 * hw.overheads.per_layer_gpu_s)
+    assert p.tg_terms[Term("read", "CUDA0")] == pytest.approx(gpu_read)
+    assert p.tg_terms[Term("launch")] == pytest.approx(2 * hw.overheads.per_layer_gpu_s)
+    # the readable form keeps the text keys reports and benchmark JSON have always had
+    assert p.breakdown["tg.CUDA0_read"] == p.tg_terms[Term("read", "CUDA0")]
+    assert p.breakdown["tg.cpu_read"] == p.tg_terms[Term("read", "CPU")]
+    assert set(p.breakdown) == {f"tg.{t}" for t in p.tg_terms} | {f"pp.{t}" for t in p.pp_terms}
 
 
 def test_op_offload_helps_pp_at_large_ubatch_and_pinned_beats_pageable():

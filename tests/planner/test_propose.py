@@ -8,7 +8,7 @@ from planner.hardware import GiB, MiB, from_gpu_sizes
 from planner.memory import estimate
 from planner.plan import Knobs
 from planner.presets import load_preset
-from planner.propose import Budget, best_plans, layer_order, propose, split_homes
+from planner.propose import Budget, best_plans, layer_order, propose, proposals, split_homes
 
 
 def test_split_homes_contiguous_and_proportional():
@@ -58,3 +58,19 @@ def test_budget_nothing_fits_in_raises():
     inv = load_preset("Qwen3-30B-A3B").inventory()
     with pytest.raises(BudgetError, match="nothing fits on the GPU"):
         propose(inv, from_gpu_sizes("700MiB"), Knobs(n_ctx=8192))
+
+
+def test_proposals_carry_the_parameters_their_labels_are_made_of():
+    inv = load_preset("Qwen3-30B-A3B").inventory()
+    hw = from_gpu_sizes("16GiB")
+    props = proposals(inv, hw, Knobs(n_ctx=8192))
+    assert [p.plan for p in props] == propose(inv, hw, Knobs(n_ctx=8192))
+    assert [p.label for p in props] == [p.plan.label for p in props] == \
+        ["experts-cpu+fill-first", "experts-cpu+fill-last", "experts-cpu+fill-spread", "experts-cpu",
+         f"layers-{props[-1].n_gpu_layers}"]
+    fills = [p for p in props if p.strategy == "experts-cpu+fill"]
+    assert [p.order for p in fills] == ["first", "last", "spread"]
+    assert all(p.n_gpu_layers == inv.n_layer for p in props[:4])      # every layer homed, experts to fill
+    assert 0 < props[-1].n_gpu_layers < inv.n_layer                     # whole layers: as many as fit in 16 GiB
+    ranked = best_plans(inv, hw, Knobs(n_ctx=8192))
+    assert all(s.plan is s.proposal.plan and s.plan.label == s.proposal.label for s in ranked)

@@ -10,6 +10,7 @@ from planner.memory import estimate
 from planner.plan import Knobs
 from planner.presets import load_preset
 from planner.propose import best_plans
+from planner.tuner.records import RECORD_VERSION, TrialRecord
 from planner.tuner.search import Tuner, Workload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
@@ -51,10 +52,12 @@ def test_study_on_sim_beats_the_planners_first_proposal_and_never_runs_over_budg
         mem = estimate(inv, plan, hw)
         assert all(m.total <= hw.gpu(d).vram_bytes - margin for d, m in mem.devices.items() if d != "CPU")
     t = tuner.study.best_trial
-    t = tuner.study.trials[t.user_attrs.get("duplicate_of", t.number)]    # a repeat of a plan points at its run
-    assert {"plan_id", "plan", "candidate", "measured", "terms"} <= set(t.user_attrs)
-    assert t.user_attrs["candidate"]["commands"]["llama-server"].startswith("llama-server ")
-    assert t.user_attrs["measured"]["peak_bytes"]["CUDA0"] > 0
+    dup = TrialRecord.from_trial(t).duplicate_of
+    rec = TrialRecord.from_trial(tuner.study.trials[t.number if dup is None else dup])   # a repeat points at its run
+    assert rec.version == RECORD_VERSION and rec.plan_id and rec.plan().id == rec.plan_id
+    assert rec.candidate is not None and rec.measured is not None and rec.terms is not None
+    assert rec.commands["llama-server"].startswith("llama-server ")
+    assert rec.measured.peak_bytes["CUDA0"] > 0
     assert tuner.study.user_attrs["cost_fit"]["n"] >= 10
     base = {b["kind"]: b for b in tuner.study.user_attrs["baselines"]}
     assert set(base) == {"cmoe", "fit-like", "ncmoe"}      # the sim engine has no --fit of its own
@@ -87,9 +90,10 @@ def test_failures_are_recorded_and_the_study_goes_on_with_a_larger_margin():
     failed = [t for t in trials if t.state == TrialState.FAIL]
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert failed and len(done) >= 5
-    errors = {t.user_attrs["measured"]["error"] for t in failed}
+    records = [TrialRecord.from_trial(t) for t in failed]
+    errors = {r.measured.error for r in records}
     assert any("out of memory" in e for e in errors)
-    assert all(t.user_attrs["measured"]["ok"] is False for t in failed)
+    assert all(r.measured.ok is False for r in records)
     # an OOM raised the margin, persisted for a resumed study; later runs respect it
     attrs = tuner.study.user_attrs
     assert attrs["margin_bytes"] > 512 * MiB and attrs["margin_events"]
@@ -100,5 +104,5 @@ def test_failures_are_recorded_and_the_study_goes_on_with_a_larger_margin():
         assert mem.devices["CUDA0"].total <= hw.gpu("CUDA0").vram_bytes - margin
     # a plan that failed is never run again
     ids = [p.id for p, _ in engine.calls]
-    failed_ids = {t.user_attrs["plan_id"] for t in failed}
+    failed_ids = {r.plan_id for r in records}
     assert all(ids.count(i) == 1 for i in failed_ids)

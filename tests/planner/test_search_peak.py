@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
+from planner.tuner.records import TrialRecord
 from planner.tuner.search import Tuner, Workload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
@@ -100,8 +101,9 @@ def test_a_study_fails_the_over_budget_runs_and_its_margin_settles_at_the_engine
     # failed trials keep what was measured; completed ones were within the budget
     trials = tuner.study.get_trials(deepcopy=False)
     for t in (t for t in trials if t.state == TrialState.FAIL):
-        m = t.user_attrs["measured"]
-        assert PEAK_ERROR.match(m["error"]) and m["ok"] is False and m["tg_tps"] > 0 and m["peak_bytes"]["CUDA0"] > 0
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None]
+        m = TrialRecord.from_trial(t).measured
+        assert PEAK_ERROR.match(m.error) and m.ok is False and m.tg_tps > 0 and m.peak_bytes["CUDA0"] > 0
+    done = [r for r in (TrialRecord.from_trial(t) for t in trials if t.state == TrialState.COMPLETE)
+            if r.duplicate_of is None]
     assert len(done) >= 6
-    assert all(t.user_attrs["measured"]["peak_bytes"]["CUDA0"] <= budget for t in done)
+    assert all(r.measured.peak_bytes["CUDA0"] <= budget for r in done)

@@ -4,6 +4,7 @@ each distinct candidate once."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,7 @@ from planner.flags import render
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.propose import Budget
+from planner.propose import Budget, proposals
 from planner.tuner.space import Space, SpaceConfig
 
 CASES = [  # model, hardware, VRAM per GPU, dialect
@@ -90,8 +91,16 @@ def test_proposal_and_default_params_decode():
     # defaults + fill 0 = every layer homed on the GPU, every expert on the CPU: what -ngl 99 -cmoe does
     assert all(d.plan.assignment[t.name] == "CPU" for t in inv.allocated() if t.is_expert)
     assert d.plan.assignment["blk.0.attn_q.weight"] == "CUDA0" and d.plan.assignment["output.weight"] == "CUDA0"
-    p = space.decode(space.fixed(space.proposal_params("experts-cpu+fill-last", d.plan.knobs)))
+    fill_last = next(x for x in proposals(inv, hw, d.plan.knobs) if x.label == "experts-cpu+fill-last")
+    p = space.decode(space.fixed(space.proposal_params(fill_last)))
     assert p.fits and p.plan.assignment["blk.47.ffn_down_exps.weight"] == "CUDA0"
+    # the params come from the proposal's fields: its label is for people, never parsed back
+    renamed = replace(fill_last, plan=replace(fill_last.plan, label="something else"))
+    assert space.proposal_params(renamed) == space.proposal_params(fill_last)
+    first = space.proposal_params(replace(fill_last, order="first"))
+    assert first["order"] == "first" and first["partial"] is True
+    layers = next(x for x in proposals(inv, hw, d.plan.knobs) if x.strategy == "layers")
+    assert space.proposal_params(layers)["order"] == "last" and space.proposal_params(layers)["partial"] is False
 
 
 def test_ik_space_has_an_offload_switch_per_op_class_and_the_ik_knobs():

@@ -20,6 +20,7 @@ import pytest
 
 from planner import cli
 from planner.tuner import search
+from planner.tuner.records import TrialRecord
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
 from runtime.sim import SimEngine
@@ -88,8 +89,7 @@ def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
     assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     # each worker added its 6 engine runs to the one study (a trial that repeats a plan, or took a baseline's
     # run, made none)
-    runs = [t for t in trials if "measured" in t.user_attrs and "duplicate_of" not in t.user_attrs
-            and not t.user_attrs.get("reused_baseline_run")]
+    runs = [t for t in trials if TrialRecord.from_trial(t).engine_run]
     assert len(runs) >= 12
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert study.best_value == max(t.value for t in done)

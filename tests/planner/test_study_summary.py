@@ -1,0 +1,55 @@
+"""A study's report as a StudySummary (planner.tuner.report): typed fields for the code that reads it, and to_dict
+giving the JSON `report --json`, report.json, `tune --json` and the service have always had, key for key."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.hardware import GiB, MiB, load_hardware
+from planner.presets import load_preset
+from planner.tuner.report import BudgetBest, EngineRuns, StudySummary, study_summary, write_study_report
+from planner.tuner.search import Tuner, Workload
+from runtime.sim import SimEngine
+
+# the report's JSON keys in their order (the service's page and benchmarks/tune_vs_fit.py read them)
+KEYS = ["study", "settings", "engine_runs", "budget_bytes", "reference", "confirmed", "front_share", "counts",
+        "n_trials", "margin_bytes", "margin_events", "cost_fit", "best", "pareto", "per_budget", "baselines", "failed"]
+
+
+@pytest.fixture(scope="module")
+def tuner():
+    inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
+    hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
+    t = Tuner(inv, hw, SimEngine(hw), objective="tg + 0.1*pp", workload=Workload(n_prompt=512, n_gen=32),
+              n_ctx=8192, margin=512 * MiB, storage=None, pool_size=20, seed=4)
+    t.run(5)
+    return t
+
+
+def test_the_summary_is_typed_and_its_dict_is_the_reports_json(tuner):
+    s = study_summary(tuner.study)
+    assert isinstance(s, StudySummary) and s.files is None
+    d = s.to_dict()
+    assert list(d) == KEYS                                        # no "files" before a report is written
+    assert isinstance(s.engine_runs, EngineRuns) and s.engine_runs.trials >= 5
+    assert d["engine_runs"] == {"baselines": s.engine_runs.baselines, "trials": s.engine_runs.trials,
+                                "confirmation": 0, "total": s.engine_runs.total}
+    assert s.engine_runs.total == s.engine_runs.baselines + s.engine_runs.trials
+    assert all(isinstance(b, BudgetBest) for b in s.per_budget) and s.per_budget
+    assert d["per_budget"][0] == {"budget_bytes": s.per_budget[0].budget_bytes, "tg": s.per_budget[0].tg,
+                                  "pp": s.per_budget[0].pp}
+    assert set(s.best) == {"tg", "pp", "objective"} and s.best["objective"]["value"] > 0
+    assert s.best["tg"]["measurement"]["ok"] and "CUDA0" in s.best["tg"]["devices"]
+    assert s.n_trials == sum(s.counts.values()) and s.counts["complete"] >= 5
+    assert json.loads(json.dumps(d)) == d                         # plain JSON, nothing to coerce
+
+
+def test_the_written_report_is_the_summary_with_its_files(tuner, tmp_path):
+    s = write_study_report(tuner.study, tmp_path / "rep")
+    assert s.files and all(f.startswith(str(tmp_path / "rep")) for f in s.files)
+    on_disk = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert list(on_disk) == KEYS + ["files"] and on_disk == json.loads(json.dumps(s.to_dict()))
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert f"engine runs: {s.engine_runs.total} (baselines {s.engine_runs.baselines}" in md
+    assert "## Best per VRAM budget" in md
