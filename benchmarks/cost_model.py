@@ -10,6 +10,7 @@ offload switched (predicted only).
 
     python3 benchmarks/cost_model.py --runs tests/planner/data/h100_llamacpp_runs.jsonl --hardware gpu-box --name h100
     python3 benchmarks/cost_model.py --runs fresh.jsonl --hardware hw.json --out DIR --name h100_fresh
+    python3 benchmarks/cost_model.py --runs fresh.jsonl --hardware old_hw.json --restamp   # profile from before a refit
 
 --model is the model the runs used: a .gguf (only its header is read) or preset:NAME[:QUANT]; the default is
 benchmarks/llamacpp_gpu.py's synthetic Qwen3-30B-A3B-shaped Q4_0 file, rebuilt from its recipe (no file needed).
@@ -41,7 +42,7 @@ WORST = 8
 # the fitted constants: Overheads shares and EngineFacts fields, with their bounds
 FIT_SHARES = {"gpu_eff": (0.05, 1.5), "cpu_eff": (0.05, 1.5), "gpu_gemm_eff": (0.005, 1.0),
               "cpu_gemm_eff": (0.005, 1.0)}
-FIT_FACTS = {"cpu_thread_exp": (0.3, 2.0), "synthetic_expert_pool": (8.0, 128.0)}
+FIT_FACTS = {"cpu_thread_exp": (0.3, 2.0), "synthetic_expert_pool": (8.0, 128.0), "tg_gpu_op_scale": (0.5, 5.0)}
 # attention at depth: identifiable only from runs at depth (--fit-depth RUNS), fitted with the others held
 FIT_DEPTH = {"tg_kv_eff": (0.05, 2.0), "tg_kv_quant_cost": (1.0, 5.0), "pp_attn_scale": (0.05, 2.0)}
 
@@ -63,6 +64,14 @@ def fit_depth(runs: list[Run], inv: ModelInventory, hw: HardwareProfile) -> tupl
     res = least_squares(resid, [1.0, 1.0, 1.0], bounds=([b[0] for b in FIT_DEPTH.values()],
                                                         [b[1] for b in FIT_DEPTH.values()]))
     return dict(zip(names, (round(float(a), 4) for a in res.x))), facts(res.x)
+
+
+def restamped(hw: HardwareProfile) -> HardwareProfile:
+    """hw with the committed llama.cpp shares: calibrate writes LLAMACPP_SHARES into each profile it measures, so
+    a profile measured before a refit carries the old ones."""
+    from planner.hardware import LLAMACPP_SHARES
+    return replace(hw, overheads=replace(hw.overheads, **LLAMACPP_SHARES),
+                   source=f"{hw.source}; shares restamped (LLAMACPP_SHARES)")
 
 
 def load_model(text: str | None) -> ModelInventory:
@@ -220,9 +229,16 @@ def main(argv: list[str] | None = None) -> int:
                                                        "them with the held-out MAPE (needs scipy); writes nothing")
     ap.add_argument("--fit-depth", metavar="DEPTH_RUNS", help="refit the attention-at-depth constants on the even "
                     "lines of DEPTH_RUNS and of --runs together, print them with the held-out MAPE; writes nothing")
+    ap.add_argument("--restamp", action="store_true", help="replace the profile's llama.cpp shares with the "
+                    "committed planner.hardware.LLAMACPP_SHARES (what calibrate writes now, for a profile it wrote "
+                    "before a refit)")
+    ap.add_argument("--fit-also", metavar="RUNS", help="with --fit: every line of RUNS joins the fitting set (runs "
+                    "the shared file lacks: all-GPU, whole layers on the CPU, e.g. llamacpp_gpu_runs.jsonl)")
     args = ap.parse_args(argv)
     inv = load_model(args.model)
     hw = load_hardware(args.hardware)
+    if args.restamp:
+        hw = restamped(hw)
     runs = read_runs(args.runs, inv)
     if args.fit_depth:
         deep = [r for r in read_runs(args.fit_depth, inv) if r.depth > 0]
@@ -236,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.fit:
         train, test = split_train_test(runs)
-        consts, h, f = fit_constants(train, inv, hw)
+        also = read_runs(args.fit_also, inv) if args.fit_also else []
+        consts, h, f = fit_constants(train + also, inv, hw)
         print(json.dumps(consts, indent=2))
-        for label, rs in (("fitted on (even lines)", train), ("held out (odd lines)", test), ("all", runs)):
+        for label, rs in (("fitted on (even lines)", train), ("held out (odd lines)", test), ("all", runs),
+                          *((("--fit-also runs (fitted on)", also),) if also else ())):
             m = mape(score(rs, inv, h, f))
             print(f"{label}: n {m['n']}, TG MAPE {100 * m['tg']:.1f}%, PP MAPE {100 * m['pp']:.1f}%")
         return 0

@@ -49,15 +49,18 @@ class EngineFacts:
                                        # by KQ, read+written by soft_max, read by KQV (llama-graph.cpp build_attn_mha)
     split_inputs: int = 3              # tensors a CPU expert split copies in from the GPU, each a synchronous
                                        # copy (ggml_backend_sched_compute_splits): activations, expert ids, weights
-    cpu_thread_exp: float = 0.716      # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
-    synthetic_expert_pool: float = 9.21   # experts a ubatch's tokens spread over in runtime.synth's random-weight
+    cpu_thread_exp: float = 0.6531     # CPU matmul time ~ (n_threads_calibrated / n_threads) ** this
+    synthetic_expert_pool: float = 10.19  # experts a ubatch's tokens spread over in runtime.synth's random-weight
                                           # models (routing collapses: attention averages random values)
     # attention at depth (fitted on the H100 runs at depth 8192, docs/cost_model.md "Attention over the KV cache")
-    tg_kv_eff: float = 0.26            # share of the GEMV bandwidth the one-token flash-attention kernel reaches
+    tg_kv_eff: float = 0.5134          # share of the GEMV bandwidth the one-token flash-attention kernel reaches
                                        # over the KV cells (fattn-vec: a few heads, split over the cells)
-    tg_kv_quant_cost: float = 3.05     # x that time when K/V are quantized (q8_0 ...): dequantised in the kernel
-    pp_attn_scale: float = 0.73        # x the ubatch's attention time at GEMM rate (fattn-mma on tensor cores
+    tg_kv_quant_cost: float = 3.723    # x that time when K/V are quantized (q8_0 ...): dequantised in the kernel
+    pp_attn_scale: float = 0.6414      # x the ubatch's attention time at GEMM rate (fattn-mma on tensor cores
                                        # reaches another share of the GEMM ceiling than the quantized matmuls)
+    # the edges of the shared runs (fitted with the shares on runs all-GPU and with layers on the CPU too)
+    tg_gpu_op_scale: float = 1.518     # a real graph node of a MoE layer against calibrate's trivial kernel in a
+                                       # CUDA graph (norms, rope, top-k, MUL_MAT_ID's id sorting: ~2 us, not ~1)
 
 
 LLAMACPP = EngineFacts()
@@ -192,6 +195,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     seq_tg: list[str] = []
     seq_pp: list[str] = []
     uploaded_moe_layers: set[int] = set()
+    gpu_attn_layers: set[int] = set()     # CPU layers whose attention projections run on the GPU (op offload)
     for t in weights:
         dev = plan.assignment.get(t.name, "CPU")
         active = used_tg if t.is_expert else 1.0
@@ -228,6 +232,8 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
             add(pp, Term("launch"), ov.launch_s)             # the uploaded weight starts a split of its own
             if t.is_expert and t.layer is not None:
                 uploaded_moe_layers.add(t.layer)
+            if t.role == "attn" and t.layer is not None:
+                gpu_attn_layers.add(t.layer)
             seq_pp.append(gpus[0])
         else:
             add(pp, Term("compute", "CPU"), max(T * flops_tok / cpu_rate, pp_bytes / cpu_bw))
@@ -270,22 +276,30 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         cell = _kv_bytes_per_cell(inv, plan, il)
         dk = (hp.mla_kv_lora_rank + hp.n_rot) if hp.is_mla else hp.head_dim_k
         attn_flops = 4 * T * ctx_pp * hp.n_head * dk
+        att_dev = dev
         if dev == "CPU" or knobs.no_kv_offload:
             add(tg, Term("kv", "CPU"), cell * ctx_tg / cpu_bw)
-            add(pp, Term("attn", "CPU"), attn_flops / cpu_rate)
-            continue
-        g = gpu_of(dev)
+            if il not in gpu_attn_layers or not gpus:
+                add(pp, Term("attn", "CPU"), attn_flops / cpu_rate)
+                continue
+            # its Q/K/V projections were offloaded, so the scheduler grows the GPU split over the weightless
+            # attention ops (ggml-backend.cpp, "expand gpu backends"): the cells so far are copied in as split
+            # inputs and the attention runs on the GPU
+            att_dev = gpus[0]
+            add(pp, Term("upload"), cell * ctx_pp / link_bw)
+        g = gpu_of(att_dev)
         quant = facts.tg_kv_quant_cost if {knobs.type_k, knobs.type_v} - {"f16", "bf16", "f32"} else 1.0
-        add(tg, Term("kv", dev), quant * cell * ctx_tg / (g.mem_bw * ov.gpu_eff * facts.tg_kv_eff))
+        if att_dev == dev:
+            add(tg, Term("kv", dev), quant * cell * ctx_tg / (g.mem_bw * ov.gpu_eff * facts.tg_kv_eff))
         s = attn_flops / (g.flops * ov.gpu_gemm_eff) + cell * ctx_pp / (g.mem_bw * ov.gpu_eff)
         if not knobs.flash_attn:        # the f32 score matrix goes through memory
             s += facts.nofa_score_passes * 4 * T * ctx_pp * hp.n_head / (g.mem_bw * ov.gpu_eff)
-        add(pp, Term("attn", dev), s * facts.pp_attn_scale)
+        add(pp, Term("attn", att_dev), s * facts.pp_attn_scale)
 
     # ---- fixed costs: launches, CPU thread-pool work, device round trips
     n_gpu_layers = sum(1 for h in homes if h != "CPU")
     n_cpu_layers = len(homes) - n_gpu_layers
-    tg[Term("launch")] = n_gpu_layers * ov.per_layer_gpu_s + n_cpu_layers * ov.per_layer_cpu_s
+    tg[Term("launch")] = n_gpu_layers * ov.per_layer_gpu_s * facts.tg_gpu_op_scale + n_cpu_layers * ov.per_layer_cpu_s
     tg[Term("sync")] = _round_trips(seq_tg) * ov.per_split_s * facts.split_inputs
     add(pp, Term("launch"), n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s + n_cpu_layers * ov.per_layer_cpu_s)
     pp[Term("sync")] += _round_trips(seq_pp) * ov.per_split_s * facts.split_inputs

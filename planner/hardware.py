@@ -94,9 +94,12 @@ class Overheads:
 
 # Shares of calibrate's PyTorch ceilings (bf16 GEMV/GEMM, HardwareProfile's mem_bw and flops) that llama.cpp
 # reached on the GPU box (H100 + 16-core Xeon; Q4_0 weights; MMVQ/MMQ on the GPU, ggml's vec-dot kernels on the
-# CPU), fitted on the even lines of tests/planner/data/h100_llamacpp_runs.jsonl (benchmarks/cost_model.py --fit;
-# held-out figures in docs/cost_model.md). calibrate writes them into every profile it measures.
-LLAMACPP_SHARES: dict[str, float] = {"gpu_eff": 0.548, "cpu_eff": 0.367, "gpu_gemm_eff": 0.124, "cpu_gemm_eff": 0.0893}
+# CPU), fitted on the even lines of tests/planner/data/h100_llamacpp_runs.jsonl together with the 17 runs of
+# benchmarks/reported/llamacpp_gpu_h100_runs.jsonl (all-GPU and whole layers on the CPU, which the shared file
+# lacks): benchmarks/cost_model.py --fit --fit-also; held-out figures in docs/cost_model.md. calibrate writes them
+# into every profile it measures.
+LLAMACPP_SHARES: dict[str, float] = {"gpu_eff": 0.4363, "cpu_eff": 0.3684, "gpu_gemm_eff": 0.1213,
+                                     "cpu_gemm_eff": 0.0851}
 
 
 @dataclass(frozen=True)

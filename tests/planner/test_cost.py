@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.cost import distinct_expert_fraction, predict
+from planner.cost import LLAMACPP, distinct_expert_fraction, predict
 from planner.cost_terms import Term
 from planner.hardware import load_hardware
 from planner.plan import Knobs, OffloadPolicy, Plan
@@ -52,7 +52,8 @@ def test_all_gpu_tg_is_bytes_over_bandwidth_plus_launches():
     other = sum(t.nbytes for t in inv.allocated() if not t.is_expert and t.role != "token_embd")
     gpu_read = (expert_bytes + other) / (g.mem_bw * hw.overheads.gpu_eff)
     assert p.tg_terms[Term("read", "CUDA0")] == pytest.approx(gpu_read)
-    assert p.tg_terms[Term("launch")] == pytest.approx(2 * hw.overheads.per_layer_gpu_s)
+    # a real MoE layer's graph nodes take tg_gpu_op_scale x calibrate's trivial node (fitted on all-GPU H100 runs)
+    assert p.tg_terms[Term("launch")] == pytest.approx(2 * hw.overheads.per_layer_gpu_s * LLAMACPP.tg_gpu_op_scale)
     # the readable form keeps the text keys reports and benchmark JSON have always had
     assert p.breakdown["tg.CUDA0_read"] == p.tg_terms[Term("read", "CUDA0")]
     assert p.breakdown["tg.cpu_read"] == p.tg_terms[Term("read", "CPU")]

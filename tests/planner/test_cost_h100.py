@@ -16,7 +16,7 @@ from runtime.cost_check import mape, offload_pairs, read_runs, score, split_trai
 
 RUNS = Path(__file__).parent / "data" / "h100_llamacpp_runs.jsonl"
 # (TG, PP) MAPE reached with the committed constants: all runs, fitted half, held-out half
-REACHED = {"all": (0.0712, 0.0569), "even": (0.0590, 0.0569), "odd": (0.0834, 0.0570)}
+REACHED = {"all": (0.0722, 0.0564), "even": (0.0606, 0.0610), "odd": (0.0837, 0.0519)}
 SLACK = 0.002
 
 
@@ -65,7 +65,7 @@ def test_pp_with_experts_uploaded_per_ubatch_grows_with_the_ubatch_for_a_real_mo
 
 DEPTH_RUNS = Path(__file__).parent / "data" / "h100_depth_runs.jsonl"
 # (TG, PP) MAPE at depth 8192 with the committed constants (before the attention terms: 20.2% / 18.6% on all)
-DEPTH_REACHED = {"all": (0.0390, 0.1117), "odd": (0.0400, 0.0960)}
+DEPTH_REACHED = {"all": (0.0400, 0.1120), "odd": (0.0390, 0.0950)}
 
 
 def test_attention_at_depth_mape_does_not_get_worse():
@@ -92,3 +92,47 @@ def test_quantized_kv_reads_slower_per_byte_at_depth():
     deep = [predict(inv, p, hw, n_prompt=2048, depth=8192).tg_tps for p in (f16, q8)]
     shallow = [predict(inv, p, hw, n_prompt=2048, depth=0).tg_tps for p in (f16, q8)]
     assert deep[1] < deep[0] and shallow[1] == pytest.approx(shallow[0], rel=0.01)
+
+
+FRESH_RUNS = Path(__file__).parent / "data" / "h100_fresh_20261124_runs.jsonl"
+FRESH_PROFILE = Path(__file__).parent / "data" / "h100_calibrate_20261124.json"
+# (TG, PP) MAPE on 25 runs of 2026-11-24 (17 llamacpp_gpu.py plans with two op offload on/off pairs, 8 study runs
+# at depth 8192) from the `calibrate --sweeps 3` of the same machine, taken idle before any build: neither the
+# runs nor the machine took part in any fit (the constants were fitted on the runs of 2026-11-22/23)
+FRESH_REACHED = (0.0685, 0.1428)
+
+
+def test_a_fresh_machine_from_its_own_calibration_alone():
+    """Issue 16's acceptance, held out: TG MAPE <= 10%, PP <= 15%, op offload on vs off ranked right for every
+    pair. The profile is the one calibrate wrote, with the shares calibrate writes now (LLAMACPP_SHARES)."""
+    from dataclasses import replace as dc_replace
+    from planner.hardware import LLAMACPP_SHARES
+    inv = synthetic_inventory()
+    runs = read_runs(FRESH_RUNS, inv)
+    assert len(runs) == 25 and sum(r.depth == 8192 for r in runs) == 8
+    hw = load_hardware(str(FRESH_PROFILE))
+    hw = dc_replace(hw, overheads=dc_replace(hw.overheads, **LLAMACPP_SHARES))
+    sc = score(runs, inv, hw)
+    got = mape(sc)
+    assert got["tg"] <= FRESH_REACHED[0] + SLACK and got["pp"] <= FRESH_REACHED[1] + SLACK, got
+    assert got["tg"] <= 0.10 and got["pp"] <= 0.15
+    pairs = offload_pairs(sc)
+    assert len(pairs) == 2 and all(p["right"] for p in pairs), pairs
+
+
+def test_a_cpu_layer_attends_on_the_gpu_when_its_projections_are_offloaded():
+    """-ngl 25: 24 layers on the CPU. With op offload their Q/K/V projections run on the GPU at a 512-token
+    ubatch, and ggml's scheduler grows that split over the weightless attention ops (their cells copied in), so
+    the prompt's attention is a GPU term; with -nopo it stays on the CPU. (Measured on 2026-11-24: 2620 t/s PP,
+    where attention at the CPU's quantized-GEMM rate predicted 550.)"""
+    from planner.cost_terms import Term
+    from runtime.cost_check import toggled_offload
+    inv = synthetic_inventory()
+    run = next(r for r in read_runs(FRESH_RUNS, inv) if "-ngl 25" in r.command)
+    hw = load_hardware("gpu-box")
+    on = predict(inv, run.plan, hw, n_prompt=2048)
+    off = predict(inv, toggled_offload(run), hw, n_prompt=2048)
+    assert Term("attn", "CPU") not in on.pp_terms and on.pp_terms[Term("attn", "CUDA0")] > 0
+    assert off.pp_terms[Term("attn", "CPU")] > 0
+    assert on.pp_tps == pytest.approx(run.pp_tps, rel=0.35) and on.pp_tps > 3 * off.pp_tps
+    assert on.tg_tps == off.tg_tps                        # batch 1 never offloads
