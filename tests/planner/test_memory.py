@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from planner.hardware import MiB, load_hardware
-from planner.memory import (_ik_fattn_pool, compute_bytes, estimate, ik_fattn_pool_bytes, kv_bytes, kv_cells,
-                            kv_layer_bytes, pool_bytes, weight_bytes)
-from planner.plan import Knobs, OffloadPolicy, Plan
+from planner.memory import (MoeShape, _ik_fattn_pool, _ik_moe_op_pool, compute_bytes, estimate, ik_fattn_pool_bytes,
+                            kv_bytes, kv_cells, kv_layer_bytes, pool_bytes, weight_bytes)
+from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
 from planner.presets import load_preset, preset_names
 
 from tiny import LAYER_DENSE, LAYER_EXPERTS, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, f32_inventory, qwen3moe_spec
@@ -156,6 +156,61 @@ def test_ik_flash_attention_pool_on_the_qwen3_30b_shape():
     assert ik_fattn_pool_bytes(512, 128, 32, 4, 8704, 0, True, True, 132) == 86 * MiB
 
 
+def test_ik_moe_pool_on_the_qwen3_30b_shape():
+    # ik 8337e4cd ggml-cuda.cu:3210-3305, mmq_id.cu:317-497: the fused up/gate of 4096 tokens x 8 experts =
+    # 32768 rows holds its row ids ((2 x 32768 + 129) int32 = 262660 bytes, 262784 in the pool's 128-byte steps),
+    # q8_1 of the rows (2048 values: 64 blocks of 36 bytes, plus 128 MMQ blocks of 144), F32 up and gate results
+    # (768 each) and the stream-k fixup (132 SMs x 128 x 128 floats: 32 x 6 x 128 tiles do not divide among 132)
+    m = MoeShape(n_embd=2048, n_ff=768, n_expert=128, n_expert_used=8, merged=False, mmq_up=True, mmq_down=True)
+    R = 4096 * 8
+    fused = 262784 + R * 64 * 36 + 128 * 144 + 2 * R * 768 * 4 + 132 * 128 * 128 * 4
+    assert _ik_moe_op_pool("fused", 4096, m, 132) == fused                     # 272.5 MiB
+    assert _ik_moe_op_pool("fused", 2048, m, 132) < 141 * MiB                  # below flash attention's 266
+    # without -fmoe: MUL_MAT_ID of up (or gate) alone, ids (3 requests: 516 bytes of expert bounds take 640) and
+    # q8_1 of the rows; down's rows are 768 wide, padded to 1024
+    assert _ik_moe_op_pool("up", 4096, m, 132) == 2 * R * 4 + 640 + R * 64 * 36 + 128 * 144 \
+        + 132 * 128 * 128 * 4
+    assert _ik_moe_op_pool("down", 4096, m, 132) == 2 * R * 4 + 640 + R * 32 * 36 + 128 * 144 \
+        + 132 * 128 * 128 * 4
+    # past mmq_id_thresh * n_expert = 4096 tokens the per-expert loop holds F32 copies: more at 4097 than at 4096
+    assert _ik_moe_op_pool("fused", 4097, m, 132) > _ik_moe_op_pool("fused", 4096, m, 132)
+    # token generation: MMVQ, a few KiB
+    assert _ik_moe_op_pool("fused", 1, m, 132) < 64 * 1024
+
+
+def test_ik_moe_pool_is_on_the_gpu_that_runs_the_moe_ops():
+    from runtime.synth import uniform_recipe
+    from planner.archs import build_inventory
+    inv = build_inventory(load_preset("Qwen3-30B-A3B").spec, uniform_recipe("Q4_0"), name="q", source="q")
+    hw = load_hardware("gpu-box")
+    k = Knobs(n_ctx=4096, n_batch=4096, n_ubatch=4096)
+    sweep = (1, 4096)                                   # llama-sweep-bench's batches; flash attention: 68 -> 70 MiB
+
+    def pool(where, knobs=k, batches=sweep):
+        return pool_bytes(inv, Plan("q", {t.name: where(t) for t in inv.allocated()}, knobs, "ik"), hw, batches)
+
+    gpu = pool(lambda t: "CUDA0")
+    assert gpu == {"CUDA0": 274 * MiB}
+    ram = lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"    # noqa: E731
+    assert pool(ram) == {"CUDA0": 274 * MiB}            # MoE op offload uploads the experts for the batch
+    no_moe = OffloadPolicy(moe_matmul=OpRule(False), moe_fused_up_gate=OpRule(False))
+    assert pool(ram, replace(k, offload=no_moe)) == {"CUDA0": 70 * MiB}          # -op 28,0,31,0
+    assert pool(ram, replace(k, rtr=True)) == {"CUDA0": 70 * MiB}                # -rtr: no op offload
+    assert pool(ram, replace(k, fmoe=False)) == {"CUDA0": 82 * MiB}              # MUL_MAT_ID one at a time
+    # ik offloads a MoE op from batch * 8 >= min_batch * 128: at min_batch 256 only from 4096 tokens
+    assert pool(ram, replace(k, offload=OffloadPolicy.all(min_batch=256))) == {"CUDA0": 274 * MiB}
+    assert pool(ram, replace(k, n_ubatch=4095, offload=OffloadPolicy.all(min_batch=256)), (1, 4095)) == \
+        {"CUDA0": 70 * MiB}
+    # experts on a second GPU: their ops run there, the attention stays with the layers' homes. The one-GPU
+    # profile does not know CUDA1 (128 SMs assumed): 32 x 6 x 128 tiles divide evenly, no fixup, 264.3 MiB
+    split = pool(lambda t: "CUDA1" if t.is_expert else "CUDA0")
+    assert split == {"CUDA0": 70 * MiB, "CUDA1": 266 * MiB}
+    # a server runs every batch size: flash attention's 266 MiB at 2048 tokens on CUDA0
+    assert pool(lambda t: "CUDA1" if t.is_expert else "CUDA0", batches=None) == \
+        {"CUDA0": 266 * MiB, "CUDA1": 266 * MiB}
+    assert pool_bytes(inv, Plan("q", {t.name: "CUDA0" for t in inv.allocated()}, k), hw) == {}   # mainline
+
+
 def test_ik_pool_is_on_the_gpus_that_run_attention():
     inv = f32_inventory(qwen3moe_spec())
     gpu = _plan(inv, lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0", Knobs(n_ctx=512),
@@ -170,6 +225,12 @@ def test_ik_pool_is_on_the_gpus_that_run_attention():
     # the H100 profile's 132 SMs: 264 blocks, 10.3 MiB -> 12
     assert pool_bytes(inv, gpu, load_hardware("gpu-box")) == {"CUDA0": 12 * MiB}
     assert pool_bytes(inv, replace(gpu, dialect="mainline")) == {}                        # mainline: in overhead
-    assert pool_bytes(inv, replace(gpu, knobs=Knobs(n_ctx=512, no_kv_offload=True))) == {}  # attention on the CPU
-    assert pool_bytes(inv, replace(gpu, knobs=Knobs(n_ctx=512, flash_attn=False))) == {}
+    # attention on the CPU (-nkvo) or not flash attention: no attention term. The RAM experts' MoE ops still run
+    # on CUDA0 (op offload from 32 * 4 / 2 = 64 tokens): F32 experts take ik's per-expert loop, whose F32 copies
+    # (tokens, up and gate results, the fused down's result, row mapping: 456 KiB at 512 tokens) map one 2 MiB step
+    no_moe_offload = OffloadPolicy(moe_matmul=OpRule(False), moe_fused_up_gate=OpRule(False))
+    for knobs in (Knobs(n_ctx=512, no_kv_offload=True), Knobs(n_ctx=512, flash_attn=False)):
+        assert pool_bytes(inv, replace(gpu, knobs=knobs)) == {"CUDA0": 2 * MiB}
+        assert pool_bytes(inv, replace(gpu, knobs=replace(knobs, offload=no_moe_offload))) == {}
+        assert pool_bytes(inv, replace(gpu, knobs=replace(knobs, n_ubatch=63))) == {}     # below the threshold
     assert pool_bytes(inv, _plan(inv, lambda t: "CPU", Knobs(n_ctx=512), "ik")) == {}
