@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import platform
-import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -47,6 +46,7 @@ from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, Plan  # noqa: E402
 from runtime.engine import Workload  # noqa: E402
+from runtime.cost_check import run_line  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, bench_memory, loader_placement, run_process  # noqa: E402
 
 PRESET = "Qwen3-30B-A3B:Q8_0"          # shape only: the file is written with a uniform Q4_0 recipe
@@ -448,15 +448,9 @@ def write_runs(plans: list[dict[str, Any]], path: Path) -> int:
             m = p.get("measurement") or {}
             if p.get("cpu_mode") or not m.get("ok"):
                 continue
-            words = shlex.split(p["command"])
-            i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
-            env = dict(w.split("=", 1) for w in words[:i])
-            args = words[i + 1:]
-            if "-m" in args:
-                del args[args.index("-m"):args.index("-m") + 2]
-            f.write(json.dumps({"study": "llamacpp_gpu", "plan": p["name"], "env": env, "llama_bench_args": args,
-                                "pp_tps": m["pp_tps"], "tg_tps": m["tg_tps"],
-                                "peak_vram_mib": sum((m.get("peak_bytes") or {}).values()) // MiB}) + "\n")
+            f.write(json.dumps(run_line(p["command"], m["pp_tps"], m["tg_tps"],
+                                        sum((m.get("peak_bytes") or {}).values()) // MiB,
+                                        study="llamacpp_gpu", plan=p["name"])) + "\n")
             n += 1
     return n
 

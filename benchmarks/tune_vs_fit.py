@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from planner.tuner.report import study_summary, trials_frame  # noqa: E402
 from planner.tuner.search import Tuner  # noqa: E402
 from planner.tuner.space import SpaceConfig  # noqa: E402
 from planner.workload import Workload  # noqa: E402
+from runtime.cost_check import run_line  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
 CONFIRM_CONTENDERS = 4      # --fit, its server placement, best TG, balanced: what confirmation costs per round
@@ -156,15 +156,8 @@ def runs_jsonl(studies, path: Path) -> int:
                 m, bench = rec.measured, rec.commands.get("llama-bench", "")
                 if m is None or not m.ok or not bench or rec.duplicate_of is not None:
                     continue
-                words = shlex.split(bench)
-                i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
-                env = dict(w.split("=", 1) for w in words[:i])
-                args = words[i + 1:]
-                if "-m" in args:
-                    del args[args.index("-m"):args.index("-m") + 2]
-                f.write(json.dumps({"study": study.study_name, "trial": t.number, "env": env, "llama_bench_args": args,
-                                    "pp_tps": m.pp_tps, "tg_tps": m.tg_tps,
-                                    "peak_vram_mib": sum(m.peak_bytes.values()) // MiB}) + "\n")
+                f.write(json.dumps(run_line(bench, m.pp_tps, m.tg_tps, sum(m.peak_bytes.values()) // MiB,
+                                            study=study.study_name, trial=t.number)) + "\n")
                 n += 1
     return n
 

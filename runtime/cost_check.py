@@ -72,6 +72,20 @@ class Run:
         return tuple(out), tuple(sorted(self.env.items()))
 
 
+def run_line(bench_command: str, pp_tps: float, tg_tps: float, peak_vram_mib: int, **where: Any) -> dict[str, Any]:
+    """One line of a runs file from a rendered llama-bench shell line (`VAR=value ... llama-bench -m MODEL ARGS`):
+    its environment, the arguments without -m MODEL, the speeds and peak; `where` (study, trial, plan) first."""
+    import shlex
+    words = shlex.split(bench_command)
+    i = next(k for k, w in enumerate(words) if "=" not in w)     # VAR=value ... llama-bench args
+    env = dict(w.split("=", 1) for w in words[:i])
+    args = words[i + 1:]
+    if "-m" in args:
+        del args[args.index("-m"):args.index("-m") + 2]
+    return {**where, "env": env, "llama_bench_args": args, "pp_tps": pp_tps, "tg_tps": tg_tps,
+            "peak_vram_mib": peak_vram_mib}
+
+
 def read_runs(path: str | Path, inv: ModelInventory) -> list[Run]:
     try:
         lines = Path(path).read_text().splitlines()
