@@ -206,20 +206,25 @@ class SweepLikeEngine(BenchLikeEngine):
         return self.sim.measure(inv, small, workload)
 
 
+def _sweep_run(n_ubatch: int):
+    """A -ngl 99 -ncmoe 30 plan emitted at -c 2112 with this ubatch, run the sweep-bench way: (measured peaks,
+    the peaks moved to the emitted context, the memory model at the emitted context)."""
+    from planner.plan import Knobs
+    from planner.tuner.baselines import flag_plan
+    inv, hw = _setup()
+    engine = SweepLikeEngine(hw)
+    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1)
+    plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=n_ubatch, n_ubatch=n_ubatch),
+                     "mainline", "m")
+    m = engine.measure(inv, plan, WL)
+    return dict(m.peak_bytes), tuner.peaks_at_ctx(plan, dict(m.peak_bytes)), estimate(inv, plan, hw).devices
+
+
 def test_a_plan_dependent_run_context_moves_each_peak_from_its_own_run():
     """ik's sweep-bench runs a -ub 2048 plan at -c 2048: its peak already holds the 2048-token compute buffer.
     Moving it from a fixed 512-token context would add the compute a 512-token context caps away (~1 GiB on the
     H100 ik study, which taught the learnt margin a false +1236 MiB)."""
-    inv, hw = _setup()
-    engine = SweepLikeEngine(hw)
-    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1)
-    from planner.plan import Knobs
-    from planner.tuner.baselines import flag_plan
-    plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=2048, n_ubatch=2048),
-                     "mainline", "m")
-    m = engine.measure(inv, plan, WL)
-    moved = tuner.peaks_at_ctx(plan, dict(m.peak_bytes))
-    truth = estimate(inv, plan, hw).devices
+    _, moved, truth = _sweep_run(2048)
     for dev, v in moved.items():
         # the sim's peak at -c 2048 moved to 2112: the memory model at 2112, to the byte (a few MiB of KV added)
         assert v == truth[dev].total, (dev, v, truth[dev].total)
@@ -230,18 +235,9 @@ def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down():
     and ik: n_ubatch <= n_batch <= n_ctx): the command holds ~half that compute buffer and less KV. The peak is
     moved down to the memory model at 2112, so the study neither fails the plan over budget nor learns a false
     memory error of the difference."""
-    inv, hw = _setup()
-    engine = SweepLikeEngine(hw)
-    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1)
-    from planner.plan import Knobs
-    from planner.tuner.baselines import flag_plan
-    plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=4096, n_ubatch=4096),
-                     "mainline", "m")
-    m = engine.measure(inv, plan, WL)
-    moved = tuner.peaks_at_ctx(plan, dict(m.peak_bytes))
-    truth = estimate(inv, plan, hw).devices
+    measured, moved, truth = _sweep_run(4096)
     gpus = [d for d in moved if d != "CPU"]
     assert gpus
     for dev in gpus:
-        assert m.peak_bytes[dev] > truth[dev].total           # the run held more than the command will
+        assert measured[dev] > truth[dev].total               # the run held more than the command will
         assert moved[dev] == truth[dev].total, (dev, moved[dev], truth[dev].total)
