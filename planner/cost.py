@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from .cost_terms import Term, text_keys
 from .ggml_types import by_name as ggml_type
 from .hardware import HardwareProfile
-from .memory import KV_TYPE, home_devices, offload_min_batch, output_device
+from .memory import KV_TYPE, home_devices, offload_min_batch, output_device, repacked
 from .model import ModelInventory, Tensor
 from .plan import Plan, gpu_index
 
@@ -61,6 +61,10 @@ class EngineFacts:
     # the edges of the shared runs (fitted with the shares on runs all-GPU and with layers on the CPU too)
     tg_gpu_op_scale: float = 1.518     # a real graph node of a MoE layer against calibrate's trivial kernel in a
                                        # CUDA graph (norms, rope, top-k, MUL_MAT_ID's id sorting: ~2 us, not ~1)
+    # mainline --no-host: a weight the CPU backend repacks (planner.memory.repacked) decodes with ggml-cpu's
+    # interleaved GEMV kernels; its TG read time x this. 1.0: not measured yet on the GPU box (ik's analogous
+    # -rtr gave +11% TG at 8 GiB on the H100); the tuner's no-host probe runs decide (docs/tuning.md)
+    cpu_repack_tg_time: float = 1.0
 
 
 LLAMACPP = EngineFacts()
@@ -122,6 +126,8 @@ def _params(t: Tensor) -> int:
 def _host_pinned(plan: Plan) -> bool:
     """CPU weights in pinned memory upload fast; mmap'd (pageable) ones go through a staging copy."""
     has_override = any(dev == "CPU" for name, dev in plan.assignment.items() if name.startswith("blk."))
+    if plan.dialect == "mainline" and plan.knobs.no_host:
+        return False      # --no-host: no GPU host buffer; what still uploads sits in the plain (pageable) CPU one
     return (not plan.knobs.mmap) or (plan.dialect == "ik" and has_override)
 
 
@@ -212,8 +218,10 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
             g = gpu_of(dev)
             add(tg, Term("read", dev), t.nbytes * active / (g.mem_bw * ov.gpu_eff))
         else:
-            add(tg, Term("read", "CPU"), max(t.nbytes * active / cpu_bw, flops_tok / cpu_rate))
-        # PP: T tokens; an expert tensor reads the experts the ubatch routes to
+            rp = facts.cpu_repack_tg_time if repacked(plan, t) else 1.0
+            add(tg, Term("read", "CPU"), rp * max(t.nbytes * active / cpu_bw, flops_tok / cpu_rate))
+        # PP: T tokens; an expert tensor reads the experts the ubatch routes to (a repacked weight has no offload
+        # batch: its op stays on the CPU)
         pp_bytes = t.nbytes * (used_pp if t.is_expert else 1.0)
         if dev != "CPU":
             g = gpu_of(dev)
@@ -251,7 +259,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
             add(pp, Term("output", out_dev), s / n_ub)
         else:
             s = max(out_w.nbytes / cpu_bw, active_flops / cpu_rate)
-            add(tg, Term("read", "CPU"), s)
+            add(tg, Term("read", "CPU"), s * (facts.cpu_repack_tg_time if repacked(plan, out_w) else 1.0))
             add(pp, Term("output", "CPU"), s / n_ub)
         seq_tg.append(out_dev)
     for t in inv.by_layer.get(None, ()):                # output_norm: read with the output

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace as dc_replace
 from collections.abc import Sequence
 
 from .ggml_graph import GT, Compiled, allocate_compiled
@@ -158,6 +158,25 @@ GPU_ALIGNMENT = 128           # ggml-cuda.cu ggml_backend_cuda_buffer_type_get_a
 _VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 
 
+# ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type (~4925-5140): the weight types the CPU backend repacks
+# into interleaved rows on the x86 hosts we run on, when the weight's rows (ne[1]) are a multiple of 8: Q4_0, Q4_K,
+# IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512 (the GPU box's and CI's Xeons have both). Q8_0, Q5_K and Q6_K repack
+# only on ARM / RISC-V builds. Its supports_op (~5190-5225) takes MUL_MAT on a 2-D and MUL_MAT_ID on a 3-D weight.
+REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "Q2_K", "IQ4_NL", "MXFP4"})
+REPACK_ROWS = 8
+
+
+def repacked(plan: Plan, tensor: Tensor) -> bool:
+    """Whether mainline keeps this RAM-resident weight in the CPU_REPACK buffer. Only with --no-host: otherwise
+    a GPU's pinned host buffer type comes first in the CPU weight list (llama-model.cpp make_cpu_buft_list
+    ~1078-1130) and takes every weight. A repacked weight's buffer is not a host buffer, so the scheduler never
+    offloads its op to a GPU (ggml-backend.cpp ~970: op offload needs ggml_backend_buffer_is_host)."""
+    if plan.dialect != "mainline" or not plan.knobs.no_host or tensor.role == "token_embd":
+        return False
+    return (tensor.ggml_type in REPACK_TYPES and len(tensor.shape) in (2, 3)
+            and tensor.shape[1] % REPACK_ROWS == 0)
+
+
 def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | None:
     """Smallest batch at which the op on this RAM-resident weight runs on a GPU; None if it never does.
 
@@ -167,7 +186,7 @@ def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | 
         return None
     op = "moe_matmul" if tensor.is_expert else ("output" if tensor.role == "output" else "dense_matmul")
     rule = plan.knobs.offload.rule(op)
-    if not rule.enabled or plan.knobs.rtr:
+    if not rule.enabled or plan.knobs.rtr or repacked(plan, tensor):
         return None
     hp = inv.hparams
     if plan.dialect == "ik" and tensor.is_expert and hp.n_expert_used:
@@ -194,7 +213,9 @@ def _offload_threshold(inv: ModelInventory, plan: Plan, weight: str) -> int | No
         return None
     if weight == TIED_OUTPUT or t.role == "output":
         rule = plan.knobs.offload.rule("output")
-        return rule.min_batch if rule.enabled and not plan.knobs.rtr else None
+        # a tied output is token_embd loaded again for MUL_MAT: it repacks by its type like the output would
+        out = t if t.role == "output" else dc_replace(t, role="output")
+        return rule.min_batch if rule.enabled and not plan.knobs.rtr and not repacked(plan, out) else None
     if len(t.shape) < 2:      # norms and biases (MUL / ADD): offloaded like any op with a host weight
         rule = plan.knobs.offload.rule("dense_matmul")
         return rule.min_batch if rule.enabled and not plan.knobs.rtr else None
@@ -218,7 +239,9 @@ def _layer_signatures(inv: ModelInventory, plan: Plan, cells: tuple[int, ...]) -
         devs = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(il, ()))
         swa = hp.swa_layers[il] if il < len(hp.swa_layers) else False
         moe = hp.moe_layers[il] if il < len(hp.moe_layers) else False
-        sigs.append((il == n - 1, moe, swa, cells[il], hp.n_head_kv[il], homes[il], devs))
+        # --no-host: which of the layer's RAM weights repack (and so never offload) depends on their types
+        rp = tuple(repacked(plan, t) for t in inv.by_layer.get(il, ())) if plan.knobs.no_host else ()
+        sigs.append((il == n - 1, moe, swa, cells[il], hp.n_head_kv[il], homes[il], devs, rp))
     return sigs
 
 
@@ -520,7 +543,8 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     sigs = _layer_signatures(inv, plan, cells)
     layers = kept_layers(sigs) if reduce else None
     others = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(None, ()))
-    placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, plan.dialect, gpus)
+    placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, knobs.no_host, plan.dialect,
+                 gpus)
     out: dict[str, int] = {}
     for n_tokens, n_outputs in ((T, T), (1, 1)) if T > 1 else ((1, 1),):
         params = _graph_params(inv, plan, n_tokens, n_outputs, layers)
@@ -864,5 +888,11 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
     # default host buffer type, which ik maps from the file like the plain CPU one (ik 8337e4cd src/llama.cpp
     # ~4735: `buft == llama_default_buffer_type_cpu(true) || buft == ggml_backend_cpu_buffer_type()`); -rtr turns
     # mmap off (Knobs.mmap False).
+    # mainline --no-host: the weights the CPU backend repacks are copied into its CPU_REPACK buffer (anonymous
+    # memory, whatever mmap says; llama-model.cpp only maps the default CPU buffer type) and the rest stay mapped.
     pinned = not plan.knobs.mmap
-    return MemoryReport(out, host_mapped=0 if pinned else cpu_w, host_pinned=cpu_w if pinned else 0)
+    if pinned:
+        return MemoryReport(out, host_mapped=0, host_pinned=cpu_w)
+    anon = 0 if not plan.knobs.no_host else min(cpu_w, sum(
+        t.nbytes for t in inv.allocated() if plan.assignment.get(t.name, "CPU") == "CPU" and repacked(plan, t)))
+    return MemoryReport(out, host_mapped=cpu_w - anon, host_pinned=anon)

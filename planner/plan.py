@@ -65,6 +65,9 @@ class Knobs:
     no_kv_offload: bool = False
     mmap: bool = True
     swa_full: bool = False
+    # mainline only: --no-host. Weights kept in RAM skip the GPU's pinned host buffer, so the CPU backend may
+    # repack them (CPU_REPACK); repacked weights are never op-offloaded (docs/llamacpp.md section 11)
+    no_host: bool = False
     # ik_llama.cpp extras
     mla: int = 3
     amb: int = 0                  # attention max batch (MiB); 0 = off
@@ -83,6 +86,11 @@ class Knobs:
         return -(-self.n_ctx // 256) * 256
 
 
+# Knobs added after plans were stored (studies, plan files): left out of Plan.to_dict at their default, so a plan
+# id (a hash of that JSON) stays what it was before the knob existed.
+LATER_KNOBS: dict[str, object] = {"no_host": False}
+
+
 @dataclass(frozen=True)
 class Plan:
     model_id: str
@@ -95,8 +103,12 @@ class Plan:
         return sorted(set(self.assignment.values()), key=device_sort_key)
 
     def to_dict(self) -> dict:
+        knobs = dataclasses.asdict(self.knobs)
+        for name, default in LATER_KNOBS.items():     # written only when set: older plans keep their ids
+            if knobs[name] == default:
+                del knobs[name]
         return {"model_id": self.model_id, "dialect": self.dialect, "assignment": dict(sorted(self.assignment.items())),
-                "knobs": dataclasses.asdict(self.knobs), "label": self.label}
+                "knobs": knobs, "label": self.label}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

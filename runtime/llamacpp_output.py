@@ -65,7 +65,7 @@ class BenchResult:
 # Record fields that echo how the binary read its flags (mainline and ik spellings).
 ECHOED_SETTINGS = ("n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "n_gpu_layers", "n_cpu_moe", "flash_attn",
                    "tensor_buft_overrides", "override_tensor", "no_op_offload", "load_mode", "use_mmap",
-                   "no_kv_offload",
+                   "no_kv_offload", "no_host", "repack",
                    "fit_target", "backends", "gpu_info", "cuda", "mla_attn", "attn_max_batch", "fused_moe", "test")
 _BARE_NONFINITE = re.compile(r"(?<=[\s:\[,])(-?)(inf|nan)(?=[\s,\]}])", re.I)
 _IK_LABEL = re.compile(r"^tg(\d+)@pp(\d+)$")

@@ -411,7 +411,7 @@ KNOB_KEYS: dict[str, tuple[str, bool]] = {
     "threads": ("n_threads", False), "fa": ("flash_attn", False), "ctk": ("type_k", False),
     "ctv": ("type_v", False), "kv_offload": ("no_kv_offload", True), "mmap": ("mmap", False),
     "swa_full": ("swa_full", False), "mla": ("mla", False), "amb": ("amb", False), "fmoe": ("fmoe", False),
-    "rtr": ("rtr", False),
+    "rtr": ("rtr", False), "no_host": ("no_host", False),
 }
 POLICY_FIELDS = ("offload", "only_active_experts")
 
@@ -429,6 +429,9 @@ def check_knobs(knobs: Knobs, table: ToolTable) -> None:
             raise FlagError(f"knob {fname}={getattr(knobs, fname)} must be >= {low}")
     if table.dialect == "ik" and table.tool != "bench" and 0 < knobs.amb < 128:
         raise FlagError(f"knob amb={knobs.amb}: ik raises -amb values below 128 to 128; use 0 (off) or >= 128")
+    if knobs.no_host and table.dialect != "mainline":
+        raise FlagError(f"knob no_host=True is mainline's --no-host; {table.dialect} {table.binary} has no such flag "
+                        "(ik repacks with -rtr, knob rtr)")
     if knobs.rtr and knobs.mmap and table.dialect == "ik":
         raise FlagError("knob rtr=True with mmap=True: ik's -rtr repacks at load time and turns mmap off; "
                         "set mmap=False")

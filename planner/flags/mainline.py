@@ -60,6 +60,7 @@ _COMMON_FLAGS: tuple[Flag, ...] = (
     Flag("swa_full", ("--swa-full",), "switch", env="LLAMA_ARG_SWA_FULL", env_kind="void"),
     Flag("op_offload", ("--no-op-offload",), "switch", const=False),
     Flag("op_offload", ("--op-offload",), "switch", const=True),
+    Flag("no_host", ("--no-host",), "switch", const=True, env="LLAMA_ARG_NO_HOST", env_kind="void"),
 )
 
 _BENCH_FLAGS: tuple[Flag, ...] = (
@@ -85,6 +86,8 @@ _BENCH_FLAGS: tuple[Flag, ...] = (
          sweep=True),
     Flag("op_offload", ("-nopo", "--no-op-offload"), "choice", choices=_BOOL01_INV,
          render_as={True: "0", False: "1"}, sweep=True),
+    Flag("no_host", ("--no-host",), "choice", choices={"0": False, "1": True}, render_as={True: "1", False: "0"},
+         sweep=True),
     Flag("ts", ("-ts", "--tensor-split")),
     Flag("ot", ("-ot", "--override-tensor")),
     Flag("reps", ("-r", "--repetitions"), "int"),
@@ -96,7 +99,7 @@ _BENCH_KNOWN: dict[str, int] = {
                       "--no-warmup")},
     **{s: 1 for s in ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-pg", "-C",
                       "--cpu-mask", "--cpu-strict", "--poll", "-rpc", "--rpc", "-lzm", "--lazy-mode", "--numa",
-                      "-embd", "--embeddings", "--no-host", "--repack", "--prio", "--delay", "-o", "--output",
+                      "-embd", "--embeddings", "--repack", "--prio", "--delay", "-o", "--output",
                       "-oe", "--output-err", "-fitc", "--fit-ctx")},
 }
 
@@ -110,10 +113,12 @@ _BENCH_MOE = MoeRule(ncmoe_template="blk\\.{i}" + FFN_EXPS_REGEX, cmoe_pattern=N
 _SERVER_DEFAULTS: dict[str, Any] = {
     "ngl": -1, "ctx": None, "np": -1, "fit": True, "batch": 2048, "ubatch": 512, "fa": None, "ctk": "f16",
     "ctv": "f16", "threads": 0, "kv_offload": True, "mmap": True, "swa_full": False, "op_offload": True,
+    "no_host": False,
 }
 _BENCH_DEFAULTS: dict[str, Any] = {
     "ngl": -1, "batch": 2048, "ubatch": 512, "fa": None, "ctk": "f16", "ctv": "f16", "threads": 0,
     "kv_offload": True, "mmap": True, "op_offload": True, "n_prompt": 512, "n_gen": 128, "depth": 0, "reps": 5,
+    "no_host": False,
 }
 
 

@@ -136,7 +136,8 @@ class TrialRecord:
     sampler is still deciding has no plan, a waiting (enqueued) one has its source and plan id only."""
     version: int = RECORD_VERSION
     source: str = "sampler"                     # what proposed it: sampler, surrogate, default, cost-front,
-                                                # proposal:LABEL, fill-max:tg|pp, budget:NGiB
+                                                # proposal:LABEL, fill-max:tg|pp, budget:NGiB,
+                                                # probe:no-host (the best-TG plan rerun with --no-host)
     plan_id: str = ""                           # Plan.id ("" before the candidate is decoded)
     plan_json: str | None = None                # Plan.to_json() (the stored "plan")
     candidate: CandidateInfo | None = None

@@ -116,6 +116,10 @@ class Settings:
 
 
 BUDGET_SHARES = (0.25, 0.5, 0.75, 1.0)
+# SpaceConfig options that only widen the space, added after studies were stored: a study without one keeps its
+# default (Tuner._keep_old_space). Not op_per_class: an old ik llama-bench study cannot go on without it.
+LATER_SPACE_OPTIONS = ("no_host",)
+PROBE_NO_HOST = "probe:no-host"     # source of the one trial that reruns the best-TG plan with --no-host
 
 
 def budget_levels(total_vram: int) -> list[int]:
@@ -288,6 +292,7 @@ class Tuner:
         self.margin = stored if margin is None else max(margin, stored)
         self.want_commands = commands
         self.max_seeds: int | None = None      # run() caps the seed trials of an expensive engine
+        config = self.config        # _open may have kept a resumed study's space (LATER_SPACE_OPTIONS)
         if space is not None and (space.margin, space.config, space.n_ctx, space.dialect) == \
                 (self.margin, config, self.n_ctx, dialect):
             self.space = space          # a prepared one (benchmarks share a cached grid between methods)
@@ -330,6 +335,8 @@ class Tuner:
             else:
                 study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler))
                 old = study.user_attrs.get("settings")
+                if old:
+                    self._keep_old_space(old)
                 diff = self.settings.differences(old) if old else []   # none yet: another worker is creating it
                 if diff:
                     raise InputError(f"study {self.study_name!r} in {self.storage_url} was made with other "
@@ -346,6 +353,17 @@ class Tuner:
         study.set_user_attr("margin_rule", "learnt" if self.margin_asked is None else "fixed")
         study.set_user_attr("created", time.strftime("%Y-%m-%d %H:%M:%S"))
         return study
+
+    def _keep_old_space(self, old: dict[str, Any]) -> None:
+        """A study stored before a widening space option existed (LATER_SPACE_OPTIONS) ran without it: it resumes
+        with that option's default, the space it was made with, instead of being refused as another study."""
+        stored = old.get("space")
+        if not isinstance(stored, dict):
+            return
+        missing = {f: getattr(SpaceConfig(), f) for f in LATER_SPACE_OPTIONS if f not in stored}
+        if missing:
+            self.config = replace(self.config, **missing)
+            self.settings = replace(self.settings, space=self.config.to_dict())
 
     def _load_history(self) -> None:
         """Rebuild the measured-plan cache and the refit samples from the stored trials (resume)."""
@@ -892,6 +910,33 @@ class Tuner:
             self._add_neighbours(cand.params, 40 if self.prescreen else 12)
         return values if self.objective.n_values > 1 else values[0]
 
+    def probe_no_host(self) -> bool:
+        """Once per study, when the space has the no_host dim: enqueue the best-TG run so far again with
+        --no-host (source PROBE_NO_HOST), so the knob gets one engine run on the plan where it could matter
+        most (the sampler alone may never pair it with a good placement). True when it enqueued one."""
+        from optuna.trial import TrialState
+        dim = self.space.dims.get("no_host")
+        if dim is None or True not in dim.values or not self.workload.n_gen or \
+                self.study.user_attrs.get("probed_no_host"):
+            return False
+        best: tuple[float, dict[str, Any]] | None = None
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            m = TrialRecord.from_trial(t).measured
+            if m is None or not m.ok or t.params.get("no_host"):
+                continue
+            if best is None or m.tg_tps > best[0]:
+                best = (m.tg_tps, dict(t.params))
+        if best is None:
+            return False
+        self.study.set_user_attr("probed_no_host", True)
+        cand = self.space.decode(self.space.fixed(self.space.legal({**best[1], "no_host": True}),
+                                                  default=lambda d: d.values[0]))
+        self._add_pool(cand)
+        if not cand.fits or cand.key in self.measured or cand.key in self._queued_ids:
+            return False
+        self._enqueue(cand.params, cand.key, PROBE_NO_HOST)
+        return True
+
     def _improves(self, tg: float, pp: float) -> bool:
         pts = self._measured_points()
         if not pts:
@@ -944,6 +989,8 @@ class Tuner:
                 stop["why"] = (f"converged: {self.idle} trials in a row were screened out, duplicates or over budget; "
                                f"{self.n_measured - start_measured} of {n_trials} runs used")
                 study.stop()
+                return
+            if not _waiting(study) and self.probe_no_host():
                 return
             if self.surrogate and (self.n_trials_session % 2 == 0) and not _waiting(study):
                 for e in self._pick():

@@ -95,6 +95,8 @@ class SpaceConfig:
     rtr: tuple[bool, ...] = (False, True)         # ik
     op_per_class: bool = True                     # ik: one -op switch per op class; False for ik's llama-bench,
                                                   # which has no -op: offload stays on, only its batch is tuned
+    no_host: tuple[bool, ...] = (False,)          # mainline --no-host; `tune` offers (False, True) to a real engine
+                                                  # (docs/tuning.md); studies made before it ran with (False,)
 
     def settled(self, n_threads: int, dialect: Dialect = "mainline") -> SpaceConfig:
         """The space for an engine whose runs cost real time: the knobs that never reached the front in the
@@ -177,6 +179,8 @@ class Space:
                 add("mla", "cat", c.mla)
         else:
             add("offload", "cat", c.offload)
+            if True in c.no_host:
+                add("no_host", "cat", c.no_host)
         add("min_batch_log2", "int", [int(math.log2(m)) for m in c.min_batch])
         add("mmap", "cat", c.mmap)
         add("output", "cat", c.output)
@@ -216,7 +220,8 @@ class Space:
         else:
             on = ask(d["offload"])
             mb = 2 ** ask(d["min_batch_log2"]) if on else 32
-            k = replace(k, offload=OffloadPolicy.all(on, mb), mmap=ask(d["mmap"]))
+            k = replace(k, offload=OffloadPolicy.all(on, mb), mmap=ask(d["mmap"]),
+                        no_host=ask(d["no_host"]) if "no_host" in d else False)
         return k
 
     def max_homes(self, knobs: Knobs, weights: list[float], output_on_gpu: bool) -> int:
@@ -356,7 +361,7 @@ class Space:
             if self.dialect == "ik" and pol.moe_matmul.enabled and not k.only_active_experts:
                 op += " all-experts"
             text += (f"; ub {k.n_ubatch} b {k.n_batch} t {k.n_threads} kv {k.type_k}{'' if k.flash_attn else ' nofa'} "
-                     f"{op}{'' if k.mmap else ' nommap'}")
+                     f"{op}{'' if k.mmap else ' nommap'}{' nohost' if k.no_host else ''}")
             if self.dialect == "ik":
                 text += f" amb {k.amb}{' rtr' if k.rtr else ''}{'' if k.fmoe else ' nofmoe'}" + \
                     (f" mla {k.mla}" if self.inv.hparams.is_mla else "")
@@ -440,8 +445,9 @@ class Space:
         for name in ("offload", "offload_moe", "offload_fused", "offload_dense", "only_active", "fmoe"):
             if name in d:
                 p[name] = True if True in d[name].values else d[name].values[0]
-        if "rtr" in d:
-            p["rtr"] = False if False in d["rtr"].values else d["rtr"].values[0]
+        for name in ("rtr", "no_host"):
+            if name in d:
+                p[name] = False if False in d[name].values else d[name].values[0]
         if "amb" in d:
             amb = d["amb"]
             p["amb"] = amb.snap(256) if amb.kind != "cat" else (256 if 256 in amb.values else amb.values[0])

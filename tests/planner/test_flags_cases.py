@@ -515,6 +515,30 @@ def test_render_ik_extras_and_no_mmap_spellings():
         render(plan_experts_on_cpu((), "ik", Knobs(rtr=True)), INV)
 
 
+def test_no_host_is_mainline_only_written_when_set_and_read_back():
+    k = Knobs(no_host=True)
+    for tool, tail in (("server", ["--no-host"]), ("cli", ["--no-host"]), ("bench", ["--no-host", "1"])):
+        rc = render(plan_experts_on_cpu((1, 2, 3), "mainline", k), INV, tool)
+        assert list(rc)[-len(tail):] == tail, (tool, list(rc))
+        assert parse(rc, INV, "mainline", tool=tool).knobs.no_host is True
+        plain = render(plan_experts_on_cpu((1, 2, 3), "mainline"), INV, tool)
+        assert "--no-host" not in plain and parse(plain, INV, "mainline", tool=tool).knobs.no_host is False
+    assert parse("llama-bench -ngl 99 --no-host 0", INV, "mainline").knobs.no_host is False
+    assert parse("LLAMA_ARG_NO_HOST=1 llama-server -ngl 99", INV, "mainline").knobs.no_host is True
+    with pytest.raises(FlagError, match="unknown value"):
+        parse("llama-bench --no-host yes", INV, "mainline")
+    for tool in ("server", "bench"):
+        with pytest.raises(FlagError, match=r"no_host=True is mainline's --no-host; ik .* has no such flag"):
+            render(plan_experts_on_cpu((), "ik", k), INV, tool)
+    ik = parse("llama-server -ngl 99 --no-host", INV, "ik")           # ik's table is not strict: a warning
+    assert ik.knobs.no_host is False and "W024" in codes(ik)
+    # a plan without the knob keeps the id it had before the knob existed (the JSON leaves the default out)
+    p = plan_experts_on_cpu((1,), "mainline")
+    assert "no_host" not in p.to_json() and Plan.from_json(p.to_json()) == p
+    q = plan_experts_on_cpu((1,), "mainline", k)
+    assert Plan.from_json(q.to_json()) == q and q.id != p.id
+
+
 def test_parse_accepts_a_rendered_command_and_multiline_paste():
     p = plan_experts_on_cpu((2, 3), "mainline")
     rc = render(p, INV)

@@ -74,6 +74,7 @@ def knobs_for(draw, dialect: str, tool: str) -> Knobs:
     mb = draw(st.sampled_from([32, 32, 64, 512]))
     if dialect == "mainline":
         k["offload"] = OffloadPolicy.all(draw(st.booleans()), mb)
+        k["no_host"] = draw(st.booleans())
         if tool != "bench":
             k["swa_full"] = draw(st.booleans())
     else:

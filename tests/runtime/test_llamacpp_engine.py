@@ -458,6 +458,31 @@ def test_matcher_agrees_with_the_loader(llama_bench, models):
         assert ours == theirs, (arch, args, sorted(set(ours) ^ set(theirs)))
 
 
+@pytest.mark.llamacpp
+def test_no_host_is_accepted_and_the_weights_it_repacks_are_ours(llama_bench, tmp_path):
+    """--no-host 1 (mainline's knob no_host) runs on the real llama-bench, which echoes it in its settings. A CPU
+    build has no GPU host buffer, so CPU_REPACK is its default anyway: its -v log names the weights of a Q4_0 model
+    the CPU backend repacked, and planner.memory.repacked must name the same ones for a --no-host plan (what the
+    cost model keeps off op offload on a GPU build)."""
+    from planner.memory import repacked
+    from runtime.llamacpp_logs import parse_model_buffers, parse_repacked_tensors
+    path = write_gguf(tmp_path / "q4_0.gguf", tiny_spec("qwen3moe"), uniform_recipe("Q4_0"))[0]
+    inv_q = load_inventory(path)
+    plan = Plan("m", everything_on(inv_q), Knobs(n_threads=1, no_host=True), "mainline")
+    rc = render(plan, inv_q, "bench", workload=TINY, model_path=str(path))
+    assert list(rc)[-2:] == ["--no-host", "1"]
+    m = LlamaCppEngine(llama_bench, timeout_s=60).measure_args(list(rc), TINY, env=rc.env)
+    assert m.ok, (m.error, m.raw.get("log_tail"))
+    assert all(t["settings"]["no_host"] in (1, True) for t in m.raw["tests"])       # echoed as read
+    run = run_process([str(llama_bench), "-m", str(path), "-p", "1", "-n", "0", "-r", "1", "--no-warmup", "-o",
+                       "jsonl", "-t", "1", "-v", "--no-host", "1"], None, 60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert parse_model_buffers(run.stderr).get("CPU_REPACK", 0) > 0
+    theirs = set(parse_repacked_tensors(run.stderr))
+    ours = {t.name for t in inv_q.allocated() if repacked(plan, t)}
+    assert theirs and ours == theirs, sorted(ours ^ theirs)
+
+
 # ---- memory: llama-bench's contexts, and llama-fit-params as an oracle -----------------------------------------------
 
 def test_bench_memory_takes_the_larger_context(inv):

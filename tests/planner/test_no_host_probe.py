@@ -1,0 +1,76 @@
+"""mainline's --no-host in the tuner (issue 10): a space dimension for real mainline engines, one probe run of the
+best-TG plan with it per study, and studies stored before the option resume as they were made."""
+from __future__ import annotations
+
+from planner.flags import render
+from planner.hardware import GiB, load_hardware
+from planner.presets import load_preset
+from planner.tuner.records import TrialRecord
+from planner.tuner.search import PROBE_NO_HOST, Tuner, Workload
+from planner.tuner.space import Space, SpaceConfig
+from runtime.sim import SimEngine
+
+WL = Workload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
+ON = SpaceConfig(no_host=(False, True))
+
+
+def _setup(gib: int = 16):
+    return load_preset("Qwen3-30B-A3B").inventory(), load_hardware("gpu-box").with_vram([gib * GiB])
+
+
+def test_no_host_dim_is_mainline_only_and_off_by_default():
+    inv, hw = _setup()
+    assert "no_host" not in Space(inv, hw, dialect="mainline", n_ctx=4096).dims      # old studies' space
+    assert "no_host" not in Space(inv, hw, dialect="ik", n_ctx=4096, config=ON).dims
+    space = Space(inv, hw, dialect="mainline", n_ctx=4096, config=ON)
+    assert space.dims["no_host"].values == (False, True) and space.default_params()["no_host"] is False
+    p = {**space.default_params(), "fill.CUDA0": 0.0, "no_host": True}
+    cand = space.decode(space.fixed(p))
+    assert cand.plan.knobs.no_host and cand.plan.label.endswith("nohost")
+    assert list(render(cand.plan, inv, "bench"))[-2:] == ["--no-host", "1"]
+    # settled (what a real engine gets) keeps the default; `tune` adds (False, True) for mainline
+    assert SpaceConfig().settled(16).no_host == (False,)
+
+
+def test_probe_reruns_the_best_tg_plan_with_no_host_once():
+    inv, hw = _setup()
+    tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20,
+                  config=ON, seed=3, prescreen=True)   # seeds take half the runs, as for a real engine
+    tuner.run(12)
+    recs = [(t, TrialRecord.from_trial(t)) for t in tuner.study.get_trials(deepcopy=False)]
+    probes = [(t, r) for t, r in recs if r.source == PROBE_NO_HOST]
+    assert len(probes) == 1 and tuner.study.user_attrs["probed_no_host"] is True
+    t, r = probes[0]
+    assert t.params["no_host"] is True and r.measured is not None and r.measured.ok
+    # it is an earlier best-TG trial's params with no_host flipped
+    earlier = [u for u, s in recs if u.number < t.number and s.measured is not None and s.measured.ok
+               and not u.params.get("no_host")]
+    best = max(earlier, key=lambda u: TrialRecord.from_trial(u).measured.tg_tps)
+    assert {k: v for k, v in t.params.items() if k != "no_host"} == \
+        {k: v for k, v in best.params.items() if k != "no_host"}
+    tuner.run(3)                                         # resumed in the same session: no second probe
+    assert sum(TrialRecord.from_trial(u).source == PROBE_NO_HOST for u in tuner.study.get_trials()) == 1
+    # no probe where the space has no no_host dim, or nothing generates (PP only)
+    plain = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20)
+    plain.run(4)
+    assert not plain.probe_no_host()
+    pp = Tuner(inv, hw, SimEngine(hw), objective="pp", workload=Workload(2048, 0, 0, 1), n_ctx=4096,
+               storage=None, pool_size=20, config=ON)
+    pp.run(3)
+    assert not pp.probe_no_host()
+
+
+def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(tmp_path):
+    inv, hw = _setup()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    kw = dict(objective="tg", workload=WL, n_ctx=4096, storage=url, pool_size=10, study_name="old")
+    study = Tuner(inv, hw, SimEngine(hw), **kw).study
+    settings = study.user_attrs["settings"]
+    del settings["space"]["no_host"]
+    study.set_user_attr("settings", settings)
+    resumed = Tuner(inv, hw, SimEngine(hw), config=ON, **kw)      # what `tune` now asks for a real engine
+    assert "no_host" not in resumed.space.dims and resumed.config.no_host == (False,)
+    fresh = Tuner(inv, hw, SimEngine(hw), config=ON, **dict(kw, study_name="new"))
+    assert "no_host" in fresh.space.dims
+    again = Tuner(inv, hw, SimEngine(hw), config=ON, **dict(kw, study_name="new"))   # stored with it: kept
+    assert "no_host" in again.space.dims
