@@ -62,9 +62,10 @@ class EngineFacts:
     tg_gpu_op_scale: float = 1.518     # a real graph node of a MoE layer against calibrate's trivial kernel in a
                                        # CUDA graph (norms, rope, top-k, MUL_MAT_ID's id sorting: ~2 us, not ~1)
     # mainline --no-host: a weight the CPU backend repacks (planner.memory.repacked) decodes with ggml-cpu's
-    # interleaved GEMV kernels; its TG read time x this. 1.0: not measured yet on the GPU box (ik's analogous
-    # -rtr gave +11% TG at 8 GiB on the H100); the tuner's no-host probe runs decide (docs/tuning.md)
-    cpu_repack_tg_time: float = 1.0
+    # interleaved GEMV kernels; its TG read time x this. Fitted on the H100 runs of 2026-11-24
+    # (tests/planner/data/h100_nohost_20261124_runs.jsonl: two placements, --no-host 0/1, two interleaved
+    # rounds): TG 1.10x with 29 layers of experts in RAM (predicted 1.11x), 1.11x with 3 (predicted 1.04x)
+    cpu_repack_tg_time: float = 0.86
 
 
 LLAMACPP = EngineFacts()

@@ -136,3 +136,27 @@ def test_a_cpu_layer_attends_on_the_gpu_when_its_projections_are_offloaded():
     assert off.pp_terms[Term("attn", "CPU")] > 0
     assert on.pp_tps == pytest.approx(run.pp_tps, rel=0.35) and on.pp_tps > 3 * off.pp_tps
     assert on.tg_tps == off.tg_tps                        # batch 1 never offloads
+
+
+NOHOST_RUNS = Path(__file__).parent / "data" / "h100_nohost_20261124_runs.jsonl"
+
+
+def test_no_host_trades_prompt_speed_for_generation_as_measured():
+    """mainline --no-host on the H100 (2026-11-24, one device call, --no-host 0 and 1 of two placements over two
+    interleaved rounds, -p 512 -n 64 -r 3): the repacked Q4_0 experts in RAM are never uploaded, so PP falls to
+    the CPU's (measured 162-175 and 1437-1560 t/s against 6648-12019), and TG rises ~10% (1.10x with 29 layers
+    of experts in RAM, 1.11x with 3)."""
+    import statistics
+    inv = synthetic_inventory()
+    runs = read_runs(NOHOST_RUNS, inv)
+    assert len(runs) == 8 and sum(r.plan.knobs.no_host for r in runs) == 4
+    sc = score(runs, inv, load_hardware("gpu-box"))
+    for few_layers in (False, True):
+        same = [s for s in sc if ("-ncmoe 3" in s.run.command) == few_layers]
+        on = [s for s in same if s.run.plan.knobs.no_host]
+        off = [s for s in same if not s.run.plan.knobs.no_host]
+        for s in on:
+            assert s.pred_pp_tps == pytest.approx(s.run.pp_tps, rel=0.15)
+        measured = statistics.median(s.run.tg_tps for s in on) / statistics.median(s.run.tg_tps for s in off)
+        predicted = on[0].pred_tg_tps / off[0].pred_tg_tps
+        assert measured > 1.05 and 1.0 < predicted < measured + 0.05, (few_layers, measured, predicted)
