@@ -928,14 +928,14 @@ class Tuner:
                 best = (m.tg_tps, dict(t.params))
         if best is None:
             return False
-        self.study.set_user_attr("probed_no_host", True)
         cand = self.space.decode(self.space.fixed(self.space.legal({**best[1], "no_host": True}),
                                                   default=lambda d: d.values[0]))
         self._add_pool(cand)
-        if not cand.fits or cand.key in self.measured or cand.key in self._queued_ids:
-            return False
-        self._enqueue(cand.params, cand.key, PROBE_NO_HOST)
-        return True
+        queued = cand.fits and cand.key not in self.measured and cand.key not in self._queued_ids
+        if queued:       # enqueued before the mark: a study killed in between finds it waiting, not lost
+            self._enqueue(cand.params, cand.key, PROBE_NO_HOST)
+        self.study.set_user_attr("probed_no_host", True)
+        return queued
 
     def _improves(self, tg: float, pp: float) -> bool:
         pts = self._measured_points()
