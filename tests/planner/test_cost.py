@@ -97,8 +97,10 @@ def test_no_host_keeps_repacked_experts_on_the_cpu_for_the_prompt():
     assert on_p.pp_tps > 2 * off_p.pp_tps                      # op offload matters at this ubatch
     assert nh_p.pp_tps == pytest.approx(off_p.pp_tps, rel=0.02)
     assert nh_p.pp_terms.get(Term("upload"), 0.0) == 0.0 and on_p.pp_terms[Term("upload")] > 0
-    # TG: the repacked read time is x cpu_repack_tg_time (1.0 until measured on the GPU box)
-    assert nh_p.tg_tps == pytest.approx(on_p.tg_tps)
+    # TG: the repacked read time is x cpu_repack_tg_time (0.86, measured on the H100: TG 1.10-1.11x)
+    assert nh_p.tg_tps > on_p.tg_tps
+    same = predict(inv, nohost, hw, n_prompt=2048, facts=replace(LLAMACPP, cpu_repack_tg_time=1.0))
+    assert same.tg_tps == pytest.approx(on_p.tg_tps)
     faster = predict(inv, nohost, hw, n_prompt=2048, facts=replace(LLAMACPP, cpu_repack_tg_time=0.5))
     assert faster.tg_terms[Term("read", "CPU")] < 0.55 * on_p.tg_terms[Term("read", "CPU")]
     assert predict(inv, big, hw, facts=replace(LLAMACPP, cpu_repack_tg_time=0.5)).tg_tps == \
