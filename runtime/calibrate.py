@@ -311,11 +311,12 @@ def host_load() -> dict[str, float]:
     return {"load1": load1, "cpus": float(os.cpu_count() or 1)}
 
 
+SWEEP_PAUSE_S = 2.0      # between sweeps: lets clocks and the page cache settle after the last one
 BUSY_LOAD_SHARE = 0.25   # a 1-minute load above this share of the CPUs before measuring: say the host is busy
 
 
 def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | None = None,
-              name: str = "calibrated", sweeps: int = 1, pause_s: float = 2.0
+              name: str = "calibrated", sweeps: int = 1, pause_s: float | None = None
               ) -> tuple[HardwareProfile, dict[str, Any]]:
     """Measure this machine (all its GPUs, its host): the HardwareProfile and every raw measurement. With
     sweeps > 1 the whole measurement repeats (pause_s apart) and the sweeps merge (merge_sweeps); their spread
@@ -327,7 +328,7 @@ def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | No
     loads = []
     for i in range(max(1, sweeps)):
         if i:
-            time.sleep(pause_s)
+            time.sleep(SWEEP_PAUSE_S if pause_s is None else pause_s)
         loads.append(host_load())
         host_sweeps.append(measure_host(dtype_name, size_bytes, threads))
         gpu_sweeps.append([measure_gpu(g, dtype_name, size_bytes) for g in range(n_gpu)])

@@ -2,6 +2,8 @@
 best-TG plan with it per study, and studies stored before the option resume as they were made."""
 from __future__ import annotations
 
+import pytest
+
 from planner.flags import render
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
@@ -32,6 +34,7 @@ def test_no_host_dim_is_mainline_only_and_off_by_default():
     assert SpaceConfig().settled(16).no_host == (False,)
 
 
+@pytest.mark.slow          # a whole sim study (~12 s on 2 cores): make test runs it, make test-fast does not
 def test_probe_reruns_the_best_tg_plan_with_no_host_once():
     inv, hw = _setup()
     tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20,

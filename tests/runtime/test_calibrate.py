@@ -10,7 +10,8 @@ import pytest
 from runtime.calibrate import add_calibrate_arguments, busy_note, calibrate_main, merge_sweeps, sweep_spread
 
 
-def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys) -> None:
+def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("runtime.calibrate.SWEEP_PAUSE_S", 0.0)   # 8 MiB sweeps need no settling
     ap = argparse.ArgumentParser()
     add_calibrate_arguments(ap)
     out = tmp_path / "hw.json"
