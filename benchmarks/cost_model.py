@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from planner.cost import LLAMACPP, EngineFacts, predict  # noqa: E402
 from planner.hardware import HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
-from runtime.cost_check import (Run, Scored, mape, offload_pairs, read_runs, score, split_train_test,  # noqa: E402
-                                synthetic_inventory, toggled_offload)
+from runtime.cost_check import (Run, Scored, mape, offload_pairs, read_runs, restamped, score,  # noqa: E402
+                                split_train_test, synthetic_inventory, toggled_offload)
 
 WORST = 8
 # the fitted constants: Overheads shares and EngineFacts fields, with their bounds
@@ -64,14 +64,6 @@ def fit_depth(runs: list[Run], inv: ModelInventory, hw: HardwareProfile) -> tupl
     res = least_squares(resid, [1.0, 1.0, 1.0], bounds=([b[0] for b in FIT_DEPTH.values()],
                                                         [b[1] for b in FIT_DEPTH.values()]))
     return dict(zip(names, (round(float(a), 4) for a in res.x))), facts(res.x)
-
-
-def restamped(hw: HardwareProfile) -> HardwareProfile:
-    """hw with the committed llama.cpp shares: calibrate writes LLAMACPP_SHARES into each profile it measures, so
-    a profile measured before a refit carries the old ones."""
-    from planner.hardware import LLAMACPP_SHARES
-    return replace(hw, overheads=replace(hw.overheads, **LLAMACPP_SHARES),
-                   source=f"{hw.source}; shares restamped (LLAMACPP_SHARES)")
 
 
 def load_model(text: str | None) -> ModelInventory:

@@ -177,20 +177,23 @@ def repacked(plan: Plan, tensor: Tensor) -> bool:
             and tensor.shape[1] % REPACK_ROWS == 0)
 
 
-def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor) -> int | None:
-    """Smallest batch at which the op on this RAM-resident weight runs on a GPU; None if it never does.
+def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor, op: str | None = None) -> int | None:
+    """Smallest batch at which the op on this RAM-resident weight runs on a GPU; None if it never does. `op`:
+    the OffloadPolicy class when it is not the tensor's own (ik's MOE_FUSED_UP_GATE on up/gate experts).
 
     mainline: every MUL_MAT / MUL_MAT_ID with batch >= min_batch (GET_ROWS never). ik: the same, but MoE ops
-    only from min_batch * n_expert / n_expert_used (docs/llamacpp.md section 4)."""
+    only once batch * n_expert_used >= min_batch * n_expert too (ggml-cuda.cu:5194-5210; docs/llamacpp.md
+    section 4)."""
     if tensor.role == "token_embd" or len(tensor.shape) < 2:
         return None
-    op = "moe_matmul" if tensor.is_expert else ("output" if tensor.role == "output" else "dense_matmul")
+    op = op or ("moe_matmul" if tensor.is_expert else ("output" if tensor.role == "output" else "dense_matmul"))
     rule = plan.knobs.offload.rule(op)
     if not rule.enabled or plan.knobs.rtr or repacked(plan, tensor):
         return None
     hp = inv.hparams
     if plan.dialect == "ik" and tensor.is_expert and hp.n_expert_used:
-        return rule.min_batch * hp.n_expert // hp.n_expert_used
+        mb = max(rule.min_batch, 1)
+        return max(mb, -(-mb * hp.n_expert // hp.n_expert_used))
     return rule.min_batch
 
 
@@ -770,16 +773,14 @@ def _moe_layers(inv: ModelInventory) -> list[tuple[int, dict[str, Tensor]]]:
     return out
 
 
-def _moe_op_device(plan: Plan, gpu0: str | None, m: MoeShape, t: Tensor, op_class: str) -> tuple[str | None, int]:
+def _moe_op_device(inv: ModelInventory, plan: Plan, gpu0: str | None, t: Tensor, op_class: str
+                   ) -> tuple[str | None, int]:
     """(GPU, smallest batch) on which the MoE op on expert tensor t runs; (None, 0) if only on the CPU."""
     dev = plan.assignment.get(t.name, "CPU")
     if dev != "CPU":
         return dev, 1
-    rule = plan.knobs.offload.rule(op_class)
-    if gpu0 is None or not rule.enabled or plan.knobs.rtr:
-        return None, 0
-    mb = max(rule.min_batch, 1)
-    return gpu0, max(mb, -(-mb * m.n_expert // m.n_expert_used))
+    lo = offload_min_batch(inv, plan, t, op_class) if gpu0 is not None else None
+    return (gpu0, lo) if lo is not None else (None, 0)
 
 
 def _ik_moe_ops(inv: ModelInventory, plan: Plan, gpu0: str | None) -> list[tuple[str, MoeShape, tuple]]:
@@ -802,7 +803,7 @@ def _ik_moe_ops(inv: ModelInventory, plan: Plan, gpu0: str | None) -> list[tuple
             continue
         m = MoeShape(up.shape[0], n_ff, n_expert, used, merged, up.ggml_type in MMQ_TYPES,
                      down.ggml_type in MMQ_TYPES)
-        where = functools.partial(_moe_op_device, plan, gpu0, m)
+        where = functools.partial(_moe_op_device, inv, plan, gpu0)
         d_dev, d_lo = where(down, "moe_matmul")
         fused = merged or (knobs.fmoe and up.ggml_type == ts["exps_gate"].ggml_type)
         if not fused:

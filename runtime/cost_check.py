@@ -72,6 +72,14 @@ class Run:
         return tuple(out), tuple(sorted(self.env.items()))
 
 
+def restamped(hw: HardwareProfile) -> HardwareProfile:
+    """hw with the committed llama.cpp shares: calibrate writes LLAMACPP_SHARES into each profile it measures, so
+    a profile measured before a refit carries the old ones."""
+    from planner.hardware import LLAMACPP_SHARES
+    return replace(hw, overheads=replace(hw.overheads, **LLAMACPP_SHARES),
+                   source=f"{hw.source}; shares restamped (LLAMACPP_SHARES)")
+
+
 def run_line(bench_command: str, pp_tps: float, tg_tps: float, peak_vram_mib: int, **where: Any) -> dict[str, Any]:
     """One line of a runs file from a rendered llama-bench shell line (`VAR=value ... llama-bench -m MODEL ARGS`):
     its environment, the arguments without -m MODEL, the speeds and peak; `where` (study, trial, plan) first."""

@@ -105,13 +105,11 @@ FRESH_REACHED = (0.0685, 0.1428)
 def test_a_fresh_machine_from_its_own_calibration_alone():
     """Issue 16's acceptance, held out: TG MAPE <= 10%, PP <= 15%, op offload on vs off ranked right for every
     pair. The profile is the one calibrate wrote, with the shares calibrate writes now (LLAMACPP_SHARES)."""
-    from dataclasses import replace as dc_replace
-    from planner.hardware import LLAMACPP_SHARES
+    from runtime.cost_check import restamped
     inv = synthetic_inventory()
     runs = read_runs(FRESH_RUNS, inv)
     assert len(runs) == 25 and sum(r.depth == 8192 for r in runs) == 8
-    hw = load_hardware(str(FRESH_PROFILE))
-    hw = dc_replace(hw, overheads=dc_replace(hw.overheads, **LLAMACPP_SHARES))
+    hw = restamped(load_hardware(str(FRESH_PROFILE)))
     sc = score(runs, inv, hw)
     got = mape(sc)
     assert got["tg"] <= FRESH_REACHED[0] + SLACK and got["pp"] <= FRESH_REACHED[1] + SLACK, got
