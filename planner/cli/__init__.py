@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 
 from ..errors import InputError
 from . import demo, explain, inspect, plan, report, runtime_cmds, serve, tune
@@ -48,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # diagnostics from the modules (a fast path dropped for its fallback, ...) as one stderr line each
     logging.basicConfig(level=logging.WARNING, format="offload-tuner: %(levelname)s: %(message)s", stream=sys.stderr)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C / SIGINT is how a tune is stopped and kept resumable (the service's stop sends it); a process
+        # started in the background by a non-interactive shell inherits SIGINT ignored, which would turn a stop
+        # into a study that runs to its end
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # everything after the first "--" belongs to llama.cpp (explain), never to our own parser
         cut = argv.index("--") if "--" in argv else len(argv)
