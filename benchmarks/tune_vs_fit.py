@@ -51,8 +51,9 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def cell_name(budget_gib: int, depth: int) -> str:
-    return f"tvf-{budget_gib}g-d{depth}"
+def cell_name(budget_gib: int, depth: int, series: str = "") -> str:
+    """A cell's study name; a --series gets fresh studies beside the confirmed ones (a new space, a new machine)."""
+    return f"tvf-{budget_gib}g-d{depth}" + (f"-{series}" if series else "")
 
 
 def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",
@@ -66,7 +67,8 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     ctx = depth + args.n_prompt + args.n_gen
     config = SpaceConfig().settled(hw.host.n_threads, dialect)
     tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
-                  config=config, dialect=dialect, study_name=study_name or cell_name(budget_gib, depth),
+                  config=config, dialect=dialect,
+                  study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),
                   storage=args.storage, seed=args.seed, pool_size=args.pool)
     if getattr(args, "reconfirm", False) and tuner.redo_references():
         log(f"{tuner.study_name}: references re-measured; confirmation again")
@@ -295,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a cell needs to start (its baselines run in one go; default 100)")
     ap.add_argument("--reconfirm", action="store_true", help="cells whose --fit placement in a server never ran "
                     "(refused by an older budget check): run it, then confirm again, all in this call")
+    ap.add_argument("--series", default="", help="a suffix for the cells' study names: fresh studies beside the "
+                    "confirmed ones (e.g. after the search space changed); the report shows that series")
     ap.add_argument("--hardware", default="gpu-box")
     ap.add_argument("--name", default="tune_vs_fit", help="file stem of the report (default tune_vs_fit)")
     ap.add_argument("--note", type=Path, help="with --report-only: a Markdown file of notes for the report")
@@ -324,17 +328,17 @@ def main(argv: list[str] | None = None) -> int:
         for b in budgets:
             if deadline - time.monotonic() < args.min_left:     # baselines run without a deadline check
                 finished = False
-                log(f"{cell_name(b, depth)}: not started, {deadline - time.monotonic():.0f} s left")
+                log(f"{cell_name(b, depth, args.series)}: not started, {deadline - time.monotonic():.0f} s left")
                 break
             ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline)
             finished &= ok
-            log(f"{cell_name(b, depth)}: {'confirmed' if ok else 'not finished: run again'}")
+            log(f"{cell_name(b, depth, args.series)}: {'confirmed' if ok else 'not finished: run again'}")
     from planner.tuner.search import make_storage
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
-    studies = [optuna.load_study(study_name=cell_name(b, d), storage=storage) for d in depths for b in budgets
-               if cell_name(b, d) in names]
-    rows = [cell_row(st, int(st.study_name.split("-")[1][:-1]), int(st.study_name.split("-d")[1])) for st in studies]
+    cells = [(b, d) for d in depths for b in budgets if cell_name(b, d, args.series) in names]
+    studies = [optuna.load_study(study_name=cell_name(b, d, args.series), storage=storage) for b, d in cells]
+    rows = [cell_row(st, b, d) for st, (b, d) in zip(studies, cells)]
     write_report(rows, meta, out, args.name)
     n = runs_jsonl(studies, out / f"{args.name}_runs.jsonl")
     log(f"report: {out}/{args.name}.md ({len(rows)} cells, {n} runs in runs.jsonl); "

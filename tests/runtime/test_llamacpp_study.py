@@ -69,6 +69,9 @@ def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, bench_script):
     lines = (tmp_path / "out" / "tune_vs_fit_runs.jsonl").read_text().splitlines()
     assert lines and {"llama_bench_args", "env", "pp_tps", "tg_tps", "peak_vram_mib"} <= set(json.loads(lines[0]))
     assert bench.main(argv) == 0          # resumed: every cell is confirmed already
+    # a --series is a fresh study beside the confirmed one: work left (no time to start it here), no rows yet
+    assert bench.main([*argv, "--series", "nh", "--time-budget", "1", "--name", "nh"]) == 3
+    assert json.loads((tmp_path / "out" / "nh.json").read_text())["budgets"] == []
 
 
 @pytest.mark.slow
