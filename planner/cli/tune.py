@@ -11,6 +11,7 @@ from ..hardware import HardwareProfile, fmt_bytes, parse_size
 from ..options import TuneOptions
 from ..plan import DEFAULT_CTX, DIALECTS
 from ..tuner.confirm import CONFIRM_ROUNDS
+from ..tuner.interrupt import SIGINT
 from ..validate import check_dialect
 from .common import _add_hw, _emit_json, _hardware, _nonneg, _positive, _write_report, load_engine
 
@@ -114,12 +115,14 @@ def cmd_tune(args: TuneOptions) -> int:
           f"{args.trials} runs", file=sys.stderr, flush=True)
     bar, update = _progress(args.trials, args.quiet)
     try:
-        result = tuner.run(args.trials, progress=update)
-        if rounds:
-            bar.close()
-            print(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds",
-                  file=sys.stderr, flush=True)
-            tuner.confirm(rounds)
+        with SIGINT.guard():            # Ctrl-C stops at a safe point (planner/tuner/interrupt.py)
+            result = tuner.run(args.trials, progress=update)
+            if rounds:
+                bar.close()
+                print(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds",
+                      file=sys.stderr, flush=True)
+                tuner.confirm(rounds)
+            SIGINT.check()
     except KeyboardInterrupt:
         bar.close()
         n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])

@@ -50,6 +50,7 @@ from ..cost import predict
 from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
 from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
+from .interrupt import SIGINT
 from ..errors import InputError, OffloadTunerError
 from ..hardware import GiB, MiB, HardwareProfile
 from ..model import ModelInventory
@@ -724,7 +725,8 @@ class Tuner:
     def _measure(self, plan: Plan):
         """engine.measure, with an exception of the engine (not of our input) turned into a failed result."""
         try:
-            return self.engine.measure(self.inv, plan, self.workload)
+            with SIGINT.engine_run():          # Ctrl-C lands here at once, elsewhere at the next safe point
+                return self.engine.measure(self.inv, plan, self.workload)
         except InputError:
             raise
         except Exception as e:   # an engine bug must not end the study; the trial records it
@@ -973,6 +975,9 @@ class Tuner:
         def after(study, frozen) -> None:
             if progress is not None:
                 progress(self, frozen)
+            if SIGINT.pending:                  # Ctrl-C during Optuna's bookkeeping: stop here, raise below
+                study.stop()
+                return
             if self.n_measured - start_measured >= n_trials:
                 study.stop()
                 return
@@ -998,6 +1003,7 @@ class Tuner:
 
         self.study.optimize(self.objective_fn, n_trials=None, catch=(MeasurementFailed,), callbacks=[after],
                             gc_after_trial=False)
+        SIGINT.check()
         return TuneResult(self.study_name, self.storage_url, self.n_measured - start_measured, self.n_trials_session,
                           time.perf_counter() - t0, self.margin, self.fit, stop["why"], self.counts)
 
@@ -1068,7 +1074,8 @@ class Tuner:
 
     def _measure_args(self, argv: list[str], env: dict[str, str]):
         try:
-            return self.engine.measure_args(argv, self.workload, env)
+            with SIGINT.engine_run():
+                return self.engine.measure_args(argv, self.workload, env)
         except InputError:
             raise
         except Exception as e:   # as _measure: an engine bug is a failed sample, not the end of the study
