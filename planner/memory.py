@@ -773,6 +773,14 @@ def _moe_layers(inv: ModelInventory) -> list[tuple[int, dict[str, Tensor]]]:
     return out
 
 
+def ik_fuses_up_gate(plan: Plan, up: Tensor, gate: Tensor | None) -> bool:
+    """Whether ik runs this layer's up and gate experts as one MOE_FUSED_UP_GATE (llama-build-context.cpp:1583-1609):
+    a merged gate_up tensor (gate None) always, separate ones with -fmoe (ik's default) when of one type. The op
+    runs where the up experts are (ggml-backend.cpp:1340-1360, its first weight source), and a gate elsewhere is
+    copied into that device's compute buffer for every batch."""
+    return plan.dialect == "ik" and (gate is None or (plan.knobs.fmoe and up.ggml_type == gate.ggml_type))
+
+
 def _moe_op_device(inv: ModelInventory, plan: Plan, gpu0: str | None, t: Tensor, op_class: str
                    ) -> tuple[str | None, int]:
     """(GPU, smallest batch) on which the MoE op on expert tensor t runs; (None, 0) if only on the CPU."""
@@ -790,7 +798,7 @@ def _ik_moe_ops(inv: ModelInventory, plan: Plan, gpu0: str | None) -> list[tuple
     OffloadPolicy rule is on (-op) and -rtr is off. With -fmoe (knobs.fmoe) and up and gate of one type ik builds
     MOE_FUSED_UP_GATE (llama-build-context.cpp:1583-1609), which runs the down projection itself when it is the
     next node on the same GPU (ggml-cuda.cu:3300, :3343); a merged gate_up tensor is always fused."""
-    hp, knobs = inv.hparams, plan.knobs
+    hp = inv.hparams
     out = []
     for _, ts in _moe_layers(inv):
         down = ts["exps_down"]
@@ -805,7 +813,7 @@ def _ik_moe_ops(inv: ModelInventory, plan: Plan, gpu0: str | None) -> list[tuple
                      down.ggml_type in MMQ_TYPES)
         where = functools.partial(_moe_op_device, inv, plan, gpu0)
         d_dev, d_lo = where(down, "moe_matmul")
-        fused = merged or (knobs.fmoe and up.ggml_type == ts["exps_gate"].ggml_type)
+        fused = ik_fuses_up_gate(plan, up, None if merged else ts["exps_gate"])
         if not fused:
             for t in (ts["exps_up"], ts["exps_gate"]):
                 dev, lo = where(t, "moe_matmul")
