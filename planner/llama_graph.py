@@ -314,7 +314,7 @@ class _Builder:
         if norm_w:
             w2 = g.reshape(weights, (A, T))
             total = g.op("SUM_ROWS", (1, T), "f32", w2, name="ffn_moe_weights_sum")
-            if not self.ik:                   # ik clamps only for LAGUNA (llama-build-context.cpp:1540-1542)
+            if not self.ik:                   # ik clamps only for LAGUNA (llama-build-context.cpp:1545-1547)
                 total = g.unary("CLAMP", total, name="ffn_moe_weights_sum_clamped")
             weights = g.binary("DIV", w2, total, name="ffn_moe_weights_norm")
             weights = g.reshape(weights, (1, A, T))
