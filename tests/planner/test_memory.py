@@ -107,17 +107,18 @@ def test_op_offload_adds_upload_targets_to_the_gpu_compute_buffer():
     assert estimate(inv, off).devices["CPU"].compute > estimate(inv, on).devices["CPU"].compute
 
 
+@pytest.mark.parametrize("dialect", ["mainline", "ik"])
 @pytest.mark.parametrize("name", preset_names())
-def test_reduced_graph_gives_the_full_graph_peaks(name):
+def test_reduced_graph_gives_the_full_graph_peaks(name, dialect):
     # compute_bytes builds only a few layers of each run of identical layers; the peaks must not change
     inv = load_preset(name).inventory()
     n = inv.n_layer - inv.hparams.n_nextn
     plans = [
-        _plan(inv, lambda t: "CPU", Knobs(n_ctx=8192, n_ubatch=512)),
+        _plan(inv, lambda t: "CPU", Knobs(n_ctx=8192, n_ubatch=512), dialect),
         _plan(inv, lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0",
-              Knobs(n_ctx=4096, n_ubatch=2048, n_batch=2048, flash_attn=False)),
+              Knobs(n_ctx=4096, n_ubatch=2048, n_batch=2048, flash_attn=False), dialect),
         _plan(inv, lambda t: "CUDA0" if t.layer is None and t.role != "token_embd"
-              or (t.layer is not None and t.layer >= n - 6) else "CPU", Knobs(n_ctx=8192, n_ubatch=1024)),
+              or (t.layer is not None and t.layer >= n - 6) else "CPU", Knobs(n_ctx=8192, n_ubatch=1024), dialect),
     ]
     for plan in plans:
         assert compute_bytes(inv, plan) == compute_bytes(inv, plan, reduce=False)
