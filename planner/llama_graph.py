@@ -15,6 +15,12 @@ What the graph reserve uses (src/llama-context.cpp sched_reserve / graph_reserve
 - a quantized K (V) cache whose head size is a multiple of 64 rotates q and k (v and the output) with a
   Hadamard matrix (llama-kv-cache.cpp attn_rot_k/v, llama-impl.h llama_mul_mat_hadamard): a copy each.
 
+The ik dialect (GraphParams.dialect "ik") builds ik_llama.cpp 8337e4cd's graph where it differs in what ggml-alloc
+has to hold (src/llama-build-context.cpp; IK_GRAPH below): fused ops replace mainline's chains (one RMS_NORM+MUL,
+one MoE up/gate, one weighted expert sum, one dense up/gate), and no tensor is flagged as a graph output (ik
+calls ggml_set_output nowhere on these graphs), so result_norm and the logits are freed like any other tensor.
+The rest (attention, inputs, router) stays mainline's: the same sizes up to a few KiB of KV-store indices.
+
 Checked byte for byte against llama.cpp's own buffers (tests/planner/test_memory_llamacpp.py on the CPU build,
 tests/planner/test_memory_cuda.py on CUDA logs) for llama, qwen3moe, qwen2moe, deepseek2 (MLA), gpt-oss and
 glm4moe. Other architectures (qwen2, qwen3, llama4) use the llama skeleton: llama4's chunked-attention cache,
@@ -22,6 +28,7 @@ shared expert and sigmoid-before-FFN routing are not modelled, so its compute es
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .ggml_graph import GT, OUTPUT, Graph
@@ -29,6 +36,23 @@ from .model import ModelInventory
 
 TIED_OUTPUT = "token_embd.weight@output"   # ext name of the duplicated token_embd used as the output
 QUANT_KV = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
+NOT_QUANTIZED = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})   # ggml_is_quantized false
+
+# ik_llama.cpp 8337e4cd: its context flags for fused graph ops (all on by default, src/llama.cpp:7610-7613) and the op
+# each builds instead of mainline's chain. Only fused_moe_up_gate is a knob (Knobs.fmoe: -no-fmoe, llama-bench -fmoe
+# 0); our renderer never turns the other two off (-no-mmad, -no-fug), so the graph always has them.
+IK_GRAPH: dict[str, str] = {
+    # llm_build_moe_ffn :1583-1609: up/gate experts of one type (or a merged gate_up tensor, always) -> one
+    # MOE_FUSED_UP_GATE [n_ff, n_used, T] (ggml.c ggml_moe_up_gate :7983); off: two MUL_MAT_ID results and
+    # FUSED_MUL_UNARY(gate, up), three [n_ff, n_used, T] tensors where the fused op has one
+    "fused_moe_up_gate": "MOE_FUSED_UP_GATE",
+    # llm_build_moe_ffn :1668-1678: MUL_MULTI_ADD(experts, weights) -> [n_embd, T] (ggml.c ggml_mul_multi_add
+    # :6267), where mainline multiplies into a second [n_embd, n_used, T] and adds n_used views
+    "fused_mmad": "MUL_MULTI_ADD",
+    # llm_build_ffn :1242-1249: quantized up and gate of one type and shape -> one FUSED_UP_GATE [n_ff, T]
+    # (ggml.c ggml_fused_up_gate :8087); otherwise both MUL_MATs and FUSED_MUL_UNARY(gate, up)
+    "fused_up_gate": "FUSED_UP_GATE",
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +66,8 @@ class GraphParams:
     swa_cells: int = 0              # cells of the SWA cache (gpt-oss), 0 without one
     base_cells: int = 0             # cells of the non-SWA cache
     layers: tuple[int, ...] | None = None   # the layers to build, in order (None: all); see memory.py
+    dialect: str = "mainline"       # "ik": ik_llama.cpp's fused graph (IK_GRAPH)
+    fmoe: bool = True               # ik's fused_moe_up_gate (Knobs.fmoe)
 
 
 class _Builder:
@@ -52,6 +78,7 @@ class _Builder:
         self.g = Graph()
         self.T = p.n_tokens
         self._w: dict[str, GT] = {}
+        self.ik = p.dialect == "ik"
 
     # ---- helpers ----
 
@@ -67,8 +94,22 @@ class _Builder:
     def lw(self, il: int, suffix: str) -> GT | None:
         return self.w(f"blk.{il}.{suffix}")
 
+    def wtype(self, w: GT) -> str:
+        return self.inv.by_name[w.name].ggml_type
+
+    def output_flag(self, t: GT) -> None:
+        """res->t_logits, t_embd ...: mainline marks them graph outputs (never freed, never reused in place); ik
+        marks nothing (no ggml_set_output in its llm_build_context), so ggml-alloc frees them after their use."""
+        if not self.ik:
+            t.flags |= OUTPUT
+
     def norm(self, x: GT, weight: GT | None, name: str = "norm") -> GT:
         g = self.g
+        if self.ik and weight is not None:
+            # ik llm_build_norm (llama-build-context.cpp:1049-1055): RMS norm and weight in one FUSED_RMS_NORM, an op
+            # ggml-alloc never runs in place (ik ggml-alloc.c ggml_op_can_inplace): a new [n_embd, T] where mainline
+            # overwrites its source when that source has no other use (the output norm of the last layer's l_out)
+            return g.binary("FUSED_RMS_NORM", x, weight, name=name)
         cur = g.unary("RMS_NORM", x, name=name)
         if weight is not None:
             cur = g.binary("MUL", cur, weight, name=name + "_w")
@@ -85,16 +126,22 @@ class _Builder:
     def inputs(self) -> None:
         g, T, E = self.g, self.T, self.hp.n_embd
         tokens = Graph.input("inp_tokens", (T,), "i32")
-        embd_in = Graph.input("inp_embd", (E, T), "f32")
         cur = g.get_rows(self.w("token_embd.weight"), tokens, name="embd")
         g.expand(cur)                 # ggml_build_forward_select: both alternatives, the token path first
-        g.expand(embd_in)
+        if not self.ik:               # ik builds only the path of the batch it is given: tokens (llama-build-
+            g.expand(Graph.input("inp_embd", (E, T), "f32"))   # context.cpp:884-894 llm_build_inp_embd)
         self.inpL = cur
         self.pos = Graph.input("inp_pos", (T,), "i32")
 
     def kv_inputs(self, cells: int, tag: str, with_v: bool = True) -> dict[str, GT | None]:
         """build_input_k_idxs / v_idxs / build_attn_inp_kq_mask / build_input_k_rot / v_rot of one cache."""
         p, T, hp = self.p, self.T, self.hp
+        if self.ik:
+            # ik stores K and V with ggml_cpy into a view of the cache (llama-build-context.cpp:906-960
+            # llm_build_kv_store): no index inputs; rotates the cache only with -khad / -vhad (off by default,
+            # :2264-2280); pads the mask's rows to GGML_KQ_MASK_PAD = 16 (:546-557)
+            mask = Graph.input(f"kq_mask{tag}", (cells, -(-T // 16) * 16), "f16" if p.flash_attn else "f32")
+            return {"k_idxs": None, "v_idxs": None, "mask": mask, "k_rot": None, "v_rot": None}
         k_idxs = Graph.input(f"k_idxs{tag}", (T,), "i64")
         v_idxs = None
         if with_v:
@@ -208,9 +255,16 @@ class _Builder:
                 qkv = g.binary("ADD", qkv, bias, name="wqkv_b")
             return (g.view(qkv, (hp.head_dim_k, hp.n_head, T)), g.view(qkv, (hp.head_dim_k, hkv, T)),
                     g.view(qkv, (hp.head_dim_v, hkv, T)))
-        q = self.mm(self.lw(il, "attn_q.weight"), cur, self.lw(il, "attn_q.bias"), name="Qcur")
-        k = self.mm(self.lw(il, "attn_k.weight"), cur, self.lw(il, "attn_k.bias"), name="Kcur")
-        v = self.mm(self.lw(il, "attn_v.weight"), cur, self.lw(il, "attn_v.bias"), name="Vcur")
+        if self.ik:
+            # ik llm_build_mul_mat_qkv (llama-build-context.cpp:2322-2360): the three matmuls expanded first, in
+            # the order Q, K, V, then their biases; mainline expands each of them with its norm and rope
+            q, k, v = (g.expand(g.mul_mat(self.lw(il, f"attn_{x}.weight"), cur, name=f"{x.upper()}cur")) for x in "qkv")
+            q, k, v = (t if b is None else g.expand(g.binary("ADD", t, b, name=t.name + "_b"))
+                       for t, b in zip((q, k, v), (self.lw(il, f"attn_{x}.bias") for x in "qkv")))
+        else:
+            q = self.mm(self.lw(il, "attn_q.weight"), cur, self.lw(il, "attn_q.bias"), name="Qcur")
+            k = self.mm(self.lw(il, "attn_k.weight"), cur, self.lw(il, "attn_k.bias"), name="Kcur")
+            v = self.mm(self.lw(il, "attn_v.weight"), cur, self.lw(il, "attn_v.bias"), name="Vcur")
         hkv = hp.n_head_kv[il]
         return (g.reshape(q, (hp.head_dim_k, hp.n_head, T)), g.reshape(k, (hp.head_dim_k, hkv, T)),
                 g.reshape(v, (hp.head_dim_v, hkv, T)))
@@ -220,6 +274,14 @@ class _Builder:
     def ffn(self, cur: GT, up: GT, gate: GT, down: GT) -> GT:
         """build_ffn with a parallel gate and SiLU: up, gate, swiglu(gate, up), down."""
         g = self.g
+        if self.ik:
+            if self.wtype(up) == self.wtype(gate) and self.wtype(up) not in NOT_QUANTIZED and up.ne == gate.ne:
+                x = g.op(IK_GRAPH["fused_up_gate"], (up.ne[1], cur.ne[1]), "f32", up, gate, cur, name="ffn_up_gate")
+            else:
+                tmp = g.mul_mat(up, cur, name="ffn_up")
+                x = g.mul_mat(gate, cur, name="ffn_gate")
+                x = g.op("FUSED_MUL_UNARY", x.ne, "f32", x, tmp, name="ffn_gate_par")
+            return g.mul_mat(down, x, name="ffn_down")
         tmp = g.mul_mat(up, cur, name="ffn_up")
         x = g.mul_mat(gate, cur, name="ffn_gate")
         x = g.binary("GLU", x, tmp, name="ffn_swiglu")
@@ -252,11 +314,14 @@ class _Builder:
         if norm_w:
             w2 = g.reshape(weights, (A, T))
             total = g.op("SUM_ROWS", (1, T), "f32", w2, name="ffn_moe_weights_sum")
-            total = g.unary("CLAMP", total, name="ffn_moe_weights_sum_clamped")
+            if not self.ik:                   # ik clamps only for LAGUNA (llama-build-context.cpp:1545-1547)
+                total = g.unary("CLAMP", total, name="ffn_moe_weights_sum_clamped")
             weights = g.binary("DIV", w2, total, name="ffn_moe_weights_norm")
             weights = g.reshape(weights, (1, A, T))
         g.expand(weights)
         x = g.reshape(cur, (E, 1, T))
+        if self.ik:
+            return self._moe_experts_ik(il, x, selected, weights, gating == "softmax_weight", biased)
         gate_up_w = self.lw(il, "ffn_gate_up_exps.weight")
         if gate_up_w is not None:             # fused gate+up experts: one mul_mat_id, then two views
             gate_up = g.mul_mat_id(gate_up_w, x, selected, name="ffn_moe_gate_up")
@@ -288,18 +353,48 @@ class _Builder:
             out = g.cont(out, name="ffn_moe_out")
         return out
 
+    def _moe_experts_ik(self, il: int, x: GT, selected: GT, weights: GT, oai: bool, biased: bool) -> GT:
+        """ik's llm_build_moe_ffn from the experts on (llama-build-context.cpp:1573-1690): the fused up/gate, the
+        down projection, the fused weighted sum. Its graph does not depend on where the experts live: the same
+        ops whether they sit in VRAM or in RAM (op offload then runs them on the GPU, or the CPU runs them)."""
+        g, lw, T = self.g, functools.partial(self.lw, il), x.ne[2]
+        A = selected.ne[0]
+
+        def bias(name: str) -> GT | None:
+            return lw(name) if biased else None
+        up_w, gate_w, gate_up_w = lw("ffn_up_exps.weight"), lw("ffn_gate_exps.weight"), lw("ffn_gate_up_exps.weight")
+        if gate_up_w is not None:             # :1583-1595: a merged tensor is always fused, each half one result
+            par = g.op(IK_GRAPH["fused_moe_up_gate"], (gate_up_w.ne[1] // 2, A, T), "f32", gate_up_w, None, x,
+                       selected, bias("ffn_gate_up_exps.bias"), name="ffn_moe_gate_par")
+        elif self.p.fmoe and self.wtype(up_w) == self.wtype(gate_w):   # :1598-1609
+            par = g.op(IK_GRAPH["fused_moe_up_gate"], (up_w.ne[1], A, T), "f32", up_w, gate_w, x, selected,
+                       bias("ffn_up_exps.bias"), bias("ffn_gate_exps.bias"), name="ffn_moe_gate_par")
+        else:                                 # :1610-1644: both results kept until the fused activation
+            up = g.expand(g.mul_mat_id(up_w, x, selected, name="ffn_moe_up"))
+            gate = g.expand(g.mul_mat_id(gate_w, x, selected, name="ffn_moe_gate"))
+            if biased:
+                up = g.binary("ADD_ID", up, bias("ffn_up_exps.bias"), selected, name="ffn_moe_up_biased")
+                gate = g.binary("ADD_ID", gate, bias("ffn_gate_exps.bias"), selected, name="ffn_moe_gate_biased")
+            # gpt-oss: ggml_swiglu_oai, a UNARY (ggml.c:7295); otherwise FUSED_MUL_UNARY (ggml.c:6621)
+            par = g.binary("UNARY" if oai else "FUSED_MUL_UNARY", gate, up, name="ffn_moe_gate_par")
+        experts = g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), par, selected, name="ffn_moe_down")
+        if biased:
+            experts = g.binary("ADD_ID", experts, bias("ffn_down_exps.bias"), selected, name="ffn_moe_down_biased")
+        # :1668-1678 (fused_mmad): [n_embd, T] straight from the experts and their weights
+        return g.op(IK_GRAPH["fused_mmad"], (experts.ne[0], T), "f32", experts, weights, name="ffn_moe_weighted")
+
     # ---- the output (result_norm, result_output) ----
 
     def output(self, cur: GT) -> None:
         g = self.g
         cur = self.norm(cur, self.w("output_norm.weight"), name="result_norm")
-        cur.flags |= OUTPUT                     # res->t_embd
+        self.output_flag(cur)                   # res->t_embd
         out_w = self.w("output.weight")
         if out_w is None:                       # tied: token_embd loaded again as the output, on its device
             emb = self.inv.by_name["token_embd.weight"]
             out_w = Graph.weight("token_embd.weight", emb.shape, emb.nbytes, ext=TIED_OUTPUT)
         logits = g.mul_mat(out_w, cur, name="result_output")
-        logits.flags |= OUTPUT                  # res->t_logits
+        self.output_flag(logits)                # res->t_logits
         g.expand(logits)
 
     # ---- architectures (src/models/*.cpp) ----
@@ -339,8 +434,9 @@ class _Builder:
             if kn is not None:
                 k = self.norm(k, kn, name="Kcur_normed")
             k = g.unary("ROPE", k, self.pos, name="Kcur_rope")
+            # llama_kv_cache's build_attn expands q, v, k; ik's llm_build_kv q, k, v (llama-build-context.cpp:2282-2288)
             cur = self.attn_kv(il, inp, q, k, v, self.lw(il, "attn_output.weight"), self.lw(il, "attn_output.bias"),
-                               None, self.p.kv_cells[il], "qvk")
+                               None, self.p.kv_cells[il], "qkv" if self.ik else "qvk")
             if il == n - 1:
                 cur = g.get_rows(cur, out_ids, name="attn_out_rows")
                 inpSA = g.get_rows(inpSA, out_ids, name="inpSA_rows")
@@ -395,7 +491,7 @@ class _Builder:
             cur = self.moe(il, cur, "softmax_weight", norm_w=False, biased=True)
             cur = g.binary("ADD", cur, ffn_inp, name="l_out")
             inpL = cur
-        inpL.flags |= OUTPUT                    # res->t_h_nextn
+        self.output_flag(inpL)                  # res->t_h_nextn
         self.output(g.get_rows(inpL, out_ids, name="out_rows"))
 
     def _deepseek2(self) -> None:

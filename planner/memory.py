@@ -13,7 +13,10 @@ copies of a quantized KV cache, the F16 mask of flash attention), let the schedu
 (planner/ggml_graph.py). Summing live sets per phase is not enough: the allocator's best-fit free list leaves
 holes, and the high-water mark it reports is 0-40% above the largest live set on the tiny models of the
 integration test (tests/planner/test_memory_llamacpp.py), which holds weights, KV and compute to llama.cpp's
-own numbers. The graphs are mainline's; for the ik dialect they are an approximation.
+own numbers. The ik dialect replays ik_llama.cpp's own graph (its fused norm, MoE and FFN ops, no graph outputs) with
+ik's scheduler rules (no CUDA fusion keep-alives, ik's op-offload batch sizes, one reservation made with every op's
+offload on): byte for byte ik's logged compute buffers on the H100 report and the CPU build's tiny models, MLA
+attention excepted (tests/planner/test_memory_ik_h100.py, tests/runtime/test_ik_binaries.py; docs/ik_llama.md).
 
 ik's GPUs also hold its CUDA pool (pool_bytes): the temporaries of its flash attention and of its MoE ops, which
 grow with the ubatch and appear in no buffer line ik logs.
@@ -31,7 +34,7 @@ from .ggml_types import by_name
 from .hardware import MiB, HardwareProfile
 from .llama_graph import TIED_OUTPUT, GraphParams, build_graph
 from .model import ModelInventory, Tensor
-from .plan import Knobs, Plan, device_sort_key, gpu_index
+from .plan import OP_CLASSES, Knobs, OffloadPolicy, Plan, device_sort_key, gpu_index
 
 # Bytes per element of a KV row for each cache type (docs/llamacpp.md section 5; ggml type table).
 KV_TYPE = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
@@ -197,10 +200,20 @@ def offload_min_batch(inv: ModelInventory, plan: Plan, tensor: Tensor, op: str |
     return rule.min_batch
 
 
-def _op_batch(node: GT) -> int:
-    """ggml-cuda.cu get_op_batch_size: what the op-offload threshold compares with."""
+# ik ggml-cuda.cu ggml_backend_cuda_offload_op (:5180-5208): MUL_MAT_ID and MOE_FUSED_UP_GATE count their tokens in
+# ne[2] (and must pass the n_expert condition, offload_min_batch), every other op but GET_ROWS in ne[1]
+IK_OP_BATCH_DIM = {"MUL_MAT_ID": 2, "MOE_FUSED_UP_GATE": 2}
+# an ik op on an expert weight whose -op rule is not MUL_MAT_ID's (planner/flags/ik.py CLASS_OPS)
+IK_OP_CLASS = {"MOE_FUSED_UP_GATE": "moe_fused_up_gate"}
+
+
+def _op_batch(node: GT, dialect: str = "mainline") -> int:
+    """ggml-cuda.cu get_op_batch_size (ik: ggml_backend_cuda_offload_op): what the op-offload threshold compares
+    with."""
     if node.op == "GET_ROWS":
         return 0
+    if dialect == "ik":
+        return node.ne[IK_OP_BATCH_DIM.get(node.op, 1)]
     if node.op == "MUL_MAT":
         return node.ne[1]
     if node.op in ("MUL_MAT_ID", "ROPE"):
@@ -208,9 +221,10 @@ def _op_batch(node: GT) -> int:
     return node.ne[1] * node.ne[2] * node.ne[3]
 
 
-def _offload_threshold(inv: ModelInventory, plan: Plan, weight: str) -> int | None:
-    """Batch from which an op on this host weight runs on the first GPU (ggml_backend_sched_backend_id_from_cur
-    "1.off"); the output's duplicate of a tied token_embd counts as the output."""
+def _offload_threshold(inv: ModelInventory, plan: Plan, weight: str, op: str = "") -> int | None:
+    """Batch from which an op (ggml op name) on this host weight runs on the first GPU
+    (ggml_backend_sched_backend_id_from_cur "1.off"); the output's duplicate of a tied token_embd counts as the
+    output."""
     t = inv.by_name.get(weight)
     if t is None:
         return None
@@ -222,7 +236,7 @@ def _offload_threshold(inv: ModelInventory, plan: Plan, weight: str) -> int | No
     if len(t.shape) < 2:      # norms and biases (MUL / ADD): offloaded like any op with a host weight
         rule = plan.knobs.offload.rule("dense_matmul")
         return rule.min_batch if rule.enabled and not plan.knobs.rtr else None
-    return offload_min_batch(inv, plan, t)
+    return offload_min_batch(inv, plan, t, IK_OP_CLASS.get(op) if plan.dialect == "ik" else None)
 
 
 # Runs of identical layers (same structure, same devices for every tensor) replay the same allocation pattern;
@@ -277,7 +291,8 @@ def _graph_params(inv: ModelInventory, plan: Plan, n_tokens: int, n_outputs: int
     hp = inv.hparams
     swa = [c for il, c in enumerate(cells) if il < len(hp.swa_layers) and hp.swa_layers[il]]
     return GraphParams(n_tokens, n_outputs, knobs.flash_attn, knobs.type_k, knobs.type_v, cells,
-                       swa_cells=swa[0] if swa else 0, base_cells=knobs.kv_size, layers=layers)
+                       swa_cells=swa[0] if swa else 0, base_cells=knobs.kv_size, layers=layers,
+                       dialect=plan.dialect, fmoe=knobs.fmoe or plan.dialect != "ik")
 
 
 class _Memo:
@@ -347,8 +362,8 @@ def _assign(c: Compiled, inv: ModelInventory, plan: Plan, where: _Devices) -> li
             if kind[s] == 2 and not tensors[s].ext.startswith("kv:"):
                 d = dev[s]
                 if d == "CPU" and gpu0 is not None:
-                    m = _offload_threshold(inv, plan, tensors[s].ext)
-                    if m is not None and _op_batch(t) >= m:
+                    m = _offload_threshold(inv, plan, tensors[s].ext, t.op)
+                    if m is not None and _op_batch(t, plan.dialect) >= m:
                         d = gpu0
                 dev[i] = d
                 break
@@ -369,12 +384,13 @@ def _assign(c: Compiled, inv: ModelInventory, plan: Plan, where: _Devices) -> li
     return dev
 
 
-def _split(c: Compiled, dev: list[str]) -> tuple[list[int], list[tuple[int, ...]]]:
+def _split(c: Compiled, dev: list[str], fusions: bool = True) -> tuple[list[int], list[tuple[int, ...]]]:
     """graph_copy of pass 5: at the start of each split, for every input from another device, a node that
     consumes the source (input_dep) and the source's copy in the split's buffer (one copy per tensor and
     device, reused by later splits); the split's nodes read the copy. A weight from another device also
     starts a new split, so that its copy is freed before the next one is made. Appends the new tensors to c
-    (callers pass a private copy) and returns the node order and the rewired sources."""
+    (callers pass a private copy) and returns the node order and the rewired sources. fusions: the CUDA backend
+    reorders and keeps tensors for its fusions (mainline; ik's backend has no graph_optimize hook)."""
     src = list(c.src)
     copies: dict[tuple[int, str], int] = {}
     order: list[int] = []
@@ -394,7 +410,7 @@ def _split(c: Compiled, dev: list[str]) -> tuple[list[int], list[tuple[int, ...]
         for s, cp in inputs:
             order.append(keep_until([s], dev[s]))
             order.append(cp)
-        deps = _cuda_alloc_deps(c, pending, src) if cur is not None and cur != "CPU" else {}
+        deps = _cuda_alloc_deps(c, pending, src) if fusions and cur is not None and cur != "CPU" else {}
         for i in pending:
             order.append(i)
             if i in deps:
@@ -530,7 +546,7 @@ def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams, gpus: tup
     private.nbytes = list(_cuda_sizes(c, dev, params.n_tokens) if plan.dialect != "ik" else c.nbytes)
     private.index = {}
     private._layouts = dict(c._layouts)
-    order, src = _split(private, dev)
+    order, src = _split(private, dev, fusions=plan.dialect != "ik")
     return allocate_compiled(private, private.leafs, order, dev, _alignment, src)
 
 
@@ -549,9 +565,20 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, knobs.no_host, plan.dialect,
                  gpus)
     out: dict[str, int] = {}
-    for n_tokens, n_outputs in ((T, T), (1, 1)) if T > 1 else ((1, 1),):
-        params = _graph_params(inv, plan, n_tokens, n_outputs, layers)
-        peaks = _PEAKS.get(inv, (params, placement), lambda: _graph_peaks(inv, plan, params, gpus))  # noqa: B023
+    # ik reserves the prompt graph only (src/llama.cpp:8628-8639: one llama_build_graph of min(n_ctx, n_ubatch)
+    # tokens and as many outputs); mainline also the one-token graph
+    graphs = [(plan, T, T), (plan, 1, 1)] if T > 1 and plan.dialect != "ik" else [(plan, T, T)]
+    if plan.dialect == "ik" and not knobs.rtr:
+        # ik applies -op after that reservation (src/llama.cpp:8672-8683; the scheduler starts with every op's
+        # offload on, ggml-backend.cpp:2558): its buffers are sized with op offload on, and grow (ggml-alloc never
+        # shrinks them) when a run with -op's ops on the CPU needs more
+        every_op = OffloadPolicy(**{op: dc_replace(knobs.offload.rule(op), enabled=True) for op in OP_CLASSES})
+        if every_op != knobs.offload:
+            graphs.append((dc_replace(plan, knobs=dc_replace(knobs, offload=every_op)), T, T))
+    for pl, n_tokens, n_outputs in graphs:
+        params = _graph_params(inv, pl, n_tokens, n_outputs, layers)
+        key = (params, (*placement[:2], pl.knobs.offload, *placement[3:]))
+        peaks = _PEAKS.get(inv, key, lambda: _graph_peaks(inv, pl, params, gpus))  # noqa: B023
         for d, b in peaks.items():
             out[d] = max(out.get(d, 0), b)
     return out
@@ -773,6 +800,14 @@ def _moe_layers(inv: ModelInventory) -> list[tuple[int, dict[str, Tensor]]]:
     return out
 
 
+def ik_fuses_up_gate(plan: Plan, up: Tensor, gate: Tensor | None) -> bool:
+    """Whether ik runs this layer's up and gate experts as one MOE_FUSED_UP_GATE (llama-build-context.cpp:1583-1609):
+    a merged gate_up tensor (gate None) always, separate ones with -fmoe (ik's default) when of one type. The op
+    runs where the up experts are (ggml-backend.cpp:1340-1360, its first weight source), and a gate elsewhere is
+    copied into that device's compute buffer for every batch."""
+    return plan.dialect == "ik" and (gate is None or (plan.knobs.fmoe and up.ggml_type == gate.ggml_type))
+
+
 def _moe_op_device(inv: ModelInventory, plan: Plan, gpu0: str | None, t: Tensor, op_class: str
                    ) -> tuple[str | None, int]:
     """(GPU, smallest batch) on which the MoE op on expert tensor t runs; (None, 0) if only on the CPU."""
@@ -790,7 +825,7 @@ def _ik_moe_ops(inv: ModelInventory, plan: Plan, gpu0: str | None) -> list[tuple
     OffloadPolicy rule is on (-op) and -rtr is off. With -fmoe (knobs.fmoe) and up and gate of one type ik builds
     MOE_FUSED_UP_GATE (llama-build-context.cpp:1583-1609), which runs the down projection itself when it is the
     next node on the same GPU (ggml-cuda.cu:3300, :3343); a merged gate_up tensor is always fused."""
-    hp, knobs = inv.hparams, plan.knobs
+    hp = inv.hparams
     out = []
     for _, ts in _moe_layers(inv):
         down = ts["exps_down"]
@@ -805,7 +840,7 @@ def _ik_moe_ops(inv: ModelInventory, plan: Plan, gpu0: str | None) -> list[tuple
                      down.ggml_type in MMQ_TYPES)
         where = functools.partial(_moe_op_device, inv, plan, gpu0)
         d_dev, d_lo = where(down, "moe_matmul")
-        fused = merged or (knobs.fmoe and up.ggml_type == ts["exps_gate"].ggml_type)
+        fused = ik_fuses_up_gate(plan, up, None if merged else ts["exps_gate"])
         if not fused:
             for t in (ts["exps_up"], ts["exps_gate"]):
                 dev, lo = where(t, "moe_matmul")

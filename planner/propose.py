@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from .errors import BudgetError
 from .hardware import MiB, HardwareProfile, fmt_bytes
-from .memory import MemoryReport, estimate
+from .memory import MemoryReport, estimate, ik_fuses_up_gate
 from .model import ModelInventory
 from .plan import Dialect, Knobs, Plan, gpu_names
 
@@ -142,13 +142,19 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
             continue
         if partial:
             rank = {r: k for k, r in enumerate(PARTIAL_ORDER)}
-            for t in sorted((t for t in exps if not t.name.endswith(".bias")), key=lambda t: rank.get(t.role, 9)):
-                extra = t.nbytes + sum(b.nbytes for b in exps if b.name == t.name.replace(".weight", ".bias"))
+            units = [[t] for t in sorted((t for t in exps if not t.name.endswith(".bias")),
+                                         key=lambda t: rank.get(t.role, 9))]
+            up, gate = (next((u for u in units if u[0].role == r), None) for r in ("exps_up", "exps_gate"))
+            if up and gate and ik_fuses_up_gate(plan, up[0], gate[0]):
+                # one ik op reads both: an up on the GPU without its gate would copy the gate into the GPU's compute
+                # buffer (and a gate without its up run on the CPU), so they move together
+                up.extend(units.pop(units.index(gate)))
+            for unit in units:
+                names = [n for t in unit for n in (t.name, t.name.replace(".weight", ".bias")) if n in a]
+                extra = sum(t.nbytes for t in exps if t.name in names)
                 if used.get(home, 0) + extra <= budget.gpus.get(home, 0):
-                    a[t.name] = home
-                    bias = t.name.replace(".weight", ".bias")
-                    if bias in a:
-                        a[bias] = home
+                    for n in names:
+                        a[n] = home
                     used[home] = used.get(home, 0) + extra
         full[home] = True
     return replace(plan, assignment=a)

@@ -107,17 +107,18 @@ def test_op_offload_adds_upload_targets_to_the_gpu_compute_buffer():
     assert estimate(inv, off).devices["CPU"].compute > estimate(inv, on).devices["CPU"].compute
 
 
+@pytest.mark.parametrize("dialect", ["mainline", "ik"])
 @pytest.mark.parametrize("name", preset_names())
-def test_reduced_graph_gives_the_full_graph_peaks(name):
+def test_reduced_graph_gives_the_full_graph_peaks(name, dialect):
     # compute_bytes builds only a few layers of each run of identical layers; the peaks must not change
     inv = load_preset(name).inventory()
     n = inv.n_layer - inv.hparams.n_nextn
     plans = [
-        _plan(inv, lambda t: "CPU", Knobs(n_ctx=8192, n_ubatch=512)),
+        _plan(inv, lambda t: "CPU", Knobs(n_ctx=8192, n_ubatch=512), dialect),
         _plan(inv, lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0",
-              Knobs(n_ctx=4096, n_ubatch=2048, n_batch=2048, flash_attn=False)),
+              Knobs(n_ctx=4096, n_ubatch=2048, n_batch=2048, flash_attn=False), dialect),
         _plan(inv, lambda t: "CUDA0" if t.layer is None and t.role != "token_embd"
-              or (t.layer is not None and t.layer >= n - 6) else "CPU", Knobs(n_ctx=8192, n_ubatch=1024)),
+              or (t.layer is not None and t.layer >= n - 6) else "CPU", Knobs(n_ctx=8192, n_ubatch=1024), dialect),
     ]
     for plan in plans:
         assert compute_bytes(inv, plan) == compute_bytes(inv, plan, reduce=False)
@@ -234,3 +235,47 @@ def test_ik_pool_is_on_the_gpus_that_run_attention():
         assert pool_bytes(inv, replace(gpu, knobs=replace(knobs, offload=no_moe_offload))) == {}
         assert pool_bytes(inv, replace(gpu, knobs=replace(knobs, n_ubatch=63))) == {}     # below the threshold
     assert pool_bytes(inv, _plan(inv, lambda t: "CPU", Knobs(n_ctx=512), "ik")) == {}
+
+
+def _ops(inv, dialect, **kw):
+    from collections import Counter
+    from planner.llama_graph import GraphParams, build_graph
+    g = build_graph(inv, GraphParams(512, 512, True, "f16", "f16", (512,) * inv.n_layer, dialect=dialect, **kw))
+    return g, Counter(t.op for t in g.nodes)
+
+
+def test_ik_graph_fuses_the_moe_ffn_and_the_norms():
+    """ik_llama.cpp's graph (llama-build-context.cpp llm_build_moe_ffn, llm_build_norm): per MoE layer one
+    MOE_FUSED_UP_GATE [n_ff, n_used, T] and one MUL_MULTI_ADD [n_embd, T] where mainline has up, gate, GLU, the
+    weighted MUL into [n_embd, n_used, T] and n_used - 1 ADDs; RMS norm and weight in one op; nothing flagged as a
+    graph output; no KV-store index inputs."""
+    from planner.ggml_graph import OUTPUT
+    inv = f32_inventory(qwen3moe_spec())
+    n = inv.n_layer
+    g, ops = _ops(inv, "ik")
+    assert ops["MOE_FUSED_UP_GATE"] == n and ops["MUL_MAT_ID"] == n and ops["MUL_MULTI_ADD"] == n
+    assert not ops["GLU"] and not ops["RMS_NORM"] and not ops["MUL"] and not ops["CLAMP"]
+    assert ops["FUSED_RMS_NORM"] == 4 * n + 1                    # attn, q, k, ffn per layer, the output
+    shapes = {t.op: t.ne for t in g.nodes if t.op in ("MOE_FUSED_UP_GATE", "MUL_MULTI_ADD")}
+    assert shapes == {"MOE_FUSED_UP_GATE": (32, 2, 512, 1), "MUL_MULTI_ADD": (64, 512, 1, 1)}
+    assert not any(t.flags & OUTPUT for t in g.nodes)
+    assert not any("idxs" in t.name for t in g.leafs)
+    _, ml = _ops(inv, "mainline")
+    assert ml["MUL_MAT_ID"] == 3 * n and ml["GLU"] == n and ml["MUL"] == 5 * n + 1
+    # -no-fmoe: both MUL_MAT_IDs and FUSED_MUL_UNARY(gate, up), three [n_ff, n_used, T] tensors
+    _, nofmoe = _ops(inv, "ik", fmoe=False)
+    assert nofmoe["MUL_MAT_ID"] == 3 * n and nofmoe["FUSED_MUL_UNARY"] == n and not nofmoe["MOE_FUSED_UP_GATE"]
+
+
+def test_ik_reserves_its_compute_buffers_with_every_op_offloaded():
+    """ik applies -op after sizing its buffers (src/llama.cpp:8672-8683): with the MoE ops' offload off, CUDA0
+    still holds what the reservation with it on needed (the experts' copies), while the CPU's grows to what the
+    MoE ops need when they run there. Mainline sizes them with its op offload setting."""
+    inv = f32_inventory(qwen3moe_spec(n_vocab=32, n_expert=8, n_ff_exp=512))    # 1 MiB experts, a tiny output
+    ram = lambda t: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"  # noqa: E731
+    off = OffloadPolicy(moe_matmul=OpRule(False), moe_fused_up_gate=OpRule(False))
+    k = Knobs(n_ctx=512, n_ubatch=256)                   # ik offloads MoE ops from 32 * 8 / 2 = 128 tokens
+    ik_on, ik_off = (compute_bytes(inv, _plan(inv, ram, replace(k, offload=p), "ik")) for p in (OffloadPolicy(), off))
+    assert ik_off["CUDA0"] == ik_on["CUDA0"] > 3 * MiB and ik_off["CPU"] > ik_on["CPU"]
+    ml_on, ml_off = (compute_bytes(inv, _plan(inv, ram, replace(k, offload=p))) for p in (OffloadPolicy(), off))
+    assert ml_off["CUDA0"] < MiB < ml_on["CUDA0"]

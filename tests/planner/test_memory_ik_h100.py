@@ -3,7 +3,11 @@ predicted again from the GPU command it recorded (benchmarks/ik_gpu.py --repredi
 
 The plans with experts in RAM at -ub 2048 ran 246-264 MiB over the model before the CUDA pool of ik's flash
 attention was modelled (planner.memory.pool_bytes, docs/ik_llama.md). The runs of data/ik_h100_pool_runs.json
-(ubatch 512 to 4096) check the pool itself, flash attention's and the MoE ops'."""
+(ubatch 512 to 4096) check the pool itself, flash attention's and the MoE ops'.
+
+Each plan's CUDA0 compute buffer is held to the one ik logged: the memory model replays ik's own graph (dialect ik
+in planner/llama_graph.py). Replaying mainline's graph, with its CUDA fusions, put the plans with experts in VRAM
+37 MiB (-ub 512) and 152 MiB (-ub 2048) above ik's line, and every other plan 4 / 16 MiB under it."""
 from __future__ import annotations
 
 import json
@@ -25,10 +29,18 @@ def test_ik_h100_memory_table_predicted_again(bench_script):
     rows = {r["name"]: r for r in ik.repredict(json.loads(REPORT.read_text()), ik.synthetic_inventory(),
                                                load_hardware("gpu-box"))}
     assert len(rows) == 18 and all(r["cuda0"]["within_goal"] for r in rows.values())
+    for name, r in rows.items():
+        # ik prints its buffers in MiB with 2 decimals (the report keeps them so): 0.005 MiB each way
+        assert abs(r["predicted_parts"]["compute"] - r["log"]["compute"]) <= MiB // 100, name
+        # weights and KV: to ik's lines within what its buffers pad (14 KiB of weights, 20 KiB of q8_0 cache here)
+        assert abs(r["predicted_parts"]["weights"] - r["log"]["model"]) < MiB // 20, name
+        assert abs(r["predicted_parts"]["kv"] - r["log"]["kv"]) < MiB // 20, name
+        # what is left is the gpu-box profile's 750 MiB of CUDA context and cuBLAS (mainline's 706-748, measured)
+        # against ik's 700-732 above its buffers and pool: the peak is predicted high by that, and by no more
+        assert 0 < r["cuda0"]["error_bytes"] < 64 * MiB, name
     for name in ("exps-cpu-ub2048", "exps-cpu-moe-op-off", "exps-first19-ub2048"):
         r = rows[name]
         assert r["stored_error_bytes"] < -240 * MiB                      # the miss of issue 11
-        assert abs(r["cuda0"]["error_bytes"]) < 32 * MiB, name
         assert r["predicted_parts"]["pool"] == 266 * MiB
     # ub 512: 66 MiB at 512 tokens, 68 MiB for the smaller batches a server also runs (rounded to 70)
     assert {r["predicted_parts"]["pool"] for r in rows.values() if r["n_ubatch"] == 512} == {70 * MiB, 86 * MiB}

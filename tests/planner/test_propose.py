@@ -1,14 +1,18 @@
 """Placements: budgets respected, homes contiguous, filling orders, and the error for budgets nothing fits in."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner.errors import BudgetError
 from planner.hardware import GiB, MiB, from_gpu_sizes
 from planner.memory import estimate
-from planner.plan import Knobs
+from planner.plan import Knobs, Plan
 from planner.presets import load_preset
-from planner.propose import Budget, best_plans, layer_order, propose, proposals, split_homes
+from planner.propose import Budget, best_plans, fill_experts, layer_order, propose, proposals, split_homes
+
+from tiny import f32_inventory, qwen3moe_spec
 
 
 def test_split_homes_contiguous_and_proportional():
@@ -74,3 +78,23 @@ def test_proposals_carry_the_parameters_their_labels_are_made_of():
     assert 0 < props[-1].n_gpu_layers < inv.n_layer                     # whole layers: as many as fit in 16 GiB
     ranked = best_plans(inv, hw, Knobs(n_ctx=8192))
     assert all(s.plan is s.proposal.plan and s.plan.label == s.proposal.label for s in ranked)
+
+
+def test_a_partial_layer_keeps_ik_fused_up_and_gate_together():
+    """ik runs up and gate as one MOE_FUSED_UP_GATE where the up experts are: an up on the GPU without its gate
+    would copy the gate into the GPU's compute buffer. Mainline fills down, up, gate one at a time."""
+    inv = f32_inventory(qwen3moe_spec())
+    base = Plan("tiny", {t.name: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0"
+                         for t in inv.allocated()}, Knobs(n_ctx=512), "mainline")
+    one = 32 * 1024                                 # each expert tensor of a tiny layer (tiny.py)
+
+    def layer0(plan):
+        used = estimate(inv, plan).devices["CUDA0"].total
+        a = fill_experts(inv, plan, Budget({"CUDA0": used + 2 * one + one // 2}, 1 << 40), None, "first").assignment
+        return {r: a[f"blk.0.ffn_{r}_exps.weight"] for r in ("down", "up", "gate")}
+
+    assert layer0(base) == {"down": "CUDA0", "up": "CUDA0", "gate": "CPU"}
+    ik = replace(base, dialect="ik")
+    assert layer0(ik) == {"down": "CUDA0", "up": "CPU", "gate": "CPU"}
+    # -no-fmoe: ik's up and gate are two MUL_MAT_IDs again, filled one at a time
+    assert layer0(replace(ik, knobs=replace(ik.knobs, fmoe=False))) == {"down": "CUDA0", "up": "CUDA0", "gate": "CPU"}
