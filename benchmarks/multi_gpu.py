@@ -283,11 +283,38 @@ def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwarePr
 
 # ---- the budget cells ------------------------------------------------------------------------------------------------
 
+class TimedEngine:
+    """The engine, timing each run it makes for the study (what a confirmation will take, from this call's runs)."""
+
+    def __init__(self, engine: LlamaCppEngine) -> None:
+        self._engine, self.times = engine, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            self.times.append(time.monotonic() - t0)
+
+    def measure(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self._engine.measure, *a, **k)
+
+    def measure_args(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self._engine.measure_args, *a, **k)
+
+    def run_seconds(self, default: float) -> float:
+        """Seconds to plan a run at: 1.2 x the mean of this call's runs once there are 3, else `default`."""
+        return 1.2 * sum(self.times) / len(self.times) if len(self.times) >= 3 else default
+
+
 def cell_name(budget_gib: int, depth: int = 0) -> str:
     return f"mg-{budget_gib}g-d{depth}"
 
 
-def run_tune(args, engine: LlamaCppEngine, inv: ModelInventory, hw0: HardwareProfile, t_start: float,
+def run_tune(args, engine: TimedEngine, inv: ModelInventory, hw0: HardwareProfile, t_start: float,
              after_each: Callable[[], None]) -> bool:
     """Every budget cell to its confirmation; False when the time budget stopped it (the next call goes on)."""
     import tune_vs_fit as tvf
@@ -303,7 +330,8 @@ def run_tune(args, engine: LlamaCppEngine, inv: ModelInventory, hw0: HardwarePro
             log(f"{cell_name(b)}: not started, {deadline - time.monotonic():.0f} s left; run again")
             return False
         ok = tvf.run_cell(targs, engine, inv, hw0, b, 0, deadline, "mainline", cell_name(b), n_gpus=len(GPUS),
-                          confirm_ncmoe=True, confirm_run_s=args.confirm_run_s)
+                          confirm_ncmoe=True, call_s=args.time_budget,
+                          confirm_run_s=lambda: engine.run_seconds(args.confirm_run_s))
         log(f"{cell_name(b)}: {'confirmed' if ok else 'not finished: run again'}")
         after_each()
         if not ok:
@@ -533,7 +561,7 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=24, help="engine runs per budget cell, all phases (default 24)")
     ap.add_argument("--confirm", type=int, default=2, help="confirmation rounds (default 2)")
     ap.add_argument("--confirm-run-s", type=float, help="seconds one run takes, to plan the confirmation into one "
-                    "call (default 25; 0 with --cpu)")
+                    "call before this call has timed 3 runs of its own (default 25; 0 with --cpu)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pool", type=int, default=200)
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per llama-bench run (default 240)")
@@ -630,7 +658,8 @@ def run(argv: list[str] | None = None) -> int:
     if "memory" in steps:
         done = run_memory(args, engine, inv, hw, cases, wl, results_dir, t_start, write_report)
     if "tune" in steps and done:
-        tune_engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
+        tune_engine = TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
+                                                 cpu_stand_in=args.cpu))
         done = run_tune(args, tune_engine, inv, hw0, t_start, write_report)
     write_report()
     missing = [c.name for c in cases if not (results_dir / f"plan-{c.name}.json").exists()]

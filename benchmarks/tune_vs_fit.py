@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,12 +58,14 @@ def cell_name(budget_gib: int, depth: int) -> str:
 
 def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",
              study_name: str | None = None, n_gpus: int = 1, confirm_ncmoe: bool = False,
-             confirm_run_s: float = 0.0) -> bool:
+             confirm_run_s: float | Callable[[], float] = 0.0, call_s: float = float("inf")) -> bool:
     """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it.
     benchmarks/ik_gpu.py runs its ik cells through here too (dialect "ik", its own study names), and
     benchmarks/multi_gpu.py its two-GPU cells: `n_gpus` GPUs of budget_gib each, the best -ncmoe (-ts) baseline
-    confirmed with the others (`confirm_ncmoe`), and a confirmation started only when `confirm_run_s` seconds a
-    run leave it time to end before the deadline (so all its samples come from one device call)."""
+    confirmed with the others (`confirm_ncmoe`), and a confirmation started only when, at `confirm_run_s` seconds
+    a run (or what that callable says then), it ends before the deadline (so all its samples come from one device
+    call), unless it needs more than 0.8 of a whole call (`call_s`), where waiting for the next call would not
+    help."""
     wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
     hw = hw0.with_vram([budget_gib * GiB] * n_gpus)
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
@@ -92,8 +95,9 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     if time.monotonic() >= deadline:
         return False
     started = bool((tuner.study.user_attrs.get("confirmation") or {}).get("rows"))
-    need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * confirm_run_s
-    if not started and deadline - time.monotonic() < need:
+    per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
+    need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * per_run
+    if not started and deadline - time.monotonic() < need <= 0.8 * call_s:
         log(f"{tuner.study_name}: confirmation ({args.confirm} rounds, ~{need:.0f} s) not started with "
             f"{deadline - time.monotonic():.0f} s left: the next call runs it whole")
         return False
