@@ -28,28 +28,33 @@ n_gpus) and cell_row.
 
 State (kept between calls, and carried to a fresh machine): <workdir> = benchmarks/results/multi_gpu: results/
 (one JSON per memory plan), multi_gpu.db (the studies). The model and the CUDA build live in llamacpp_gpu's workdir
-(benchmarks/results/llamacpp_gpu, not carried: rebuilt / rewritten on a fresh machine). Every call also writes
-NAME_state.tar.gz (the state folder, a few MB) beside the report, so that a call on a fresh machine can go on.
-Exit 3 while work is left, 0 when every step asked for is done, 2 on bad input.
+(benchmarks/results/llamacpp_gpu, not carried: built / written again on a fresh machine). Every call also writes
+NAME_state.tar.gz (that state, well under 1 MB of JSON plus the SQLite file) beside the report, so that a call on
+a fresh machine goes on where the last one stopped. Exit 3 while work is left, 0 when every step asked for is
+done, 2 on bad input. The --cpu dry run keeps its state in benchmarks/results/multi_gpu_cpu (never carried).
 
-On nvidia-h200-x2 (repo root; carry [".whl", "build/llama.cpp-src.tar.gz", "benchmarks/results/multi_gpu"], the
-.whl folder with optuna and its needs as for tune_vs_fit.py, see the device README; make the state folder here
-first, `mkdir -p benchmarks/results/multi_gpu`), one command per call, every call the same:
+Device calls (nvidia-h200-x2). Here first, in the repo root: `bash benchmarks/llamacpp_gpu.sh pack` (the slim
+llama.cpp source, build/llama.cpp-src.tar.gz), a .whl folder with optuna and its needs (alembic, colorlog, mako,
+sqlalchemy, greenlet: the device README says how to download them), and `mkdir -p benchmarks/results/multi_gpu`
+(a carried path missing here is removed there). Every call the same, timeout_s 600, carry [".whl",
+"build/llama.cpp-src.tar.gz", "benchmarks/results/multi_gpu"]:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 && \
     bash benchmarks/llamacpp_gpu.sh build build/llama.cpp-src.tar.gz && \
     python3 benchmarks/multi_gpu.py --name multi_gpu_h200x2 --time-budget $((560 - SECONDS))
-and after each call, here: `tar -xzf FILES_AT/multi_gpu_h200x2_state.tar.gz -C benchmarks/results/multi_gpu`
-(the next call carries it; on a machine still warm it is the same as what is there). Repeat until it exits 0;
-then copy FILES_AT/multi_gpu_h200x2.{md,json} to benchmarks/reported/.
-Time (H200 x2, 32 cores; a llama-bench run of this model ~19 s, most of it loading): the build ~5 min and the
-model ~2-3 min, once per machine; memory 13 plans x ~10 s ~2-3 min; each budget cell <= 24 runs (--runs) ~8 min
-with its 2-round confirmation of 4-5 contenders (~3 min, in one call). So 3 calls of ~9.5 min: (1) build, model,
-most memory plans; (2) the rest, the 2x8 GiB cell; (3) the 2x16 GiB cell; a 4th when a confirmation did not fit
-the call it was reached in (it then opens the next one). ~30 min of device time with the starts: tight; --runs
-20 saves ~2 min a cell, --steps memory,tune --budgets 8 runs one cell.
+(the build is skipped once its binaries exist; the budget is what the build left of 560 s). After each call,
+here: `tar -xzf FILES_AT/multi_gpu_h200x2_state.tar.gz -C benchmarks/results/multi_gpu`, so the next call carries
+the state (on a machine still warm it is what is there already). Repeat while it exits 3; at 0 copy
+FILES_AT/multi_gpu_h200x2.{md,json} to benchmarks/reported/.
+Time, estimated from the H100 runs (a llama-bench run of this model ~19 s, most of it loading): the build ~5 min
+(6 on 16 cores) and the model ~2-3 min, once per machine; memory 13 plans x ~10 s (-r 1) ~2-3 min; a budget cell
+<= 24 runs (~5 baselines incl. --fit, ~9 search, 2 rounds x 4-5 contenders) ~8 min, its confirmation ~3-4 min
+started only when it fits the call. So 3 calls of ~9.5 min: (1) build, model, most memory plans; (2) the rest of
+them and the 2x8 GiB cell; (3) the 2x16 GiB cell (or the 2x8 confirmation and the 2x16 cell, with a 4th for its
+confirmation). ~30 min of device time with the machine's start: tight. To spend less: --runs 20 (~1.5 min a
+cell), --confirm 2 is the least that gives a spread; --budgets 8 first if only one cell can be afforded.
 Here, without a GPU, the whole pipeline on the CPU build and a tiny model (every plan measured all-CPU; the
-predictions are still the two-GPU ones), ~1 min on 2 cores:
+predictions are still the two-GPU ones), ~30 s on 2 cores:
     .venv/bin/python benchmarks/multi_gpu.py --cpu
 """
 from __future__ import annotations
@@ -590,7 +595,7 @@ def run(argv: list[str] | None = None) -> int:
     args.tune_n_prompt = args.tune_n_prompt or (32 if args.cpu else 2048)
     args.tune_n_gen = args.tune_n_gen or (4 if args.cpu else 64)
     args.tune_reps = args.tune_reps or (1 if args.cpu else 3)
-    workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
+    workdir = args.workdir or (DEFAULT_WORKDIR.with_name("multi_gpu_cpu") if args.cpu else DEFAULT_WORKDIR)
     workdir.mkdir(parents=True, exist_ok=True)
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     results_dir = workdir / "results"
