@@ -516,7 +516,9 @@ def _alignment(dev: str) -> int:
     return ALIGNMENT.get(dev, GPU_ALIGNMENT)
 
 
-SCHED_MAX_COPIES = 4          # ggml-backend.cpp GGML_SCHED_MAX_COPIES: input copies with pipeline parallelism
+# ggml-backend.cpp GGML_SCHED_MAX_COPIES, the input copies with pipeline parallelism: ggml/CMakeLists.txt sets 4 in
+# mainline and 1 in ik (8337e4cd), so ik's pipeline parallelism keeps one copy
+SCHED_MAX_COPIES = {"mainline": 4, "ik": 1}
 
 
 def pipeline_copies(inv: ModelInventory, plan: Plan) -> int:
@@ -529,7 +531,8 @@ def pipeline_copies(inv: ModelInventory, plan: Plan) -> int:
     sits on its slot's device and the slots' GPUs ascend, as -ngl/-ts place them."""
     from .flags.common import base_assignment
     gpus = [gpu_index(d) for d in set(plan.assignment.values()) if d != "CPU"]
-    if not gpus or max(gpus) < 1 or plan.knobs.no_kv_offload:
+    copies = SCHED_MAX_COPIES.get(plan.dialect, 1)
+    if copies <= 1 or not gpus or max(gpus) < 1 or plan.knobs.no_kv_offload:
         return 1
     slots = _slot_homes(inv, plan)
     if any(h is None or h == "CPU" for h in slots):
@@ -540,7 +543,7 @@ def pipeline_copies(inv: ModelInventory, plan: Plan) -> int:
     base = base_assignment(inv, slots)
     if any(plan.assignment.get(n, "CPU") != d for n, d in base.items()):
         return 1
-    return SCHED_MAX_COPIES
+    return copies
 
 
 def _slot_homes(inv: ModelInventory, plan: Plan) -> list[str | None]:

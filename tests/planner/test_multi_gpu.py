@@ -73,7 +73,8 @@ def test_pipeline_parallelism_only_on_several_gpus_with_every_layer_and_no_overr
         pc = parse(args, inv, "mainline", tool="bench", n_gpus=2)
         return Plan("m", pc.assignment, replace(KNOBS, **kn))
     split = plan(["-ngl", "99", "-ts", "1/1"])
-    assert pipeline_copies(inv, split) == SCHED_MAX_COPIES
+    assert pipeline_copies(inv, split) == SCHED_MAX_COPIES["mainline"] == 4
+    assert pipeline_copies(inv, replace(split, dialect="ik")) == 1      # ik builds with GGML_SCHED_MAX_COPIES=1
     assert pipeline_copies(inv, plan(["-ngl", "99", "-ts", "1/1", "-ncmoe", "2"])) == 1      # an override
     assert pipeline_copies(inv, plan(["-ngl", "48", "-ts", "1/1"])) == 1                     # output layer in RAM
     assert pipeline_copies(inv, plan(["-ngl", "99", "-ts", "1/0"])) == 1                     # one GPU
