@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,11 +58,17 @@ def cell_name(budget_gib: int, depth: int, series: str = "") -> str:
 
 
 def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",
-             study_name: str | None = None) -> bool:
+             study_name: str | None = None, n_gpus: int = 1, confirm_ncmoe: bool = False,
+             confirm_run_s: float | Callable[[], float] = 0.0, call_s: float = float("inf")) -> bool:
     """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it.
-    benchmarks/ik_gpu.py runs its ik cells through here too (dialect "ik", its own study names)."""
+    benchmarks/ik_gpu.py runs its ik cells through here too (dialect "ik", its own study names), and
+    benchmarks/multi_gpu.py its two-GPU cells: `n_gpus` GPUs of budget_gib each, the best -ncmoe (-ts) baseline
+    confirmed with the others (`confirm_ncmoe`), and a confirmation started only when, at `confirm_run_s` seconds
+    a run (or what that callable says then), it ends before the deadline (so all its samples come from one device
+    call), unless it needs more than 0.8 of a whole call (`call_s`), where waiting for the next call would not
+    help."""
     wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
-    hw = hw0.with_vram([budget_gib * GiB])
+    hw = hw0.with_vram([budget_gib * GiB] * n_gpus)
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
     ctx = depth + args.n_prompt + args.n_gen
@@ -79,7 +86,8 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
         tuner.baselines()
     # the search gets what the baselines and the confirmation leave of --runs
     runs = study_summary(tuner.study).engine_runs
-    n_search = args.runs - runs.baselines - args.confirm * CONFIRM_CONTENDERS - runs.trials
+    contenders = CONFIRM_CONTENDERS + (1 if confirm_ncmoe else 0)
+    n_search = args.runs - runs.baselines - args.confirm * contenders - runs.trials
     if n_search > 0 and time.monotonic() < deadline:
         res = tuner.run(n_search, deadline=deadline, patience=40)
         log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "
@@ -88,8 +96,15 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
             return False
     if time.monotonic() >= deadline:
         return False
+    started = bool((tuner.study.user_attrs.get("confirmation") or {}).get("rows"))
+    per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
+    need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * per_run
+    if not started and deadline - time.monotonic() < need <= 0.8 * call_s:
+        log(f"{tuner.study_name}: confirmation ({args.confirm} rounds, ~{need:.0f} s) not started with "
+            f"{deadline - time.monotonic():.0f} s left: the next call runs it whole")
+        return False
     log(f"{tuner.study_name}: confirmation, {args.confirm} rounds")
-    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline)
+    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline, ncmoe=confirm_ncmoe)
     return bool(rec)
 
 
@@ -107,6 +122,9 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         if key == "fit-server":
             rec = next(b for b in s.baselines if b.get("kind") == "engine-fit-server")
             return (rec.get("commands") or {}).get("llama-server", "")
+        if key == "ncmoe":
+            rec = next((b for b in s.baselines if b.get("kind") == "ncmoe"), {})
+            return (rec.get("commands") or {}).get("llama-server", "")
         if key and key.startswith("trial:"):
             row = df[df["trial"] == int(key.split(":")[1])]
             return str(row["llama-server"].iloc[0]) if not row.empty else ""
@@ -117,25 +135,32 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         if r is None:
             return None
         return {"tg": r["tg"]["median"], "pp": r["pp"]["median"], "tg_range": [r["tg"]["lo"], r["tg"]["hi"]],
-                "pp_range": [r["pp"]["lo"], r["pp"]["hi"]], "vram_mib": r["vram_bytes"] / MiB, "flags": flags(key),
+                "pp_range": [r["pp"]["lo"], r["pp"]["hi"]], "vram_mib": r["vram_bytes"] / MiB,
+                "vram_mib_by_device": {d: b / MiB for d, b in (r.get("vram_device_bytes") or {}).items()},
+                "flags": flags(key),
                 "name": r["name"], "tg_vs_fit": r.get("tg_vs_fit"), "pp_vs_fit": r.get("pp_vs_fit"),
                 "tg_vs_fit_server": r.get("tg_vs_fit_server"), "pp_vs_fit_server": r.get("pp_vs_fit_server"),
                 "noisy": r["noisy"], "seen": r["seen"]}
     picks = conf.get("picks", {})
     fit, best, bal = pick("fit"), pick(picks.get("best_tg")), pick(picks.get("balanced"))
     fit_server = pick("fit-server")
+    ncmoe_confirmed = pick("ncmoe")
     ncmoe = next((b for b in s.baselines if b.get("kind") == "ncmoe"), None)
     def ratio(a, k, base=None):
         base = base or fit
         return a[k] / base[k] if a and base and base[k] else None
     return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s.engine_runs.total,
             "engine_runs": s.engine_runs.to_dict(), "front_share": s.front_share, "confirmed": bool(conf),
-            "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal,
+            "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal, "ncmoe_confirmed": ncmoe_confirmed,
             "best_tg_ratio_vs_fit_server": ratio(best, "tg", fit_server) if fit_server else None,
             "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"),
             "balanced_pp_ratio": ratio(bal, "pp"),
             "ncmoe": None if ncmoe is None else {"name": ncmoe["name"], "ok": ncmoe.get("ok"),
-                                                 "error": ncmoe.get("error"),
+                                                 "error": ncmoe.get("error"), "ts": ncmoe.get("ts"),
+                                                 "flags": (ncmoe.get("commands") or {}).get("llama-server", ""),
+                                                 "vram_mib_by_device": {
+                                                     d: b / MiB for d, b in ((ncmoe.get("measured") or {})
+                                                                             .get("peak_bytes") or {}).items()},
                                                  **({k: ncmoe["measured"][k] for k in ("tg_tps", "pp_tps")}
                                                     if ncmoe.get("ok") else {}),
                                                  "vram_mib": sum((ncmoe.get("measured") or {}).get("peak_bytes", {})

@@ -532,7 +532,43 @@ def _alignment(dev: str) -> int:
     return ALIGNMENT.get(dev, GPU_ALIGNMENT)
 
 
-def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams, gpus: tuple[str, ...]) -> dict[str, int]:
+# ggml-backend.cpp GGML_SCHED_MAX_COPIES, the input copies with pipeline parallelism: ggml/CMakeLists.txt sets 4 in
+# mainline and 1 in ik (8337e4cd), so ik's pipeline parallelism keeps one copy
+SCHED_MAX_COPIES = {"mainline": 4, "ik": 1}
+
+
+def pipeline_copies(inv: ModelInventory, plan: Plan) -> int:
+    """How many copies of each graph input the scheduler keeps: SCHED_MAX_COPIES with pipeline parallelism, else 1.
+
+    llama.cpp turns pipeline parallelism on (src/llama-context.cpp, `pipeline_parallel`; ik src/llama.cpp the same)
+    when the model has several devices, every layer slot is offloaded (-ngl > n_layer), the split is by layer, the
+    KV cache is offloaded and no tensor is overridden (no -ot, -cmoe, -ncmoe). The devices are the plan's GPUs up to
+    the highest it uses (runtime/llamacpp.py restricts a run to them with -dev). Without overrides every tensor
+    sits on its slot's device and the slots' GPUs ascend, as -ngl/-ts place them."""
+    from .flags.common import base_assignment
+    gpus = [gpu_index(d) for d in set(plan.assignment.values()) if d != "CPU"]
+    copies = SCHED_MAX_COPIES.get(plan.dialect, 1)
+    if copies <= 1 or not gpus or max(gpus) < 1 or plan.knobs.no_kv_offload:
+        return 1
+    slots = _slot_homes(inv, plan)
+    if any(h is None or h == "CPU" for h in slots):
+        return 1
+    order = [gpu_index(h) for h in slots]
+    if any(b < a for a, b in zip(order, order[1:])):
+        return 1
+    base = base_assignment(inv, slots)
+    if any(plan.assignment.get(n, "CPU") != d for n, d in base.items()):
+        return 1
+    return copies
+
+
+def _slot_homes(inv: ModelInventory, plan: Plan) -> list[str | None]:
+    from .flags.placement import home_devices as slot_homes
+    return slot_homes(plan.assignment, inv)
+
+
+def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams, gpus: tuple[str, ...],
+                 copies: int = 1) -> dict[str, int]:
     c = _graph(inv, params)
     if not gpus and not any(d != "CPU" for d in plan.assignment.values()):
         return allocate_compiled(c, c.leafs, c.nodes, ["CPU"] * len(c.tensors), _alignment)
@@ -546,8 +582,46 @@ def _graph_peaks(inv: ModelInventory, plan: Plan, params: GraphParams, gpus: tup
     private.nbytes = list(_cuda_sizes(c, dev, params.n_tokens) if plan.dialect != "ik" else c.nbytes)
     private.index = {}
     private._layouts = dict(c._layouts)
+    n_before = len(private.tensors)
     order, src = _split(private, dev, fusions=plan.dialect != "ik")
-    return allocate_compiled(private, private.leafs, order, dev, _alignment, src)
+    leafs = private.leafs
+    if copies > 1:
+        leafs = _pipeline_leafs(private, dev, src, n_before, copies)
+    return allocate_compiled(private, leafs, order, dev, _alignment, src)
+
+
+def _pipeline_leafs(c: Compiled, dev: list[str], src: list[tuple[int, ...]], n_before: int, copies: int) -> list[int]:
+    """Pipeline parallelism (ggml-backend.cpp ggml_backend_sched_split_graph, passes 5-6 and graph_copy with
+    n_copies > 1): every graph input and every split input gets `copies` copies, flagged input and output, so the
+    allocator places them all first (as leafs) and never frees them; the graph reads copy 0. Appends the extra
+    copies to c (a private copy) and returns the leaf order: input copies, then split-input copies, then the rest."""
+    out_flags = c.output
+    split_inputs = [i for i in range(n_before, len(c.tensors)) if c.kind[i] == 0]     # _split's copies
+    first: list[int] = []
+    for i in c.leafs:                                   # pass 6: graph inputs, on their backend (the CPU)
+        if c.kind[i] != 0:
+            continue
+        out_flags[i] = True
+        first.append(i)
+        for k in range(1, copies):
+            t = c.tensors[i]
+            j = c.add(GT(f"{t.name}#{k}", t.ne, t.dtype, "NONE", nbytes=t.nbytes), (), -1)
+            dev.append(dev[i])
+            src.append(())
+            out_flags[j] = True
+            first.append(j)
+    for i in split_inputs:                              # pass 5: each split's inputs, n_copies of each
+        out_flags[i] = True
+        first.append(i)
+        for k in range(1, copies):
+            t = c.tensors[i]
+            j = c.add(GT(f"{t.name}#{k}", t.ne, t.dtype, "NONE", nbytes=t.nbytes), (), -1)
+            dev.append(dev[i])
+            src.append(())
+            out_flags[j] = True
+            first.append(j)
+    seen = set(first)
+    return first + [i for i in c.leafs if i not in seen]
 
 
 def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Sequence[str] = ()) -> dict[str, int]:
@@ -562,8 +636,9 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     sigs = _layer_signatures(inv, plan, cells)
     layers = kept_layers(sigs) if reduce else None
     others = tuple(plan.assignment.get(t.name, "CPU") for t in inv.by_layer.get(None, ()))
+    copies = pipeline_copies(inv, plan)
     placement = (tuple(sigs), others, knobs.offload, knobs.no_kv_offload, knobs.rtr, knobs.no_host, plan.dialect,
-                 gpus)
+                 gpus, copies)
     out: dict[str, int] = {}
     # ik reserves the prompt graph only (src/llama.cpp:8628-8639: one llama_build_graph of min(n_ctx, n_ubatch)
     # tokens and as many outputs); mainline also the one-token graph
@@ -578,7 +653,7 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     for pl, n_tokens, n_outputs in graphs:
         params = _graph_params(inv, pl, n_tokens, n_outputs, layers)
         key = (params, (*placement[:2], pl.knobs.offload, *placement[3:]))
-        peaks = _PEAKS.get(inv, key, lambda: _graph_peaks(inv, pl, params, gpus))  # noqa: B023
+        peaks = _PEAKS.get(inv, key, lambda: _graph_peaks(inv, pl, params, gpus, copies))  # noqa: B023
         for d, b in peaks.items():
             out[d] = max(out.get(d, 0), b)
     return out

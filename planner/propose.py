@@ -123,11 +123,16 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
     """Move CPU-resident expert tensors to their layer's home GPU, whole layers first in `order`, then (if
     `partial`) single up/gate/down tensors of the next layer, while every GPU stays within budget.
 
-    Incremental: each move adds its bytes to the current per-device totals; compute buffers only shrink as
-    experts leave the CPU (fewer upload targets), so the starting estimate stays an upper bound."""
+    Incremental: each move adds its bytes to the current per-device totals; on one GPU compute buffers only
+    shrink as experts leave the CPU (fewer upload targets), so the starting estimate stays an upper bound. Not on
+    several: a RAM-resident expert of a CUDA1 layer runs its prompt batches on CUDA0 (op offload uploads it to the
+    first GPU), so moving it home moves that compute onto CUDA1, and a plan that ends with every tensor on its
+    layer's GPU turns llama.cpp's pipeline parallelism on (memory.pipeline_copies). There the result is estimated
+    whole and the last moves onto a GPU over its budget are undone until it fits."""
     used = _fixed_bytes(inv, plan, hw)
     a = dict(plan.assignment)
     full: dict[str, bool] = {}
+    moves: list[tuple[str, list[str]]] = []
     moe = [il for il in inv.moe_layers() if a.get(f"blk.{il}.attn_norm.weight", "CPU") != "CPU"]
     for il in layer_order(moe, order):
         home = a[f"blk.{il}.attn_norm.weight"]
@@ -139,6 +144,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
             for t in exps:
                 a[t.name] = home
             used[home] = used.get(home, 0) + need
+            moves.append((home, [t.name for t in exps]))
             continue
         if partial:
             rank = {r: k for k, r in enumerate(PARTIAL_ORDER)}
@@ -155,9 +161,28 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
                 if used.get(home, 0) + extra <= budget.gpus.get(home, 0):
                     for n in names:
                         a[n] = home
+                    moved = list(names)
                     used[home] = used.get(home, 0) + extra
+                    moves.append((home, moved))
         full[home] = True
-    return replace(plan, assignment=a)
+    out = replace(plan, assignment=a)
+    if len({d for d in a.values() if d != "CPU"}) > 1:
+        out = _undo_until_fits(inv, out, budget, hw, moves)
+    return out
+
+
+def _undo_until_fits(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwareProfile | None,
+                     moves: list[tuple[str, list[str]]]) -> Plan:
+    """fill_experts on several GPUs: undo the last moves onto a GPU that the whole estimate puts over its budget."""
+    a = dict(plan.assignment)
+    while True:
+        mem = estimate(inv, replace(plan, assignment=a), hw)
+        over = {d for d, m in mem.devices.items() if d != "CPU" and m.total > budget.gpus.get(d, 0)}
+        last = next((k for k in range(len(moves) - 1, -1, -1) if moves[k][0] in over), None)
+        if not over or last is None:
+            return replace(plan, assignment=a)
+        for name in moves.pop(last)[1]:
+            a[name] = "CPU"
 
 
 # ---- strategies -------------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from planner.tuner.baselines import EngineFit
 from planner.hardware import HardwareProfile
 from planner.memory import DeviceMemory, MemoryReport, estimate
 from planner.model import ModelInventory
-from planner.plan import Plan
+from planner.plan import Plan, gpu_index, is_gpu
 
 from . import gpumem
 from .engine import Measurement, Workload
@@ -395,6 +395,19 @@ class LlamaCppEngine:
             raise InputError(f"the plan puts tensors on {missing[0]}, but {self.path.name} sees no such device "
                              f"(it lists: {listed}{'; a CPU-only build?' if not have else ''})")
 
+    def _device_args(self, plan: Plan) -> list[str]:
+        """`-dev CUDA0[/CUDA1..]` when the plan uses fewer GPUs than the binary sees: without it llama.cpp splits
+        the layers of a one-GPU plan's -ngl over every GPU by free memory (and takes a CUDA context on each), so
+        the run would not be the plan. [] when the plan uses them all, none, or the binary lists no devices."""
+        have = self.devices()
+        used = [gpu_index(d) for d in plan.devices() if is_gpu(d)]
+        if not have or not used:
+            return []
+        n = max(used) + 1
+        if n >= sum(1 for d in have if is_gpu(d)) or not ({"-dev", "--device"} & self.info.flags):
+            return []
+        return ["-dev", "/".join(f"CUDA{i}" for i in range(n))]
+
     def _model(self, inv: ModelInventory) -> str:
         p = self.model_path if self.model_path is not None else inv.source
         if not p or not Path(p).is_file():
@@ -451,7 +464,7 @@ class LlamaCppEngine:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         # -o first: llama-bench's parser forgets an earlier bad argument (an unknown -ot buffer type) when a later
         # -o parses (tools/llama-bench/llama-bench.cpp: invalid_param = !output_format_from_str(...))
-        argv = ["-o", self.info.output_format, *rc, *extra]
+        argv = ["-o", self.info.output_format, *rc, *extra, *self._device_args(plan)]
         if self.verbose:
             argv.append("-v")
         self._check_flags(argv, "this plan")
@@ -468,7 +481,7 @@ class LlamaCppEngine:
             rc = render(p, inv, "server", model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
-        argv = [*rc, "-n", str(max(wl.n_gen, 1)), "-nrep", str(wl.repetitions)]
+        argv = [*rc, *self._device_args(plan), "-n", str(max(wl.n_gen, 1)), "-nrep", str(wl.repetitions)]
         if "--output-format" in self.info.flags:
             argv += ["--output-format", "jsonl"]
         if self.verbose:

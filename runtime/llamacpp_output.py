@@ -220,9 +220,11 @@ def log_device_bytes(text: str) -> dict[str, int]:
 
 
 def log_memory(text: str) -> dict[str, Any]:
-    """The memory lines of a -v log as plain data (bytes, by buffer type), for Measurement.raw."""
+    """The memory lines of a -v log as plain data (bytes, by buffer type), for Measurement.raw; pipeline_parallel:
+    whether llama.cpp said it enabled pipeline parallelism (several GPUs, every layer offloaded, no -ot: its
+    scheduler then keeps 4 copies of each graph input, planner/memory.py pipeline_copies)."""
     log = parse_log(text)
-    return {"model": dict(log.model_buffers),
+    return {"pipeline_parallel": "pipeline parallelism enabled" in text, "model": dict(log.model_buffers),
             "contexts": [{"n_ctx": c.cparams.get("n_ctx"), "n_ubatch": c.cparams.get("n_ubatch"),
                           "kv": dict(c.kv_buffers), "compute": dict(c.compute_buffers),
                           "output": dict(c.output_buffers)} for c in log.contexts]}

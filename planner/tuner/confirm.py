@@ -64,9 +64,9 @@ class Spread:
 @dataclass(frozen=True)
 class Contender:
     """One config to re-measure: a trial's plan (by trial number) or the engine's own --fit (by arguments)."""
-    key: str                          # "fit" or "trial:N"
+    key: str                          # "fit", "fit-server", "ncmoe" or "trial:N"
     name: str                         # what the report calls it
-    roles: tuple[str, ...] = ()       # "fit", "best_tg", "balanced", "runner_up"
+    roles: tuple[str, ...] = ()       # "fit", "fit_server", "ncmoe", "best_tg", "balanced", "runner_up"
     trial: int | None = None
 
 
@@ -80,6 +80,7 @@ class Confirmed:
     run_cv: tuple[float, ...] = ()    # each run's own coefficient of variation over its repetitions (worst of TG/PP)
     errors: tuple[str, ...] = ()
     seen: tuple[str, ...] = ()        # what the engine saw around noisy runs (other GPU processes, clocks, load)
+    vram_device_bytes: dict[str, int] = field(default_factory=dict)   # the largest peak over its runs, per GPU
 
     @property
     def ok(self) -> bool:
@@ -88,7 +89,8 @@ class Confirmed:
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.contender.key, "name": self.contender.name, "roles": list(self.contender.roles),
                 "trial": self.contender.trial, "tg": self.tg.to_dict(), "pp": self.pp.to_dict(),
-                "vram_bytes": self.vram_bytes, "run_cv": list(self.run_cv), "noisy": self.noisy,
+                "vram_bytes": self.vram_bytes, "vram_device_bytes": dict(self.vram_device_bytes),
+                "run_cv": list(self.run_cv), "noisy": self.noisy,
                 "errors": list(self.errors), "seen": list(self.seen)}
 
     @property
@@ -144,7 +146,16 @@ class SampleLog:
             max((sum((r.get("peak_bytes") or {}).values()) for r in good), default=0),
             tuple(r["cv"] for r in good if r.get("cv") is not None),
             tuple(r.get("error", "") for r in mine if not r.get("ok")),
-            tuple(dict.fromkeys(r["seen"] for r in good if r.get("seen") and (r.get("cv") or 0) > NOISY_CV)))
+            tuple(dict.fromkeys(r["seen"] for r in good if r.get("seen") and (r.get("cv") or 0) > NOISY_CV)),
+            _per_device_max(r.get("peak_bytes") or {} for r in good))
+
+
+def _per_device_max(peaks) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in peaks:
+        for d, b in p.items():
+            out[d] = max(out.get(d, 0), int(b))
+    return dict(sorted(out.items()))
 
 
 def vram_of(measured: dict[str, Any]) -> int:
@@ -167,7 +178,9 @@ def confirmed_record(results: list[Confirmed], rounds: int) -> dict[str, Any]:
                     d[f"{name}_vs_{tag}"] = cmp.to_dict() if cmp else None
                 d[f"vram_vs_{tag}"] = r.vram_bytes / base.vram_bytes if base.vram_bytes else None
         rows.append(d)
-    others = [r for r in results if r is not ref and r is not server and r.tg.samples]
+    # baselines measured beside --fit (the best -ncmoe, role "ncmoe") get ratios, never a pick
+    others = [r for r in results if r is not ref and r is not server and r.tg.samples
+              and "ncmoe" not in r.contender.roles]
     picks: dict[str, Any] = {}
     cap = ref.vram_bytes if ref is not None and ref.vram_bytes else math.inf
     tg_ok = [r for r in others if r.vram_bytes <= cap]

@@ -546,7 +546,7 @@ def _pct(v: Any) -> str:
 ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server runs it",
               "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
               "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
-              "best_tg_over_fit_vram": "best TG (all over its VRAM)"}
+              "best_tg_over_fit_vram": "best TG (all over its VRAM)", "ncmoe": "best -ncmoe (a baseline)"}
 
 
 def _confirmed_markdown(s: StudySummary) -> list[str]:

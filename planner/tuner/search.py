@@ -48,7 +48,7 @@ from typing import Any
 
 from ..cost import predict
 from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
-from .baselines import NCMOE_TRIES, EngineFit, flag_plan, smallest_ncmoe
+from .baselines import NCMOE_TRIES, EngineFit, flag_plan, ncmoe_split, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
 from .interrupt import SIGINT
 from ..errors import InputError, OffloadTunerError
@@ -581,7 +581,8 @@ class Tuner:
                 done.add("--fit")
                 if fit.chosen_args:
                     try:
-                        plan = flag_plan(self.inv, list(fit.chosen_args), knobs, self.dialect, self.settings.model_id)
+                        plan = flag_plan(self.inv, list(fit.chosen_args), knobs, self.dialect, self.settings.model_id,
+                                         self._n_gpus)
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False))
                     except InputError as e:
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
@@ -595,7 +596,8 @@ class Tuner:
                 keep(self._plan_record("--fit-like fill (imitation)", "fit-like", None, str(e)))
         if "-ngl 99 -cmoe" not in done:
             try:
-                plan = flag_plan(self.inv, ["-ngl", "99", "-cmoe"], knobs, self.dialect, self.settings.model_id)
+                plan = flag_plan(self.inv, ["-ngl", "99", "-cmoe"], knobs, self.dialect, self.settings.model_id,
+                                 self._n_gpus)
                 keep(self._plan_record("-ngl 99 -cmoe", "cmoe", plan))
             except InputError as e:
                 keep(self._plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
@@ -616,7 +618,7 @@ class Tuner:
             if b.get("kind") == "engine-fit-server" and not b.get("ok") and fit is not None:
                 try:
                     plan = flag_plan(self.inv, list(fit["chosen_args"]), self._default_knobs(), self.dialect,
-                                     self.settings.model_id)
+                                     self.settings.model_id, self._n_gpus)
                     base[i] = self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False)
                 except InputError as e:
                     base[i] = self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e))
@@ -663,10 +665,18 @@ class Tuner:
         return "; ".join(f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
                          if d in budget and v > budget[d])
 
+    @property
+    def _n_gpus(self) -> int | None:
+        """The GPUs a baseline's command line spreads over when it has no -ts (None: one GPU, as the line says)."""
+        return len(self.hw.gpus) if len(self.hw.gpus) > 1 else None
+
     def _ncmoe_record(self, knobs) -> dict[str, Any]:
         """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
-        over the budget (NCMOE_TRIES runs at most)."""
+        over the budget (NCMOE_TRIES runs at most). Several GPUs: the best hand -ncmoe N -ts a,b
+        (baselines.ncmoe_split)."""
         from ..memory import estimate
+        if self._n_gpus:
+            return self._ncmoe_split_record(knobs)
 
         def fits(plan: Plan) -> bool:
             return not self.space.over_budget(estimate(self.inv, plan, self.hw))
@@ -682,6 +692,37 @@ class Tuner:
             rec.update(runs=runs, ncmoe=k)
             if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
                 break
+        return rec
+
+    def _ncmoe_split_record(self, knobs) -> dict[str, Any]:
+        """Several GPUs: -ngl 99 -ncmoe N -ts a,b with the smallest N that fits and the -ts that leaves the most
+        room on the fuller GPU, then the next N (its own -ts) while runs measure over the budget."""
+        from ..memory import estimate
+
+        def headroom(plan: Plan) -> int | None:
+            mem = estimate(self.inv, plan, self.hw)
+            if self.space.over_budget(mem).startswith("host"):
+                return -1
+            budget = self.space.budget.gpus
+            return min(budget[g] - mem.gpu_total(g) for g in budget)
+        runs, rec, start = 0, {}, 0
+        for _ in range(NCMOE_TRIES):
+            found = ncmoe_split(self.inv, knobs, self.dialect, self.settings.model_id, headroom, len(self.hw.gpus),
+                                start)
+            if found is None:
+                if not rec:
+                    return {"name": "best -ncmoe -ts", "kind": "ncmoe", "ok": False, "runs": 0,
+                            "error": "not run: not even -ncmoe with every layer fits the budget"}
+                break
+            n, ts = found
+            args = ["-ngl", "99", "-ncmoe", str(n)] + (["-ts", ",".join(map(str, ts))] if ts else [])
+            plan = flag_plan(self.inv, args, knobs, self.dialect, self.settings.model_id, self._n_gpus)
+            rec = self._plan_record(" ".join(args), "ncmoe", plan)
+            runs += rec.get("runs", 0)
+            rec.update(runs=runs, ncmoe=n, ts=list(ts) if ts else None)
+            if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
+                break
+            start = n + 1
         return rec
 
     def _fit_record(self, fit: EngineFit) -> dict[str, Any]:
@@ -1018,10 +1059,11 @@ class Tuner:
                 return b
         return None
 
-    def finalists(self, n_tg: int = 2) -> list[Contender]:
+    def finalists(self, n_tg: int = 2, ncmoe: bool = False) -> list[Contender]:
         """What confirmation re-measures: the reference (--fit), the n_tg fastest-TG trials that use no more VRAM
         than it measured, the best TG among trials with >= BALANCED_PP x its PP ("balanced"), and for a PP
-        objective the fastest PP; a trial in several roles is one contender."""
+        objective the fastest PP; a trial in several roles is one contender. `ncmoe`: the best -ncmoe baseline
+        too (when it ran), measured beside --fit for its ratios, never picked."""
         from optuna.trial import TrialState
         ref = self.reference()
         rows = []
@@ -1047,12 +1089,17 @@ class Tuner:
                        if b.get("kind") == "engine-fit-server" and b.get("ok")), None)
         if server is not None:
             out.append(Contender("fit-server", server["name"], ("fit_server",)))
+        nc = next((b for b in self.study.user_attrs.get("baselines", [])
+                   if b.get("kind") == "ncmoe" and b.get("ok") and b.get("plan")), None)
+        if ncmoe and nc is not None:
+            out.append(Contender("ncmoe", nc["name"], ("ncmoe",)))
         out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
         return out
 
     def _measure_contender(self, c: Contender) -> dict[str, Any]:
-        if c.key == "fit-server":     # a reference, like --fit: measured, never failed for its peak
-            rec = next(b for b in self.study.user_attrs["baselines"] if b.get("kind") == "engine-fit-server")
+        if c.key in ("fit-server", "ncmoe"):     # references, like --fit: measured, never failed for their peak
+            kind = "engine-fit-server" if c.key == "fit-server" else "ncmoe"
+            rec = next(b for b in self.study.user_attrs["baselines"] if b.get("kind") == kind)
             plan = Plan.from_json(rec["plan"])
             m = self._measure(plan)
             if m.ok:
@@ -1082,12 +1129,13 @@ class Tuner:
             return MeasuredRun.failed(f"engine raised {type(e).__name__}: {e}")
 
     def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
-                deadline: float | None = None) -> dict[str, Any]:
+                deadline: float | None = None, ncmoe: bool = False) -> dict[str, Any]:
         """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.tuner.confirm) and
         judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
         confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
-        when `deadline` passed before the last sample: call again to go on)."""
-        contenders = self.finalists(n_tg)
+        when `deadline` passed before the last sample: call again to go on). `ncmoe`: the best -ncmoe baseline
+        is re-measured with them (finalists)."""
+        contenders = self.finalists(n_tg, ncmoe)
         if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
             return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
         keys = [c.key for c in contenders]

@@ -261,6 +261,39 @@ esac
     assert LlamaCppEngine(old, ngl_rule="last_slots").info.ngl_rule_source == "given"
 
 
+TWO_GPU_HELP = """usage: llama-bench [options]
+  -h, --help   --version   --list-devices   -o, --output <csv|json|jsonl|md|sql>   -v, --verbose
+  -m, --model <filename>   -p, --n-prompt <n>   -n, --n-gen <n>   -r, --repetitions <n>   -d, --n-depth <n>
+  -b, --batch-size <n>   -ub, --ubatch-size <n>   -ngl, --n-gpu-layers <n>   -fa, --flash-attn <on|off|auto>
+  -fitt, --fit-target <MiB>   -dev, --device <dev0/dev1/...>   -ts, --tensor-split <ts0/ts1/..>
+  -ot --override-tensor <tensor name pattern>=<buffer type>;...
+"""
+
+
+def test_a_plan_on_fewer_gpus_than_the_machine_has_is_run_on_those_alone(tmp_path, inv):
+    """llama.cpp splits -ngl's layers over every GPU it sees (by free memory): on a two-GPU machine a CUDA0 plan
+    runs with -dev CUDA0, a plan on both GPUs as it is (its -ts), a CPU plan without -dev."""
+    (tmp_path / "help.txt").write_text(TWO_GPU_HELP)
+    (tmp_path / "devices.txt").write_text("Available devices:\n  CUDA0: NVIDIA H200 (143771 MiB, 143000 MiB free)\n"
+                                          "  CUDA1: NVIDIA H200 (143771 MiB, 143000 MiB free)\n")
+    two = script(tmp_path / "llama-bench", f"""case "$1" in
+--help) cat {tmp_path / 'help.txt'}; exit 0;;
+--version) echo "version: 8000 (0123abc)"; exit 0;;
+--list-devices) cat {tmp_path / 'devices.txt'}; exit 0;;
+esac
+""")
+    engine = LlamaCppEngine(two, model_path=inv.source)
+    assert set(engine.devices()) == {"CUDA0", "CUDA1"}
+    one = Plan("m", everything_on(inv, "CUDA0"), Knobs(), "mainline")
+    argv = list(engine.command(inv, one, TINY).argv)
+    assert argv[argv.index("-dev") + 1] == "CUDA0"
+    both = Plan("m", {n: ("CUDA1" if d != "CPU" and not n.startswith("blk.0.") else d)
+                      for n, d in one.assignment.items()}, Knobs(), "mainline")
+    argv = list(engine.command(inv, both, TINY).argv)
+    assert "-dev" not in argv and "-ts" in argv
+    assert "-dev" not in engine.command(inv, Plan("m", everything_on(inv), Knobs(), "mainline"), TINY).argv
+
+
 def test_hung_process_is_ended_with_its_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     fake = script(tmp_path / "llama-bench", f"""case "$1" in --help) cat <<'EOF'

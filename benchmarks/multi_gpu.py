@@ -1,0 +1,678 @@
+"""Two GPUs (issue 15): layer splits (-ts), experts per device (-ot ...=CUDA1), -ncmoe with -ts and the planner's own
+two-GPU plans, measured with the mainline CUDA llama-bench on the synthetic Qwen3-30B-A3B-shaped Q4_0 model of
+benchmarks/llamacpp_gpu.py (17 GB), on a machine with two GPUs (nvidia-h200-x2).
+
+Steps (--steps, in this order):
+- memory: >= 10 two-GPU plans (make_cases). Per GPU the peak VRAM that planner.memory predicts (HardwareProfile
+  "gpu-box" with two GPUs, the CUDA context included; pipeline parallelism where llama.cpp turns it on) against
+  the peak sampled on that GPU during the run (NVML / nvidia-smi, per device, CUDA_DEVICE_ORDER=PCI_BUS_ID), the
+  |error| against the goal max(3%, 256 MiB) on each GPU, and llama.cpp's own -v buffers per device. One run each
+  (-p 2048 -n 32 -r 1: the peak is what is measured here).
+- tune: per budget per GPU (default 8 and 16 GiB, i.e. 2x8 and 2x16 GiB), benchmarks/tune_vs_fit.py's run_cell
+  with two GPUs of that size: llama.cpp's own --fit (llama-bench -fitt, both GPUs), its placement in a server,
+  the best hand `-ngl 99 -ncmoe N -ts a,b` (planner.tuner.baselines.ncmoe_split: the smallest N with a -ts that
+  fits both GPUs, the -ts that leaves the most room on the fuller one), and an Optuna study of at most --runs
+  engine runs in all; the confirmation re-measures --fit, its server placement, the -ncmoe -ts line and the
+  study's picks interleaved (--confirm rounds), started only when it can end in the same device call. Studies
+  "mg-<B>g-d0" in <workdir>/multi_gpu.db.
+- report: NAME.md and NAME.json (--name, default multi_gpu) in --out: the memory table per plan and GPU (name,
+  flags, predicted and measured MiB per device, error, within goal) and per budget cell fit / best_tg / balanced /
+  ncmoe_ts, each with TG, PP (confirmed medians and spreads), VRAM per device, flags, and the ratios to --fit.
+  Rewritten after every plan and every cell, so a call cut off still returns one.
+
+A script of its own rather than `--gpus 2` in llamacpp_gpu.py and tune_vs_fit.py: the two-GPU table has a column
+group per device and its own plans, the one-GPU scripts' report formats stay as their stored reports (and the
+tests that read them) have them, and a device call needs one command and one state folder. It reuses their
+pieces: llamacpp_gpu's model writer, goal, -v log reading and engine set-up; tune_vs_fit's run_cell (which takes
+n_gpus) and cell_row.
+
+State (kept between calls, and carried to a fresh machine): <workdir> = benchmarks/results/multi_gpu: results/
+(one JSON per memory plan), multi_gpu.db (the studies). The model and the CUDA build live in llamacpp_gpu's workdir
+(benchmarks/results/llamacpp_gpu, not carried: built / written again on a fresh machine). Every call also writes
+NAME_state.tar.gz (that state, well under 1 MB of JSON plus the SQLite file) beside the report, so that a call on
+a fresh machine goes on where the last one stopped. Exit 3 while work is left, 0 when every step asked for is
+done, 2 on bad input. The --cpu dry run keeps its state in benchmarks/results/multi_gpu_cpu (never carried).
+
+Device calls (nvidia-h200-x2). Here first, in the repo root: `bash benchmarks/llamacpp_gpu.sh pack` (the slim
+llama.cpp source, build/llama.cpp-src.tar.gz), a .whl folder with optuna and its needs (alembic, colorlog, mako,
+sqlalchemy, greenlet: the device README says how to download them), and `mkdir -p benchmarks/results/multi_gpu`
+(a carried path missing here is removed there). Every call the same, timeout_s 600, carry [".whl",
+"build/llama.cpp-src.tar.gz", "benchmarks/results/multi_gpu"]:
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 && \
+    bash benchmarks/llamacpp_gpu.sh build build/llama.cpp-src.tar.gz && \
+    python3 benchmarks/multi_gpu.py --name multi_gpu_h200x2 --time-budget $((560 - SECONDS))
+(the build is skipped once its binaries exist; the budget is what the build left of 560 s). After each call,
+here: `tar -xzf FILES_AT/multi_gpu_h200x2_state.tar.gz -C benchmarks/results/multi_gpu`, so the next call carries
+the state (on a machine still warm it is what is there already). Repeat while it exits 3; at 0 copy
+FILES_AT/multi_gpu_h200x2.{md,json} to benchmarks/reported/.
+Time, estimated from the H100 runs (a llama-bench run of this model ~19 s, most of it loading): the build ~5 min
+(6 on 16 cores) and the model ~2-3 min, once per machine; memory 13 plans x ~10 s (-r 1) ~2-3 min; a budget cell
+<= 24 runs (~5 baselines incl. --fit, ~9 search, 2 rounds x 4-5 contenders) ~8 min, its confirmation ~3-4 min
+started only when it fits the call. So 3 calls of ~9.5 min: (1) build, model, most memory plans; (2) the rest of
+them and the 2x8 GiB cell; (3) the 2x16 GiB cell (or the 2x8 confirmation and the 2x16 cell, with a 4th for its
+confirmation). ~30 min of device time with the machine's start: tight. To spend less: --runs 20 (~1.5 min a
+cell), --confirm 2 is the least that gives a spread; --budgets 8 first if only one cell can be afforded.
+Here, without a GPU, the whole pipeline on the CPU build and a tiny model (every plan measured all-CPU; the
+predictions are still the two-GPU ones), ~30 s on 2 cores:
+    .venv/bin/python benchmarks/multi_gpu.py --cpu
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import llamacpp_gpu as lg  # noqa: E402
+from planner.errors import BudgetError, InputError  # noqa: E402
+from planner.flags import render  # noqa: E402
+from planner.flags.common import base_assignment, slot_devices  # noqa: E402
+from planner.gguf_header import load_inventory  # noqa: E402
+from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E402
+from planner.memory import pipeline_copies  # noqa: E402
+from planner.model import ModelInventory, Tensor  # noqa: E402
+from planner.plan import Knobs, OffloadPolicy, Plan, device_sort_key  # noqa: E402
+from runtime.engine import Workload  # noqa: E402
+from runtime.llamacpp import LlamaCppEngine, bench_memory  # noqa: E402
+
+STEPS = ("memory", "tune", "report")
+DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "multi_gpu"
+GPUS = ("CUDA0", "CUDA1")
+DEFAULT_GPU_BYTES = 143771 * MiB          # an H200 as nvidia-smi lists it (only the report's budget column uses it)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class BadInput(Exception):
+    """Bad input: one line on stderr and exit 2."""
+
+
+# ---- the plans -------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    plan: Plan
+
+
+def split_assignment(inv: ModelInventory, counts: tuple[int, int],
+                     experts: Callable[[Tensor, str], str] | None = None) -> dict[str, str]:
+    """-ngl 99 -ts a,b as layer counts (slots 0..a-1 on CUDA0, the rest and the output layer on CUDA1), then each
+    routed expert where `experts(tensor, its home)` says (default: its home)."""
+    slots = slot_devices(inv.hparams.n_layer, inv.hparams.n_layer + 1, "last_slots", list(GPUS), counts)
+    a = base_assignment(inv, slots)
+    if experts is not None:
+        for t in inv.allocated():
+            if t.is_expert:
+                a[t.name] = experts(t, a[t.name])
+    return a
+
+
+def ts_counts(inv: ModelInventory, share0: float) -> tuple[int, int]:
+    """Layer counts (CUDA0, CUDA1) of the n_layer + 1 slots for a share of them on CUDA0 (what -ts x,y does)."""
+    slots = inv.hparams.n_layer + 1
+    a = min(max(math.floor(share0 * slots + 0.5), 1), slots - 1)
+    return a, slots - a
+
+
+def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_prompt: int) -> list[Case]:
+    """The two-GPU plans of the memory table (>= 10), the planner's own best TG plan at each budget per GPU last."""
+    moe = inv.moe_layers()
+    n = len(moe)
+    k40 = max(1, round(0.4 * n))
+    first_third, last_two = set(moe[: n // 3]), set(moe[n // 3:])
+    first_half = set(moe[: n // 2])
+    ncm = max(1, n // 3)
+    base = Knobs(n_ctx=n_prompt, n_batch=2048, n_ubatch=512)
+    ub2048 = replace(base, n_batch=max(2048, n_prompt), n_ubatch=2048)
+    nopo = OffloadPolicy.all(False)
+    even, three_one, one_three = ts_counts(inv, 0.5), ts_counts(inv, 0.75), ts_counts(inv, 0.25)
+    # the -ncmoe split a user balances by hand: CUDA0 holds the layers whose experts -ncmoe keeps in RAM
+    ncm_share = min(0.5 + 0.5 * ncm / (inv.hparams.n_layer + 1), 0.8)
+    ncm_counts = ts_counts(inv, ncm_share)
+    blocks_on_0 = (inv.hparams.n_layer, 1)                   # every block on CUDA0, the output layer on CUDA1
+
+    def ram_if(pred: Callable[[Tensor], bool]) -> Callable[[Tensor, str], str]:
+        return lambda t, home: "CPU" if pred(t) else home
+
+    def crossed(t: Tensor, home: str) -> str:
+        return "CUDA1" if home == "CUDA0" else "CUDA0"
+
+    def attn0_exps1(t: Tensor, home: str) -> str:
+        return "CPU" if t.layer in first_third else "CUDA1"
+
+    def ncmoe(t: Tensor, home: str) -> str:        # mainline -ncmoe N: the experts of the first N layers in RAM
+        return "CPU" if t.layer is not None and t.layer < ncm else home
+
+    def plan(a: dict[str, str], knobs: Knobs = base) -> Plan:
+        return Plan("m", a, knobs)
+
+    cases = [
+        Case("ts-1-1", f"every tensor on the GPUs, -ts 1,1 ({even[0]}/{even[1]} slots; pipeline parallel)",
+             plan(split_assignment(inv, even))),
+        Case("ts-3-1", f"every tensor on the GPUs, -ts 3,1 ({three_one[0]}/{three_one[1]} slots)",
+             plan(split_assignment(inv, three_one))),
+        Case("ts-1-3", f"every tensor on the GPUs, -ts 1,3 ({one_three[0]}/{one_three[1]} slots)",
+             plan(split_assignment(inv, one_three))),
+        Case("ts-1-1-ub2048", "as ts-1-1, -ub 2048 -b 2048 (pipeline parallelism's input copies x4 at 2048 tokens)",
+             plan(split_assignment(inv, even), ub2048)),
+        Case(f"ts-1-1-exps-last{k40}", f"-ts 1,1, the experts of the last {k40} MoE layers (on CUDA1) in RAM",
+             plan(split_assignment(inv, even, ram_if(lambda t: t.layer in set(moe[-k40:]))))),
+        Case(f"ncmoe{ncm}-ts-1-1", f"-ncmoe {ncm} -ts 1,1: the experts of the first {ncm} layers (all on CUDA0) in RAM",
+             plan(split_assignment(inv, even, ncmoe))),
+        Case(f"ncmoe{ncm}-ts-{ncm_counts[0]}-{ncm_counts[1]}",
+             f"-ncmoe {ncm} with the split moved towards CUDA0 ({ncm_counts[0]}/{ncm_counts[1]} slots) to even out "
+             "the GPUs", plan(split_assignment(inv, ncm_counts, ncmoe))),
+        Case("exps-crossed", "-ts 1,1 homes, every expert on the other GPU (-ot ...=CUDA1 for the first half's "
+             "experts, =CUDA0 for the second's): activations cross the GPUs twice per layer",
+             plan(split_assignment(inv, even, crossed))),
+        Case("attn0-exps1-out1", f"every block homed on CUDA0, the output layer on CUDA1 (-ts {blocks_on_0[0]},1), "
+             f"the experts of the first {len(first_third)} layers in RAM and of the other {len(last_two)} on CUDA1",
+             plan(split_assignment(inv, blocks_on_0, attn0_exps1))),
+        Case("cmoe-ts-1-1", "-ts 1,1, every expert in RAM (-cmoe), op offload on (the prompt's experts run on CUDA0)",
+             plan(split_assignment(inv, even, ram_if(lambda t: True)))),
+        Case("cmoe-ts-1-1-nopo", "as cmoe-ts-1-1, op offload off (-nopo 1)",
+             plan(split_assignment(inv, even, ram_if(lambda t: True)), replace(base, offload=nopo))),
+        Case("half-exps-ram-ts-1-1-ub2048", f"-ts 1,1, the experts of the first {len(first_half)} layers in RAM, "
+             "-ub 2048: op offload's expert uploads to CUDA0 at 2048 tokens",
+             plan(split_assignment(inv, even, ram_if(lambda t: t.layer in first_half)), ub2048)),
+    ]
+    from planner.propose import best_plans
+    for b in budgets:
+        try:
+            best = best_plans(inv, hw.with_vram([b * GiB, b * GiB]), base, "mainline", "tg", lg.GOAL_FLOOR,
+                              n_prompt)[0]
+        except BudgetError as e:
+            log(f"memory: no planner plan at 2x{b} GiB: {e}")
+            continue
+        cases.append(Case(f"planner-2x{b}G", f"offload-tuner plan's best TG plan for 2x{b} GiB ({best.plan.label})",
+                          best.plan))
+    return [replace(c, plan=replace(c.plan, model_id=inv.source, label=c.name)) for c in cases]
+
+
+def placement_flags(argv: list[str]) -> str:
+    """The flags of a rendered llama-bench line that say where things go and how it runs (-m/-p/-n/-r/-o left out)."""
+    out, skip = [], {"-m", "-p", "-n", "-r", "-o", "-d"}
+    it = iter(argv)
+    for a in it:
+        if a in skip:
+            next(it, None)
+            continue
+        out.append(a)
+    return " ".join(out)
+
+
+# ---- measuring -------------------------------------------------------------------------------------------------------
+
+def device_row(predicted: dict[str, Any], measured: int | None, logged: dict[str, int] | None) -> dict[str, Any]:
+    row = lg.compare(predicted, measured)
+    row.update({f"{k}_mib": None if row[f"{k}_bytes"] is None else round(row[f"{k}_bytes"] / MiB, 1)
+                for k in ("predicted", "measured", "error", "goal")})
+    row["predicted_parts"] = {k: predicted.get(k, 0) for k in ("weights", "kv", "compute", "overhead")}
+    row["log"] = logged
+    return row
+
+
+def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: Workload, hw: HardwareProfile,
+                 cpu: bool) -> dict[str, Any]:
+    run_plan = lg.cpu_variant(case.plan) if cpu else case.plan
+    rc = render(case.plan, inv, "bench", workload=wl, model_path=str(inv.source))
+    pred = bench_memory(inv, case.plan, wl, hw).to_dict()["devices"]
+    t0 = time.monotonic()
+    m = engine.measure(inv, run_plan, wl)
+    devices = {}
+    for d in GPUS:
+        measured = None if cpu else m.peak_bytes.get(d)
+        devices[d] = device_row(pred.get(d, {"total": 0}), measured, lg.log_device(m.raw, d))
+    checked = [r["within_goal"] for r in devices.values() if r["within_goal"] is not None]
+    lm = m.raw.get("log_memory") or {}
+    return {
+        "name": case.name, "what": case.what, "plan_id": case.plan.id, "plan": case.plan.to_dict(),
+        "knobs": {"n_ubatch": case.plan.knobs.n_ubatch, "n_batch": case.plan.knobs.n_batch,
+                  "op_offload": case.plan.knobs.offload.any_enabled},
+        "flags": placement_flags(list(rc)), "command": rc.shell(str(engine.path)), "ran": m.raw.get("command"),
+        "cpu_mode": cpu, "seconds": round(time.monotonic() - t0, 1), "measurement": m.to_dict(),
+        "predicted": pred, "predicted_devices": sorted((d for d in pred if d != "CPU"), key=device_sort_key),
+        "pipeline_copies": pipeline_copies(inv, case.plan), "pipeline_parallel_logged": lm.get("pipeline_parallel"),
+        "devices": devices, "within_goal": (all(checked) if checked else None),
+    }
+
+
+def time_left(args, t_start: float) -> float:
+    return args.time_budget - (time.monotonic() - t_start)
+
+
+def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwareProfile, cases: list[Case],
+               wl: Workload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
+    """Measure the plans not measured yet; False when the time budget stopped it early."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    wanted = [c for c in cases if not args.plans or c.name in args.plans]
+    for i, case in enumerate(wanted):
+        out = results_dir / f"plan-{case.name}.json"
+        if out.exists() and not args.redo:
+            continue
+        left = time_left(args, t_start)
+        if left < args.min_left:
+            log(f"memory: stopping, {left:.0f} s left of --time-budget; run again to continue")
+            return False
+        log(f"memory: [{i + 1}/{len(wanted)}] {case.name}: {case.what}")
+        rec = measure_case(engine, inv, case, wl, hw, args.cpu)
+        m = rec["measurement"]
+        per = "; ".join(f"{d} measured {lg._mib(r['measured_bytes'])} predicted {lg._mib(r['predicted_bytes'])} MiB"
+                        for d, r in rec["devices"].items())
+        log(f"memory: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
+            f"{m['tg_tps']:.2f} t/s; {per} ({rec['seconds']} s)")
+        lg.write_json(out, rec)
+        after_each()
+    log(f"memory: all {len(wanted)} plans done")
+    return True
+
+
+# ---- the budget cells ------------------------------------------------------------------------------------------------
+
+class TimedEngine:
+    """The engine, timing each run it makes for the study (what a confirmation will take, from this call's runs)."""
+
+    def __init__(self, engine: LlamaCppEngine) -> None:
+        self._engine, self.times = engine, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            self.times.append(time.monotonic() - t0)
+
+    def measure(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self._engine.measure, *a, **k)
+
+    def measure_args(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self._engine.measure_args, *a, **k)
+
+    def run_seconds(self, default: float) -> float:
+        """Seconds to plan a run at: 1.2 x the mean of this call's runs once there are 3, else `default`."""
+        return 1.2 * sum(self.times) / len(self.times) if len(self.times) >= 3 else default
+
+
+def cell_name(budget_gib: int, depth: int = 0) -> str:
+    return f"mg-{budget_gib}g-d{depth}"
+
+
+def run_tune(args, engine: TimedEngine, inv: ModelInventory, hw0: HardwareProfile, t_start: float,
+             after_each: Callable[[], None]) -> bool:
+    """Every budget cell to its confirmation; False when the time budget stopped it (the next call goes on)."""
+    import tune_vs_fit as tvf
+    targs = argparse.Namespace(n_prompt=args.tune_n_prompt, n_gen=args.tune_n_gen, reps=args.tune_reps,
+                               runs=args.runs, confirm=args.confirm, storage=args.storage, seed=args.seed,
+                               pool=args.pool, reconfirm=False)
+    deadline = t_start + args.time_budget
+    done = True
+    for b in args.budgets:
+        if _confirmed(args.storage, cell_name(b)):
+            continue
+        if deadline - time.monotonic() < args.cell_min_left:     # the baselines run without a deadline check
+            log(f"{cell_name(b)}: not started, {deadline - time.monotonic():.0f} s left; run again")
+            return False
+        ok = tvf.run_cell(targs, engine, inv, hw0, b, 0, deadline, "mainline", cell_name(b), n_gpus=len(GPUS),
+                          confirm_ncmoe=True, call_s=args.time_budget,
+                          confirm_run_s=lambda: engine.run_seconds(args.confirm_run_s))
+        log(f"{cell_name(b)}: {'confirmed' if ok else 'not finished: run again'}")
+        after_each()
+        if not ok:
+            done = False
+            break        # the next call goes on with this cell (its confirmation whole in one call)
+    return done
+
+
+def _confirmed(storage: str, name: str) -> bool:
+    from planner.tuner.search import make_storage
+    st = make_storage(storage)
+    for s in st.get_all_studies():
+        if s.study_name == name:
+            return bool(s.user_attrs.get("confirmed"))
+    return False
+
+
+def budget_rows(storage: str, budgets: list[int]) -> list[dict[str, Any]]:
+    """One row per budget cell that has a study: tune_vs_fit's cell_row plus the two-GPU view of it."""
+    import optuna
+
+    import tune_vs_fit as tvf
+    from planner.tuner.search import make_storage
+    st = make_storage(storage)
+    names = {s.study_name for s in st.get_all_studies()}
+    rows = []
+    for b in budgets:
+        if cell_name(b) not in names:
+            continue
+        study = optuna.load_study(study_name=cell_name(b), storage=st)
+        row = tvf.cell_row(study, b, 0)
+        rows.append(two_gpu_row(row, b))
+    return rows
+
+
+def _ratio(a: dict[str, Any] | None, base: dict[str, Any] | None, key: str) -> float | None:
+    return a[key] / base[key] if a and base and base.get(key) else None
+
+
+def two_gpu_row(row: dict[str, Any], b: int) -> dict[str, Any]:
+    """The cell as the issue asks for it: fit / best_tg / balanced / ncmoe_ts each with TG, PP, VRAM per device,
+    flags, and the TG and PP ratios to --fit (confirmed medians; the -ncmoe -ts line's single baseline run when
+    its confirmation is missing)."""
+    fit = row.get("fit")
+    nc = row.get("ncmoe_confirmed")
+    if nc is None and (row.get("ncmoe") or {}).get("ok"):
+        n0 = row["ncmoe"]
+        nc = {"tg": n0["tg_tps"], "pp": n0["pp_tps"], "vram_mib": n0["vram_mib"],
+              "vram_mib_by_device": n0.get("vram_mib_by_device", {}), "flags": n0.get("flags", ""),
+              "name": n0["name"], "unconfirmed": True}
+    elif nc is not None:
+        nc = {**nc, "ts": (row.get("ncmoe") or {}).get("ts")}
+    out = {"budget_gib_per_gpu": b, "budgets_gib": [b] * len(GPUS), "study": row["study"], "runs": row["runs"],
+           "engine_runs": row["engine_runs"], "confirmed": row["confirmed"], "margin_mib": row.get("margin_mib"),
+           "fit": fit, "fit_server": row.get("fit_server"), "best_tg": row.get("best_tg"),
+           "balanced": row.get("balanced"), "ncmoe_ts": nc,
+           "ncmoe_baseline": row.get("ncmoe"), "front": row.get("front"),
+           "over_budget_runs": row.get("over_budget_runs")}
+    out["ratios"] = {role: {"tg": _ratio(out[role], fit, "tg"), "pp": _ratio(out[role], fit, "pp"),
+                            "tg_verdict": ((out[role] or {}).get("tg_vs_fit") or {}).get("verdict"),
+                            "pp_verdict": ((out[role] or {}).get("pp_vs_fit") or {}).get("verdict")}
+                     for role in ("best_tg", "balanced", "ncmoe_ts", "fit_server")}
+    return out
+
+
+# ---- report ----------------------------------------------------------------------------------------------------------
+
+def _mib(b: float | None) -> str:
+    return "-" if b is None else f"{b / MiB:,.0f}"
+
+
+def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Path,
+           name: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = {n: i for i, n in enumerate(meta.get("case_order", []))}
+    plans = sorted(plans, key=lambda p: order.get(p["name"], 1 << 30))
+    checked = [(p, d, r) for p in plans for d, r in p["devices"].items() if r["within_goal"] is not None]
+    summary = {"plans": len(plans), "plans_measured": sum(1 for p in plans if p["within_goal"] is not None),
+               "plans_within_goal": sum(1 for p in plans if p["within_goal"]),
+               "device_checks": len(checked), "device_checks_within_goal": sum(1 for _, _, r in checked
+                                                                               if r["within_goal"])}
+    lg.write_json(out_dir / f"{name}.json", {"meta": meta, "memory_summary": summary, "memory": plans,
+                                             "budgets": rows})
+    gpu = meta.get("gpu") or "no GPU (CPU dry run)"
+    L = [f"# Two GPUs: predicted vs measured VRAM per device, and the tuner against --fit ({gpu})", "",
+         f"{meta['date']}; model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, {lg.QUANT}); binary "
+         f"{meta['binary']['path']} ({meta['binary']['dialect']}, -ngl rule {meta['binary']['ngl_rule']}); VRAM "
+         f"from {meta.get('vram_source')}; predictions: planner.memory with hardware '{meta['hardware']}' (two GPUs, "
+         "CUDA context included), max over llama-bench's pp and tg contexts.", ""]
+    if meta.get("cpu_mode"):
+        L += ["**CPU dry run**: every plan ran with all tensors on the CPU; the measured VRAM columns are empty, "
+              "the predictions are the two-GPU ones.", ""]
+    wm = meta["memory_workload"]
+    L += ["## Memory per device", "",
+          f"Workload -p {wm['n_prompt']} -n {wm['n_gen']} -r {wm['repetitions']}. error = predicted - measured; "
+          "measured = the GPU's peak memory in use during the run minus its reading before it (CUDA context "
+          "included); goal |error| <= max(3%, 256 MiB) on each GPU. log = llama.cpp's -v buffers on the device "
+          "(model + KV + compute/output of the larger context); pred parts = weights + KV + compute + overhead. "
+          "pp x4: pipeline parallelism predicted (llama.cpp logged it: yes/no).", "",
+          "| plan | flags | PP t/s | TG t/s | pp x4 | CUDA0 measured | predicted | error | ok | CUDA1 measured | "
+          "predicted | error | ok | log CUDA0 | log CUDA1 | pred parts CUDA0 | pred parts CUDA1 |",
+          "|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|---|"]
+    for p in plans:
+        m = p["measurement"]
+        pp = f"{m['pp_tps']:.1f}" if m["ok"] else f"FAILED: {m['error'][:60]}"
+        cells = []
+        for d in GPUS:
+            r = p["devices"][d]
+            ok = "-" if r["within_goal"] is None else ("yes" if r["within_goal"] else "**no**")
+            err = "-" if r["error_bytes"] is None else _mib(r["error_bytes"]) + \
+                ("" if r["error_pct"] is None else f" ({r['error_pct']:+.1f}%)")
+            cells += [_mib(r["measured_bytes"]), _mib(r["predicted_bytes"]), err, ok]
+        logs, parts = [], []
+        for d in GPUS:
+            lgd = p["devices"][d]["log"]
+            logs.append("-" if not lgd else f"{_mib(lgd['model'])}+{_mib(lgd['kv'])}+"
+                                            f"{_mib(lgd['compute'] + lgd['output'])}")
+            pr = p["devices"][d]["predicted_parts"]
+            parts.append("+".join(_mib(pr[x]) for x in ("weights", "kv", "compute", "overhead")))
+        logged = p.get("pipeline_parallel_logged")
+        pipe = ("yes" if p["pipeline_copies"] > 1 else "no") + ("" if logged is None else
+                                                                f" ({'yes' if logged else 'no'})")
+        flags = p["flags"].replace("|", "\\|")
+        if len(flags) > 120:
+            flags = flags[:117] + "..."
+        L.append(f"| {p['name']} | `{flags}` | {pp} | {m['tg_tps']:.2f} | {pipe} | " + " | ".join(cells) + " | "
+                 + " | ".join(logs) + " | " + " | ".join(parts) + " |")
+    over = [f"{p['name']} {d}" for p, d, r in checked if not r["within_goal"]]
+    L += ["", f"{summary['device_checks_within_goal']} of {summary['device_checks']} per-GPU peaks within the goal "
+          f"({summary['plans_within_goal']} of {summary['plans_measured']} plans on both GPUs)"
+          + (f"; over: {', '.join(over)}" if over else "") + ".", ""]
+    L += ["## Budgets per GPU: llama.cpp's --fit, the best hand -ncmoe N -ts a,b, and the study", "",
+          f"Workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; at most {meta['runs']} engine runs "
+          f"per cell (baselines, search, {meta['confirm']} rounds of confirmation); TG/PP are confirmed medians over "
+          "runs interleaved in one device call ([min-max]); x: ratio to --fit's median, 'tie' when inside the "
+          "larger spread; VRAM: the largest peak per GPU over the confirmation's runs.", "",
+          "| budget | config | TG t/s | PP t/s | VRAM CUDA0 / CUDA1 MiB | TG x | PP x | flags |",
+          "|---|---|---|---|---|---|---|---|"]
+
+    def spread(p: dict[str, Any], k: str, fmt: str) -> str:
+        rng = p.get(f"{k}_range")
+        return f"{p[k]:{fmt}}" + (f" [{rng[0]:{fmt}}-{rng[1]:{fmt}}]" if rng else " (one run)")
+
+    for r in sorted(rows, key=lambda r: r["budget_gib_per_gpu"]):
+        b = r["budget_gib_per_gpu"]
+        for role, label in (("fit", "--fit (llama-bench -fitt)"), ("fit_server", "--fit's placement in a server"),
+                            ("ncmoe_ts", "best -ncmoe N -ts a,b"), ("best_tg", "study: best TG"),
+                            ("balanced", "study: balanced (PP >= 1.5x --fit)")):
+            p = r.get(role)
+            if not p:
+                if role != "fit_server":
+                    L.append(f"| 2x{b} GiB | {label} | - | - | - | - | - | - |")
+                continue
+            vd = p.get("vram_mib_by_device") or {}
+            vram = " / ".join(f"{vd[d]:,.0f}" if d in vd else "-" for d in GPUS)
+            rat = r["ratios"].get(role) or {}
+            tgx = "1" if role == "fit" else ("-" if rat.get("tg") is None else
+                                             f"{rat['tg']:.3f} {rat.get('tg_verdict') or ''}".strip())
+            ppx = "1" if role == "fit" else ("-" if rat.get("pp") is None else
+                                             f"{rat['pp']:.3f} {rat.get('pp_verdict') or ''}".strip())
+            flags = (p.get("flags") or "").replace("|", "\\|")
+            if len(flags) > 160:
+                flags = flags[:157] + "..."
+            L.append(f"| 2x{b} GiB | {label}{' (unconfirmed)' if p.get('unconfirmed') else ''} | "
+                     f"{spread(p, 'tg', '.2f')} | {spread(p, 'pp', '.0f')} | {vram} | {tgx} | {ppx} | `{flags}` |")
+    if rows:
+        L += ["", "Runs per cell: " + "; ".join(f"2x{r['budget_gib_per_gpu']} GiB: {r['engine_runs']}"
+                                                f"{'' if r['confirmed'] else ' (not confirmed yet)'}, learnt margin "
+                                                f"{r['margin_mib'] or 0:.0f} MiB" for r in rows), ""]
+    if meta.get("note"):
+        L += [meta["note"], ""]
+    (out_dir / f"{name}.md").write_text("\n".join(L) + "\n")
+    log(f"report: {out_dir / name}.md and .json ({len(plans)} plans, {len(rows)} budget cells)")
+
+
+def pack_state(workdir: Path, path: Path) -> None:
+    """The state folder (results/, the study database) as one tarball, for the next call on a fresh machine."""
+    tmp = path.with_name(path.name + ".tmp")
+    files = sorted((workdir / "results").glob("*.json")) + sorted(workdir.glob("multi_gpu.db*"))
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in files:
+            if p.is_file() and not p.name.endswith((".lock", ".tmp")):
+                tar.add(p, arcname=str(p.relative_to(workdir)))
+    os.replace(tmp, path)
+
+
+# ---- main ------------------------------------------------------------------------------------------------------------
+
+def bench_default_threads(bench: Path) -> int | None:
+    """llama-bench's own default -t (its --help: physical cores), what --fit's run uses."""
+    try:
+        text = subprocess.run([str(bench), "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"-t, --threads <n>\s+\(default: (\d+)\)", text)
+    return int(m.group(1)) if m else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except (BadInput, InputError) as e:
+        print(f"multi_gpu: {e}", file=sys.stderr)
+        return 2
+
+
+def run(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="dry run with the CPU build and a tiny model (no GPU)")
+    ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
+    ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
+    ap.add_argument("--name", default="multi_gpu", help="file stem of the report (default multi_gpu)")
+    ap.add_argument("--llama-bench", type=Path, help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/...")
+    ap.add_argument("--model", type=Path, help="default the llamacpp_gpu benchmark's model (written if missing)")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
+    ap.add_argument("--plans", default="", help="comma list of memory plans to run (default all; --list shows them)")
+    ap.add_argument("--list", action="store_true", help="list the memory plans and exit")
+    ap.add_argument("--redo", action="store_true", help="measure memory plans again that have results")
+    ap.add_argument("--budgets", default=None, help="GiB per GPU (default 8,16; 1 with --cpu)")
+    ap.add_argument("--n-prompt", type=int, help="memory runs: default 2048 (32 with --cpu)")
+    ap.add_argument("--n-gen", type=int, help="memory runs: default 32 (4 with --cpu)")
+    ap.add_argument("--reps", type=int, default=1, help="memory runs: repetitions (default 1)")
+    ap.add_argument("--tune-n-prompt", type=int, help="study runs: default 2048 (32 with --cpu)")
+    ap.add_argument("--tune-n-gen", type=int, help="study runs: default 64 (4 with --cpu)")
+    ap.add_argument("--tune-reps", type=int, help="study runs: default 3 (1 with --cpu)")
+    ap.add_argument("--runs", type=int, default=24, help="engine runs per budget cell, all phases (default 24)")
+    ap.add_argument("--confirm", type=int, default=2, help="confirmation rounds (default 2)")
+    ap.add_argument("--confirm-run-s", type=float, help="seconds one run takes, to plan the confirmation into one "
+                    "call before this call has timed 3 runs of its own (default 25; 0 with --cpu)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pool", type=int, default=200)
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per llama-bench run (default 240)")
+    ap.add_argument("--time-budget", type=float, default=540.0,
+                    help="seconds this call may use (default 540, for a 600 s device command)")
+    ap.add_argument("--min-left", type=float, default=40.0, help="seconds a memory run needs to start (default 40)")
+    ap.add_argument("--cell-min-left", type=float, default=180.0,
+                    help="seconds a budget cell needs to start (its baselines run in one go; default 180)")
+    ap.add_argument("--model-min-left", type=float, default=200.0,
+                    help="seconds the model write needs; with less left it waits for the next call (default 200)")
+    ap.add_argument("--hardware", default="gpu-box", help="HardwareProfile (default gpu-box, its GPU twice)")
+    ap.add_argument("--threads", type=int, help="host threads of the study's plans (default llama-bench's own)")
+    ap.add_argument("--note", type=Path, help="a Markdown file of notes for the report")
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    steps = [s for s in args.steps.split(",") if s]
+    bad = [s for s in steps if s not in STEPS]
+    if bad:
+        ap.error(f"unknown step {bad[0]!r}; steps: {', '.join(STEPS)}")
+    args.plans = [p for p in args.plans.split(",") if p]
+    try:
+        args.budgets = [int(b) for b in (args.budgets or ("1" if args.cpu else "8,16")).split(",") if b]
+    except ValueError as e:
+        raise BadInput(f"--budgets {args.budgets!r}: GiB per GPU as whole numbers, e.g. 8,16") from e
+    args.confirm_run_s = args.confirm_run_s if args.confirm_run_s is not None else (0.0 if args.cpu else 25.0)
+    args.tune_n_prompt = args.tune_n_prompt or (32 if args.cpu else 2048)
+    args.tune_n_gen = args.tune_n_gen or (4 if args.cpu else 64)
+    args.tune_reps = args.tune_reps or (1 if args.cpu else 3)
+    workdir = args.workdir or (DEFAULT_WORKDIR.with_name("multi_gpu_cpu") if args.cpu else DEFAULT_WORKDIR)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
+    results_dir = workdir / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    args.storage = f"sqlite:///{workdir / 'multi_gpu.db'}"
+    wl = Workload(args.n_prompt or (32 if args.cpu else 2048), args.n_gen or (4 if args.cpu else 32), 0, args.reps)
+    if args.model is not None and not args.model.is_file():
+        raise BadInput(f"--model {args.model}: no such file")
+    if args.cpu:
+        from runtime.llamacpp_build import ensure_built
+        bench = args.llama_bench or ensure_built()["llama-bench"]
+    else:
+        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+    if not bench.exists():
+        raise BadInput(f"no llama-bench at {bench}: run `bash benchmarks/llamacpp_gpu.sh build TARBALL` first")
+    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu
+                           else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
+    if not model.exists() and not args.cpu and time_left(args, t_start) < args.model_min_left:
+        log(f"model: not written in this call ({time_left(args, t_start):.0f} s left of --time-budget); run again")
+        return 3
+    lg.write_model(model, args.cpu)
+    inv = load_inventory(model)
+    if model.resolve().is_relative_to(ROOT):
+        # the plans' and studies' model id: the path from the repository root, the same on every machine the
+        # state travels to (the engine runs the file itself by its full path)
+        inv = replace(inv, source=str(model.resolve().relative_to(ROOT)))
+    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, verbose=True)
+    devs = engine.devices() or {}
+    gpu_bytes = [devs[d]["total_bytes"] for d in GPUS if d in devs] or [DEFAULT_GPU_BYTES] * len(GPUS)
+    if len(gpu_bytes) < len(GPUS):
+        gpu_bytes = [gpu_bytes[0]] * len(GPUS)
+    hw0 = load_hardware(args.hardware)
+    threads = args.threads or bench_default_threads(bench) or hw0.host.n_threads
+    hw0 = replace(hw0, host=replace(hw0.host, n_threads=threads))
+    hw = hw0.with_vram(gpu_bytes)
+    cases = make_cases(inv, hw, args.budgets, wl.n_prompt)
+    if args.list:
+        for c in cases:
+            print(f"{c.name:30s} {c.what}")
+        return 0
+    unknown = [p for p in args.plans if p not in {c.name for c in cases}]
+    if unknown:
+        raise BadInput(f"unknown plan {unknown[0]!r}; --list shows them")
+    if not args.cpu and sum(1 for d in devs if d.startswith("CUDA")) < len(GPUS):
+        log(f"warning: llama-bench lists {', '.join(devs) or 'no GPU'}; two GPUs are needed (use --cpu for a dry run)")
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+            "cpu_mode": args.cpu, "binary": engine.info.to_dict(), "devices": devs,
+            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None,
+            "vram_source": engine.sampler().source if engine.sampler() else "none",
+            "model": str(model), "model_gib": model.stat().st_size / GiB, "hardware": f"{hw0.name} x{len(GPUS)}",
+            "threads": threads, "goal": "max(3%, 256 MiB) per GPU", "case_order": [c.name for c in cases],
+            "memory_workload": {"n_prompt": wl.n_prompt, "n_gen": wl.n_gen, "repetitions": wl.repetitions},
+            "n_prompt": args.tune_n_prompt, "n_gen": args.tune_n_gen, "reps": args.tune_reps, "runs": args.runs,
+            "confirm": args.confirm, "budgets_gib_per_gpu": args.budgets}
+    if args.note:
+        meta["note"] = args.note.read_text()
+    state = out_dir / f"{args.name}_state.tar.gz"
+
+    def write_report() -> None:     # after every plan and cell, so a call cut off still returns a report
+        rows = budget_rows(args.storage, args.budgets) if (workdir / "multi_gpu.db").exists() else []
+        report(meta, lg.load_results(results_dir, "plan"), rows, out_dir, args.name)
+        pack_state(workdir, state)
+
+    done = True
+    if "memory" in steps:
+        done = run_memory(args, engine, inv, hw, cases, wl, results_dir, t_start, write_report)
+    if "tune" in steps and done:
+        tune_engine = TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
+                                                 cpu_stand_in=args.cpu))
+        done = run_tune(args, tune_engine, inv, hw0, t_start, write_report)
+    write_report()
+    missing = [c.name for c in cases if not (results_dir / f"plan-{c.name}.json").exists()]
+    if "memory" in steps and missing:
+        log(f"memory: not measured yet: {', '.join(missing)}")
+    log("all done" if done else "work left: run again")
+    return 0 if done else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""benchmarks/multi_gpu.py (issue 15): its two-GPU plans render for llama-bench and parse back to the same placement
+on two GPUs (-ts, =CUDA1 in -ot, -ncmoe), and its --cpu dry run goes through the whole pipeline (memory table per
+device, the 2x budget cell with --fit, the -ncmoe -ts line and a study confirmed together) on the CPU build, every
+plan all-CPU; a second call resumes with nothing left, and so does a fresh folder made from the state tarball."""
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+
+import pytest
+
+from planner.flags import parse, render
+from planner.hardware import GiB, load_hardware
+from planner.memory import pipeline_copies
+from runtime.engine import Workload
+from runtime.llamacpp import bench_memory
+
+WL = Workload(2048, 32, 0, 1)
+
+
+@pytest.fixture
+def bench(bench_script):
+    return bench_script("multi_gpu")
+
+
+def synthetic(bench):
+    """The inventory of the 17 GB model the benchmark writes (no file needed)."""
+    from planner.archs import build_inventory
+    from planner.presets import load_preset
+    from runtime.synth import uniform_recipe
+    lg = bench.lg
+    return build_inventory(load_preset(lg.PRESET).spec, uniform_recipe(lg.QUANT), name="synthetic",
+                           source="benchmarks/results/llamacpp_gpu/qwen3-30b-a3b-q4_0.gguf")
+
+
+def test_two_gpu_plans_render_for_llama_bench_and_parse_back_on_two_gpus(bench):
+    inv = synthetic(bench)
+    hw = load_hardware("gpu-box").with_vram([141 * GiB, 141 * GiB])
+    cases = bench.make_cases(inv, hw, [8, 16], WL.n_prompt)
+    names = [c.name for c in cases]
+    assert len(cases) >= 10 and len(set(names)) == len(names)
+    assert {"ts-1-1", "ts-3-1", "ts-1-3", "exps-crossed", "attn0-exps1-out1", "planner-2x8G", "planner-2x16G"} <= \
+        set(names)
+    for c in cases:
+        plan = c.plan
+        assert {d for d in plan.assignment.values() if d != "CPU"} == {"CUDA0", "CUDA1"}, c.name
+        args = list(render(plan, inv, "bench", workload=WL, model_path="model.gguf"))
+        ts = args[args.index("-ts") + 1]
+        assert "/" in ts and "," not in ts, c.name            # llama-bench: '/' inside one split, ',' between runs
+        back = parse(args, inv, "mainline", tool="bench", n_gpus=2)
+        assert back.n_gpus == 2 and back.assignment == plan.assignment, c.name
+        assert (back.knobs.n_ubatch, back.knobs.offload) == (plan.knobs.n_ubatch, plan.knobs.offload), c.name
+        pred = bench_memory(inv, plan, WL, hw).devices
+        assert pred["CUDA0"].total > 0 and pred["CUDA1"].total > 0, c.name
+        ot = args[args.index("-ot") + 1] if "-ot" in args else ""
+        if c.name == "exps-crossed":
+            assert "=CUDA0" in ot and "=CUDA1" in ot
+        if c.name == "attn0-exps1-out1":
+            assert "=CUDA1" in ot and ts == f"{inv.n_layer}/1" and plan.assignment["output.weight"] == "CUDA1"
+            assert all(plan.assignment[f"blk.{i}.attn_norm.weight"] == "CUDA0" for i in range(inv.n_layer))
+        if c.name.startswith("ncmoe"):
+            assert "-ncmoe" in args
+    by = {c.name: c for c in cases}
+    assert pipeline_copies(inv, by["ts-1-1"].plan) == 4 and pipeline_copies(inv, by["exps-crossed"].plan) == 1
+    # the hand-balanced -ncmoe split puts more layers on CUDA0 than -ts 1,1 does
+    nc = [n for n in names if n.startswith("ncmoe") and not n.endswith("-ts-1-1")][0]
+    a0 = sum(1 for i in range(inv.n_layer) if by[nc].plan.assignment[f"blk.{i}.attn_norm.weight"] == "CUDA0")
+    assert a0 > (inv.n_layer + 1) // 2 + 1
+
+
+@pytest.mark.slow
+@pytest.mark.llamacpp
+def test_multi_gpu_benchmark_dry_run(bench, llama_bench, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    argv = ["--cpu", "--workdir", str(work), "--out", str(out), "--name", "mg", "--runs", "17", "--pool", "20",
+            "--plans", "ts-1-1,ts-3-1,ncmoe2-ts-1-1,exps-crossed,attn0-exps1-out1,cmoe-ts-1-1,"
+                       "half-exps-ram-ts-1-1-ub2048,planner-2x1G"]
+    assert bench.main(argv) == 0
+    rep = json.loads((out / "mg.json").read_text())
+    assert rep["meta"]["cpu_mode"] and rep["meta"]["hardware"] == "gpu-box x2"
+    plans = {p["name"]: p for p in rep["memory"]}
+    assert len(plans) == 8 and all(p["measurement"]["ok"] for p in plans.values())
+    for p in plans.values():
+        assert p["predicted_devices"] == ["CUDA0", "CUDA1"]           # predicted with two devices
+        assert "-ts" in p["flags"] and "CUDA" not in p["ran"]                  # ran all-CPU
+        for d in ("CUDA0", "CUDA1"):
+            r = p["devices"][d]
+            assert r["predicted_mib"] > 0 and r["measured_mib"] is None and r["within_goal"] is None
+            assert set(r["predicted_parts"]) == {"weights", "kv", "compute", "overhead"}
+        assert p["within_goal"] is None
+    assert plans["ts-1-1"]["pipeline_copies"] == 4 and plans["ts-1-1"]["pipeline_parallel_logged"] is False
+    assert "=CUDA1" in plans["exps-crossed"]["flags"] and "=CUDA1" in plans["attn0-exps1-out1"]["flags"]
+    assert rep["memory_summary"]["plans"] == 8
+    [row] = rep["budgets"]
+    assert row["budget_gib_per_gpu"] == 1 and row["budgets_gib"] == [1, 1] and row["confirmed"] and row["runs"] <= 17
+    assert row["engine_runs"]["trials"] >= 1
+    for role in ("fit", "best_tg", "ncmoe_ts"):
+        assert {"tg", "pp", "vram_mib_by_device", "flags"} <= set(row[role]), role
+    assert "-ts" in row["ncmoe_ts"]["flags"] and row["ncmoe_ts"]["ts"] and not row["ncmoe_ts"].get("unconfirmed")
+    assert row["fit"]["flags"] and row["ratios"]["best_tg"]["tg"] is not None
+    assert row["ratios"]["ncmoe_ts"]["tg"] is not None and row["ratios"]["ncmoe_ts"]["pp"] is not None
+    md = (out / "mg.md").read_text()
+    assert "## Memory per device" in md and "| ts-1-1 |" in md and "| 2x1 GiB | best -ncmoe N -ts a,b |" in md
+    # resumed: nothing left to run
+    mtime = (work / "results" / "plan-ts-1-1.json").stat().st_mtime_ns
+    assert bench.main(argv) == 0
+    assert (work / "results" / "plan-ts-1-1.json").stat().st_mtime_ns == mtime
+    # a fresh machine: the state tarball alone (the model is written again) has nothing left to run either
+    state = out / "mg_state.tar.gz"
+    with tarfile.open(state) as tar:
+        members = tar.getnames()
+    assert "multi_gpu.db" in members and "results/plan-ts-1-1.json" in members
+    assert not any(m.endswith(".gguf") for m in members)
+    shutil.rmtree(work)
+    work.mkdir()
+    with tarfile.open(state) as tar:
+        tar.extractall(work)
+    assert bench.main(argv) == 0
+    assert json.loads((out / "mg.json").read_text())["budgets"][0]["runs"] == row["runs"]
+
+
+def test_bad_input_is_one_line_and_exit_2(bench, tmp_path, capsys):
+    assert bench.main(["--workdir", str(tmp_path), "--model", str(tmp_path / "nope.gguf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file" in err[0]
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--steps", "memory,bogus"])
+    assert e.value.code == 2
