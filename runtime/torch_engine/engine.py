@@ -318,6 +318,7 @@ class TorchEngine:
             raw["kv_cells"] = [c.cells for c in model.caches]
             peak = _peak_bytes(model, devices, overhead)
             raw["static_bytes"] = dict(model.acct.static)
+            raw["static_parts"] = {d: dict(c) for d, c in model.acct.parts.items()}
             raw["fallbacks"] = self._fallbacks(inv, plan, events_before)
             return Measurement(pp_tps=pp.get("pp_tps", 0.0), tg_tps=tg.get("tg_tps", 0.0), peak_bytes=peak,
                                host_bytes=_host_peak(), raw=raw)

@@ -105,12 +105,14 @@ def resolve_devices(plan_devices: Iterable[str], device_map: str | Mapping[str, 
 # ---- accounting ----------------------------------------------------------------------------------------------------
 
 class Accountant:
-    """Bytes per device: static (weights, KV, staging) plus the live activations the executor reports."""
+    """Bytes per device: static (weights, KV, staging) plus the live activations the executor reports.
+    `parts[dev]` splits a device's static bytes by kind ("weights", "kv", "staging")."""
 
     def __init__(self, devices: Devices) -> None:
         self.devices = devices
         self.static: Counter[str] = Counter()
         self.peak: Counter[str] = Counter()
+        self.parts: dict[str, Counter[str]] = {}
 
     def _check(self, dev: str, total: int, what: str) -> None:
         budget = self.devices.budgets.get(dev)
@@ -118,9 +120,10 @@ class Accountant:
             raise OutOfMemory(f"out of memory on {dev} (logical GPU): {what} brings it to {fmt_bytes(total)}, "
                               f"over its budget of {fmt_bytes(budget)}")
 
-    def reserve(self, dev: str, nbytes: int, what: str) -> None:
+    def reserve(self, dev: str, nbytes: int, what: str, kind: str = "weights") -> None:
         self._check(dev, self.static[dev] + nbytes, what)
         self.static[dev] += nbytes
+        self.parts.setdefault(dev, Counter())[kind] += nbytes
         self.peak[dev] = max(self.peak[dev], self.static[dev])
 
     def observe(self, dev: str, live_bytes: int) -> None:
@@ -429,7 +432,7 @@ def allocate_kv(cfg: ModelConfig, inv: ModelInventory, plan: Plan, devices: Devi
         if swa:
             c.cell_pos = torch.full((cells,), -1, dtype=torch.int64, device=tdev)
         size = sum(nbytes(t) for t in (c.k, c.v, c.latent) if t is not None)
-        acct.reserve(dev, size, f"KV cache of layer {il}")
+        acct.reserve(dev, size, f"KV cache of layer {il}", "kv")
         out.append(c)
     return out
 
@@ -439,13 +442,14 @@ def allocate_kv(cfg: ModelConfig, inv: ModelInventory, plan: Plan, devices: Devi
 class Stager:
     """Staging buffers on one GPU for weights uploaded from host memory, a side stream for the copies, and the
     bookkeeping. Two buffers per shape alternate, so the upload for one op can run while the previous op still
-    computes on the other (the copy waits on an event recorded after that op's kernels)."""
+    computes on the other (the copy waits on an event recorded after that op's kernels). A logical GPU has the
+    same two (its copies are synchronous, but its accountant must charge what a real GPU allocates)."""
 
     def __init__(self, dev: str, devices: Devices, acct: Accountant, counters: Counters) -> None:
         self.dev, self.devices, self.acct, self.counters = dev, devices, acct, counters
         self.tdev = devices.torch(dev)
         self.cuda = self.tdev.type == "cuda"
-        self.slots = 2 if self.cuda else 1
+        self.slots = 2
         self.side = torch.cuda.Stream(self.tdev) if self.cuda else None
         self._bufs: dict[tuple, torch.Tensor] = {}
         self._next: dict[tuple, int] = {}
@@ -457,7 +461,7 @@ class Stager:
         self._next[shape_key] = (slot + 1) % self.slots
         key = shape_key + (slot,)
         if key not in self._bufs:
-            self.acct.reserve(self.dev, nbytes(src), f"upload buffer {tuple(src.shape)}")
+            self.acct.reserve(self.dev, nbytes(src), f"upload buffer {tuple(src.shape)}", "staging")
             self._bufs[key] = torch.empty(src.shape, dtype=src.dtype, device=self.tdev)
         return key, self._bufs[key]
 

@@ -90,3 +90,24 @@ def test_over_budget_logical_gpu_fails_like_an_out_of_memory() -> None:
     m = engine.measure(inv, plan_for(inv, experts_in_ram, knobs()), wl)
     assert m.ok, m.error
     assert 2 << 20 < m.peak_bytes["CUDA0"] <= 4 << 20
+
+
+def test_a_logical_gpu_is_charged_the_two_staging_buffers_per_shape_a_real_gpu_allocates() -> None:
+    """The stager alternates two buffers per shape on CUDA (an upload overlaps the previous op). A logical GPU
+    charged one, so its accountant (the CPU stand-in's peak, its budget check) missed half of the staging that
+    the same plan allocates on a GPU: with both layers' experts offloaded, each shape is staged twice."""
+    inv, model = _model(only_active=False)
+    model.forward(TOKENS[:32], 0, n_out=32)
+    assert model.counters.offloaded["moe_matmul"] == 2
+    per_layer = sum(model.weights.buffer(f"blk.0.ffn_{p}_exps.weight").storage.untyped_storage().nbytes()
+                    for p in ("gate", "down"))            # the packed gate+up buffer and down's
+    parts = model.acct.parts["CUDA0"]
+    assert parts["staging"] == 2 * per_layer
+    assert parts["weights"] + parts["kv"] + parts["staging"] == model.acct.static["CUDA0"]
+    emb = model.weights.get("token_embd.weight")
+    assert model.acct.parts["CPU"]["weights"] == sum(_expert_bytes(model, il) for il in range(inv.n_layer)) \
+        + emb.numel() * emb.element_size()                # the experts and token_embd: the plan's RAM tensors
+    model.close()
+    m = TorchEngine(compute_dtype="fp32", device_map="logical").measure(
+        inv, plan_for(inv, experts_in_ram, knobs(only_active=False)), Workload(n_prompt=32, n_gen=2, repetitions=1))
+    assert m.ok and m.raw["static_parts"]["CUDA0"]["staging"] == 2 * per_layer
