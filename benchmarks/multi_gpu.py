@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
@@ -84,13 +85,13 @@ from planner.flags import render  # noqa: E402
 from planner.flags.common import base_assignment, slot_devices  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E402
-from planner.memory import pipeline_copies  # noqa: E402
+from planner.memory import estimate, pipeline_copies  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, Plan, device_sort_key  # noqa: E402
 from runtime.engine import Workload  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, bench_memory  # noqa: E402
 
-STEPS = ("memory", "tune", "report")
+STEPS = ("memory", "torch", "tune", "report")
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "multi_gpu"
 GPUS = ("CUDA0", "CUDA1")
 DEFAULT_GPU_BYTES = 143771 * MiB          # an H200 as nvidia-smi lists it (only the report's budget column uses it)
@@ -133,15 +134,17 @@ def ts_counts(inv: ModelInventory, share0: float) -> tuple[int, int]:
     return a, slots - a
 
 
-def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_prompt: int) -> list[Case]:
-    """The two-GPU plans of the memory table (>= 10), the planner's own best TG plan at each budget per GPU last."""
+def make_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], n_prompt: int,
+               n_ctx: int | None = None) -> list[Case]:
+    """The two-GPU plans of the memory table (>= 10), the planner's own best TG plan at each budget per GPU last
+    (context n_ctx, default n_prompt)."""
     moe = inv.moe_layers()
     n = len(moe)
     k40 = max(1, round(0.4 * n))
     first_third, last_two = set(moe[: n // 3]), set(moe[n // 3:])
     first_half = set(moe[: n // 2])
     ncm = max(1, n // 3)
-    base = Knobs(n_ctx=n_prompt, n_batch=2048, n_ubatch=512)
+    base = Knobs(n_ctx=n_ctx or n_prompt, n_batch=2048, n_ubatch=512)
     ub2048 = replace(base, n_batch=max(2048, n_prompt), n_ubatch=2048)
     nopo = OffloadPolicy.all(False)
     even, three_one, one_three = ts_counts(inv, 0.5), ts_counts(inv, 0.75), ts_counts(inv, 0.25)
@@ -286,6 +289,203 @@ def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwarePr
     return True
 
 
+# ---- the torch runtime's two-device placements -----------------------------------------------------------------------
+
+TORCH_PRESET = "Qwen3-30B-A3B:BF16"
+TORCH_LAYERS = 16
+TORCH_HARDWARE = ROOT / "benchmarks" / "reported" / "runtime_roofline_h100_hw.json"
+TORCH_FIRST_RUN_S = 120.0        # the first plan of a process: torch.compile, Triton autotuning, CUDA graph capture
+TORCH_BUDGETS = (4, 8)           # GiB per GPU of the planner's own plans of the 16-layer model (19.7 GiB)
+
+
+def torch_inventory(n_layer: int) -> ModelInventory:
+    """The torch step's model, its weights synthesized in memory by the engine (no file): Qwen3-30B-A3B's shape in
+    BF16 cut to its first n_layer blocks; n_layer 0: the --cpu dry run's tiny qwen3moe (lg.write_model's shape)
+    in BF16."""
+    from planner.archs import build_inventory
+    if n_layer <= 0:
+        from runtime.synth import tiny_spec, uniform_recipe
+        return build_inventory(tiny_spec("qwen3moe", n_layer=8, n_expert=16, n_expert_used=4), uniform_recipe("BF16"),
+                               name="tiny-qwen3moe BF16", source="synthetic:tiny-qwen3moe-bf16")
+    from planner.presets import load_preset
+    p = load_preset(TORCH_PRESET)
+    hp = p.spec.hparams
+    if n_layer > hp.n_layer:
+        raise BadInput(f"--torch-layers {n_layer}: {p.name} has {hp.n_layer} layers")
+    cut = replace(hp, n_layer=n_layer, n_head_kv=hp.n_head_kv[:n_layer], moe_layers=hp.moe_layers[:n_layer],
+                  swa_layers=hp.swa_layers[:n_layer])
+    return build_inventory(replace(p.spec, hparams=cut), p.type_of, tied_output=p.tied_output,
+                           name=f"{p.name} BF16, {n_layer} of {hp.n_layer} layers",
+                           source=f"synthetic:{p.key}-bf16-{n_layer}l")
+
+
+def torch_hardware(path: str | Path, gpu_bytes: int = DEFAULT_GPU_BYTES) -> HardwareProfile:
+    """What the one-GPU torch benchmarks predict with (torch_study.py's --hardware: the H100's calibrated profile,
+    the torch engine's CUDA context as its GPU overhead), with two GPUs of gpu_bytes."""
+    return load_hardware(str(path)).with_vram([gpu_bytes] * len(GPUS))
+
+
+def torch_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], wl: Workload) -> list[Case]:
+    """The memory table's two-GPU plans (make_cases) for the torch step's model, with a context of the workload
+    rounded up to 256 cells: the KV cache the engine allocates for it and the one planner.memory counts agree."""
+    n_ctx = -(-(wl.depth + wl.n_prompt + wl.n_gen) // 256) * 256
+    return make_cases(inv, hw, budgets, wl.n_prompt, n_ctx=n_ctx)
+
+
+def torch_device_row(pred: dict[str, Any], peak: int | None, logical: bool, parts: dict[str, int],
+                     context: int, device_peak: int | None) -> dict[str, Any]:
+    """One GPU of a torch run: planner.memory's total (on a logical GPU without the CUDA context it counts: there
+    is none) against the engine's peak, the goal, and both sides' parts."""
+    compared = dict(pred)
+    if logical:
+        compared["total"] = pred.get("total", 0) - pred.get("overhead", 0)
+    row = device_row(compared, peak, None)
+    row.pop("log")
+    row["predicted_with_context_bytes"] = pred.get("total", 0)
+    row["context_excluded"] = logical
+    w, kv, st = (int(parts.get(k, 0)) for k in ("weights", "kv", "staging"))
+    row["engine_parts"] = {"weights": w, "kv": kv, "staging": st, "context": context,
+                           "activations": None if peak is None else peak - w - kv - st - context}
+    row["device_peak_bytes"] = device_peak
+    row["device_peak_mib"] = None if device_peak is None else round(device_peak / MiB, 1)
+    return row
+
+
+def measure_torch_case(engine: Any, inv: ModelInventory, case: Case, wl: Workload, hw: HardwareProfile,
+                       logical: bool, sampler: Any, baseline: dict[int, int], index: int) -> dict[str, Any]:
+    from runtime import gpumem
+    pred = estimate(inv, case.plan, hw).to_dict()["devices"]
+    rc = render(case.plan, inv, "bench", workload=wl, model_path="MODEL.gguf")
+    t0 = time.monotonic()
+    if sampler is not None:
+        sampler.start()
+    try:
+        m = engine.measure(inv, case.plan, wl)
+    finally:
+        smi_peak = sampler.stop()[0] if sampler is not None else {}
+    device_peak = gpumem.per_cuda_device({i: b - baseline.get(i, 0) for i, b in smi_peak.items()})
+    parts = m.raw.get("static_parts") or {}
+    context = m.raw.get("context_bytes") or {}
+    devices = {}
+    for d in GPUS:
+        measured = int(m.peak_bytes[d]) if m.ok and d in m.peak_bytes else None
+        devices[d] = torch_device_row(pred.get(d, {"total": 0}), measured, logical, parts.get(d, {}),
+                                      int(context.get(d, 0)), device_peak.get(d))
+    checked = [r["within_goal"] for r in devices.values() if r["within_goal"] is not None]
+    return {
+        "name": case.name, "what": case.what, "index": index, "plan_id": case.plan.id, "plan": case.plan.to_dict(),
+        "knobs": {"n_ubatch": case.plan.knobs.n_ubatch, "n_batch": case.plan.knobs.n_batch,
+                  "n_ctx": case.plan.knobs.n_ctx, "op_offload": case.plan.knobs.offload.any_enabled},
+        "flags": placement_flags(list(rc)), "logical_gpus": logical, "seconds": round(time.monotonic() - t0, 1),
+        "workload": {"n_prompt": wl.n_prompt, "n_gen": wl.n_gen, "repetitions": wl.repetitions},
+        "model": inv.name, "model_gib": round(inv.total_bytes() / GiB, 2), "hardware": hw.name,
+        "engine": torch_engine_info(engine, logical), "measurement": m.to_dict(), "predicted": pred,
+        "predicted_devices": sorted((d for d in pred if d != "CPU"), key=device_sort_key),
+        "devices": devices, "within_goal": (all(checked) if checked else None),
+    }
+
+
+def torch_engine_info(engine: Any, logical: bool) -> dict[str, Any]:
+    import torch
+    info = {"torch": torch.__version__, "compute_dtype": engine.compute_dtype, "weights": engine.weights,
+            "device_map": engine.device_map if isinstance(engine.device_map, (str, dict)) else None,
+            "compile": engine.compile, "cuda_graphs": engine.use_cuda_graphs, "logical_gpus": logical}
+    if not logical:
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(len(GPUS))]
+    return info
+
+
+def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
+    """Measure the torch step's plans not measured yet with the torch engine on cuda:0 / cuda:1 (--cpu: two
+    logical GPUs); False when the time budget stopped it early. A plan whose process died twice while measuring
+    it (a crash, or a call cut off) is recorded as failed, so that the step always gets past it."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")       # CUDA<i> = NVML's GPU i (before CUDA starts)
+    import torch
+
+    from runtime import gpumem
+    from runtime.engine import Measurement
+    from runtime.torch_engine import TorchEngine
+    logical = args.cpu
+    if not logical and torch.cuda.device_count() < len(GPUS):
+        raise BadInput(f"the torch step needs {len(GPUS)} CUDA GPUs, torch sees {torch.cuda.device_count()} "
+                       "(--cpu for a dry run on logical GPUs)")
+    inv = torch_inventory(args.torch_layers)
+    hw = torch_hardware(args.torch_hardware)
+    wl = torch_workload(args)
+    cases = torch_cases(inv, hw, args.torch_budgets, wl)
+    unknown = [p for p in args.torch_plans if p not in {c.name for c in cases}]
+    if unknown:
+        raise BadInput(f"unknown torch plan {unknown[0]!r}; --list shows them")
+    wanted = [(i, c) for i, c in enumerate(cases) if not args.torch_plans or c.name in args.torch_plans]
+    todo = [(i, c) for i, c in wanted if args.redo or not (results_dir / f"torch-{c.name}.json").exists()]
+    if not todo:
+        log(f"torch: all {len(wanted)} plans done")
+        return True
+    sampler = None if logical else gpumem.detect()
+    baseline = sampler.used() if sampler is not None else {}       # before this process's first CUDA call
+    engine = TorchEngine(device_map="logical" if logical else {g: f"cuda:{g[4:]}" for g in GPUS},
+                         weights="synthetic", logical_gpu_bytes=DEFAULT_GPU_BYTES if logical else None)
+    log(f"torch: {inv.name} ({inv.total_bytes() / GiB:.1f} GiB), {len(todo)} of {len(wanted)} plans to measure on "
+        + ("two logical GPUs" if logical else ", ".join(f"{g}: {torch.cuda.get_device_name(i)}"
+                                                          for i, g in enumerate(GPUS))))
+    longest = None
+    for k, (i, case) in enumerate(todo):
+        need = args.torch_first_s if longest is None else max(args.min_left, 1.5 * longest)
+        left = time_left(args, t_start)
+        if left < need:
+            log(f"torch: stopping, {left:.0f} s left of --time-budget (a run needs ~{need:.0f} s); run again")
+            return False
+        out, marker = results_dir / f"torch-{case.name}.json", results_dir / f"torchrun-{case.name}.json"
+        attempts = json.loads(marker.read_text()).get("attempts", 0) if marker.exists() else 0
+        if attempts >= 2:
+            log(f"torch: {case.name}: its process died twice while measuring it; recorded as failed")
+            m = Measurement.failed("the process died while measuring it, twice (a crash, or calls cut off)")
+            rec = {"name": case.name, "what": case.what, "index": i, "plan_id": case.plan.id,
+                   "plan": case.plan.to_dict(), "flags": "", "logical_gpus": logical, "seconds": 0.0,
+                   "model": inv.name, "hardware": hw.name, "measurement": m.to_dict(),
+                   "predicted": estimate(inv, case.plan, hw).to_dict()["devices"], "within_goal": None,
+                   "devices": {}}
+        else:
+            lg.write_json(marker, {"attempts": attempts + 1})
+            log(f"torch: [{k + 1}/{len(todo)}] {case.name}: {case.what}")
+            rec = measure_torch_case(engine, inv, case, wl, hw, logical, sampler, baseline, i)
+            longest = max(longest or 0.0, rec["seconds"]) if k else 0.0      # the first run is not typical
+            m = rec["measurement"]
+            per = "; ".join(f"{d} measured {lg._mib(r['measured_bytes'])} predicted {lg._mib(r['predicted_bytes'])} MiB"
+                            for d, r in rec["devices"].items())
+            log(f"torch: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
+                f"{m['tg_tps']:.2f} t/s; {per} ({rec['seconds']} s)")
+        lg.write_json(out, rec)
+        marker.unlink(missing_ok=True)
+        after_each()
+    log(f"torch: all {len(wanted)} plans done")
+    return True
+
+
+def torch_workload(args) -> Workload:
+    return Workload(args.n_prompt or (32 if args.cpu else 2048), args.n_gen or (4 if args.cpu else 32), 0, args.reps)
+
+
+def run_torch_child(args, argv: list[str], t_start: float, meta_path: Path) -> bool:
+    """The torch step in a child process: its CUDA context and cached weights leave the GPUs with it, before the
+    tune step's llama.cpp runs (whose --fit and budgets read the GPUs' free memory). Started again if it died
+    (the plan it died in is retried once, then recorded as failed); exit 2 there (bad input) is one here."""
+    for _ in range(3):
+        left = time_left(args, t_start)
+        if left < args.min_left:
+            log(f"torch: not started, {left:.0f} s left; run again")
+            return False
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--steps", "torch", "--torch-in-process",
+               "--time-budget", f"{left:.0f}", "--meta", str(meta_path)]
+        rc = subprocess.run(cmd).returncode
+        if rc in (0, 3):
+            return rc == 0
+        if rc == 2:
+            raise BadInput("the torch step's process stopped on bad input (its message above)")
+        log(f"torch: its process died (exit {rc}); starting it again")
+    return False
+
+
 # ---- the budget cells ------------------------------------------------------------------------------------------------
 
 class TimedEngine:
@@ -408,22 +608,32 @@ def _mib(b: float | None) -> str:
     return "-" if b is None else f"{b / MiB:,.0f}"
 
 
+def memory_summary(plans: list[dict[str, Any]]) -> dict[str, int]:
+    checked = [r for p in plans for r in p["devices"].values() if r["within_goal"] is not None]
+    return {"plans": len(plans), "plans_measured": sum(1 for p in plans if p["within_goal"] is not None),
+            "plans_within_goal": sum(1 for p in plans if p["within_goal"]),
+            "device_checks": len(checked), "device_checks_within_goal": sum(1 for r in checked if r["within_goal"])}
+
+
 def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Path,
-           name: str) -> None:
+           name: str, torch_recs: list[dict[str, Any]] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     order = {n: i for i, n in enumerate(meta.get("case_order", []))}
     plans = sorted(plans, key=lambda p: order.get(p["name"], 1 << 30))
+    torch_recs = sorted(torch_recs or [], key=lambda p: p.get("index", 1 << 30))
     checked = [(p, d, r) for p in plans for d, r in p["devices"].items() if r["within_goal"] is not None]
-    summary = {"plans": len(plans), "plans_measured": sum(1 for p in plans if p["within_goal"] is not None),
-               "plans_within_goal": sum(1 for p in plans if p["within_goal"]),
-               "device_checks": len(checked), "device_checks_within_goal": sum(1 for _, _, r in checked
-                                                                               if r["within_goal"])}
+    summary = memory_summary(plans)
     lg.write_json(out_dir / f"{name}.json", {"meta": meta, "memory_summary": summary, "memory": plans,
+                                             "torch_summary": memory_summary(torch_recs), "torch": torch_recs,
                                              "budgets": rows})
-    gpu = meta.get("gpu") or "no GPU (CPU dry run)"
+    gpu = meta.get("gpu") or ("no GPU (CPU dry run)" if meta.get("cpu_mode") else "-")
+    b = meta.get("binary") or {}
+    model = (f"model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, {lg.QUANT})" if meta.get("model")
+             else "llama.cpp's model: not set up in this call")
+    binary = (f"binary {b['path']} ({b['dialect']}, -ngl rule {b['ngl_rule']})" if b
+              else "binary: not set up in this call")
     L = [f"# Two GPUs: predicted vs measured VRAM per device, and the tuner against --fit ({gpu})", "",
-         f"{meta['date']}; model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, {lg.QUANT}); binary "
-         f"{meta['binary']['path']} ({meta['binary']['dialect']}, -ngl rule {meta['binary']['ngl_rule']}); VRAM "
+         f"{meta['date']}; {model}; {binary}; VRAM "
          f"from {meta.get('vram_source')}; predictions: planner.memory with hardware '{meta['hardware']}' (two GPUs, "
          "CUDA context included), max over llama-bench's pp and tg contexts.", ""]
     if meta.get("cpu_mode"):
@@ -468,6 +678,7 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
     L += ["", f"{summary['device_checks_within_goal']} of {summary['device_checks']} per-GPU peaks within the goal "
           f"({summary['plans_within_goal']} of {summary['plans_measured']} plans on both GPUs)"
           + (f"; over: {', '.join(over)}" if over else "") + ".", ""]
+    L += torch_section(torch_recs)
     L += ["## Budgets per GPU: llama.cpp's --fit, the best hand -ncmoe N -ts a,b, and the study", "",
           f"Workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; at most {meta['runs']} engine runs "
           f"per cell (baselines, search, {meta['confirm']} rounds of confirmation); TG/PP are confirmed medians over "
@@ -509,7 +720,75 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
     if meta.get("note"):
         L += [meta["note"], ""]
     (out_dir / f"{name}.md").write_text("\n".join(L) + "\n")
-    log(f"report: {out_dir / name}.md and .json ({len(plans)} plans, {len(rows)} budget cells)")
+    log(f"report: {out_dir / name}.md and .json ({len(plans)} plans, {len(torch_recs)} torch plans, {len(rows)} "
+        "budget cells)")
+
+
+def torch_section(recs: list[dict[str, Any]]) -> list[str]:
+    """The torch runtime's table: per plan and GPU the engine's peak against planner.memory's, and both sides'
+    parts (where a gap comes from)."""
+    L = ["## Torch runtime: predicted vs measured per device", ""]
+    if not recs:
+        return L + ["No torch plan measured yet.", ""]
+    r0 = recs[0]
+    eng = r0.get("engine") or {}
+    logical = any(r.get("logical_gpus") for r in recs)
+    where = ("two logical GPUs on the CPU (the engine's stand-in: its accountant's peak of weights, KV, staging "
+             "and the live activations between ops; no CUDA context, so the prediction is compared without its "
+             "overhead)" if logical else
+             "cuda:0 / cuda:1 (" + ", ".join(eng.get("gpus") or []) + "): torch.cuda.max_memory_allocated + the CUDA "
+             "context and library overhead measured once per device, as the one-GPU torch benchmarks measure")
+    wl = r0.get("workload") or {}
+    cuda = "" if logical else (f", torch.compile {'on' if eng.get('compile') else 'off'}, CUDA graphs "
+                               f"{'on' if eng.get('cuda_graphs') else 'off'}")
+    L += [f"The bundled PyTorch engine (torch {eng.get('torch', '?')}, {eng.get('compute_dtype', 'bf16')}, synthetic "
+          f"weights{cuda}) on {where}. Model {r0['model']} "
+          f"({r0.get('model_gib', 0):.1f} GiB); the memory table's placements (flags: what they render as for "
+          f"llama-bench), context {r0.get('knobs', {}).get('n_ctx', '?')}. predicted = planner.memory's estimate "
+          f"with hardware '{r0['hardware']}' (what the one-GPU torch benchmarks predict with; its GPU overhead is "
+          "the torch engine's CUDA context on the H100); error = predicted - measured; goal |error| <= max(3%, "
+          "256 MiB) on each GPU. engine parts = weights + KV + staging (upload buffers of RAM weights) + "
+          "activations (the rest of the peak) + context; pred parts = weights + KV + compute + overhead. device "
+          "peak: the GPU's memory in use (NVML / nvidia-smi) during the run less its reading before the torch "
+          "process started (allocator cache, graph pools and loaded kernels included).", ""]
+    if wl:
+        L[-2] = L[-2].rstrip() + f" Workload PP {wl.get('n_prompt')} TG {wl.get('n_gen')}."
+    L += ["| plan | flags | PP t/s | TG t/s | CUDA0 measured | predicted | error | ok | CUDA1 measured | predicted | "
+          "error | ok | engine parts CUDA0 | engine parts CUDA1 | pred parts CUDA0 | pred parts CUDA1 | device peak "
+          "CUDA0 / CUDA1 |",
+          "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|---|---|---|---|"]
+    for p in recs:
+        m = p["measurement"]
+        pp = f"{m['pp_tps']:.1f}" if m["ok"] else f"FAILED: {m['error'][:60]}"
+        cells, eparts, pparts, peaks = [], [], [], []
+        for d in GPUS:
+            r = p["devices"].get(d)
+            if r is None:
+                cells += ["-"] * 4
+                eparts.append("-")
+                pparts.append("-")
+                peaks.append("-")
+                continue
+            ok = "-" if r["within_goal"] is None else ("yes" if r["within_goal"] else "**no**")
+            err = "-" if r["error_bytes"] is None else _mib(r["error_bytes"]) + \
+                ("" if r["error_pct"] is None else f" ({r['error_pct']:+.1f}%)")
+            cells += [_mib(r["measured_bytes"]), _mib(r["predicted_bytes"]), err, ok]
+            e = r["engine_parts"]
+            eparts.append("+".join(_mib(e[k]) for k in ("weights", "kv", "staging", "activations", "context")))
+            pr = r["predicted_parts"]
+            pparts.append("+".join(_mib(pr[k]) for k in ("weights", "kv", "compute", "overhead")))
+            peaks.append(_mib(r.get("device_peak_bytes")))
+        flags = p["flags"].replace("|", "\\|")
+        if len(flags) > 100:
+            flags = flags[:97] + "..."
+        L.append(f"| {p['name']} | `{flags}` | {pp} | {m['tg_tps']:.2f} | " + " | ".join(cells) + " | "
+                 + " | ".join(eparts) + " | " + " | ".join(pparts) + " | " + " / ".join(peaks) + " |")
+    sm = memory_summary(recs)
+    over = [f"{p['name']} {d}" for p in recs for d, r in p["devices"].items() if r["within_goal"] is False]
+    L += ["", f"{sm['device_checks_within_goal']} of {sm['device_checks']} per-GPU peaks within the goal "
+          f"({sm['plans_within_goal']} of {sm['plans_measured']} plans on both GPUs)"
+          + (f"; over: {', '.join(over)}" if over else "") + ".", ""]
+    return L
 
 
 def pack_state(workdir: Path, path: Path) -> None:
@@ -544,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="dry run with the CPU build and a tiny model (no GPU)")
@@ -554,12 +834,12 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, help="default the llamacpp_gpu benchmark's model (written if missing)")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
     ap.add_argument("--plans", default="", help="comma list of memory plans to run (default all; --list shows them)")
-    ap.add_argument("--list", action="store_true", help="list the memory plans and exit")
-    ap.add_argument("--redo", action="store_true", help="measure memory plans again that have results")
+    ap.add_argument("--list", action="store_true", help="list the memory (and torch) plans and exit")
+    ap.add_argument("--redo", action="store_true", help="measure memory and torch plans again that have results")
     ap.add_argument("--budgets", default=None, help="GiB per GPU (default 8,16; 1 with --cpu)")
-    ap.add_argument("--n-prompt", type=int, help="memory runs: default 2048 (32 with --cpu)")
-    ap.add_argument("--n-gen", type=int, help="memory runs: default 32 (4 with --cpu)")
-    ap.add_argument("--reps", type=int, default=1, help="memory runs: repetitions (default 1)")
+    ap.add_argument("--n-prompt", type=int, help="memory and torch runs: default 2048 (32 with --cpu)")
+    ap.add_argument("--n-gen", type=int, help="memory and torch runs: default 32 (4 with --cpu)")
+    ap.add_argument("--reps", type=int, default=1, help="memory and torch runs: repetitions (default 1)")
     ap.add_argument("--tune-n-prompt", type=int, help="study runs: default 2048 (32 with --cpu)")
     ap.add_argument("--tune-n-gen", type=int, help="study runs: default 64 (4 with --cpu)")
     ap.add_argument("--tune-reps", type=int, help="study runs: default 3 (1 with --cpu)")
@@ -579,6 +859,17 @@ def run(argv: list[str] | None = None) -> int:
                     help="seconds the model write needs; with less left it waits for the next call (default 200)")
     ap.add_argument("--hardware", default="gpu-box", help="HardwareProfile (default gpu-box, its GPU twice)")
     ap.add_argument("--threads", type=int, help="host threads of the study's plans (default llama-bench's own)")
+    ap.add_argument("--torch-layers", type=int, help=f"torch step: layers of the {TORCH_PRESET} shape (default "
+                    f"{TORCH_LAYERS}; with --cpu 0: a tiny qwen3moe)")
+    ap.add_argument("--torch-plans", default="", help="comma list of torch plans to run (default all)")
+    ap.add_argument("--torch-budgets", default=None, help="torch step: GiB per GPU of the planner's own plans "
+                    f"(default {','.join(map(str, TORCH_BUDGETS))}; 1 with --cpu and the tiny model)")
+    ap.add_argument("--torch-hardware", default=str(TORCH_HARDWARE),
+                    help="torch step: the profile its predictions use (default the one-GPU torch benchmarks')")
+    ap.add_argument("--torch-first-s", type=float, help="seconds the first torch plan of a process needs to start "
+                    f"(compiling, autotuning; default {TORCH_FIRST_RUN_S:.0f}, 0 with --cpu)")
+    ap.add_argument("--torch-in-process", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--meta", type=Path, help=argparse.SUPPRESS)      # the parent's meta, for a torch child
     ap.add_argument("--note", type=Path, help="a Markdown file of notes for the report")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -587,10 +878,16 @@ def run(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown step {bad[0]!r}; steps: {', '.join(STEPS)}")
     args.plans = [p for p in args.plans.split(",") if p]
+    args.torch_plans = [p for p in args.torch_plans.split(",") if p]
+    args.torch_layers = args.torch_layers if args.torch_layers is not None else (0 if args.cpu else TORCH_LAYERS)
     try:
         args.budgets = [int(b) for b in (args.budgets or ("1" if args.cpu else "8,16")).split(",") if b]
+        tb = args.torch_budgets or ("1" if args.torch_layers <= 0 else ",".join(map(str, TORCH_BUDGETS)))
+        args.torch_budgets = [int(b) for b in tb.split(",") if b]
     except ValueError as e:
-        raise BadInput(f"--budgets {args.budgets!r}: GiB per GPU as whole numbers, e.g. 8,16") from e
+        raise BadInput(f"--budgets / --torch-budgets: GiB per GPU as whole numbers, e.g. 8,16 ({e})") from e
+    args.torch_first_s = args.torch_first_s if args.torch_first_s is not None else (0.0 if args.cpu
+                                                                                    else TORCH_FIRST_RUN_S)
     args.confirm_run_s = args.confirm_run_s if args.confirm_run_s is not None else (0.0 if args.cpu else 25.0)
     args.tune_n_prompt = args.tune_n_prompt or (32 if args.cpu else 2048)
     args.tune_n_gen = args.tune_n_gen or (4 if args.cpu else 64)
@@ -604,64 +901,92 @@ def run(argv: list[str] | None = None) -> int:
     wl = Workload(args.n_prompt or (32 if args.cpu else 2048), args.n_gen or (4 if args.cpu else 32), 0, args.reps)
     if args.model is not None and not args.model.is_file():
         raise BadInput(f"--model {args.model}: no such file")
-    if args.cpu:
-        from runtime.llamacpp_build import ensure_built
-        bench = args.llama_bench or ensure_built()["llama-bench"]
-    else:
-        bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
-    if not bench.exists():
-        raise BadInput(f"no llama-bench at {bench}: run `bash benchmarks/llamacpp_gpu.sh build TARBALL` first")
-    model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu
-                           else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
-    if not model.exists() and not args.cpu and time_left(args, t_start) < args.model_min_left:
-        log(f"model: not written in this call ({time_left(args, t_start):.0f} s left of --time-budget); run again")
-        return 3
-    lg.write_model(model, args.cpu)
-    inv = load_inventory(model)
-    if model.resolve().is_relative_to(ROOT):
-        # the plans' and studies' model id: the path from the repository root, the same on every machine the
-        # state travels to (the engine runs the file itself by its full path)
-        inv = replace(inv, source=str(model.resolve().relative_to(ROOT)))
-    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, verbose=True)
-    devs = engine.devices() or {}
-    gpu_bytes = [devs[d]["total_bytes"] for d in GPUS if d in devs] or [DEFAULT_GPU_BYTES] * len(GPUS)
-    if len(gpu_bytes) < len(GPUS):
-        gpu_bytes = [gpu_bytes[0]] * len(GPUS)
-    hw0 = load_hardware(args.hardware)
-    threads = args.threads or bench_default_threads(bench) or hw0.host.n_threads
-    hw0 = replace(hw0, host=replace(hw0.host, n_threads=threads))
-    hw = hw0.with_vram(gpu_bytes)
-    cases = make_cases(inv, hw, args.budgets, wl.n_prompt)
+    llama_steps = bool({"memory", "tune"} & set(steps))
+    meta: dict[str, Any] = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+                            "cpu_mode": args.cpu, "binary": None, "devices": {}, "gpu": None, "vram_source": None,
+                            "model": None, "model_gib": None, "hardware": f"{args.hardware} x{len(GPUS)}",
+                            "threads": None, "goal": "max(3%, 256 MiB) per GPU", "case_order": [],
+                            "memory_workload": {"n_prompt": wl.n_prompt, "n_gen": wl.n_gen,
+                                                "repetitions": wl.repetitions},
+                            "n_prompt": args.tune_n_prompt, "n_gen": args.tune_n_gen, "reps": args.tune_reps,
+                            "runs": args.runs, "confirm": args.confirm, "budgets_gib_per_gpu": args.budgets}
+    if args.meta is not None and args.meta.is_file():
+        meta.update(json.loads(args.meta.read_text()))
+    engine = inv = hw = hw0 = None
+    cases: list[Case] = []
+    bench = model = None
+    if llama_steps or (args.list and "torch" not in steps):
+        if args.cpu:
+            from runtime.llamacpp_build import ensure_built
+            bench = args.llama_bench or ensure_built()["llama-bench"]
+        else:
+            bench = args.llama_bench or lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
+        if not bench.exists():
+            raise BadInput(f"no llama-bench at {bench}: run `bash benchmarks/llamacpp_gpu.sh build TARBALL` first")
+        model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu
+                               else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
+        if not model.exists() and not args.cpu and time_left(args, t_start) < args.model_min_left:
+            log(f"model: not written in this call ({time_left(args, t_start):.0f} s left of --time-budget); run again")
+            return 3
+        lg.write_model(model, args.cpu)
+        inv = load_inventory(model)
+        if model.resolve().is_relative_to(ROOT):
+            # the plans' and studies' model id: the path from the repository root, the same on every machine the
+            # state travels to (the engine runs the file itself by its full path)
+            inv = replace(inv, source=str(model.resolve().relative_to(ROOT)))
+        engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, verbose=True)
+        devs = engine.devices() or {}
+        gpu_bytes = [devs[d]["total_bytes"] for d in GPUS if d in devs] or [DEFAULT_GPU_BYTES] * len(GPUS)
+        if len(gpu_bytes) < len(GPUS):
+            gpu_bytes = [gpu_bytes[0]] * len(GPUS)
+        hw0 = load_hardware(args.hardware)
+        threads = args.threads or bench_default_threads(bench) or hw0.host.n_threads
+        hw0 = replace(hw0, host=replace(hw0.host, n_threads=threads))
+        hw = hw0.with_vram(gpu_bytes)
+        cases = make_cases(inv, hw, args.budgets, wl.n_prompt)
+        unknown = [p for p in args.plans if p not in {c.name for c in cases}]
+        if unknown and not args.list:
+            raise BadInput(f"unknown plan {unknown[0]!r}; --list shows them")
+        if not args.cpu and sum(1 for d in devs if d.startswith("CUDA")) < len(GPUS):
+            log(f"warning: llama-bench lists {', '.join(devs) or 'no GPU'}; two GPUs are needed (use --cpu for a dry "
+                "run)")
+        meta.update({"binary": engine.info.to_dict(), "devices": devs,
+                     "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None,
+                     "vram_source": engine.sampler().source if engine.sampler() else "none",
+                     "model": str(model), "model_gib": model.stat().st_size / GiB, "threads": threads,
+                     "case_order": [c.name for c in cases]})
     if args.list:
         for c in cases:
             print(f"{c.name:30s} {c.what}")
+        if "torch" in steps:
+            tinv = torch_inventory(args.torch_layers)
+            print(f"\ntorch step ({tinv.name}, {tinv.total_bytes() / GiB:.1f} GiB):")
+            for c in torch_cases(tinv, torch_hardware(args.torch_hardware), args.torch_budgets, torch_workload(args)):
+                print(f"{c.name:30s} {c.what}")
         return 0
-    unknown = [p for p in args.plans if p not in {c.name for c in cases}]
-    if unknown:
-        raise BadInput(f"unknown plan {unknown[0]!r}; --list shows them")
-    if not args.cpu and sum(1 for d in devs if d.startswith("CUDA")) < len(GPUS):
-        log(f"warning: llama-bench lists {', '.join(devs) or 'no GPU'}; two GPUs are needed (use --cpu for a dry run)")
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
-            "cpu_mode": args.cpu, "binary": engine.info.to_dict(), "devices": devs,
-            "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None,
-            "vram_source": engine.sampler().source if engine.sampler() else "none",
-            "model": str(model), "model_gib": model.stat().st_size / GiB, "hardware": f"{hw0.name} x{len(GPUS)}",
-            "threads": threads, "goal": "max(3%, 256 MiB) per GPU", "case_order": [c.name for c in cases],
-            "memory_workload": {"n_prompt": wl.n_prompt, "n_gen": wl.n_gen, "repetitions": wl.repetitions},
-            "n_prompt": args.tune_n_prompt, "n_gen": args.tune_n_gen, "reps": args.tune_reps, "runs": args.runs,
-            "confirm": args.confirm, "budgets_gib_per_gpu": args.budgets}
     if args.note:
         meta["note"] = args.note.read_text()
     state = out_dir / f"{args.name}_state.tar.gz"
 
     def write_report() -> None:     # after every plan and cell, so a call cut off still returns a report
         rows = budget_rows(args.storage, args.budgets) if (workdir / "multi_gpu.db").exists() else []
-        report(meta, lg.load_results(results_dir, "plan"), rows, out_dir, args.name)
+        report(meta, lg.load_results(results_dir, "plan"), rows, out_dir, args.name,
+               lg.load_results(results_dir, "torch"))
         pack_state(workdir, state)
 
     done = True
     if "memory" in steps:
         done = run_memory(args, engine, inv, hw, cases, wl, results_dir, t_start, write_report)
+    if "torch" in steps and done:
+        if "tune" in steps and not args.torch_in_process:
+            meta_path = workdir / "call_meta.json"        # not state: this call's meta for the child's reports
+            lg.write_json(meta_path, meta)
+            try:
+                done = run_torch_child(args, argv, t_start, meta_path)
+            finally:
+                meta_path.unlink(missing_ok=True)
+        else:
+            done = run_torch(args, results_dir, t_start, write_report)
     if "tune" in steps and done:
         tune_engine = TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
                                                  cpu_stand_in=args.cpu))

@@ -300,7 +300,7 @@ class TorchEngine:
             for g in devices.gpus:
                 torch.cuda.reset_peak_memory_stats(devices.torch(g))
         raw: dict[str, Any] = {"engine": "torch", "logical_gpus": devices.logical, "compute_dtype": self.compute_dtype,
-                               "routing": self.routing, "seed": self.seed}
+                               "routing": self.routing, "seed": self.seed, "context_bytes": dict(overhead)}
         model = None
         events_before = len(K.CAPABILITIES.events)
         try:

@@ -1,7 +1,10 @@
 """benchmarks/multi_gpu.py (issue 15): its two-GPU plans render for llama-bench and parse back to the same placement
 on two GPUs (-ts, =CUDA1 in -ot, -ncmoe), and its --cpu dry run goes through the whole pipeline (memory table per
-device, the 2x budget cell with --fit, the -ncmoe -ts line and a study confirmed together) on the CPU build, every
-plan all-CPU; a second call resumes with nothing left, and so does a fresh folder made from the state tarball."""
+device, the torch runtime's placements on two logical GPUs, the 2x budget cell with --fit, the -ncmoe -ts line and a
+study confirmed together) on the CPU build, every llama.cpp plan all-CPU; a second call resumes with nothing left,
+and so does a fresh folder made from the state tarball. The torch step alone needs no llama.cpp: its dry run
+(every plan predicted and measured on two logical GPUs, weights and KV per device as planner.memory places them)
+runs with the fast tests."""
 from __future__ import annotations
 
 import json
@@ -69,15 +72,98 @@ def test_two_gpu_plans_render_for_llama_bench_and_parse_back_on_two_gpus(bench):
     assert a0 > (inv.n_layer + 1) // 2 + 1
 
 
+def test_torch_plans_are_two_device_placements_of_the_cut_qwen3_shape(bench):
+    inv = bench.torch_inventory(bench.TORCH_LAYERS)
+    from planner.presets import load_preset
+    preset = load_preset(bench.TORCH_PRESET).inventory()
+    assert inv.n_layer == 16 and 19 * GiB < inv.total_bytes() < 20.5 * GiB
+    # the same layers as the 48-layer model (and the llama.cpp step's): staging, KV and logits at their real sizes
+    assert [(t.name, t.shape, t.ggml_type) for t in inv.allocated() if t.layer in (None, 0, 15)] == \
+        [(t.name, t.shape, t.ggml_type) for t in preset.allocated() if t.layer in (None, 0, 15)]
+    hw = bench.torch_hardware(bench.TORCH_HARDWARE)
+    assert hw.name == "calibrated" and len(hw.gpus) == 2      # torch_study.py's profile, two GPUs
+    cases = bench.torch_cases(inv, hw, list(bench.TORCH_BUDGETS), WL)
+    names = [c.name for c in cases]
+    assert len(cases) >= 10 and len(set(names)) == len(names)
+    assert {"ts-1-1", "ts-1-3", "exps-crossed", "attn0-exps1-out1", "cmoe-ts-1-1", "planner-2x4G",
+            "planner-2x8G"} <= set(names)
+    for c in cases:
+        assert {d for d in c.plan.assignment.values() if d != "CPU"} == {"CUDA0", "CUDA1"}, c.name
+        assert c.plan.knobs.n_ctx == 2304           # 2048 + 32 tokens rounded up to 256: the engine's KV cells too
+    by = {c.name: c for c in cases}
+    assert by["attn0-exps1-out1"].plan.assignment["output.weight"] == "CUDA1"
+    assert all(d == "CPU" for n, d in by["cmoe-ts-1-1"].plan.assignment.items() if "_exps." in n)
+
+
+def _torch_dry_run(bench, work, out, *more):
+    return bench.main(["--cpu", "--steps", "torch,report", "--workdir", str(work), "--out", str(out), "--name", "mg",
+                       *more])
+
+
+def test_torch_step_dry_run_on_two_logical_gpus_resumes(bench, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert _torch_dry_run(bench, work, out) == 0          # no llama-bench needed for the torch step
+    rep = json.loads((out / "mg.json").read_text())
+    plans = {p["name"]: p for p in rep["torch"]}
+    assert len(plans) >= 10 and rep["torch_summary"]["plans"] == len(plans) and rep["memory"] == []
+    assert rep["torch_summary"]["device_checks"] == 2 * len(plans)
+    for p in plans.values():
+        assert p["measurement"]["ok"] and p["logical_gpus"], p["name"]
+        assert p["predicted_devices"] == ["CUDA0", "CUDA1"]
+        for d in ("CUDA0", "CUDA1"):
+            r, pred = p["devices"][d], p["predicted"][d]
+            assert r["measured_bytes"] > 0 and r["within_goal"] is not None, (p["name"], d)
+            # a logical GPU has no CUDA context: planner.memory's total without its overhead is what is compared
+            assert r["context_excluded"] and r["predicted_bytes"] == pred["total"] - pred["overhead"] > 0
+            e = r["engine_parts"]
+            # the two-device placement agrees with planner.memory tensor for tensor: weights and KV per device
+            assert (e["weights"], e["kv"]) == (pred["weights"], pred["kv"]), (p["name"], d)
+            assert e["context"] == 0 and e["activations"] >= 0
+            assert e["weights"] + e["kv"] + e["staging"] + e["activations"] == r["measured_bytes"]
+    # op offload stages the RAM experts on the first GPU only; without it nothing is staged
+    cm = plans["cmoe-ts-1-1"]["devices"]
+    assert cm["CUDA0"]["engine_parts"]["staging"] > 0 and cm["CUDA1"]["engine_parts"]["staging"] == 0
+    assert plans["cmoe-ts-1-1-nopo"]["devices"]["CUDA0"]["engine_parts"]["staging"] == 0
+    md = (out / "mg.md").read_text()
+    assert "## Torch runtime: predicted vs measured per device" in md and "| cmoe-ts-1-1 |" in md
+    assert "two logical GPUs" in md and "per-GPU peaks within the goal" in md.split("## Torch runtime")[1]
+    # resumed: nothing measured again; a fresh folder from the state tarball neither
+    res = work / "results" / "torch-ts-1-1.json"
+    mtime = res.stat().st_mtime_ns
+    assert _torch_dry_run(bench, work, out) == 0 and res.stat().st_mtime_ns == mtime
+    state = out / "mg_state.tar.gz"
+    with tarfile.open(state) as tar:
+        assert "results/torch-ts-1-1.json" in tar.getnames()
+    shutil.rmtree(work)
+    work.mkdir()
+    with tarfile.open(state) as tar:
+        tar.extractall(work)
+    mtime = res.stat().st_mtime_ns
+    assert _torch_dry_run(bench, work, out) == 0 and res.stat().st_mtime_ns == mtime
+    assert len(json.loads((out / "mg.json").read_text())["torch"]) == len(plans)
+    # a plan whose process died twice while measuring it is recorded as failed, not retried forever
+    (work / "results" / "torch-ts-1-3.json").unlink()
+    (work / "results" / "torchrun-ts-1-3.json").write_text('{"attempts": 2}')
+    assert _torch_dry_run(bench, work, out) == 0
+    failed = json.loads((work / "results" / "torch-ts-1-3.json").read_text())
+    assert not failed["measurement"]["ok"] and "died" in failed["measurement"]["error"]
+    assert not (work / "results" / "torchrun-ts-1-3.json").exists()
+    assert "FAILED" in (out / "mg.md").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.llamacpp
 def test_multi_gpu_benchmark_dry_run(bench, llama_bench, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     argv = ["--cpu", "--workdir", str(work), "--out", str(out), "--name", "mg", "--runs", "17", "--pool", "20",
             "--plans", "ts-1-1,ts-3-1,ncmoe2-ts-1-1,exps-crossed,attn0-exps1-out1,cmoe-ts-1-1,"
-                       "half-exps-ram-ts-1-1-ub2048,planner-2x1G"]
+                       "half-exps-ram-ts-1-1-ub2048,planner-2x1G", "--torch-plans", "ts-1-1,cmoe-ts-1-1,planner-2x1G"]
     assert bench.main(argv) == 0
     rep = json.loads((out / "mg.json").read_text())
+    # the torch step ran between memory and tune (in a child process: tune's llama.cpp runs get clean GPUs)
+    assert [p["name"] for p in rep["torch"]] == ["ts-1-1", "cmoe-ts-1-1", "planner-2x1G"]
+    assert all(p["measurement"]["ok"] and p["logical_gpus"] and p["within_goal"] is not None for p in rep["torch"])
+    assert rep["meta"]["binary"] and not (work / "call_meta.json").exists()
     assert rep["meta"]["cpu_mode"] and rep["meta"]["hardware"] == "gpu-box x2"
     plans = {p["name"]: p for p in rep["memory"]}
     assert len(plans) == 8 and all(p["measurement"]["ok"] for p in plans.values())
@@ -102,6 +188,7 @@ def test_multi_gpu_benchmark_dry_run(bench, llama_bench, tmp_path):
     assert row["ratios"]["ncmoe_ts"]["tg"] is not None and row["ratios"]["ncmoe_ts"]["pp"] is not None
     md = (out / "mg.md").read_text()
     assert "## Memory per device" in md and "| ts-1-1 |" in md and "| 2x1 GiB | best -ncmoe N -ts a,b |" in md
+    assert md.index("## Memory per device") < md.index("## Torch runtime") < md.index("## Budgets per GPU")
     # resumed: nothing left to run
     mtime = (work / "results" / "plan-ts-1-1.json").stat().st_mtime_ns
     assert bench.main(argv) == 0
@@ -111,6 +198,7 @@ def test_multi_gpu_benchmark_dry_run(bench, llama_bench, tmp_path):
     with tarfile.open(state) as tar:
         members = tar.getnames()
     assert "multi_gpu.db" in members and "results/plan-ts-1-1.json" in members
+    assert "results/torch-cmoe-ts-1-1.json" in members
     assert not any(m.endswith(".gguf") for m in members)
     shutil.rmtree(work)
     work.mkdir()
