@@ -1,6 +1,7 @@
 """Two GPUs (issue 15): layer splits (-ts), experts per device (-ot ...=CUDA1), -ncmoe with -ts and the planner's own
 two-GPU plans, measured with the mainline CUDA llama-bench on the synthetic Qwen3-30B-A3B-shaped Q4_0 model of
-benchmarks/llamacpp_gpu.py (17 GB), on a machine with two GPUs (nvidia-h200-x2).
+benchmarks/llamacpp_gpu.py (17 GB), and the same placements with the bundled torch runtime, on a machine with two
+GPUs (nvidia-h200-x2).
 
 Steps (--steps, in this order):
 - memory: >= 10 two-GPU plans (make_cases). Per GPU the peak VRAM that planner.memory predicts (HardwareProfile
@@ -8,6 +9,23 @@ Steps (--steps, in this order):
   the peak sampled on that GPU during the run (NVML / nvidia-smi, per device, CUDA_DEVICE_ORDER=PCI_BUS_ID), the
   |error| against the goal max(3%, 256 MiB) on each GPU, and llama.cpp's own -v buffers per device. One run each
   (-p 2048 -n 32 -r 1: the peak is what is measured here).
+- torch: the same placements (make_cases: layer splits, experts on the other GPU, experts in RAM with and without
+  op offload, the output layer on the second GPU, the planner's own plans at 2x4 and 2x8 GiB; 14 plans) run by the
+  torch engine (runtime/torch_engine) on cuda:0 / cuda:1, on a model it synthesizes in memory: the Qwen3-30B-A3B
+  shape in BF16 cut to its first --torch-layers 16 blocks (19.7 GiB; ~10 GiB per GPU, the llama.cpp model's share
+  per GPU; the same tensors per layer, so the staging buffers, KV rows and logits are the full model's). Per GPU
+  the engine's peak (torch.cuda.max_memory_allocated + the CUDA context, as the one-GPU torch benchmarks measure)
+  against planner.memory's prediction made as they make it (the mainline dialect, torch_study.py's hardware
+  profile: the H100's calibrated one, whose GPU overhead is the torch engine's CUDA context), the |error|
+  against the same goal, and both sides' parts (engine: weights, KV, staging, activations, context; planner:
+  weights, KV, compute, overhead) and the GPU's own peak (NVML) beside them. Context: the workload rounded up
+  to 256 cells, what the engine allocates. One run each, the memory step's workload. In a child process when
+  tune follows (its CUDA context and cached weights must not stay on the GPUs that --fit and the budget cells
+  read); the step alone needs no llama.cpp build or model. Why 16 layers: the first run of a process pays
+  torch.compile, Triton autotuning and graph capture (~1 min), then every plan synthesizes what moved (GPU
+  buffers at device speed; experts in RAM at ~1 GB/s with page-locking, measured on the H100 box) and runs a
+  2048-token prompt that is upload-bound with experts in RAM (16 layers: ~0.4 s a ubatch); the whole 48 layers
+  would triple the RAM plans' time (the H100 torch study: 21-27 s a plan, 136 s the first).
 - tune: per budget per GPU (default 8 and 16 GiB, i.e. 2x8 and 2x16 GiB), benchmarks/tune_vs_fit.py's run_cell
   with two GPUs of that size: llama.cpp's own --fit (llama-bench -fitt, both GPUs), its placement in a server,
   the best hand `-ngl 99 -ncmoe N -ts a,b` (planner.tuner.baselines.ncmoe_split: the smallest N with a -ts that
@@ -16,7 +34,8 @@ Steps (--steps, in this order):
   study's picks interleaved (--confirm rounds), started only when it can end in the same device call. Studies
   "mg-<B>g-d0" in <workdir>/multi_gpu.db.
 - report: NAME.md and NAME.json (--name, default multi_gpu) in --out: the memory table per plan and GPU (name,
-  flags, predicted and measured MiB per device, error, within goal) and per budget cell fit / best_tg / balanced /
+  flags, predicted and measured MiB per device, error, within goal), the torch runtime's table (JSON "torch",
+  "torch_summary") and per budget cell fit / best_tg / balanced /
   ncmoe_ts, each with TG, PP (confirmed medians and spreads), VRAM per device, flags, and the ratios to --fit.
   Rewritten after every plan and every cell, so a call cut off still returns one.
 
@@ -27,11 +46,12 @@ pieces: llamacpp_gpu's model writer, goal, -v log reading and engine set-up; tun
 n_gpus) and cell_row.
 
 State (kept between calls, and carried to a fresh machine): <workdir> = benchmarks/results/multi_gpu: results/
-(one JSON per memory plan), multi_gpu.db (the studies). The model and the CUDA build live in llamacpp_gpu's workdir
-(benchmarks/results/llamacpp_gpu, not carried: built / written again on a fresh machine). Every call also writes
-NAME_state.tar.gz (that state, well under 1 MB of JSON plus the SQLite file) beside the report, so that a call on
-a fresh machine goes on where the last one stopped. Exit 3 while work is left, 0 when every step asked for is
-done, 2 on bad input. The --cpu dry run keeps its state in benchmarks/results/multi_gpu_cpu (never carried).
+(one JSON per memory plan, plan-NAME.json, and per torch plan, torch-NAME.json), multi_gpu.db (the studies). The
+model and the CUDA build live in llamacpp_gpu's workdir (benchmarks/results/llamacpp_gpu, not carried: built /
+written again on a fresh machine). Every call also writes NAME_state.tar.gz (that state, well under 1 MB of JSON
+plus the SQLite file) beside the report, so that a call on a fresh machine goes on where the last one stopped.
+Exit 3 while work is left, 0 when every step asked for is done, 2 on bad input. The --cpu dry run keeps its
+state in benchmarks/results/multi_gpu_cpu (never carried).
 
 Device calls (nvidia-h200-x2). Here first, in the repo root: `bash benchmarks/llamacpp_gpu.sh pack` (the slim
 llama.cpp source, build/llama.cpp-src.tar.gz), a .whl folder with optuna and its needs (alembic, colorlog, mako,
@@ -47,15 +67,24 @@ here: `tar -xzf FILES_AT/multi_gpu_h200x2_state.tar.gz -C benchmarks/results/mul
 the state (on a machine still warm it is what is there already). Repeat while it exits 3; at 0 copy
 FILES_AT/multi_gpu_h200x2.{md,json} to benchmarks/reported/.
 Time, estimated from the H100 runs (a llama-bench run of this model ~19 s, most of it loading): the build ~5 min
-(6 on 16 cores) and the model ~2-3 min, once per machine; memory 13 plans x ~10 s (-r 1) ~2-3 min; a budget cell
-<= 24 runs (~5 baselines incl. --fit, ~9 search, 2 rounds x 4-5 contenders) ~8 min, its confirmation ~3-4 min
-started only when it fits the call. So 3 calls of ~9.5 min: (1) build, model, most memory plans; (2) the rest of
-them and the 2x8 GiB cell; (3) the 2x16 GiB cell (or the 2x8 confirmation and the 2x16 cell, with a 4th for its
-confirmation). ~30 min of device time with the machine's start: tight. To spend less: --runs 20 (~1.5 min a
-cell), --confirm 2 is the least that gives a spread; --budgets 8 first if only one cell can be afforded.
-Here, without a GPU, the whole pipeline on the CPU build and a tiny model (every plan measured all-CPU; the
-predictions are still the two-GPU ones), ~30 s on 2 cores:
+(6 on 16 cores) and the model ~2-3 min, once per machine; memory 13 plans x ~10 s (-r 1) ~2-3 min; torch 14 plans
+~3-4 min (the child's start and first plan ~1.5 min, the GPU-only plans ~5 s each, the RAM ones 10-30 s: ~26 GB
+of experts synthesized in RAM over the step; it starts no plan without --torch-first-s 120 s left, or 1.5x its
+longest plan after the first); a budget cell <= 24 runs (~5 baselines incl. --fit, ~9 search, 2 rounds x 4-5
+contenders) ~8 min, its confirmation ~3-4 min started only when it fits the call. So 4 calls of ~9.5 min: (1)
+build, model, most memory plans; (2) the rest of them, the torch step, the 2x8 GiB cell started; (3) its rest and
+confirmation, the 2x16 GiB cell started; (4) its rest and confirmation. ~36 min of device time with the machine's
+start, over the ~30 min there is. To fit: --runs 20 (~1.5 min less a cell), --budgets 8 first if only one cell
+can be afforded (--confirm 2 is the least that gives a spread); or the torch step on its own later
+(--steps memory,tune,report now; then the call's command without its build line and with --steps torch,report:
+no build, no model, one call of ~5 min on a fresh machine).
+Here, without a GPU, the whole pipeline on the CPU build and tiny models (every llama.cpp plan measured all-CPU,
+the predictions still the two-GPU ones; the torch plans on two logical GPUs, the engine's CPU stand-in, where the
+accountant's peak is compared with planner.memory's prediction less its CUDA context), ~15 s on 2 cores:
     .venv/bin/python benchmarks/multi_gpu.py --cpu
+and the torch step on logical GPUs at the real layer shapes (2 layers of the Qwen3-30B-A3B shape, ~1 min):
+    .venv/bin/python benchmarks/multi_gpu.py --cpu --steps torch,report --torch-layers 2 --torch-budgets 1,2 \
+      --n-prompt 512 --workdir /tmp/mg_torch2
 """
 from __future__ import annotations
 
@@ -325,11 +354,25 @@ def torch_hardware(path: str | Path, gpu_bytes: int = DEFAULT_GPU_BYTES) -> Hard
     return load_hardware(str(path)).with_vram([gpu_bytes] * len(GPUS))
 
 
+def _torch_rank(name: str) -> int:
+    """Where a plan runs in the torch step: the GPU-only ones first, then those with experts in RAM in an order
+    where each keeps most of the last one's host buffers (the engine keeps a weight where the next plan wants it,
+    and synthesizes and page-locks only what moved: ~1 s per GB in RAM on the H100 box)."""
+    order = (("ts-",), ("exps-crossed",), ("ncmoe",), ("attn0-",), ("half-exps-ram",), ("cmoe-ts-1-1",),
+             ("cmoe-ts-1-1-nopo",), ("ts-1-1-exps-last",), ("planner-",))
+    rank = len(order)
+    for i, prefixes in enumerate(order):
+        if name.startswith(prefixes) and not (prefixes == ("ts-",) and "exps" in name):
+            rank = i
+    return rank
+
+
 def torch_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], wl: Workload) -> list[Case]:
     """The memory table's two-GPU plans (make_cases) for the torch step's model, with a context of the workload
-    rounded up to 256 cells: the KV cache the engine allocates for it and the one planner.memory counts agree."""
+    rounded up to 256 cells (the KV cache the engine allocates for it and the one planner.memory counts agree),
+    in the order _torch_rank gives."""
     n_ctx = -(-(wl.depth + wl.n_prompt + wl.n_gen) // 256) * 256
-    return make_cases(inv, hw, budgets, wl.n_prompt, n_ctx=n_ctx)
+    return sorted(make_cases(inv, hw, budgets, wl.n_prompt, n_ctx=n_ctx), key=lambda c: _torch_rank(c.name))
 
 
 def torch_device_row(pred: dict[str, Any], peak: int | None, logical: bool, parts: dict[str, int],
