@@ -116,6 +116,16 @@ def kv_cells(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> int:
     return size
 
 
+def mla_head_dims(inv: ModelInventory, il: int) -> tuple[int, int]:
+    """(K, V) head sizes of an MLA layer's decompressed attention (key_length_mla, value_length_mla: 192 and 128
+    for DeepSeek-V3), from its attn_k_b [nope, kv_lora_rank, n_head] and attn_v_b [kv_lora_rank, v, n_head]."""
+    k_b, v_b = inv.by_name.get(f"blk.{il}.attn_k_b.weight"), inv.by_name.get(f"blk.{il}.attn_v_b.weight")
+    if k_b is None or v_b is None or len(k_b.shape) < 2 or len(v_b.shape) < 2:
+        return 192, 128
+    dv = v_b.shape[1] if len(v_b.shape) > 2 else v_b.shape[1] // inv.hparams.n_head   # ik's 2-D [kvl, n_head * v]
+    return k_b.shape[0] + inv.hparams.n_rot, dv
+
+
 def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> int:
     hp = inv.hparams
     if il >= hp.n_layer - hp.n_nextn:
@@ -133,8 +143,9 @@ def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> 
     if hp.is_mla and not (dialect == "ik" and knobs.mla == 0):
         # one K-only cache of kv_lora_rank + n_rot per token (the GGUF's key_length, head_count_kv 1)
         return cells * tk.row_bytes(hp.mla_kv_lora_rank + hp.n_rot)
-    if hp.is_mla:   # ik -mla 0: the original attention, full K (192/head) and V (128/head) for every head
-        return cells * (tk.row_bytes(hp.n_head * 192) + tv.row_bytes(hp.n_head * 128))
+    if hp.is_mla:   # ik -mla 0: the original attention, full K (nope + rope) and V for every head
+        dk, dv = mla_head_dims(inv, il)
+        return cells * (tk.row_bytes(hp.n_head * dk) + tv.row_bytes(hp.n_head * dv))
     return cells * (tk.row_bytes(n_kv * hp.head_dim_k) + tv.row_bytes(n_kv * hp.head_dim_v))
 
 
@@ -285,14 +296,19 @@ def kept_layers(sigs: list[tuple], keep_periods: int = KEEP_PERIODS) -> tuple[in
 
 
 def _graph_params(inv: ModelInventory, plan: Plan, n_tokens: int, n_outputs: int,
-                  layers: tuple[int, ...] | None) -> GraphParams:
+                  layers: tuple[int, ...] | None, gpus: tuple[str, ...] = ()) -> GraphParams:
     knobs = plan.knobs
     cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
     hp = inv.hparams
     swa = [c for il, c in enumerate(cells) if il < len(hp.swa_layers) and hp.swa_layers[il]]
+    ik_mla = {}
+    if plan.dialect == "ik" and hp.is_mla:
+        # a plan with a GPU runs a GPU build, whose context has a GPU backend whatever -ngl says
+        ik_mla = dict(mla=knobs.mla, amb=knobs.amb,
+                      gpu_build=bool(gpus) or any(d != "CPU" for d in plan.assignment.values()))
     return GraphParams(n_tokens, n_outputs, knobs.flash_attn, knobs.type_k, knobs.type_v, cells,
                        swa_cells=swa[0] if swa else 0, base_cells=knobs.kv_size, layers=layers,
-                       dialect=plan.dialect, fmoe=knobs.fmoe or plan.dialect != "ik")
+                       dialect=plan.dialect, fmoe=knobs.fmoe or plan.dialect != "ik", **ik_mla)
 
 
 class _Memo:
@@ -576,7 +592,7 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
         if every_op != knobs.offload:
             graphs.append((dc_replace(plan, knobs=dc_replace(knobs, offload=every_op)), T, T))
     for pl, n_tokens, n_outputs in graphs:
-        params = _graph_params(inv, pl, n_tokens, n_outputs, layers)
+        params = _graph_params(inv, pl, n_tokens, n_outputs, layers, gpus)
         key = (params, (*placement[:2], pl.knobs.offload, *placement[3:]))
         peaks = _PEAKS.get(inv, key, lambda: _graph_peaks(inv, pl, params, gpus))  # noqa: B023
         for d, b in peaks.items():
