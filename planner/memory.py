@@ -100,6 +100,30 @@ def weight_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
         dev = output_device(inv, plan)
         if dev != "CPU":
             out[dev] = out.get(dev, 0) + inv.by_name["token_embd.weight"].nbytes
+    for dev, b in ik_wkv_b_bytes(inv, plan).items():
+        out[dev] = out.get(dev, 0) + b
+    return out
+
+
+def ik_wkv_b_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
+    """The attn_kv_b ik computes at load for -mla 0/2/3 from a GGUF that has only attn_k_b and attn_v_b (as
+    mainline converts DeepSeek): [kv_lora_rank, n_head * (nope + v)], F16 / BF16 when both are, Q8_0 otherwise
+    (src/llama.cpp:3411-3470, llm_compute_wkv_b :2892-2970), in a buffer of its own of attn_k_b's buffer type
+    (anonymous memory, never mapped from the file), on attn_k_b's device; no buffer line logs it, only "Computed
+    blk.N.attn_kv_b.weight as A x B of type T". 1.0 GiB for DeepSeek-V3."""
+    if plan.dialect != "ik" or not inv.hparams.is_mla or ik_mla_plan(inv, plan).knobs.mla == 1:
+        return {}
+    out: dict[str, int] = {}
+    for il in range(inv.n_layer):
+        k_b, v_b = inv.by_name.get(f"blk.{il}.attn_k_b.weight"), inv.by_name.get(f"blk.{il}.attn_v_b.weight")
+        if k_b is None or v_b is None or f"blk.{il}.attn_kv_b.weight" in inv.by_name:
+            continue
+        dk, dv = mla_head_dims(inv, il)
+        types = {k_b.ggml_type, v_b.ggml_type}
+        t = types.pop() if len(types) == 1 and types <= {"F16", "BF16"} else "Q8_0"
+        dev = plan.assignment.get(k_b.name, "CPU")
+        out[dev] = out.get(dev, 0) + inv.hparams.n_head * (dk - inv.hparams.n_rot + dv) * by_name(t).row_bytes(
+            inv.hparams.mla_kv_lora_rank)
     return out
 
 
@@ -149,8 +173,23 @@ def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> 
     return cells * (tk.row_bytes(n_kv * hp.head_dim_k) + tv.row_bytes(n_kv * hp.head_dim_v))
 
 
+def ik_mla_plan(inv: ModelInventory, plan: Plan) -> Plan:
+    """The plan with the -mla ik runs: an MLA model whose blocks are split between RAM and a GPU (0 < -ngl <
+    n_layer) gets -mla 3 whatever was asked (ik 8337e4cd src/llama.cpp:8215-8224, which logs "changing mla to 3";
+    a CPU build has already turned -ngl into 0). Other plans unchanged."""
+    knobs = plan.knobs
+    if plan.dialect != "ik" or not inv.hparams.is_mla or knobs.mla == 3:
+        return plan
+    from .flags.placement import home_devices as slot_homes
+    blocks = slot_homes(plan.assignment, inv)[: inv.n_layer]
+    if "CPU" in blocks and any(h not in (None, "CPU") for h in blocks):
+        return dc_replace(plan, knobs=dc_replace(knobs, mla=3))
+    return plan
+
+
 def kv_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
     out: dict[str, int] = {}
+    plan = ik_mla_plan(inv, plan)
     homes = home_devices(inv, plan)
     for il in range(inv.n_layer):
         dev = "CPU" if plan.knobs.no_kv_offload else homes[il]
@@ -572,6 +611,7 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     they are more than the plan uses (with op offload, a plan with every weight in RAM still runs its prompt
     on CUDA0). reduce=False builds every layer (kept_layers gives the same result; tests check it)."""
     gpus = tuple(g for g in gpus if g != "CPU")
+    plan = ik_mla_plan(inv, plan)
     knobs = plan.knobs
     T = knobs.n_ubatch_eff
     cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
@@ -947,4 +987,5 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
         return MemoryReport(out, host_mapped=0, host_pinned=cpu_w)
     anon = 0 if not plan.knobs.no_host else min(cpu_w, sum(
         t.nbytes for t in inv.allocated() if plan.assignment.get(t.name, "CPU") == "CPU" and repacked(plan, t)))
+    anon += ik_wkv_b_bytes(inv, plan).get("CPU", 0)        # computed at load: never mapped
     return MemoryReport(out, host_mapped=cpu_w - anon, host_pinned=anon)
