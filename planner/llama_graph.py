@@ -82,7 +82,7 @@ class GraphParams:
     dialect: str = "mainline"       # "ik": ik_llama.cpp's fused graph (IK_GRAPH)
     fmoe: bool = True               # ik's fused_moe_up_gate (Knobs.fmoe)
     mla: int = 3                    # ik's -mla (MLA models): 1, 2 or 3 (IK_MLA)
-    amb: int = 0                    # ik's -amb: attention max batch in MiB, 0 = off
+    amb: int = 0                    # ik's -amb: attention max batch in MiB, 0 = off (ik's non-FA attention)
     gpu_build: bool = False         # ik's context has a GPU backend (its MLA prompt path then casts K/V to f16)
 
 
@@ -215,6 +215,19 @@ class _Builder:
                 cur = g.permute(cur, (0, 2, 1, 3))
                 cur = g.cont(cur, name="fattn_cont")
             cur = g.reshape(cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]))
+        elif self.ik and 0 < self.p.amb < k.ne[1] * q.ne[1] * q.ne[2] * 4 // MIB and k.ne[2] == q.ne[2] == v.ne[2] \
+                and sinks is None and v_trans:
+            # ik's llm_build_kqv with -amb below KQ's MiB and as many K/V heads as Q heads (llama-build-context.cpp
+            # :2127, :2188-2226): one head at a time, the KQV of each concatenated to the last
+            kqv = None
+            for _ in range(q.ne[2]):
+                kq_i = g.mul_mat(g.view(k, (k.ne[0], k.ne[1], 1)), g.view(q, (q.ne[0], q.ne[1], 1)), name="kq_i")
+                kq_i = g.op("SOFT_MAX", kq_i.ne, "f32", kq_i, mask, name="kq_i_soft_max")
+                kqv_i = g.mul_mat(g.view(v, (v.ne[0], v.ne[1], 1)), kq_i, name="kqv_i")
+                kqv = kqv_i if kqv is None else g.op("CONCAT", (kqv.ne[0], kqv.ne[1], kqv.ne[2] + 1), "f32", kqv,
+                                                      kqv_i, name="kqv")
+            cur = g.permute(kqv, (0, 2, 1, 3))
+            cur = g.cont(cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]), name="kqv_out")
         else:
             kq = g.mul_mat(k, q, name="kq")
             kq = g.op("SOFT_MAX", kq.ne, "f32", kq, mask, sinks, name="kq_soft_max")

@@ -341,10 +341,11 @@ def _graph_params(inv: ModelInventory, plan: Plan, n_tokens: int, n_outputs: int
     hp = inv.hparams
     swa = [c for il, c in enumerate(cells) if il < len(hp.swa_layers) and hp.swa_layers[il]]
     ik_mla = {}
-    if plan.dialect == "ik" and hp.is_mla:
-        # a plan with a GPU runs a GPU build, whose context has a GPU backend whatever -ngl says
-        ik_mla = dict(mla=knobs.mla, amb=knobs.amb,
-                      gpu_build=bool(gpus) or any(d != "CPU" for d in plan.assignment.values()))
+    if plan.dialect == "ik":
+        ik_mla = dict(amb=knobs.amb)
+        if hp.is_mla:
+            # a plan with a GPU runs a GPU build, whose context has a GPU backend whatever -ngl says
+            ik_mla.update(mla=knobs.mla, gpu_build=bool(gpus) or any(d != "CPU" for d in plan.assignment.values()))
     return GraphParams(n_tokens, n_outputs, knobs.flash_attn, knobs.type_k, knobs.type_v, cells,
                        swa_cells=swa[0] if swa else 0, base_cells=knobs.kv_size, layers=layers,
                        dialect=plan.dialect, fmoe=knobs.fmoe or plan.dialect != "ik", **ik_mla)

@@ -374,3 +374,17 @@ def test_ik_computes_wkv_b_for_mla_2_and_3():
     assert weight_bytes(inv, replace(plan, dialect="mainline")) == weight_bytes(inv, mla1)
     ram = Plan("ds", {t.name: "CPU" for t in inv.allocated()}, Knobs(n_ctx=1024), "ik")
     assert estimate(inv, ram).host_pinned == 61 * 128 * 256 * 544
+
+
+def test_ik_amb_splits_attention_without_gqa_into_heads():
+    """ik's llm_build_kqv without flash attention: KQ above -amb MiB with as many K/V heads as Q heads runs one
+    head at a time (llama-build-context.cpp:2127, :2188-2226); GQA, flash attention and mainline are not split."""
+    mha = f32_inventory(qwen3moe_spec(n_head_kv=(4, 4)))          # KQ: 1024 cells x 512 tokens x 4 heads = 8 MiB
+    for inv, fa, amb, dialect, split in ((mha, False, 4, "ik", True), (mha, False, 8, "ik", False),
+                                         (mha, True, 4, "ik", False), (mha, False, 4, "mainline", False),
+                                         (f32_inventory(qwen3moe_spec()), False, 4, "ik", False)):
+        g, _ = _mla(inv, cells=1024, fa=fa, amb=amb, dialect=dialect)
+        n_head_kv = inv.hparams.n_head_kv[0]
+        want = [] if fa else [(1024, 512, 1)] * 4 * 2 if split else [(1024, 512, 4)] * 2
+        kq = [t.ne[:3] for t in g.nodes if t.op == "SOFT_MAX" and t.name.startswith("kq")]
+        assert kq == want, (n_head_kv, fa, amb, dialect)

@@ -50,7 +50,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
     specs = {"qwen3moe": tiny_spec("qwen3moe"), "gpt-oss": tiny_spec("gpt-oss"),
              "deepseek2": tiny_spec("deepseek2", **ds),
              # 64 heads: KQ and the decompressed K/V pass -amb's 128 MiB floor at a few thousand cells
-             "deepseek2-h64": tiny_spec("deepseek2", n_head=64, **ds)}
+             "deepseek2-h64": tiny_spec("deepseek2", n_head=64, **ds),
+             "llama-mha": tiny_spec("llama", n_head_kv=4)}                # as many K/V heads as Q heads
     return {arch: write_gguf(d / f"{arch}.gguf", spec, uniform_recipe("Q8_0"))[0] for arch, spec in specs.items()}
 
 
@@ -301,6 +302,8 @@ BUFFER_CASES = {
     "qwen3moe-nofmoe": ("qwen3moe", Knobs(n_ctx=512, fmoe=False)),
     "qwen3moe-ub8-nofa": ("qwen3moe", Knobs(n_ctx=256, n_ubatch=8, flash_attn=False)),   # mask rows padded to 16
     "gpt-oss": ("gpt-oss", Knobs(n_ctx=512)),
+    # -amb without flash attention and without GQA: one head at a time (256 MiB of KQ at 32768 cells)
+    "llama-mha-nofa-amb128": ("llama-mha", Knobs(n_ctx=32768, flash_attn=False, amb=128)),
     # ik's MLA attention (planner/llama_graph.py IK_MLA): -mla 2/3 with flash attention from 128 tokens: K and V
     # decompressed by wkv_b per group of heads (-amb bounds the group), in the cache type on a CPU build
     "ds-mla3-fa": (DS, Knobs(n_ctx=512, mla=3)),
