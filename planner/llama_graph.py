@@ -19,7 +19,9 @@ The ik dialect (GraphParams.dialect "ik") builds ik_llama.cpp 8337e4cd's graph w
 has to hold (src/llama-build-context.cpp; IK_GRAPH below): fused ops replace mainline's chains (one RMS_NORM+MUL,
 one MoE up/gate, one weighted expert sum, one dense up/gate), and no tensor is flagged as a graph output (ik
 calls ggml_set_output nowhere on these graphs), so result_norm and the logits are freed like any other tensor.
-The rest (attention, inputs, router) stays mainline's: the same sizes up to a few KiB of KV-store indices.
+Its attention stores K and V with ggml_cpy (no index inputs), splits the non-flash-attention KQ into heads under
+-amb, and for DeepSeek (MLA) is ik's own graph for each -mla (IK_MLA). Router and inputs are mainline's.
+Byte for byte ik's CPU compute buffers (tests/runtime/test_ik_binaries.py) and its H100 logs.
 
 Checked byte for byte against llama.cpp's own buffers (tests/planner/test_memory_llamacpp.py on the CPU build,
 tests/planner/test_memory_cuda.py on CUDA logs) for llama, qwen3moe, qwen2moe, deepseek2 (MLA), gpt-oss and
@@ -55,15 +57,15 @@ IK_GRAPH: dict[str, str] = {
     "fused_up_gate": "FUSED_UP_GATE",
 }
 
-# ik_llama.cpp 8337e4cd's MLA attention (src/graphs/build_deepseek2.cpp build_deepseek2_layer_attention :720-1232),
+# ik_llama.cpp 8337e4cd's MLA attention (src/graphs/build_deepseek2.cpp build_deepseek2_layer_attention :720-1233),
 # which replaces mainline's for -mla 1/2/3. Which graph a layer gets:
-# - -mla 2/3 with flash attention and a batch of >= pp_opt_min_tokens: the prompt path (:890-1004), K and V of
+# - -mla 2/3 with flash attention and a batch of >= pp_opt_min_tokens: the prompt path (:922-1024), K and V of
 #   every head decompressed from the latent by wkv_b, in groups of heads that -amb bounds;
-# - -mla 1/3 with flash attention otherwise: flash attention over the latent cache itself (:1026-1060);
-# - no flash attention (and -mla 2 with it below pp_opt_min_tokens): KQ, softmax, KQV over the latent (:1062-1122),
+# - -mla 1/3 with flash attention otherwise: flash attention over the latent cache itself (:1043-1076);
+# - no flash attention (and -mla 2 with it below pp_opt_min_tokens): KQ, softmax, KQV over the latent (:1077-1144),
 #   split into groups of heads when KQ exceeds -amb MiB.
 IK_MLA: dict[str, int] = {
-    "pp_opt_min_tokens": 128,       # :1300 pp_opt = n_tokens >= 128 && mla_attn > 1
+    "pp_opt_min_tokens": 128,       # :1299 pp_opt = n_tokens >= 128 && mla_attn > 1
 }
 MIB = 1 << 20
 
@@ -218,7 +220,7 @@ class _Builder:
         elif self.ik and 0 < self.p.amb < k.ne[1] * q.ne[1] * q.ne[2] * 4 // MIB and k.ne[2] == q.ne[2] == v.ne[2] \
                 and sinks is None and v_trans:
             # ik's llm_build_kqv with -amb below KQ's MiB and as many K/V heads as Q heads (llama-build-context.cpp
-            # :2127, :2188-2226): one head at a time, the KQV of each concatenated to the last
+            # :2127, :2175-2218): one head at a time, the KQV of each concatenated to the last
             kqv = None
             for _ in range(q.ne[2]):
                 kq_i = g.mul_mat(g.view(k, (k.ne[0], k.ne[1], 1)), g.view(q, (q.ne[0], q.ne[1], 1)), name="kq_i")
@@ -575,8 +577,8 @@ class _Builder:
 
     def _wk_b(self, il: int, H: int) -> tuple[GT, GT]:
         """wk_b [nope, kv_lora_rank, n_head] and wv_b [kv_lora_rank, v, n_head]; ik's own GGUFs keep them 2-D
-        ([nope, n_head * kv_lora_rank], [kv_lora_rank, n_head * v]) and the graph reshapes them (:1008-1010,
-        :1126-1129)."""
+        ([nope, n_head * kv_lora_rank], [kv_lora_rank, n_head * v]) and the graph reshapes them (:1030-1031,
+        :1146-1150)."""
         wk_b, wv_b = self.lw(il, "attn_k_b.weight"), self.lw(il, "attn_v_b.weight")
         if wk_b.ne[2] == 1 and H > 1:
             wk_b = self._wview(wk_b, (wk_b.ne[0], wk_b.ne[1] // H, H), "RESHAPE")
@@ -586,7 +588,7 @@ class _Builder:
 
     def _wkv_b(self, il: int, wk_b: GT, wv_b: GT) -> GT:
         """wkv_b [kv_lora_rank, n_head * (nope + v)]: the GGUF's attn_kv_b, or the one ik computes at load from
-        wk_b and wv_b for -mla 2/3 (src/llama.cpp:3411-3470 llm_compute_wkv_b :2892-2970: F16 or BF16 when both
+        wk_b and wv_b for -mla 0/2/3 (src/llama.cpp:3412-3470, llm_compute_wkv_b :2892-2973: F16 or BF16 when both
         are, Q8_0 otherwise) and stores in wk_b's buffer type, so it lives where wk_b does."""
         w = self.lw(il, "attn_kv_b.weight")
         if w is not None:
@@ -599,11 +601,11 @@ class _Builder:
         return Graph.weight(f"blk.{il}.attn_kv_b.weight", (kvl, rows), rows * by_name(t).row_bytes(kvl), ext=k_name)
 
     def _mla_ik(self, il: int, cur: GT, inp: dict) -> GT:
-        """ik's build_deepseek2_layer_attention (src/graphs/build_deepseek2.cpp:720-1232) for -mla 1/2/3 on a
+        """ik's build_deepseek2_layer_attention (src/graphs/build_deepseek2.cpp:720-1233) for -mla 0/1/2/3 on a
         K-only latent cache (IK_MLA). Returns the attention output after wo."""
         g, hp, p, T, lw = self.g, self.hp, self.p, self.T, functools.partial(self.lw, il)
         kvl, rope, H, mla, fa = hp.mla_kv_lora_rank, hp.n_rot, hp.n_head, p.mla, p.flash_attn
-        # :757-836: the q and compressed-kv matmuls expanded first, then q's norm and q_b
+        # :787-795 (V2-Lite :836-842): the q and compressed-kv matmuls expanded first, then q's norm and q_b
         if lw("attn_q_a.weight") is not None:
             q = g.mul_mat(lw("attn_q_a.weight"), cur, name="q")
             kv_rope_c = g.mul_mat(lw("attn_kv_a_mqa.weight"), cur, name="kv_rope_compressed")
@@ -622,42 +624,42 @@ class _Builder:
         q_rope = g.expand(g.view(q, (rope, H, T)))
         k_rope = g.expand(g.view(kv_rope_c, (rope, 1, T)))
         kv_c = g.view(kv_rope_c, (kvl, T))
-        q_rope = g.expand(g.unary("ROPE", q_rope, self.pos, name="q_rope"))     # :837-856
+        q_rope = g.expand(g.unary("ROPE", q_rope, self.pos, name="q_rope"))     # :866-881
         k_rope = g.expand(g.unary("ROPE", k_rope, self.pos, name="k_rope"))
         kv_c = self.norm(kv_c, lw("attn_kv_a_norm.weight"), name="kv_compressed")
         wk_b, wv_b = self._wk_b(il, H)
         if mla == 0:
             return self._mla_ik_off(il, q_nope, q_rope, k_rope, kv_c, inp["mask"], dk, wk_b, wv_b)
         # the cache: c^KV rows of rope + kv_lora_rank (the K type, or without flash attention at -mla 2/3 the V
-        # type, src/llama.cpp:1420-1427); -mla 1 without flash attention also kv^T, kv_lora_rank x cells (:1437)
+        # type, src/llama.cpp:1420-1427); -mla 1 without flash attention also kv^T, kv_lora_rank x cells (:1437-1441)
         cells = p.kv_cells[il]
         ktype = p.type_k if fa or mla == 1 else p.type_v
         kc = self.cache(il, "k", (kvl + rope, cells), ktype)
         kv_trans = None
-        if mla == 1 and not fa:                # :864-877: the transposed c^KV stored first
+        if mla == 1 and not fa:                # :890-903: the transposed c^KV stored first
             vc = self.cache(il, "v", (kvl * cells,), p.type_v)
             g.expand(g.cpy(g.transpose(kv_c), g.view(vc, (T, kvl))))
             kv_trans = g.view(vc, (cells, kvl))
         kvr = g.op("CONCAT", (rope + kvl, T), "f32", g.permute(k_rope, (0, 2, 1, 3)), kv_c, name="kvr")
-        g.expand(g.cpy(kvr, g.view(kc, (kvl + rope, T))))                           # :880-888
+        g.expand(g.cpy(kvr, g.view(kc, (kvl + rope, T))))                           # :905-914
         kv_cache = g.view(kc, (kvl + rope, cells))
         pp_opt = mla > 1 and IK_MLA["pp_opt_min_tokens"] <= T
         if mla > 1 and fa and pp_opt:
             cur = self._mla_ik_wkv_b(il, q_nope, q_rope, kc, ktype, inp["mask"], dk, wk_b, wv_b)
         else:
-            # :1012-1024: q_nope absorbed into the latent by wk_b, q = [rope + kv_lora_rank, T, n_head]
+            # :1030-1041: q_nope absorbed into the latent by wk_b, q = [rope + kv_lora_rank, T, n_head]
             q_nope2 = g.mul_mat(wk_b, g.permute(q_nope, (0, 2, 1, 3)), name="q_nope2")
             q = g.op("CONCAT", (rope + kvl, T, H), "f32", g.permute(q_rope, (0, 2, 1, 3)), q_nope2, name="q")
-            if fa and mla in (1, 3):           # :1026-1060: attention over the latent, V its kv_lora_rank part
+            if fa and mla in (1, 3):           # :1043-1076: attention over the latent, V its kv_lora_rank part
                 kv_lora = g.view(kc, (kvl, cells))
                 kqv_c = g.op("FLASH_ATTN_EXT", (kvl, H, T), "f32", q, kv_cache, kv_lora, inp["mask"],
                              name="kqv_compressed")
                 kqv_c = g.permute(kqv_c, (0, 2, 1, 3))
             else:
-                if mla > 1:                    # :1064-1073: the latent transposed into the compute buffer
+                if mla > 1:                    # :1078-1087: the latent transposed into the compute buffer
                     kv_trans = g.cont(g.transpose(g.view(kc, (kvl, cells))), name="kv_cache_trans")
                 kqv_c = self._mla_ik_kq(q, kv_cache, kv_trans, inp["mask"], pp_opt)
-            kqv = g.mul_mat(wv_b, kqv_c, name="kqv")                                # :1125-1141
+            kqv = g.mul_mat(wv_b, kqv_c, name="kqv")                                # :1146-1167
             if T > 1:
                 kqv = g.cont(g.permute(kqv, (0, 2, 1, 3)), name="kqv_perm")
             cur = g.reshape(kqv, (kqv.ne[0] * kqv.ne[1], T))
@@ -666,7 +668,7 @@ class _Builder:
 
     def _mla_ik_off(self, il: int, q_nope: GT, q_rope: GT, k_rope: GT, kv_c: GT, mask: GT, dk: int, wk_b: GT,
                     wv_b: GT) -> GT:
-        """ik's -mla 0 (:1160-1230): K and V of every head decompressed by wkv_b before the cache, which then holds
+        """ik's -mla 0 (:1181-1230): K and V of every head decompressed by wkv_b before the cache, which then holds
         them in full (n_head heads of dk and v), and llm_build_kv's attention over it (llama-build-context.cpp
         :2243-2303 -> llm_build_kqv :1981-2238)."""
         g, hp, p, T = self.g, self.hp, self.p, self.T
@@ -693,14 +695,14 @@ class _Builder:
         if p.flash_attn:                       # :2070-2104
             cur = g.op("FLASH_ATTN_EXT", (dv, H, T), "f32", q, k, g.view(vc, (dv, cells, H)), mask, name="fa")
             cur = g.reshape(cur, (dv * H, T))
-        else:                                  # :2106-2228, V transposed in the cache
+        else:                                  # :2106-2218, V transposed in the cache
             vt = g.view(vc, (cells, dv, H))
             kq_size = cells * T * H * 4 // MIB
             if p.amb == 0 or p.amb >= kq_size:
                 kq = g.mul_mat(k, q, name="kq")
                 kq = g.op("SOFT_MAX", kq.ne, "f32", kq, mask, name="kq_soft_max_ext")
                 kqv = g.mul_mat(vt, kq, name="kqv")
-            else:                              # :2188-2226: one head at a time
+            else:                              # :2175-2218: one head at a time
                 kqv = None
                 for _ in range(H):
                     kq_i = g.mul_mat(g.view(k, (dk, cells, 1)), g.view(q, (dk, T, 1)), name="kq_i")
@@ -713,7 +715,7 @@ class _Builder:
         return g.mul_mat(self.lw(il, "attn_output.weight"), cur, name="kqv_out")
 
     def _mla_ik_kq(self, q: GT, kv_cache: GT, kv_trans: GT, mask: GT, pp_opt: bool) -> GT:
-        """ik's attention without flash attention over the latent (:1075-1122): KQ, softmax, KQV; -amb splits it
+        """ik's attention without flash attention over the latent (:1089-1144): KQ, softmax, KQV; -amb splits it
         into groups of heads when KQ would exceed attn_max_batch MiB. Returns KQV as [kv_lora_rank, T, n_head]."""
         g, p = self.g, self.p
         cells, T, H = kv_cache.ne[1], q.ne[1], q.ne[2]
@@ -744,7 +746,7 @@ class _Builder:
 
     def _mla_ik_wkv_b(self, il: int, q_nope: GT, q_rope: GT, kc: GT, ktype: str, mask: GT, dk: int, wk_b: GT,
                       wv_b: GT) -> GT:
-        """ik's prompt path for -mla 2/3 with flash attention (:890-1004): K and V of every head decompressed from
+        """ik's prompt path for -mla 2/3 with flash attention (:922-1024): K and V of every head decompressed from
         the latent by wkv_b into the compute buffer, in groups of heads small enough for -amb, each group's
         attention concatenated to the last. Returns [v * n_head, T]."""
         g, hp, p, T = self.g, self.hp, self.p, self.T
@@ -757,7 +759,7 @@ class _Builder:
             n_max_head = next((H // n for n in range(2, H) if H % n == 0 and kv_f32_size // n <= p.amb), 1)
         n_per_head = wkv_b.ne[1] // H
         dv = n_per_head - nope
-        # :915-932: the cache's rope part repeated over the group's heads, in the cache type on a CPU-only build,
+        # :942-960: the cache's rope part repeated over the group's heads, in the cache type on a CPU-only build,
         # in F16 on a GPU build (a quantized cache is cast first)
         kv_type = "f16" if p.gpu_build else ktype
         kv_rope = g.view(kc, (rope, cells, 1))

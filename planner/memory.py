@@ -13,10 +13,12 @@ copies of a quantized KV cache, the F16 mask of flash attention), let the schedu
 (planner/ggml_graph.py). Summing live sets per phase is not enough: the allocator's best-fit free list leaves
 holes, and the high-water mark it reports is 0-40% above the largest live set on the tiny models of the
 integration test (tests/planner/test_memory_llamacpp.py), which holds weights, KV and compute to llama.cpp's
-own numbers. The ik dialect replays ik_llama.cpp's own graph (its fused norm, MoE and FFN ops, no graph outputs) with
-ik's scheduler rules (no CUDA fusion keep-alives, ik's op-offload batch sizes, one reservation made with every op's
-offload on): byte for byte ik's logged compute buffers on the H100 report and the CPU build's tiny models, MLA
-attention excepted (tests/planner/test_memory_ik_h100.py, tests/runtime/test_ik_binaries.py; docs/ik_llama.md).
+own numbers. The ik dialect replays ik_llama.cpp's own graph (its fused norm, MoE and FFN ops, its MLA attention for
+each -mla and -amb, no graph outputs) with ik's scheduler rules (no CUDA fusion keep-alives, ik's op-offload batch
+sizes, one reservation made with every op's offload on): byte for byte ik's logged compute buffers on the H100 report
+and the CPU build's tiny models, DeepSeek's MLA included (tests/planner/test_memory_ik_h100.py,
+tests/runtime/test_ik_binaries.py; docs/ik_llama.md). Its weights include the attn_kv_b ik computes at load for
+-mla 0/2/3 (ik_wkv_b_bytes), and -mla is the one ik runs (ik_mla_plan).
 
 ik's GPUs also hold its CUDA pool (pool_bytes): the temporaries of its flash attention and of its MoE ops, which
 grow with the ubatch and appear in no buffer line ik logs.
