@@ -162,6 +162,15 @@ class Graph:
     def cont(self, a: GT, ne: tuple[int, ...] | None = None, name: str = "") -> GT:
         return self.op("CONT", ne or a.ne, a.dtype, a, name=name)
 
+    def cpy(self, a: GT, dst: GT) -> GT:
+        """ggml_cpy(a, dst): a view of dst (a view of the KV cache) that a is copied into; nothing allocated."""
+        return GT(dst.name + "(cpy)", dst.ne, dst.dtype, "CPY", (a, dst), view_src=self._root(dst))
+
+    def cast(self, a: GT, dtype: str, name: str = "") -> GT:
+        """ggml_cast: a new tensor of a's shape in another type (op CPY; ggml also lists the result as its own
+        src[1], which changes nothing in ggml-alloc: it counts as one more child, released by the node itself)."""
+        return self.op("CPY", a.ne, dtype, a, name=name or a.name + "_cast")
+
     def set_rows(self, cache: GT, x: GT, idxs: GT) -> GT:
         """Store into the KV cache: a view of the (external) cache, so nothing is allocated."""
         return GT(cache.name + "(set)", cache.ne, cache.dtype, "SET_ROWS", (cache, x, idxs), view_src=cache)

@@ -13,10 +13,12 @@ copies of a quantized KV cache, the F16 mask of flash attention), let the schedu
 (planner/ggml_graph.py). Summing live sets per phase is not enough: the allocator's best-fit free list leaves
 holes, and the high-water mark it reports is 0-40% above the largest live set on the tiny models of the
 integration test (tests/planner/test_memory_llamacpp.py), which holds weights, KV and compute to llama.cpp's
-own numbers. The ik dialect replays ik_llama.cpp's own graph (its fused norm, MoE and FFN ops, no graph outputs) with
-ik's scheduler rules (no CUDA fusion keep-alives, ik's op-offload batch sizes, one reservation made with every op's
-offload on): byte for byte ik's logged compute buffers on the H100 report and the CPU build's tiny models, MLA
-attention excepted (tests/planner/test_memory_ik_h100.py, tests/runtime/test_ik_binaries.py; docs/ik_llama.md).
+own numbers. The ik dialect replays ik_llama.cpp's own graph (its fused norm, MoE and FFN ops, its MLA attention for
+each -mla and -amb, no graph outputs) with ik's scheduler rules (no CUDA fusion keep-alives, ik's op-offload batch
+sizes, one reservation made with every op's offload on): byte for byte ik's logged compute buffers on the H100 report
+and the CPU build's tiny models, DeepSeek's MLA included (tests/planner/test_memory_ik_h100.py,
+tests/runtime/test_ik_binaries.py; docs/ik_llama.md). Its weights include the attn_kv_b ik computes at load for
+-mla 0/2/3 (ik_wkv_b_bytes), and -mla is the one ik runs (ik_mla_plan).
 
 ik's GPUs also hold its CUDA pool (pool_bytes): the temporaries of its flash attention and of its MoE ops, which
 grow with the ubatch and appear in no buffer line ik logs.
@@ -100,6 +102,30 @@ def weight_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
         dev = output_device(inv, plan)
         if dev != "CPU":
             out[dev] = out.get(dev, 0) + inv.by_name["token_embd.weight"].nbytes
+    for dev, b in ik_wkv_b_bytes(inv, plan).items():
+        out[dev] = out.get(dev, 0) + b
+    return out
+
+
+def ik_wkv_b_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
+    """The attn_kv_b ik computes at load for -mla 0/2/3 from a GGUF that has only attn_k_b and attn_v_b (as
+    mainline converts DeepSeek): [kv_lora_rank, n_head * (nope + v)], F16 / BF16 when both are, Q8_0 otherwise
+    (src/llama.cpp:3411-3470, llm_compute_wkv_b :2892-2970), in a buffer of its own of attn_k_b's buffer type
+    (anonymous memory, never mapped from the file), on attn_k_b's device; no buffer line logs it, only "Computed
+    blk.N.attn_kv_b.weight as A x B of type T". 1.0 GiB for DeepSeek-V3."""
+    if plan.dialect != "ik" or not inv.hparams.is_mla or ik_mla_plan(inv, plan).knobs.mla == 1:
+        return {}
+    out: dict[str, int] = {}
+    for il in range(inv.n_layer):
+        k_b, v_b = inv.by_name.get(f"blk.{il}.attn_k_b.weight"), inv.by_name.get(f"blk.{il}.attn_v_b.weight")
+        if k_b is None or v_b is None or f"blk.{il}.attn_kv_b.weight" in inv.by_name:
+            continue
+        dk, dv = mla_head_dims(inv, il)
+        types = {k_b.ggml_type, v_b.ggml_type}
+        t = types.pop() if len(types) == 1 and types <= {"F16", "BF16"} else "Q8_0"
+        dev = plan.assignment.get(k_b.name, "CPU")
+        out[dev] = out.get(dev, 0) + inv.hparams.n_head * (dk - inv.hparams.n_rot + dv) * by_name(t).row_bytes(
+            inv.hparams.mla_kv_lora_rank)
     return out
 
 
@@ -114,6 +140,16 @@ def kv_cells(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> int:
         swa = -(-min(size, hp.n_swa * knobs.n_seq + knobs.n_ubatch_eff) // 256) * 256
         return swa
     return size
+
+
+def mla_head_dims(inv: ModelInventory, il: int) -> tuple[int, int]:
+    """(K, V) head sizes of an MLA layer's decompressed attention (key_length_mla, value_length_mla: 192 and 128
+    for DeepSeek-V3), from its attn_k_b [nope, kv_lora_rank, n_head] and attn_v_b [kv_lora_rank, v, n_head]."""
+    k_b, v_b = inv.by_name.get(f"blk.{il}.attn_k_b.weight"), inv.by_name.get(f"blk.{il}.attn_v_b.weight")
+    if k_b is None or v_b is None or len(k_b.shape) < 2 or len(v_b.shape) < 2:
+        return 192, 128
+    dv = v_b.shape[1] if len(v_b.shape) > 2 else v_b.shape[1] // inv.hparams.n_head   # ik's 2-D [kvl, n_head * v]
+    return k_b.shape[0] + inv.hparams.n_rot, dv
 
 
 def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> int:
@@ -133,13 +169,29 @@ def kv_layer_bytes(inv: ModelInventory, knobs: Knobs, il: int, dialect: str) -> 
     if hp.is_mla and not (dialect == "ik" and knobs.mla == 0):
         # one K-only cache of kv_lora_rank + n_rot per token (the GGUF's key_length, head_count_kv 1)
         return cells * tk.row_bytes(hp.mla_kv_lora_rank + hp.n_rot)
-    if hp.is_mla:   # ik -mla 0: the original attention, full K (192/head) and V (128/head) for every head
-        return cells * (tk.row_bytes(hp.n_head * 192) + tv.row_bytes(hp.n_head * 128))
+    if hp.is_mla:   # ik -mla 0: the original attention, full K (nope + rope) and V for every head
+        dk, dv = mla_head_dims(inv, il)
+        return cells * (tk.row_bytes(hp.n_head * dk) + tv.row_bytes(hp.n_head * dv))
     return cells * (tk.row_bytes(n_kv * hp.head_dim_k) + tv.row_bytes(n_kv * hp.head_dim_v))
+
+
+def ik_mla_plan(inv: ModelInventory, plan: Plan) -> Plan:
+    """The plan with the -mla ik runs: an MLA model whose blocks are split between RAM and a GPU (0 < -ngl <
+    n_layer) gets -mla 3 whatever was asked (ik 8337e4cd src/llama.cpp:8215-8224, which logs "changing mla to 3";
+    a CPU build has already turned -ngl into 0). Other plans unchanged."""
+    knobs = plan.knobs
+    if plan.dialect != "ik" or not inv.hparams.is_mla or knobs.mla == 3:
+        return plan
+    from .flags.placement import home_devices as slot_homes
+    blocks = slot_homes(plan.assignment, inv)[: inv.n_layer]
+    if "CPU" in blocks and any(h not in (None, "CPU") for h in blocks):
+        return dc_replace(plan, knobs=dc_replace(knobs, mla=3))
+    return plan
 
 
 def kv_bytes(inv: ModelInventory, plan: Plan) -> dict[str, int]:
     out: dict[str, int] = {}
+    plan = ik_mla_plan(inv, plan)
     homes = home_devices(inv, plan)
     for il in range(inv.n_layer):
         dev = "CPU" if plan.knobs.no_kv_offload else homes[il]
@@ -285,14 +337,20 @@ def kept_layers(sigs: list[tuple], keep_periods: int = KEEP_PERIODS) -> tuple[in
 
 
 def _graph_params(inv: ModelInventory, plan: Plan, n_tokens: int, n_outputs: int,
-                  layers: tuple[int, ...] | None) -> GraphParams:
+                  layers: tuple[int, ...] | None, gpus: tuple[str, ...] = ()) -> GraphParams:
     knobs = plan.knobs
     cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
     hp = inv.hparams
     swa = [c for il, c in enumerate(cells) if il < len(hp.swa_layers) and hp.swa_layers[il]]
+    ik_mla = {}
+    if plan.dialect == "ik":
+        ik_mla = dict(amb=knobs.amb)
+        if hp.is_mla:
+            # a plan with a GPU runs a GPU build, whose context has a GPU backend whatever -ngl says
+            ik_mla.update(mla=knobs.mla, gpu_build=bool(gpus) or any(d != "CPU" for d in plan.assignment.values()))
     return GraphParams(n_tokens, n_outputs, knobs.flash_attn, knobs.type_k, knobs.type_v, cells,
                        swa_cells=swa[0] if swa else 0, base_cells=knobs.kv_size, layers=layers,
-                       dialect=plan.dialect, fmoe=knobs.fmoe or plan.dialect != "ik")
+                       dialect=plan.dialect, fmoe=knobs.fmoe or plan.dialect != "ik", **ik_mla)
 
 
 class _Memo:
@@ -630,6 +688,7 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
     they are more than the plan uses (with op offload, a plan with every weight in RAM still runs its prompt
     on CUDA0). reduce=False builds every layer (kept_layers gives the same result; tests check it)."""
     gpus = tuple(g for g in gpus if g != "CPU")
+    plan = ik_mla_plan(inv, plan)
     knobs = plan.knobs
     T = knobs.n_ubatch_eff
     cells = tuple(kv_cells(inv, knobs, il, plan.dialect) for il in range(inv.n_layer))
@@ -651,7 +710,7 @@ def compute_bytes(inv: ModelInventory, plan: Plan, reduce: bool = True, gpus: Se
         if every_op != knobs.offload:
             graphs.append((dc_replace(plan, knobs=dc_replace(knobs, offload=every_op)), T, T))
     for pl, n_tokens, n_outputs in graphs:
-        params = _graph_params(inv, pl, n_tokens, n_outputs, layers)
+        params = _graph_params(inv, pl, n_tokens, n_outputs, layers, gpus)
         key = (params, (*placement[:2], pl.knobs.offload, *placement[3:]))
         peaks = _PEAKS.get(inv, key, lambda: _graph_peaks(inv, pl, params, gpus, copies))  # noqa: B023
         for d, b in peaks.items():
@@ -1006,4 +1065,5 @@ def estimate(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None)
         return MemoryReport(out, host_mapped=0, host_pinned=cpu_w)
     anon = 0 if not plan.knobs.no_host else min(cpu_w, sum(
         t.nbytes for t in inv.allocated() if plan.assignment.get(t.name, "CPU") == "CPU" and repacked(plan, t)))
+    anon += ik_wkv_b_bytes(inv, plan).get("CPU", 0)        # computed at load: never mapped
     return MemoryReport(out, host_mapped=cpu_w - anon, host_pinned=anon)

@@ -7,11 +7,12 @@ import pytest
 
 from planner.hardware import MiB, load_hardware
 from planner.memory import (MoeShape, _ik_fattn_pool, _ik_moe_op_pool, compute_bytes, estimate, ik_fattn_pool_bytes,
-                            kv_bytes, kv_cells, kv_layer_bytes, pool_bytes, weight_bytes)
+                            ik_mla_plan, ik_wkv_b_bytes, kv_bytes, kv_cells, kv_layer_bytes, pool_bytes, weight_bytes)
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
 from planner.presets import load_preset, preset_names
 
-from tiny import LAYER_DENSE, LAYER_EXPERTS, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, f32_inventory, qwen3moe_spec
+from tiny import (LAYER_DENSE, LAYER_EXPERTS, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, deepseek2_spec, f32_inventory,
+                  qwen3moe_spec)
 
 
 def _plan(inv, where, knobs=Knobs(n_ctx=512), dialect="mainline"):
@@ -279,3 +280,111 @@ def test_ik_reserves_its_compute_buffers_with_every_op_offloaded():
     assert ik_off["CUDA0"] == ik_on["CUDA0"] > 3 * MiB and ik_off["CPU"] > ik_on["CPU"]
     ml_on, ml_off = (compute_bytes(inv, _plan(inv, ram, replace(k, offload=p))) for p in (OffloadPolicy(), off))
     assert ml_off["CUDA0"] < MiB < ml_on["CUDA0"]
+
+
+def _mla(inv, n_tokens=512, cells=512, fa=True, tk="f16", tv="f16", dialect="ik", **kw):
+    from collections import Counter
+    from planner.llama_graph import GraphParams, build_graph
+    g = build_graph(inv, GraphParams(n_tokens, n_tokens, fa, tk, tv, (cells,) * inv.n_layer, dialect=dialect, **kw))
+    return g, Counter(t.op for t in g.nodes)
+
+
+def _shapes(g, op, name=None):
+    return [t.ne[:3] for t in g.nodes if t.op == op and (name is None or t.name == name)]
+
+
+def test_ik_mla_graphs():
+    """ik's MLA attention (src/graphs/build_deepseek2.cpp:720-1232, planner/llama_graph.py IK_MLA) on 2 layers of 4
+    heads (nope 64 + rope 64, v 64, kv_lora 512): which path each -mla / flash attention / batch gets, and how
+    -amb splits the heads. Checked byte for byte against ik's CPU build in tests/runtime/test_ik_binaries.py."""
+    inv = f32_inventory(deepseek2_spec())
+    n = inv.n_layer
+    # -mla 3 (and 2), flash attention, >= 128 tokens: K and V decompressed by wkv_b [512, 4 * (64 + 64)]
+    for mla in (3, 2):
+        g, ops = _mla(inv, mla=mla)
+        assert _shapes(g, "MUL_MAT", "kv_f32") == [(512, 512, 1)] * n             # 4 heads * 128 x cells
+        assert _shapes(g, "FLASH_ATTN_EXT") == [(64, 4, 512)] * n                  # v x heads x tokens
+        assert ops["REPEAT"] == n and ops["CPY"] == 3 * n       # K's rope part; K and V cast; the cache store
+        assert _shapes(g, "REPEAT") == [(64, 512, 4)] * n and {t.dtype for t in g.nodes if t.op == "REPEAT"} == {"f16"}
+    # -amb: kv_f32 would be 8 MiB at 4096 cells; 4 MiB takes two groups of 2 heads, 1 MiB one head at a time
+    for amb, groups in ((0, 1), (8, 1), (4, 2), (1, 4)):
+        g, ops = _mla(inv, cells=4096, mla=3, amb=amb)
+        assert _shapes(g, "FLASH_ATTN_EXT") == [(64, 4 // groups, 512)] * groups * n, amb
+        assert _shapes(g, "CONCAT", "kqv_cat") == [(64 * 4 // groups * i, 512, 1) for i in range(2, groups + 1)] * n
+    # a CPU build repeats and casts in the cache type; a GPU build in F16, the quantized rope part cast first
+    g, _ = _mla(inv, mla=3, tk="q8_0", tv="q8_0")
+    assert {t.dtype for t in g.nodes if t.op in ("REPEAT", "CPY") and not t.name.endswith("(cpy)")} == {"q8_0"}
+    g, _ = _mla(inv, mla=3, tk="q8_0", tv="q8_0", gpu_build=True)
+    assert {t.dtype for t in g.nodes if t.op in ("REPEAT", "CPY") and not t.name.endswith("(cpy)")} == {"f16"}
+    assert _shapes(g, "CPY", "kv_cache_rope_f16") == [(64, 512, 1)] * n
+    # -mla 1/3, flash attention, fewer tokens (or -mla 1 at any batch): attention over the latent cache itself
+    for mla, tokens in ((3, 32), (1, 512)):
+        g, ops = _mla(inv, n_tokens=tokens, mla=mla)
+        assert _shapes(g, "MUL_MAT", "q_nope2") == [(512, tokens, 4)] * n            # q_nope absorbed by wk_b
+        assert _shapes(g, "FLASH_ATTN_EXT") == [(512, 4, tokens)] * n and not ops["REPEAT"]
+        assert _shapes(g, "MUL_MAT", "kqv") == [(64, tokens, 4)] * n                # then wv_b
+    # no flash attention (-mla 2 with it below 128 tokens too): KQ, softmax, KQV; -mla 2/3 copy the transposed
+    # latent into the buffer, -mla 1 reads kv^T from its V cache
+    for mla, fa, tokens in ((3, False, 512), (2, True, 32), (1, False, 32)):
+        g, ops = _mla(inv, n_tokens=tokens, mla=mla, fa=fa)
+        assert _shapes(g, "SOFT_MAX") == [(512, tokens, 4)] * n and not ops["FLASH_ATTN_EXT"]
+        assert _shapes(g, "CONT", "kv_cache_trans") == ([(512, 512, 1)] * n if mla > 1 else [])
+    # -amb without flash attention: KQ would be 32 MiB (4096 cells x 512 tokens x 4 heads); 10 MiB: 4 steps
+    g, ops = _mla(inv, cells=4096, mla=3, fa=False, amb=10)
+    assert _shapes(g, "SOFT_MAX") == [(4096, 512, 1)] * 4 * n
+    assert _shapes(g, "CONCAT", "kqv_compressed") == [(512, 512, heads) for heads in (2, 3, 4)] * n
+    # -mla 0: K and V of every head stored in full, attention over them
+    g, ops = _mla(inv, mla=0)
+    assert _shapes(g, "MUL_MAT", "kv") == [(512, 512, 1)] * n
+    assert _shapes(g, "FLASH_ATTN_EXT") == [(64, 4, 512)] * n
+    assert [t.ne[:2] for t in g.nodes if t.op == "CPY"] == [(128, 2048), (256 * 512, 1)] * n   # K, V stores
+    # mainline's graph is unchanged: one flash attention over the latent, V a view of K
+    g, ops = _mla(inv, dialect="mainline")
+    assert _shapes(g, "FLASH_ATTN_EXT") == [(512, 4, 512)] * n and not ops["REPEAT"] and not ops["CPY"]
+
+
+def test_ik_runs_mla_3_when_the_blocks_are_split_between_ram_and_a_gpu():
+    """ik turns -mla 1/2 (and 0) into 3 when 0 < -ngl < n_layer (src/llama.cpp:8215-8224): KV, compute and the
+    computed wkv_b follow."""
+    inv = f32_inventory(deepseek2_spec(n_layer=3))
+    split = _plan(inv, lambda t: "CUDA0" if t.layer is not None and t.layer >= 1 or t.role == "output" else "CPU",
+                  Knobs(n_ctx=512, mla=1, flash_attn=False), "ik")
+    gpu = replace(split, assignment={t.name: "CPU" if t.role == "token_embd" else "CUDA0" for t in inv.allocated()})
+    assert ik_mla_plan(inv, split).knobs.mla == 3 and ik_mla_plan(inv, gpu).knobs.mla == 1
+    as3 = replace(split, knobs=replace(split.knobs, mla=3))
+    # c^KV alone, 576 f16 a cell; -mla 1 would add kv^T, 512 f16 a cell
+    assert kv_bytes(inv, split) == kv_bytes(inv, as3) == {"CPU": 512 * 1152, "CUDA0": 2 * 512 * 1152}
+    assert kv_bytes(inv, gpu) == {"CUDA0": 3 * 512 * (1152 + 1024)}
+    # -mla 0 (all on the GPU): K and V of every head, their sizes from attn_k_b / attn_v_b (nope 64 + rope 64, v 64)
+    assert kv_layer_bytes(inv, Knobs(n_ctx=512, mla=0), 0, "ik") == 512 * 4 * (128 + 64) * 2
+    assert compute_bytes(inv, split) == compute_bytes(inv, as3)
+    assert ik_wkv_b_bytes(inv, split) == {"CPU": 512 * 544, "CUDA0": 2 * 512 * 544} and not ik_wkv_b_bytes(inv, gpu)
+
+
+def test_ik_computes_wkv_b_for_mla_2_and_3():
+    """A mainline-converted DeepSeek has attn_k_b and attn_v_b only; for -mla 0/2/3 ik builds attn_kv_b from them
+    at load (Q8_0 when quantized): 128 * (128 + 128) rows of 512 -> 17 MiB a layer, 1.01 GiB for DeepSeek-V3, on
+    attn_k_b's device, never mapped from the file."""
+    inv = load_preset("DeepSeek-V3").inventory()
+    where = {t.name: "CPU" if t.is_expert or t.role == "token_embd" else "CUDA0" for t in inv.allocated()}
+    plan = Plan("ds", where, Knobs(n_ctx=1024), "ik")
+    assert ik_wkv_b_bytes(inv, plan) == {"CUDA0": 61 * 128 * 256 * 544}
+    mla1 = replace(plan, knobs=replace(plan.knobs, mla=1))
+    assert weight_bytes(inv, plan)["CUDA0"] - weight_bytes(inv, mla1)["CUDA0"] == 61 * 128 * 256 * 544
+    assert weight_bytes(inv, replace(plan, dialect="mainline")) == weight_bytes(inv, mla1)
+    ram = Plan("ds", {t.name: "CPU" for t in inv.allocated()}, Knobs(n_ctx=1024), "ik")
+    assert estimate(inv, ram).host_pinned == 61 * 128 * 256 * 544
+
+
+def test_ik_amb_splits_attention_without_gqa_into_heads():
+    """ik's llm_build_kqv without flash attention: KQ above -amb MiB with as many K/V heads as Q heads runs one
+    head at a time (llama-build-context.cpp:2127, :2188-2226); GQA, flash attention and mainline are not split."""
+    mha = f32_inventory(qwen3moe_spec(n_head_kv=(4, 4)))          # KQ: 1024 cells x 512 tokens x 4 heads = 8 MiB
+    for inv, fa, amb, dialect, split in ((mha, False, 4, "ik", True), (mha, False, 8, "ik", False),
+                                         (mha, True, 4, "ik", False), (mha, False, 4, "mainline", False),
+                                         (f32_inventory(qwen3moe_spec()), False, 4, "ik", False)):
+        g, _ = _mla(inv, cells=1024, fa=fa, amb=amb, dialect=dialect)
+        n_head_kv = inv.hparams.n_head_kv[0]
+        want = [] if fa else [(1024, 512, 1)] * 4 * 2 if split else [(1024, 512, 4)] * 2
+        kq = [t.ne[:3] for t in g.nodes if t.op == "SOFT_MAX" and t.name.startswith("kq")]
+        assert kq == want, (n_head_kv, fa, amb, dialect)

@@ -27,3 +27,13 @@ LAYER_DENSE = 50816
 LAYER_EXPERTS = 98304
 TOKEN_EMBD = OUTPUT = 65536
 OUTPUT_NORM = 256
+
+
+def deepseek2_spec(n_layer: int = 2, n_head: int = 4, **kw) -> ArchSpec:
+    """MLA as mainline converts DeepSeek (one KV head of kv_lora 512 + rope 64), ik's widths; layer 0 dense."""
+    hp = dict(arch="deepseek2", n_layer=n_layer, n_embd=64, n_vocab=256, n_head=n_head, n_head_kv=(1,) * n_layer,
+              head_dim_k=576, head_dim_v=512, n_ctx_train=4096, n_ff=128, n_expert=4, n_expert_used=2, n_ff_exp=32,
+              n_expert_shared=1, n_ff_shexp=32, moe_layers=(False,) + (True,) * (n_layer - 1),
+              swa_layers=(False,) * n_layer, mla_kv_lora_rank=512, n_rot=64)
+    hp.update(kw)
+    return ArchSpec(Hparams(**hp), frozenset({"probs_b"}), q_lora_rank=64, head_dim_k_mla=128, head_dim_v_mla=64)

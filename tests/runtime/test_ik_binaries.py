@@ -7,13 +7,17 @@ What a CPU build can show, and what each test checks against our own reading of 
 - without a GPU ik turns -ngl into 0 and then drops every -ot and -ncmoe (src/llama.cpp
   llama_model_load_from_file): its loader logs no override at all, which is what our parser says with no GPU;
 - a GPU buffer name in -ot is refused by a build without that device, as our parser refuses it for n_gpus=0;
-- ik's own buffer sizes (model, KV, with MLA too) against the memory model's ik dialect.
+- ik's own buffer sizes (model, KV, compute, MLA's -mla 0/1/2/3 and -amb too) against the memory model's ik dialect,
+  the compute buffer to the byte (the size ik mallocs for it, read through a small LD_PRELOAD shim).
 GPU-only behaviour (the byte -ts split, -ncmoe over GPUs) is in tests/planner/test_flags_ik.py, from the source.
 Every run is tiny (a few-MB synthetic model, -n 1 / -p 8)."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +28,7 @@ from planner.builds import PINNED, from_version
 from planner.errors import FlagError
 from planner.flags import ik as ik_flags
 from planner.flags import parse, render
+from planner.ggml_types import by_name
 from planner.gguf_header import load_inventory
 from planner.memory import estimate
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
@@ -41,9 +46,12 @@ def models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("ik_models")
     # ik accepts a mainline-converted MLA model (one KV head) only with DeepSeek's own widths: K 576 = kv_lora 512
     # + rope 64, V 512, n_rot 64, heads a multiple of 4 (src/llama-hparams.cpp ~1083, else it aborts)
+    ds = dict(kv_lora_rank=512, n_rot=64, head_dim_k=576, head_dim_v=512, head_dim_k_mla=128, head_dim_v_mla=64)
     specs = {"qwen3moe": tiny_spec("qwen3moe"), "gpt-oss": tiny_spec("gpt-oss"),
-             "deepseek2": tiny_spec("deepseek2", kv_lora_rank=512, n_rot=64, head_dim_k=576, head_dim_v=512,
-                                    head_dim_k_mla=128, head_dim_v_mla=64)}
+             "deepseek2": tiny_spec("deepseek2", **ds),
+             # 64 heads: KQ and the decompressed K/V pass -amb's 128 MiB floor at a few thousand cells
+             "deepseek2-h64": tiny_spec("deepseek2", n_head=64, **ds),
+             "llama-mha": tiny_spec("llama", n_head_kv=4)}                # as many K/V heads as Q heads
     return {arch: write_gguf(d / f"{arch}.gguf", spec, uniform_recipe("Q8_0"))[0] for arch, spec in specs.items()}
 
 
@@ -204,6 +212,9 @@ def test_engine_measures_with_ik_llama_bench_and_sweep_bench(ik_binaries, models
 
 
 _BUF = re.compile(r"^\S+:\s+(\S+) (KV |compute |)buffer size =\s+([\d.]+) MiB", re.M)
+# ik computes attn_kv_b at load for -mla 0/2/3 (no buffer line; planner/memory.py ik_wkv_b_bytes)
+_WKV_B = re.compile(r"^Computed blk\.\d+\.attn_kv_b\.weight as (\d+) x (\d+) of type (\w+) and stored in buffer CPU$",
+                    re.M)
 
 
 def _buffers(log: str) -> dict[str, int]:
@@ -214,35 +225,133 @@ def _buffers(log: str) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("arch,knobs", [
-    ("qwen3moe", Knobs(n_ctx=512, n_threads=1)),
-    ("qwen3moe", Knobs(n_ctx=1024, type_k="q8_0", type_v="q8_0", n_threads=1)),
-    ("qwen3moe", Knobs(n_ctx=512, fmoe=False, n_threads=1)),
-    ("qwen3moe", Knobs(n_ctx=256, n_ubatch=8, flash_attn=False, n_threads=1)),   # mask rows padded to 16
-    ("gpt-oss", Knobs(n_ctx=512, n_threads=1)),
-    ("deepseek2", Knobs(n_ctx=512, mla=3, n_threads=1)),
-    ("deepseek2", Knobs(n_ctx=512, mla=1, flash_attn=False, n_threads=1)),
-], ids=["qwen3moe-f16", "qwen3moe-q8kv", "qwen3moe-nofmoe", "qwen3moe-ub8-nofa", "gpt-oss", "deepseek2-mla3-fa",
-        "deepseek2-mla1-nofa"])
-def test_model_and_kv_buffers_match_the_memory_model(ik_binaries, models, arch, knobs):
+# Every malloc of 4 KiB or more, printed before the log line that follows it: ik's CPU buffer type mallocs a
+# buffer's size + TENSOR_ALIGNMENT (32) bytes (ggml/src/ggml-backend.cpp:705-707), so the compute buffer's exact
+# size is the malloc just before "CPU compute buffer size", less 32. (The programs link ggml statically, libc not.)
+_MALLOC_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+static void *(*real_malloc)(size_t);
+static __thread int busy;
+void *malloc(size_t size) {
+    if (!real_malloc) real_malloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "malloc");
+    void *p = real_malloc(size);
+    if (size >= 4096 && !busy) {
+        char line[48];
+        busy = 1;
+        int n = snprintf(line, sizeof line, "MALLOC %zu\n", size);
+        if (write(2, line, n) < 0) {}
+        busy = 0;
+    }
+    return p;
+}
+"""
+CPU_BUFFER_PAD = 32
+
+
+@pytest.fixture(scope="module")
+def malloc_shim(tmp_path_factory) -> Path | None:
+    cc = next((shutil.which(c) for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    if cc is None or not sys.platform.startswith("linux"):
+        return None
+    d = tmp_path_factory.mktemp("malloc_shim")
+    (d / "shim.c").write_text(_MALLOC_SHIM)
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "shim.so"), str(d / "shim.c"), "-ldl"],
+                       capture_output=True, text=True)
+    return d / "shim.so" if r.returncode == 0 else None
+
+
+def reserve(ik_binaries, argv: list[str], shim: Path | None) -> str:
+    """llama-sweep-bench's log up to its context's buffers and graph (then stopped: at a few thousand cells its sweep
+    would fill the whole context on one thread)."""
+    env = dict(os.environ, **({"LD_PRELOAD": str(shim)} if shim else {}))
+    p = subprocess.Popen([str(ik_binaries["llama-sweep-bench"]), *argv, "-n", "2", "-nrep", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                         errors="replace", cwd=tempfile.gettempdir(), env=env)
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if "graph splits" in line:
+                break
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    return "".join(lines)
+
+
+def _exact_compute(log: str) -> int | None:
+    """The compute buffer's bytes: the last malloc before its log line whose size, less the pad, prints as logged."""
+    mallocs: list[int] = []
+    for line in log.splitlines():
+        if line.startswith("MALLOC "):
+            mallocs.append(int(line.split()[1]))
+        elif "CPU compute buffer size" in line:
+            logged = line.split("=")[1].split()[0]
+            return next((m - CPU_BUFFER_PAD for m in reversed(mallocs)
+                         if f"{(m - CPU_BUFFER_PAD) / MiB:.2f}" == logged), None)
+    return None
+
+
+DS, DS64 = "deepseek2", "deepseek2-h64"
+BUFFER_CASES = {
+    "qwen3moe-f16": ("qwen3moe", Knobs(n_ctx=512)),
+    "qwen3moe-q8kv": ("qwen3moe", Knobs(n_ctx=1024, type_k="q8_0", type_v="q8_0")),
+    "qwen3moe-nofmoe": ("qwen3moe", Knobs(n_ctx=512, fmoe=False)),
+    "qwen3moe-ub8-nofa": ("qwen3moe", Knobs(n_ctx=256, n_ubatch=8, flash_attn=False)),   # mask rows padded to 16
+    "gpt-oss": ("gpt-oss", Knobs(n_ctx=512)),
+    # -amb without flash attention and without GQA: one head at a time (256 MiB of KQ at 32768 cells)
+    "llama-mha-nofa-amb128": ("llama-mha", Knobs(n_ctx=32768, flash_attn=False, amb=128)),
+    # ik's MLA attention (planner/llama_graph.py IK_MLA): -mla 2/3 with flash attention from 128 tokens: K and V
+    # decompressed by wkv_b per group of heads (-amb bounds the group), in the cache type on a CPU build
+    "ds-mla3-fa": (DS, Knobs(n_ctx=512, mla=3)),
+    "ds-mla2-fa-ub128": (DS, Knobs(n_ctx=1024, n_ubatch=128, mla=2)),
+    "ds-mla3-fa-q8kv": (DS, Knobs(n_ctx=512, mla=3, type_k="q8_0", type_v="q8_0")),
+    "ds64-mla3-fa-amb128": (DS64, Knobs(n_ctx=8192, mla=3, amb=128)),                # 2 groups of 32 heads
+    # -mla 1/3 with flash attention below that: flash attention over the latent cache
+    "ds-mla1-fa": (DS, Knobs(n_ctx=512, mla=1)),
+    "ds-mla3-fa-ub32": (DS, Knobs(n_ctx=1024, n_ubatch=32, mla=3)),
+    # KQ, softmax, KQV over the latent: no flash attention, or -mla 2 with it below 128 tokens (kv^T in the buffer)
+    "ds-mla1-nofa": (DS, Knobs(n_ctx=512, mla=1, flash_attn=False)),
+    "ds-mla3-nofa-ub8": (DS, Knobs(n_ctx=256, n_ubatch=8, mla=3, flash_attn=False)),
+    "ds-mla2-fa-ub32-q8kv": (DS, Knobs(n_ctx=1024, n_ubatch=32, mla=2, type_k="q8_0", type_v="q8_0")),
+    "ds-mla2-nofa-ub1": (DS, Knobs(n_ctx=512, n_ubatch=1, mla=2, flash_attn=False)),
+    "ds64-mla3-nofa-amb200": (DS64, Knobs(n_ctx=8192, mla=3, amb=200, flash_attn=False)),   # 6 groups of 11 heads
+    "ds64-mla1-nofa-amb128": (DS64, Knobs(n_ctx=2048, mla=1, amb=128, flash_attn=False)),
+    # -mla 0: K and V of every head in the cache, llm_build_kv's attention (one head at a time under -amb)
+    "ds-mla0-fa": (DS, Knobs(n_ctx=512, mla=0)),
+    "ds-mla0-nofa": (DS, Knobs(n_ctx=512, mla=0, flash_attn=False)),
+    "ds64-mla0-nofa-amb128": (DS64, Knobs(n_ctx=2048, mla=0, amb=128, flash_attn=False)),
+}
+
+
+@pytest.mark.parametrize("case", list(BUFFER_CASES))
+def test_model_kv_and_compute_buffers_match_the_memory_model(ik_binaries, models, malloc_shim, case):
+    arch, knobs = BUFFER_CASES[case]
     inv = load_inventory(models[arch])
-    plan = Plan("m", everything_on(inv), knobs, "ik")
+    plan = Plan("m", everything_on(inv), replace(knobs, n_threads=1), "ik")
     rc = render(plan, inv, "server", model_path=str(models[arch]))
-    r = sweep(ik_binaries, list(rc))
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    bufs = _buffers(r.stdout + r.stderr)
+    log = reserve(ik_binaries, list(rc), malloc_shim)
+    assert "graph splits" in log, log[-2000:]
+    bufs = _buffers(log)
     mem = estimate(inv, plan).devices["CPU"]
     # the log prints MiB with 2 decimals: 0.005 MiB each way
     model = sum(v for k, v in bufs.items() if k.endswith(" model"))
-    assert abs(model - mem.weights) <= MiB // 100, (bufs, mem)
+    wkv_b = sum(int(b) * by_name(t.upper()).row_bytes(int(a)) for a, b, t in _WKV_B.findall(log))
+    assert abs(model + wkv_b - mem.weights) <= MiB // 100, (bufs, wkv_b, mem)
     assert abs(bufs.get("CPU KV", 0) - mem.kv) <= MiB // 100, (bufs, mem)
     # the compute buffer is the replay of ik's graph (planner/llama_graph.py, dialect ik: its fused norm, MoE
-    # up/gate and weighted sum, no graph outputs, ik's input and node order), which ggml-alloc lays out as ik
-    # does: to the byte, but for MLA, whose ik graphs are not modelled (5.15 MiB logged against 12.01 at -mla 3,
-    # 13.13 against 12.53 at -mla 1 without flash attention; docs/ik_llama.md)
-    print(f"ik compute {arch}: log {bufs['CPU compute'] / MiB:.2f} MiB, model {mem.compute / MiB:.2f} MiB")
-    if arch != "deepseek2":
-        assert abs(bufs["CPU compute"] - mem.compute) <= MiB // 100, (bufs, mem)
+    # up/gate and weighted sum, its MLA attention, no graph outputs, ik's input and node order), which ggml-alloc
+    # lays out as ik does: to the byte
+    exact = _exact_compute(log)
+    print(f"ik compute {case}: log {bufs['CPU compute'] / MiB:.2f} MiB ({exact} B), model {mem.compute} B")
+    if exact is not None:
+        assert exact == mem.compute, (case, exact, mem.compute)
+    else:                   # no C compiler for the shim: the log's 2 decimals
+        assert f"{bufs['CPU compute'] / MiB:.2f}" == f"{mem.compute / MiB:.2f}", (bufs, mem)
+    assert re.search(r"graph nodes\s+=\s+\d+", log)
 
 
 def test_plan_reads_the_target_build_from_the_binary(ik_binaries, capsys):
