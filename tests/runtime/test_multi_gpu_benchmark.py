@@ -100,6 +100,7 @@ def _torch_dry_run(bench, work, out, *more):
                        *more])
 
 
+@pytest.mark.slow
 def test_torch_step_dry_run_on_two_logical_gpus_resumes(bench, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     assert _torch_dry_run(bench, work, out) == 0          # no llama-bench needed for the torch step
