@@ -288,10 +288,6 @@ def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: Wo
     }
 
 
-def time_left(args, t_start: float) -> float:
-    return args.time_budget - (time.monotonic() - t_start)
-
-
 def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwareProfile, cases: list[Case],
                wl: Workload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
     """Measure the plans not measured yet; False when the time budget stopped it early."""
@@ -301,7 +297,7 @@ def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwarePr
         out = results_dir / f"plan-{case.name}.json"
         if out.exists() and not args.redo:
             continue
-        left = time_left(args, t_start)
+        left = lg.time_left(args, t_start)
         if left < args.min_left:
             log(f"memory: stopping, {left:.0f} s left of --time-budget; run again to continue")
             return False
@@ -474,7 +470,7 @@ def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], 
     longest = None
     for k, (i, case) in enumerate(todo):
         need = args.torch_first_s if longest is None else max(args.min_left, 1.5 * longest)
-        left = time_left(args, t_start)
+        left = lg.time_left(args, t_start)
         if left < need:
             log(f"torch: stopping, {left:.0f} s left of --time-budget (a run needs ~{need:.0f} s); run again")
             return False
@@ -514,7 +510,7 @@ def run_torch_child(args, argv: list[str], t_start: float, meta_path: Path) -> b
     tune step's llama.cpp runs (whose --fit and budgets read the GPUs' free memory). Started again if it died
     (the plan it died in is retried once, then recorded as failed); exit 2 there (bad input) is one here."""
     for _ in range(3):
-        left = time_left(args, t_start)
+        left = lg.time_left(args, t_start)
         if left < args.min_left:
             log(f"torch: not started, {left:.0f} s left; run again")
             return False
@@ -968,8 +964,9 @@ def run(argv: list[str] | None = None) -> int:
             raise BadInput(f"no llama-bench at {bench}: run `bash benchmarks/llamacpp_gpu.sh build TARBALL` first")
         model = args.model or (workdir / "tiny-qwen3moe-q4_0.gguf" if args.cpu
                                else lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf")
-        if not model.exists() and not args.cpu and time_left(args, t_start) < args.model_min_left:
-            log(f"model: not written in this call ({time_left(args, t_start):.0f} s left of --time-budget); run again")
+        if not model.exists() and not args.cpu and lg.time_left(args, t_start) < args.model_min_left:
+            log(f"model: not written in this call ({lg.time_left(args, t_start):.0f} s left of --time-budget); "
+                "run again")
             return 3
         lg.write_model(model, args.cpu)
         inv = load_inventory(model)

@@ -653,30 +653,18 @@ def _pipeline_leafs(c: Compiled, dev: list[str], src: list[tuple[int, ...]], n_b
     n_copies > 1): every graph input and every split input gets `copies` copies, flagged input and output, so the
     allocator places them all first (as leafs) and never frees them; the graph reads copy 0. Appends the extra
     copies to c (a private copy) and returns the leaf order: input copies, then split-input copies, then the rest."""
-    out_flags = c.output
     split_inputs = [i for i in range(n_before, len(c.tensors)) if c.kind[i] == 0]     # _split's copies
+    graph_inputs = [i for i in c.leafs if c.kind[i] == 0]   # pass 6: graph inputs, on their backend (the CPU)
     first: list[int] = []
-    for i in c.leafs:                                   # pass 6: graph inputs, on their backend (the CPU)
-        if c.kind[i] != 0:
-            continue
-        out_flags[i] = True
+    for i in graph_inputs + split_inputs:               # pass 5: each split's inputs, n_copies of each
+        c.output[i] = True
         first.append(i)
+        t = c.tensors[i]
         for k in range(1, copies):
-            t = c.tensors[i]
             j = c.add(GT(f"{t.name}#{k}", t.ne, t.dtype, "NONE", nbytes=t.nbytes), (), -1)
             dev.append(dev[i])
             src.append(())
-            out_flags[j] = True
-            first.append(j)
-    for i in split_inputs:                              # pass 5: each split's inputs, n_copies of each
-        out_flags[i] = True
-        first.append(i)
-        for k in range(1, copies):
-            t = c.tensors[i]
-            j = c.add(GT(f"{t.name}#{k}", t.ne, t.dtype, "NONE", nbytes=t.nbytes), (), -1)
-            dev.append(dev[i])
-            src.append(())
-            out_flags[j] = True
+            c.output[j] = True
             first.append(j)
     seen = set(first)
     return first + [i for i in c.leafs if i not in seen]
