@@ -68,7 +68,11 @@ def smallest_ncmoe(inv: ModelInventory, knobs: Knobs, dialect: Dialect, model_id
             return False
     if not ok(inv.n_layer):
         return None
-    lo, hi = 0, inv.n_layer             # ok(hi) holds
+    return _smallest(ok, 0, inv.n_layer)
+
+
+def _smallest(ok, lo: int, hi: int) -> int:
+    """The smallest n in [lo, hi] with ok(n), ok monotone and ok(hi) true (a bisection)."""
     while lo < hi:
         mid = (lo + hi) // 2
         if ok(mid):
@@ -138,15 +142,9 @@ def ncmoe_split(inv: ModelInventory, knobs: Knobs, dialect: Dialect, model_id: s
     top = inv.n_layer
     if not ok(top):
         return None
-    lo, hi = max(start, 0), top
-    if lo > hi:
+    if max(start, 0) > top:
         return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = _smallest(ok, max(start, 0), top)
     got = best_ts(lo)
     assert got is not None
     return lo, got[1]
