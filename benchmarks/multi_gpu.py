@@ -15,10 +15,11 @@ Steps (--steps, in this order):
   shape in BF16 cut to its first --torch-layers 16 blocks (19.7 GiB; ~10 GiB per GPU, the llama.cpp model's share
   per GPU; the same tensors per layer, so the staging buffers, KV rows and logits are the full model's). Per GPU
   the engine's peak (torch.cuda.max_memory_allocated + the CUDA context, as the one-GPU torch benchmarks measure)
-  against planner.memory's prediction made as they make it (the mainline dialect, torch_study.py's hardware
-  profile: the H100's calibrated one, whose GPU overhead is the torch engine's CUDA context), the |error|
-  against the same goal, and both sides' parts (engine: weights, KV, staging, activations, context; planner:
-  weights, KV, compute, overhead) and the GPU's own peak (NVML) beside them. Context: the workload rounded up
+  against the engine's own prediction (TorchEngine.predict_memory, the memory model `tune --engine torch`
+  judges with; torch_study.py's hardware profile: the H100's calibrated one, whose GPU overhead is the torch
+  engine's CUDA context; planner.memory's llama.cpp estimate kept in the JSON), the |error| against the same
+  goal, and both sides' parts (engine: weights, KV, staging, activations, context; predicted: weights, KV,
+  compute = staging + activations, overhead) and the GPU's own peak (NVML) beside them. Context: the workload rounded up
   to 256 cells, what the engine allocates. One run each, the memory step's workload. In a child process when
   tune follows (its CUDA context and cached weights must not stay on the GPUs that --fit and the budget cells
   read); the step alone needs no llama.cpp build or model. Why 16 layers: the first run of a process pays
@@ -393,7 +394,10 @@ def torch_device_row(pred: dict[str, Any], peak: int | None, logical: bool, part
 def measure_torch_case(engine: Any, inv: ModelInventory, case: Case, wl: Workload, hw: HardwareProfile,
                        logical: bool, sampler: Any, baseline: dict[int, int], index: int) -> dict[str, Any]:
     from runtime import gpumem
-    pred = estimate(inv, case.plan, hw).to_dict()["devices"]
+    # the engine's own memory model (its dry-run accountant: TorchEngine.predict_memory), and planner.memory's
+    # (llama.cpp's memory, what the torch step predicted with before) beside it
+    pred = engine.predict_memory(inv, case.plan, hw, wl).to_dict()["devices"]
+    pred_llamacpp = estimate(inv, case.plan, hw).to_dict()["devices"]
     rc = render(case.plan, inv, "bench", workload=wl, model_path="MODEL.gguf")
     t0 = time.monotonic()
     if sampler is not None:
@@ -419,6 +423,7 @@ def measure_torch_case(engine: Any, inv: ModelInventory, case: Case, wl: Workloa
         "workload": {"n_prompt": wl.n_prompt, "n_gen": wl.n_gen, "repetitions": wl.repetitions},
         "model": inv.name, "model_gib": round(inv.total_bytes() / GiB, 2), "hardware": hw.name,
         "engine": torch_engine_info(engine, logical), "measurement": m.to_dict(), "predicted": pred,
+        "memory_model": "torch engine (TorchEngine.predict_memory)", "predicted_planner_memory": pred_llamacpp,
         "predicted_devices": sorted((d for d in pred if d != "CPU"), key=device_sort_key),
         "devices": devices, "within_goal": (all(checked) if checked else None),
     }
@@ -482,7 +487,8 @@ def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], 
             rec = {"name": case.name, "what": case.what, "index": i, "plan_id": case.plan.id,
                    "plan": case.plan.to_dict(), "flags": "", "logical_gpus": logical, "seconds": 0.0,
                    "model": inv.name, "hardware": hw.name, "measurement": m.to_dict(),
-                   "predicted": estimate(inv, case.plan, hw).to_dict()["devices"], "within_goal": None,
+                   "predicted": engine.predict_memory(inv, case.plan, hw, wl).to_dict()["devices"],
+                   "memory_model": "torch engine (TorchEngine.predict_memory)", "within_goal": None,
                    "devices": {}}
         else:
             lg.write_json(marker, {"attempts": attempts + 1})
@@ -764,8 +770,8 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
 
 
 def torch_section(recs: list[dict[str, Any]]) -> list[str]:
-    """The torch runtime's table: per plan and GPU the engine's peak against planner.memory's, and both sides'
-    parts (where a gap comes from)."""
+    """The torch runtime's table: per plan and GPU the engine's peak against the engine's own prediction (records
+    made before it: planner.memory's), and both sides' parts (where a gap comes from)."""
     L = ["## Torch runtime: predicted vs measured per device", ""]
     if not recs:
         return L + ["No torch plan measured yet.", ""]
@@ -783,9 +789,15 @@ def torch_section(recs: list[dict[str, Any]]) -> list[str]:
     L += [f"The bundled PyTorch engine (torch {eng.get('torch', '?')}, {eng.get('compute_dtype', 'bf16')}, synthetic "
           f"weights{cuda}) on {where}. Model {r0['model']} "
           f"({r0.get('model_gib', 0):.1f} GiB); the memory table's placements (flags: what they render as for "
-          f"llama-bench), context {r0.get('knobs', {}).get('n_ctx', '?')}. predicted = planner.memory's estimate "
-          f"with hardware '{r0['hardware']}' (what the one-GPU torch benchmarks predict with; its GPU overhead is "
-          "the torch engine's CUDA context on the H100); error = predicted - measured; goal |error| <= max(3%, "
+          f"llama-bench), context {r0.get('knobs', {}).get('n_ctx', '?')}. predicted = "
+          + (f"the torch engine's own memory model (TorchEngine.predict_memory: a dry run of its placement and "
+             f"accountant, what `tune --engine torch` judges plans with; planner.memory's llama.cpp estimate in the "
+             f"JSON beside it) with hardware '{r0['hardware']}' (its GPU overhead, the torch engine's CUDA context "
+             f"on the H100, added on real GPUs)"
+             if "memory_model" in r0 else
+             f"planner.memory's estimate with hardware '{r0['hardware']}' (runs recorded before the torch engine "
+             "had its own memory model)")
+          + "; error = predicted - measured; goal |error| <= max(3%, "
           "256 MiB) on each GPU. engine parts = weights + KV + staging (upload buffers of RAM weights) + "
           "activations (the rest of the peak) + context; pred parts = weights + KV + compute + overhead. device "
           "peak: the GPU's memory in use (NVML / nvidia-smi) during the run less its reading before the torch "

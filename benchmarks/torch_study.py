@@ -55,7 +55,7 @@ from planner.errors import InputError  # noqa: E402
 from planner.flags import parse, render_shell  # noqa: E402
 from planner.hardware import GiB, fmt_bytes, load_hardware, parse_size  # noqa: E402
 from planner.loader import load_model  # noqa: E402
-from planner.memory import estimate  # noqa: E402
+from planner.engine import MemoryModel, memory_model, memory_model_name  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
@@ -143,6 +143,7 @@ class Setup:
         est = args.run_estimate if args.run_estimate is not None else DEFAULT_RUN_ESTIMATE_S.get(args.engine, 0.0)
         self.clock = Clock(args.time_budget, est)
         self._engine: TimedEngine | None = None
+        self._memory: MemoryModel | None = None
         self.report_tried = False           # the study phase wrote (or could not write) the report already
 
     def engine(self) -> TimedEngine:
@@ -164,6 +165,13 @@ class Setup:
     def budget_bytes(self) -> int:
         return self.budget.gpus["CUDA0"]
 
+    def memory(self) -> MemoryModel:
+        """The memory model that judges the engine's plans (the tuner's: the engine's own prediction where it has
+        one, the torch engine's; planner.memory's estimate for sim)."""
+        if self._memory is None:
+            self._memory = memory_model(self.engine(), self.workload)
+        return self._memory
+
 
 # ---- grid -----------------------------------------------------------------------------------------------------------
 
@@ -177,7 +185,8 @@ def parse_ngl(inv: ModelInventory, n: int, knobs: Any) -> Plan:
 def grid_plans(s: Setup) -> list[tuple[int, int, Plan]]:
     """(N, ubatch, plan) of every grid point: `-ngl N` placements (the planner's parser) with the study's
     default knobs at that ubatch, for N = 0 .. the most that fits the budget (thinned past GRID_MAX_N values)."""
-    space = Space(s.inv, s.hw, dialect="mainline", n_ctx=s.n_ctx, margin=s.margin, config=s.config)
+    memory = s.memory()
+    space = Space(s.inv, s.hw, dialect="mainline", n_ctx=s.n_ctx, margin=s.margin, config=s.config, memory=memory)
     out = []
     for ub in GRID_UBATCHES:
         params = {**space.default_params(), "ubatch_log2": int(math.log2(ub)),
@@ -186,7 +195,7 @@ def grid_plans(s: Setup) -> list[tuple[int, int, Plan]]:
         fitting = []
         for n in range(s.inv.n_layer + 2):      # -ngl n_layer + 1 puts every layer and the output on the GPU
             plan = parse_ngl(s.inv, n, knobs)
-            if space.over_budget(estimate(s.inv, plan, s.hw)):
+            if space.over_budget(memory(s.inv, plan, s.hw)):
                 break
             fitting.append((n, plan))
         if len(fitting) > GRID_MAX_N:
@@ -233,7 +242,7 @@ def run_grid(s: Setup) -> dict[str, Any]:
                 "next call")
             break
         engine = s.engine()
-        mem = estimate(s.inv, plan, s.hw)
+        mem = s.memory()(s.inv, plan, s.hw)
         pr = predict(s.inv, plan, s.hw, n_prompt=max(s.workload.n_prompt, 1), depth=s.workload.depth)
         t0 = time.perf_counter()
         try:
@@ -255,6 +264,7 @@ def run_grid(s: Setup) -> dict[str, Any]:
             "within_budget": bool(m.ok) and peak.get("CUDA0", 0) <= s.budget_bytes(),
             "duration_s": round(dt, 2),
         }
+        grid["memory_model"] = memory_model_name(s.memory())
         grid["points"].append(point)
         grid["points"].sort(key=lambda p: (p["ubatch"], p["n_gpu_layers"]))
         _write_json(s.out / GRID_FILE, grid)
@@ -421,6 +431,7 @@ def compare(s: Setup) -> dict[str, Any]:
     result = {"settings": {**s.settings(), "budget_bytes": s.budget_bytes(), "study": s.study_name,
                            "storage": s.storage, "trials_asked": s.args.trials},
               "grid": gpts, "grid_failed": [p for p in gpts if not p["within_budget"]],
+              "memory_model": grid.get("memory_model", "planner.memory"),
               "study": study, "best": best, "plot": None,
               "report_dir": str(Path("reports") / s.study_name)}
     result["plot"] = plot(s, gpts, study)
@@ -496,7 +507,10 @@ def markdown(r: dict[str, Any]) -> str:
          f"Engine `{st['engine']}`; GPU budget {fmt_bytes(st['hardware']['gpus'][0][1])} "
          f"(VRAM - {fmt_bytes(st['margin_bytes'])} margin = {fmt_bytes(st['budget_bytes'])} for the runs, measured "
          f"peak included); hardware profile `{st['hardware']['name']}`; workload PP {w['n_prompt']} tokens, "
-         f"TG {w['n_gen']} tokens, {w['repetitions']} repetitions (median); context {st['n_ctx']}.", ""]
+         f"TG {w['n_gen']} tokens, {w['repetitions']} repetitions (median); context {st['n_ctx']}. "
+         f"predicted GiB: the {r.get('memory_model', 'planner.memory')} memory model (the one the study judges "
+         "plans with: the torch engine's own dry-run accountant, TorchEngine.predict_memory; planner.memory's "
+         "llama.cpp estimate for engines without one).", ""]
     L += ["## Best of each side (runs whose measured peak is within the budget)", ""]
     rows = []
     for name, col, fmt in (("TG", "tg_tps", "{:.2f}"), ("PP", "pp_tps", "{:.1f}")):

@@ -18,13 +18,16 @@ Contract of `Engine.measure(inv, plan, workload) -> Measurement`:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from .hardware import HardwareProfile
+from .memory import MemoryReport, estimate
 from .model import ModelInventory
 from .plan import Plan
 from .workload import Workload
 
-__all__ = ["Engine", "Measurement", "Workload"]
+__all__ = ["Engine", "Measurement", "MemoryModel", "Workload", "memory_model", "memory_model_name"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,38 @@ class Engine(Protocol):
     - `run_context(workload[, plan]) -> int`: the context a run holds when it differs from the plan's -c (llama-bench:
       its prompt test's; llama-sweep-bench: whole ubatch rows of the plan, hence the plan); the tuner adds the memory
       model's difference to each measured peak, to judge the emitted command at its own context;
-    - `own_fit(inv, workload, budgets) -> EngineFit | None`: the engine's own --fit at those per-GPU budgets."""
+    - `own_fit(inv, workload, budgets) -> EngineFit | None`: the engine's own --fit at those per-GPU budgets;
+    - `predict_memory(inv, plan, hw, workload) -> MemoryReport | None`: the engine's own prediction of what
+      measure(inv, plan, workload) holds per device (GPU totals comparable with Measurement.peak_bytes, CUDA context
+      included where the measurement includes it; the CPU entry and host_pinned as planner.memory fills them), for
+      an engine whose memory is not llama.cpp's. No allocation, no run: it is called for every candidate a study
+      judges. None (or no such method): planner.memory.estimate, llama.cpp's memory, judges its plans
+      (`memory_model` below picks)."""
     name: str
 
     def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
         ...
+
+
+MemoryModel = Callable[[ModelInventory, Plan, "HardwareProfile | None"], MemoryReport]
+
+
+def memory_model(engine: Any, workload: Workload) -> MemoryModel:
+    """The memory model that judges `engine`'s plans at `workload`, with planner.memory.estimate's signature:
+    the engine's `predict_memory` where it has one (planner.memory.estimate for a plan it returns None for),
+    else planner.memory.estimate itself (the same function object, so callers keep its behaviour exactly)."""
+    predict = getattr(engine, "predict_memory", None)
+    if predict is None:
+        return estimate
+
+    def model(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None) -> MemoryReport:
+        report = predict(inv, plan, hw, workload)
+        return estimate(inv, plan, hw) if report is None else report
+    model.engine_name = getattr(engine, "name", type(engine).__name__)    # type: ignore[attr-defined]
+    return model
+
+
+def memory_model_name(model: MemoryModel) -> str:
+    """What predicts: "planner.memory" (llama.cpp's memory) or "<engine> engine"."""
+    name = getattr(model, "engine_name", None)
+    return f"{name} engine" if name else "planner.memory"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Literal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .errors import BudgetError
 from .hardware import MiB, HardwareProfile, fmt_bytes
@@ -113,13 +113,15 @@ def layer_order(layers: list[int], order: str) -> list[int]:
     return out
 
 
-def _fixed_bytes(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None) -> dict[str, int]:
+def _fixed_bytes(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
+                 estimate: Callable[..., MemoryReport] = estimate) -> dict[str, int]:
     """Per-device bytes that do not change while experts move (KV, compute, overhead) plus current weights."""
     return {d: m.total for d, m in estimate(inv, plan, hw).devices.items()}
 
 
 def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwareProfile | None,
-                 order: str = "last", partial: bool = True) -> Plan:
+                 order: str = "last", partial: bool = True,
+                 estimate: Callable[..., MemoryReport] = estimate) -> Plan:
     """Move CPU-resident expert tensors to their layer's home GPU, whole layers first in `order`, then (if
     `partial`) single up/gate/down tensors of the next layer, while every GPU stays within budget.
 
@@ -128,8 +130,9 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
     several: a RAM-resident expert of a CUDA1 layer runs its prompt batches on CUDA0 (op offload uploads it to the
     first GPU), so moving it home moves that compute onto CUDA1, and a plan that ends with every tensor on its
     layer's GPU turns llama.cpp's pipeline parallelism on (memory.pipeline_copies). There the result is estimated
-    whole and the last moves onto a GPU over its budget are undone until it fits."""
-    used = _fixed_bytes(inv, plan, hw)
+    whole and the last moves onto a GPU over its budget are undone until it fits. `estimate`: the memory model
+    (planner.memory's, or an engine's own: planner.engine.memory_model)."""
+    used = _fixed_bytes(inv, plan, hw, estimate)
     a = dict(plan.assignment)
     full: dict[str, bool] = {}
     moves: list[tuple[str, list[str]]] = []
@@ -167,12 +170,13 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
         full[home] = True
     out = replace(plan, assignment=a)
     if len({d for d in a.values() if d != "CPU"}) > 1:
-        out = _undo_until_fits(inv, out, budget, hw, moves)
+        out = _undo_until_fits(inv, out, budget, hw, moves, estimate)
     return out
 
 
 def _undo_until_fits(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwareProfile | None,
-                     moves: list[tuple[str, list[str]]]) -> Plan:
+                     moves: list[tuple[str, list[str]]],
+                     estimate: Callable[..., MemoryReport] = estimate) -> Plan:
     """fill_experts on several GPUs: undo the last moves onto a GPU that the whole estimate puts over its budget."""
     a = dict(plan.assignment)
     while True:

@@ -51,6 +51,7 @@ from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirme
 from .baselines import NCMOE_TRIES, EngineFit, flag_plan, ncmoe_split, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
 from .interrupt import SIGINT
+from ..engine import memory_model
 from ..errors import InputError, OffloadTunerError
 from ..hardware import GiB, MiB, HardwareProfile
 from ..model import ModelInventory
@@ -257,6 +258,9 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         self.inv, self.hw, self.engine = inv, hw, engine
+        # the memory model that judges this engine's plans: its own prediction where it has one (the torch engine),
+        # else planner.memory's (llama.cpp's memory; the sim engine's own)
+        self.estimate = memory_model(engine, workload)
         self.objective = parse_objective(objective) if isinstance(objective, str) else objective
         self.workload, self.dialect = workload, dialect
         need = workload.depth + workload.n_prompt + workload.n_gen
@@ -295,10 +299,11 @@ class Tuner:
         self.max_seeds: int | None = None      # run() caps the seed trials of an expensive engine
         config = self.config        # _open may have kept a resumed study's space (LATER_SPACE_OPTIONS)
         if space is not None and (space.margin, space.config, space.n_ctx, space.dialect) == \
-                (self.margin, config, self.n_ctx, dialect):
+                (self.margin, config, self.n_ctx, dialect) and space.estimate is self.estimate:
             self.space = space          # a prepared one (benchmarks share a cached grid between methods)
         else:
-            self.space = Space(inv, hw, dialect=dialect, n_ctx=self.n_ctx, margin=self.margin, config=config)
+            self.space = Space(inv, hw, dialect=dialect, n_ctx=self.n_ctx, margin=self.margin, config=config,
+                               memory=self.estimate)
         self.fit = CostFit.from_dict(attrs.get("cost_fit"))
         self.pool: dict[str, _PoolEntry] = {}
         self.measured: dict[str, tuple[int, tuple[float, ...] | None]] = {}   # plan id -> (trial, values)
@@ -640,8 +645,7 @@ class Tuner:
         if plan is None:
             return rec
         rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
-        from ..memory import estimate
-        reason = self.space.over_budget(estimate(self.inv, plan, self.hw))
+        reason = self.space.over_budget(self.estimate(self.inv, plan, self.hw))
         if reason and judged:
             rec["error"] = f"not run: over budget ({reason})"
             return rec
@@ -674,12 +678,11 @@ class Tuner:
         """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
         over the budget (NCMOE_TRIES runs at most). Several GPUs: the best hand -ncmoe N -ts a,b
         (baselines.ncmoe_split)."""
-        from ..memory import estimate
         if self._n_gpus:
             return self._ncmoe_split_record(knobs)
 
         def fits(plan: Plan) -> bool:
-            return not self.space.over_budget(estimate(self.inv, plan, self.hw))
+            return not self.space.over_budget(self.estimate(self.inv, plan, self.hw))
         n = smallest_ncmoe(self.inv, knobs, self.dialect, self.settings.model_id, fits)
         if n is None:
             return {"name": "best -ncmoe", "kind": "ncmoe", "ok": False, "runs": 0,
@@ -697,10 +700,9 @@ class Tuner:
     def _ncmoe_split_record(self, knobs) -> dict[str, Any]:
         """Several GPUs: -ngl 99 -ncmoe N -ts a,b with the smallest N that fits and the -ts that leaves the most
         room on the fuller GPU, then the next N (its own -ts) while runs measure over the budget."""
-        from ..memory import estimate
 
         def headroom(plan: Plan) -> int | None:
-            mem = estimate(self.inv, plan, self.hw)
+            mem = self.estimate(self.inv, plan, self.hw)
             if self.space.over_budget(mem).startswith("host"):
                 return -1
             budget = self.space.budget.gpus
@@ -743,7 +745,6 @@ class Tuner:
 
     def _describe(self, plan: Plan, terms: Terms | None = None, memory: Any = None) -> dict[str, Any]:
         from ..flags import render_shell
-        from ..memory import estimate
         cmds: dict[str, str] = {}
         model_path = "MODEL.gguf" if self.settings.model.startswith("preset:") else self.settings.model
         for tool in ("server", "cli", "bench") if self.want_commands else ():
@@ -759,7 +760,7 @@ class Tuner:
         tg_prior, pp_prior = CostFit().predict(terms)
         return {"plan_id": plan.id, "label": plan.label, "commands": cmds, "terms": terms,
                 "predicted": {"tg_tps": tg_fit, "pp_tps": pp_fit, "prior_tg_tps": tg_prior, "prior_pp_tps": pp_prior},
-                "memory": (memory or estimate(self.inv, plan, self.hw)).to_dict()}
+                "memory": (memory or self.estimate(self.inv, plan, self.hw)).to_dict()}
 
     # ---- measuring --------------------------------------------------------------------------------------------
 
@@ -782,9 +783,8 @@ class Tuner:
         run_ctx = self._run_ctx_of_plan(self.workload, plan) if self._run_ctx_of_plan else self.run_ctx
         if run_ctx == self.n_ctx or not peaks:
             return dict(peaks)
-        from ..memory import estimate
-        at_ctx = estimate(self.inv, plan, self.hw).devices
-        at_run = estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=run_ctx)), self.hw).devices
+        at_ctx = self.estimate(self.inv, plan, self.hw).devices
+        at_run = self.estimate(self.inv, replace(plan, knobs=replace(plan.knobs, n_ctx=run_ctx)), self.hw).devices
         return {d: max(int(v) + at_ctx[d].total - at_run[d].total, 0) if d in at_ctx and d in at_run else int(v)
                 for d, v in peaks.items()}
 
@@ -802,8 +802,7 @@ class Tuner:
             return m
         measured = {k: int(v) for k, v in dict(m.peak_bytes).items()}
         peaks = self.peaks_at_ctx(plan, measured)
-        from ..memory import estimate
-        predicted = estimate(self.inv, plan, self.hw).devices
+        predicted = self.estimate(self.inv, plan, self.hw).devices
         gap = max((p - predicted[d].total for d, p in peaks.items() if d in predicted), default=None)
         if gap is not None and self.margin_asked is None:
             self._learn_margin(plan, gap)
@@ -851,14 +850,14 @@ class Tuner:
         self.margin = new
         self.study.set_user_attr("margin_bytes", new)
         self.study.set_user_attr("margin_events", events)
-        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=new, config=self.config)
+        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=new, config=self.config,
+                           memory=self.estimate)
 
     def _raise_margin(self, plan: Plan, error: str, at_least: int = 0) -> None:
         """Raise the margin (for every later trial) so that `plan` no longer fits any GPU it failed on: by the
         predicted shortfall plus OOM_STEP, by at least OOM_STEP, and to at least `at_least` bytes; capped at
         MAX_MARGIN_SHARE of the smallest GPU. A learnt margin keeps it as its floor."""
-        from ..memory import estimate
-        mem = estimate(self.inv, plan, self.hw)
+        mem = self.estimate(self.inv, plan, self.hw)
         step = OOM_STEP
         for dev, m in mem.devices.items():
             if is_gpu(dev) and gpu_index(dev) < len(self.hw.gpus):

@@ -142,8 +142,12 @@ class Space:
     """Dimensions and decoder for one model, machine, dialect, context and margin."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, *, dialect: Dialect = "mainline",
-                 n_ctx: int = DEFAULT_CTX, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig()) -> None:
+                 n_ctx: int = DEFAULT_CTX, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig(),
+                 memory: Callable[[ModelInventory, Plan, HardwareProfile | None], MemoryReport] = estimate) -> None:
+        """`memory`: the memory model that judges candidates (planner.engine.memory_model: the engine's own
+        prediction where it has one, else planner.memory.estimate)."""
         self.inv, self.hw, self.dialect, self.n_ctx, self.margin, self.config = inv, hw, dialect, n_ctx, margin, config
+        self.estimate = memory
         self.gpus = gpu_names(len(hw.gpus))
         self.budget = Budget.from_hardware(hw, margin)
         self._n_max: dict[tuple, int] = {}
@@ -232,7 +236,7 @@ class Space:
             inv = self.inv
             homes = split_homes(inv.n_layer, inv.n_layer, self.gpus, weights)
             a = assignment_from_homes(inv, homes, homes[-1] if output_on_gpu else "CPU", "CPU")
-            if self.budget.fits(estimate(inv, Plan(model_id(inv), a, knobs, self.dialect), self.hw)):
+            if self.budget.fits(self.estimate(inv, Plan(model_id(inv), a, knobs, self.dialect), self.hw)):
                 n = inv.n_layer          # the common case: one estimate, which the decoder's base reuses
             else:
                 n = max_gpu_layers(inv, self.hw, self.budget, knobs, self.dialect, experts_on_cpu=True,
@@ -295,9 +299,10 @@ class Space:
                 for g in self.gpus:
                     have, used_b = self.budget.gpus[g], base_mem.gpu_total(g)
                     scaled[g] = used_b + int(shares[g] * max(have - used_b, 0))
-                plan = fill_experts(inv, base, Budget(scaled, self.budget.host), self.hw, order, partial)
+                plan = fill_experts(inv, base, Budget(scaled, self.budget.host), self.hw, order, partial,
+                                    estimate=self.estimate)
         plan = replace(plan, label=self.label(used, knobs))
-        mem = estimate(inv, plan, self.hw)
+        mem = self.estimate(inv, plan, self.hw)
         reason = self.over_budget(mem)
         return Candidate(plan, used, mem, not reason, reason, info)
 
@@ -309,7 +314,7 @@ class Space:
         if mem is None:
             if len(self._base_mem) > 256:
                 self._base_mem.clear()
-            mem = self._base_mem[key] = estimate(self.inv, base, self.hw)
+            mem = self._base_mem[key] = self.estimate(self.inv, base, self.hw)
         return mem
 
     def over_budget(self, mem: MemoryReport, margin: int | None = None) -> str:

@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from planner.errors import InputError
+from planner.hardware import HardwareProfile
+from planner.memory import DEFAULT_GPU_OVERHEAD, HOST_PROCESS_OVERHEAD, DeviceMemory, MemoryReport
 from planner.memory import output_device as plan_output_device
 from planner.model import ModelInventory
-from planner.plan import Plan
+from planner.plan import Plan, device_sort_key, gpu_index
 
 from ..engine import Measurement, Workload
 from .config import ModelConfig, config_from_inventory
@@ -100,7 +102,9 @@ class TorchModel:
     def _externals(self, program: Program, tokens: torch.Tensor, pos: torch.Tensor) -> dict[str, Any]:
         state: dict[str, Any] = {"tokens": tokens}
         for dev in program.device_inputs.get("pos", []):
-            state[f"pos@{dev}"] = pos.to(self.devices.torch(dev))
+            # a copy per device, as on real GPUs (on logical ones .to() would hand every device the host tensor,
+            # which the accountant then charges to one device only)
+            state[f"pos@{dev}"] = pos.to(self.devices.torch(dev), copy=self.devices.logical)
         return state
 
     def forward(self, tokens: Sequence[int] | torch.Tensor, pos0: int,
@@ -248,6 +252,7 @@ class TorchEngine:
     _cache: BufferCache = field(default_factory=BufferCache, repr=False)
     _overhead: dict[str, int] = field(default_factory=dict, repr=False)
     _source: Any = field(default=None, repr=False)
+    _predictions: dict[tuple, MemoryReport] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.compute_dtype not in DTYPES:
@@ -290,6 +295,31 @@ class TorchEngine:
             out[g] = self._overhead[g]
         return out
 
+    def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
+                       workload: Workload) -> MemoryReport:
+        """What measure() would hold per device, without allocating a byte: the same TorchModel built on the meta
+        device (weights per device in the dtype the engine loads, KV caches, the tied output copy), the same
+        forward calls as measure() runs (_bench's sequence, see _dry_calls), the same executor and accountant,
+        so staging buffers (two per shape) and live activations are charged as on a logical GPU. A GPU's total
+        is that accountant's peak, plus on real GPUs the CUDA context of `hw` (its GPU overhead; on logical
+        GPUs there is none, as measure() reports none). Parts: weights; kv; compute = staging buffers and the
+        activations live at the peak; overhead. The CPU: its weights as host_pinned (the engine copies them
+        into anonymous memory), its peak activations as compute, planner.memory's process overhead.
+        Cached per plan and workload."""
+        devices = resolve_devices(plan.devices(), self.device_map, self.logical_gpu_bytes)
+        key = (inv.name, inv.source, inv.total_bytes(), plan.id, workload, self.compute_dtype, devices.gpus,
+               devices.logical, None if hw is None else hw.name, None if hw is None else
+               tuple(g.overhead_bytes for g in hw.gpus))
+        hit = self._predictions.get(key)
+        if hit is None:
+            acct = dry_accountant(inv, plan, devices, DTYPES[self.compute_dtype], workload,
+                                  getattr(self._source_for(inv), "metadata", None))
+            hit = memory_report(acct, devices, hw)
+            if len(self._predictions) > 1024:
+                self._predictions.clear()
+            self._predictions[key] = hit
+        return hit
+
     def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
         devices = resolve_devices(plan.devices(), self.device_map, self.logical_gpu_bytes)
         overhead = self.context_overhead(devices)
@@ -305,8 +335,7 @@ class TorchEngine:
         events_before = len(K.CAPABILITIES.events)
         try:
             t0 = time.perf_counter()
-            need = workload.depth + max(workload.n_prompt, workload.n_gen) + 1
-            model = self.load(inv, plan, min_cells=need)
+            model = self.load(inv, plan, min_cells=min_cells(workload))
             raw["load_s"] = time.perf_counter() - t0
             raw["weights"] = model.rt.source.kind
             raw["n_threads"] = model.threads
@@ -349,6 +378,95 @@ class TorchEngine:
             out.append("cpu_moe C kernel unavailable (no C compiler, or no flags built it): experts in RAM run "
                        "torch's per-expert loop")
         return list(dict.fromkeys(out))
+
+
+def min_cells(wl: Workload) -> int:
+    """KV cells a measurement of `wl` needs (its deepest position, plus one)."""
+    return wl.depth + max(wl.n_prompt, wl.n_gen) + 1
+
+
+# ---- the dry run (predict_memory) ----------------------------------------------------------------------------------
+
+DRY_BUDGET = 1 << 62
+
+
+class _DrySource:
+    """Fills nothing (meta tensors hold no values); the real source's metadata. No router bias: a bias is added to
+    the router's logits inside its op, so it changes no activation that outlives the op."""
+    kind = "dry"
+
+    def __init__(self, metadata: Mapping[str, Any] | None) -> None:
+        self.metadata = metadata
+
+    def fill(self, name: str, out: torch.Tensor) -> None:
+        pass
+
+    def router_bias(self, layer: int) -> torch.Tensor | None:
+        return None
+
+
+def _dry_calls(wl: Workload, ub: int, n_kv: Any) -> list[tuple[str, int, int]]:
+    """The forward calls of _bench for `wl`, as ("prefill", pos0, n_tokens) and ("decode", pos, 1), with the
+    repeats that cannot change the accountant's peak left out: a call sequence repeated a third time, and a
+    decode step whose program (its n_kv bucket) ran in both steps before it. After two runs of the same calls,
+    every staging buffer they use exists (two per shape, taken in turn) and their live activations are the same
+    each run, so neither the static bytes nor the peak can move (exact, not an approximation)."""
+    calls: list[tuple[str, int, int]] = []
+    d = wl.depth
+    if d:
+        calls.append(("prefill", 0, d))
+    runs = min(wl.repetitions + 1, 2)                # the warm-up and the timed repetitions
+    if wl.n_prompt:
+        calls += [("prefill", d, wl.n_prompt)] * runs
+    if wl.n_gen:
+        keys = [n_kv(d + i + 1) for i in range(wl.n_gen)]
+        steps = [i for i, k in enumerate(keys) if i < 2 or not (keys[i - 1] == k == keys[i - 2])]
+        calls += [("decode", d + i, 1) for i in steps] * runs
+    return calls
+
+
+def dry_accountant(inv: ModelInventory, plan: Plan, devices: Devices, dtype: torch.dtype, wl: Workload,
+                   metadata: Mapping[str, Any] | None = None) -> Accountant:
+    """The accountant of a measurement of `plan` on `devices`, from a run on the meta device: the placement,
+    KV caches, programs and executor of a real run (TorchModel, run_eager), every tensor shaped but empty."""
+    meta = torch.device("meta")
+    dry = Devices({d: meta for d in devices.torch_of}, devices.gpus, True,
+                  {d: DRY_BUDGET for d in (*devices.gpus, "CPU")})
+    threads = torch.get_num_threads()
+    try:
+        model = TorchModel(inv, plan, _DrySource(metadata), dry, dtype=dtype, min_cells=min_cells(wl),
+                           use_cuda_graphs=False, compile=False, cache=BufferCache(), metadata=metadata)
+        for how, pos0, n in _dry_calls(wl, plan.knobs.n_ubatch_eff, model._n_kv):
+            tokens = torch.zeros(n, dtype=torch.int64)
+            if how == "prefill":
+                model.prefill(tokens, pos0, plan.knobs.n_ubatch_eff)
+            else:
+                model.forward(tokens, pos0)
+        model.close()
+    finally:
+        torch.set_num_threads(threads)
+    return model.acct
+
+
+def memory_report(acct: Accountant, devices: Devices, hw: HardwareProfile | None) -> MemoryReport:
+    """planner.memory's MemoryReport of a (dry) accountant: see TorchEngine.predict_memory."""
+    out: dict[str, DeviceMemory] = {}
+    for d in sorted({*devices.gpus, "CPU"}, key=device_sort_key):
+        parts = acct.parts.get(d, {})
+        w, kv = int(parts.get("weights", 0)), int(parts.get("kv", 0))
+        compute = int(acct.peak.get(d, 0)) - w - kv
+        if d == "CPU":
+            overhead = HOST_PROCESS_OVERHEAD
+        elif devices.logical:
+            overhead = 0
+        elif hw is not None and gpu_index(d) < len(hw.gpus):
+            overhead = hw.gpu(d).overhead_bytes
+        else:
+            overhead = DEFAULT_GPU_OVERHEAD
+        out[d] = DeviceMemory(w, kv, compute, overhead)
+    cpu_w = out["CPU"].weights
+    return MemoryReport(out, host_mapped=0, host_pinned=cpu_w,
+                        notes=("torch engine: a dry run of its own placement and accountant (meta device)",))
 
 
 def _one_line(e: BaseException) -> str:

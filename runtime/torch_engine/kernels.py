@@ -285,6 +285,8 @@ def experts_up(x: torch.Tensor, ids: torch.Tensor, tables: list[torch.Tensor], b
                threads: int = 1) -> torch.Tensor:
     """x [T, K] -> [P, N] float32 (N = the tables' rows, gate then up): x[t] @ W[ids[t, a]].T + b."""
     T = x.shape[0]
+    if x.device.type == "meta":     # a dry run (TorchEngine.predict_memory): the result's shape, as every path gives
+        return torch.empty(ids.numel(), sum(t.shape[1] for t in tables), dtype=torch.float32, device=x.device)
     if x.device.type == "cuda":
         if _cuda_small(T):
             y = torch.cat([moe_gemv(x, ids, t, per_pair=False) for t in tables], dim=-1)
@@ -306,6 +308,8 @@ def experts_down(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table: tor
                  bias: torch.Tensor | None = None, threads: int = 1) -> torch.Tensor:
     """h [P, F] -> [T, D] float32: sum over a of w[t, a] * (h[p] @ Wd[ids[t, a]].T + b)."""
     T = ids.shape[0]
+    if h.device.type == "meta":     # a dry run: the result's shape
+        return torch.empty(T, table.shape[1], dtype=torch.float32, device=h.device)
     if h.device.type == "cuda":
         if _cuda_small(T):
             out = moe_down_combine(h, ids, w, table)

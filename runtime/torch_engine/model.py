@@ -483,7 +483,7 @@ class ForwardBuilder:
         fetch = self.fetcher(uses, run, experts=True)
         n_up, n_upb = len(up), len(up_b)
         only_active = self._active(run, uses)
-        n_ff, act, threads, dtype = cfg.n_ff_exp, cfg.activation, rt.threads, rt.dtype
+        n_ff, act, threads, dtype, n_expert = cfg.n_ff_exp, cfg.activation, rt.threads, rt.dtype, cfg.n_expert
         on_cuda = rt.devices.torch(run).type == "cuda"
         gemv_fast = (self.fast and on_cuda and K.triton_ok() and n_up == 1
                      and not n_upb and down_b is None and "act" in rt.fast)
@@ -494,7 +494,7 @@ class ForwardBuilder:
                           else self.helper("combine", run) or K.unsort_combine)
 
         def experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            active = torch.unique(ids).tolist() if only_active else None
+            active = active_experts(ids, n_expert) if only_active else None
             hs = fetch(active)
             if use_grouped and K.grouped_ok(x.device, x.shape[0], x.dtype):     # CUDA prompt batches
                 tables = [h.wait() for h in hs[:n_up]]
@@ -525,7 +525,7 @@ class ForwardBuilder:
     def _experts_split(self, il: int, T: int, runs: list[str]) -> None:
         """Gate, up and down of one layer run on different devices: one op per device, activations in between."""
         rt, cfg, p = self.rt, self.cfg, f"blk.{il}."
-        threads = rt.threads
+        threads, n_expert = rt.threads, cfg.n_expert
         if runs[0] == runs[1]:
             groups = [(["gate", "up"], runs[0])]
         else:
@@ -539,7 +539,7 @@ class ForwardBuilder:
             only_active = self._active(run, uses)
 
             def up_fn(x: torch.Tensor, ids: torch.Tensor, fetch=fetch, only_active=only_active, n_w=n_w):
-                hs = fetch(torch.unique(ids).tolist() if only_active else None)
+                hs = fetch(active_experts(ids, n_expert) if only_active else None)
                 ws = [h.wait() for h in hs]
                 y = K.experts_up(x, ids, ws[:n_w], ws[n_w:] or [None], threads)
                 for h in hs:
@@ -558,7 +558,7 @@ class ForwardBuilder:
         def down_fn(*args: torch.Tensor) -> torch.Tensor:
             *gu, ids, w = args
             h = K.activation(gu[0] if len(gu) == 1 else torch.cat(gu, dim=-1), n_ff, act).to(dtype)
-            hs = fetch(torch.unique(ids).tolist() if only_active else None)
+            hs = fetch(active_experts(ids, n_expert) if only_active else None)
             ws = [hh.wait() for hh in hs]
             y = K.experts_down(h, ids, w, ws[0], ws[1] if len(ws) > 1 else None, threads)
             for hh in hs:
@@ -566,6 +566,14 @@ class ForwardBuilder:
             return y                                                                 # float32
         self.b.add(p + "ffn_down_exps", run, "moe_matmul", tuple(parts) + (f"{il}.ids", f"{il}.w"),
                    (f"{il}.moe",), down_fn, offloaded=any(u.device != run for u in uses), host_sync=only_active)
+
+
+def active_experts(ids: torch.Tensor, n_expert: int) -> list[int]:
+    """The experts a ubatch routes to (sorted); on the meta device (a dry run: no values) every expert, which
+    uploads into the same staging buffer (an upload of some experts fills a buffer shaped as the whole stack)."""
+    if ids.device.type == "meta":
+        return list(range(n_expert))
+    return torch.unique(ids).tolist()
 
 
 def _unfused(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, tables: list[torch.Tensor], down: torch.Tensor,

@@ -217,11 +217,12 @@ def _observe(program: Program, state: dict[str, Any], acct: Accountant) -> None:
         if not isinstance(t, torch.Tensor):
             continue
         dev = program.key_device.get(k) or (k.rsplit("@", 1)[1] if "@" in k else "CPU")
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
+        storage = t.untyped_storage()
+        ident = storage._cdata          # the storage itself (views share it); also on the meta device (dry runs)
+        if ident in seen:
             continue
-        seen.add(ptr)
-        live[dev] = live.get(dev, 0) + t.untyped_storage().nbytes()
+        seen.add(ident)
+        live[dev] = live.get(dev, 0) + storage.nbytes()
     for dev, n in live.items():
         if dev in acct.devices.budgets:
             acct.observe(dev, n)

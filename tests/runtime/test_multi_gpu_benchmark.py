@@ -3,7 +3,8 @@ on two GPUs (-ts, =CUDA1 in -ot, -ncmoe), and its --cpu dry run goes through the
 device, the torch runtime's placements on two logical GPUs, the 2x budget cell with --fit, the -ncmoe -ts line and a
 study confirmed together) on the CPU build, every llama.cpp plan all-CPU; a second call resumes with nothing left,
 and so does a fresh folder made from the state tarball. The torch step alone needs no llama.cpp: its dry run
-(every plan predicted and measured on two logical GPUs, weights and KV per device as planner.memory places them)
+(every plan predicted by the engine's own memory model and measured on two logical GPUs: the same bytes; weights
+and KV per device as planner.memory places them)
 runs with the fast tests."""
 from __future__ import annotations
 
@@ -114,11 +115,15 @@ def test_torch_step_dry_run_on_two_logical_gpus_resumes(bench, tmp_path):
         for d in ("CUDA0", "CUDA1"):
             r, pred = p["devices"][d], p["predicted"][d]
             assert r["measured_bytes"] > 0 and r["within_goal"] is not None, (p["name"], d)
-            # a logical GPU has no CUDA context: planner.memory's total without its overhead is what is compared
-            assert r["context_excluded"] and r["predicted_bytes"] == pred["total"] - pred["overhead"] > 0
+            # predicted by the engine's own memory model (its dry-run accountant): on a logical GPU (no CUDA
+            # context) the accountant's peak, byte for byte
+            assert p["memory_model"].startswith("torch engine") and pred["overhead"] == 0
+            assert r["context_excluded"] and r["predicted_bytes"] == pred["total"] == r["measured_bytes"] > 0
             e = r["engine_parts"]
             # the two-device placement agrees with planner.memory tensor for tensor: weights and KV per device
-            assert (e["weights"], e["kv"]) == (pred["weights"], pred["kv"]), (p["name"], d)
+            llama = p["predicted_planner_memory"][d]
+            assert (e["weights"], e["kv"]) == (pred["weights"], pred["kv"]) == (llama["weights"], llama["kv"]), \
+                (p["name"], d)
             assert e["context"] == 0 and e["activations"] >= 0
             assert e["weights"] + e["kv"] + e["staging"] + e["activations"] == r["measured_bytes"]
     # op offload stages the RAM experts on the first GPU only; without it nothing is staged
@@ -128,6 +133,7 @@ def test_torch_step_dry_run_on_two_logical_gpus_resumes(bench, tmp_path):
     md = (out / "mg.md").read_text()
     assert "## Torch runtime: predicted vs measured per device" in md and "| cmoe-ts-1-1 |" in md
     assert "two logical GPUs" in md and "per-GPU peaks within the goal" in md.split("## Torch runtime")[1]
+    assert "the torch engine's own memory model" in md
     # resumed: nothing measured again; a fresh folder from the state tarball neither
     res = work / "results" / "torch-ts-1-1.json"
     mtime = res.stat().st_mtime_ns
