@@ -50,6 +50,12 @@ class OffloadPolicy:
         return any(self.rule(op).enabled for op in OP_CLASSES)
 
 
+# KV cache types that are not quantized: a quantized V cache needs flash attention (mainline src/llama-context.cpp
+# "quantized V cache requires flash_attn", ik common/common.cpp "Quantized V cache cannot be used without flash
+# attention")
+FULL_PRECISION_KV = ("f32", "f16", "bf16")
+
+
 @dataclass(frozen=True)
 class Knobs:
     n_ctx: int = DEFAULT_CTX

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..builds import PINNED, Build, Feature
 from ..errors import FlagError
 from ..model import ModelInventory
-from ..plan import Knobs, OffloadPolicy, Plan
+from ..plan import FULL_PRECISION_KV, Knobs, OffloadPolicy, Plan
 from . import ik_split, placement
 from .common import (
     MatchResult, Override, SlotRule, allocated_names, apply_overrides, base_assignment, check_buft, gpu_index,
@@ -432,6 +432,9 @@ def check_knobs(knobs: Knobs, table: ToolTable) -> None:
     if knobs.no_host and table.dialect != "mainline":
         raise FlagError(f"knob no_host=True is mainline's --no-host; {table.dialect} {table.binary} has no such flag "
                         "(ik repacks with -rtr, knob rtr)")
+    if not knobs.flash_attn and knobs.type_v not in FULL_PRECISION_KV:
+        raise FlagError(f"knob type_v={knobs.type_v} with flash_attn=False: {table.dialect} refuses a quantized V "
+                        "cache without flash attention; set flash_attn=True or an f16/bf16/f32 V cache")
     if knobs.rtr and knobs.mmap and table.dialect == "ik":
         raise FlagError("knob rtr=True with mmap=True: ik's -rtr repacks at load time and turns mmap off; "
                         "set mmap=False")
@@ -813,6 +816,9 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
         if fname in vals and vals[fname] not in table.kv_types:
             raise FlagError(f"KV cache type {vals[fname]!r} ({fname}) is not one {table.dialect} {table.binary} "
                             f"accepts or we model; valid: {', '.join(table.kv_types)}")
+    if vals.get("flash_attn") is False and vals.get("type_v", "f16") not in FULL_PRECISION_KV:
+        raise FlagError(f"-fa off with a quantized V cache ({vals['type_v']}): {table.dialect} {table.binary} refuses "
+                        "to create the context (a quantized V cache needs flash attention)")
     if vals.get("rtr"):
         vals["mmap"] = False     # ik: -rtr repacks at load time and turns mmap off
     amb = vals.get("amb", 0)

@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator, Sequence
 from ..hardware import HardwareProfile, fmt_bytes
 from ..memory import MemoryReport, estimate
 from ..model import ModelInventory
-from ..plan import DEFAULT_CTX, Dialect, Knobs, OffloadPolicy, OpRule, Plan, gpu_names
+from ..plan import (DEFAULT_CTX, FULL_PRECISION_KV, Dialect, Knobs, OffloadPolicy, OpRule, Plan,
+                    gpu_names)
 from ..propose import (
     DEFAULT_MARGIN, ORDERS, Budget, Proposal, assignment_from_homes, fill_experts, max_gpu_layers, model_id,
     split_homes,
 )
 
 DimKind = Literal["float", "int", "cat"]
-FULL_PRECISION_KV = ("f32", "f16", "bf16")   # a quantized V cache needs flash attention (llama-context.cpp)
 
 
 @dataclass(frozen=True)

@@ -325,10 +325,11 @@ def test_flag_equals_value_env_prefix_and_binary_are_accepted():
 
 
 def test_mainline_knobs_from_flags():
-    k = parse("-ngl 99 -c 8192 -np 1 -b 4096 -ub 4096 -fa off -ctk q8_0 -ctv q4_0 -t 16 -lm none --swa-full "
+    # (a quantized K without flash attention is fine; a quantized V is refused: test_reliability)
+    k = parse("-ngl 99 -c 8192 -np 1 -b 4096 -ub 4096 -fa off -ctk q8_0 -ctv bf16 -t 16 -lm none --swa-full "
               "--no-op-offload -fit off", INV, "mainline").knobs
     assert (k.n_ctx, k.n_seq, k.n_batch, k.n_ubatch, k.flash_attn, k.type_k, k.type_v, k.n_threads, k.mmap,
-            k.swa_full, k.offload.any_enabled) == (8192, 1, 4096, 4096, False, "q8_0", "q4_0", 16, False, True, False)
+            k.swa_full, k.offload.any_enabled) == (8192, 1, 4096, 4096, False, "q8_0", "bf16", 16, False, True, False)
 
 
 def test_ik_knobs_from_flags():

@@ -19,7 +19,7 @@ from planner.archs import ArchSpec, build_inventory
 from planner.flags import home_devices, int_set_regex, knob_fields, parse, render
 from planner.flags.common import SLOT_RULES, base_assignment, slot_devices
 from planner.model import Hparams, ModelInventory
-from planner.plan import KV_TYPES, Knobs, OffloadPolicy, OpRule, Plan
+from planner.plan import FULL_PRECISION_KV, KV_TYPES, Knobs, OffloadPolicy, OpRule, Plan
 from planner.presets import load_preset, preset_names
 
 
@@ -69,6 +69,8 @@ def knobs_for(draw, dialect: str, tool: str) -> Knobs:
         type_k=draw(st.sampled_from(KV_TYPES[1:])), type_v=draw(st.sampled_from(KV_TYPES[1:])),
         no_kv_offload=draw(st.booleans()), mmap=draw(st.booleans()),
     )
+    if k["type_v"] not in FULL_PRECISION_KV:
+        k["flash_attn"] = True            # both engines refuse a quantized V cache without flash attention
     if tool != "bench":
         k["n_seq"] = draw(st.sampled_from([1, 1, 2, 4]))
     mb = draw(st.sampled_from([32, 32, 64, 512]))

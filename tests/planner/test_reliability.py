@@ -134,6 +134,22 @@ def test_values_llama_cpp_refuses(args, match):
         parse(["-ngl", "99", *args], QWEN, "mainline")
 
 
+@pytest.mark.parametrize("dialect", ["mainline", "ik"])
+def test_a_quantized_v_cache_without_flash_attention_is_refused_both_ways(dialect):
+    """Both engines refuse the context (mainline src/llama-context.cpp, ik common/common.cpp): explain says so, and
+    no plan renders it."""
+    from dataclasses import replace
+
+    from planner.flags import render
+    with pytest.raises(FlagError, match="quantized V cache"):
+        parse(["-ngl", "99", "-fa", "off", "-ctk", "q8_0", "-ctv", "q8_0"], QWEN, dialect)
+    pc = parse(["-ngl", "99", "-fa", "off", "-ctk", "q8_0"], QWEN, dialect)       # a quantized K alone is fine
+    assert not pc.knobs.flash_attn and pc.knobs.type_k == "q8_0"
+    plan = pc.to_plan()
+    with pytest.raises(FlagError, match="quantized V cache"):
+        render(replace(plan, knobs=replace(plan.knobs, type_v="q4_0")), QWEN, "server")
+
+
 def test_negative_values_wrap_as_unsigned_and_ik_raises_small_batches():
     pc = parse(["-ngl", "99", "-c", "4096", "-b", "-1"], QWEN, "mainline")
     assert pc.knobs.n_batch == 4096                   # min(n_ctx, 4294967295)
