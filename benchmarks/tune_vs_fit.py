@@ -72,7 +72,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
     ctx = depth + args.n_prompt + args.n_gen
-    config = SpaceConfig().settled(hw.host.n_threads, dialect)
+    config = SpaceConfig().settled(hw.host.n_threads, dialect).for_engine(engine, dialect)   # as `tune` has it
     tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
                   config=config, dialect=dialect,
                   study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),

@@ -99,10 +99,7 @@ def cmd_tune(args: TuneOptions) -> int:
     config = SpaceConfig(kv_types=args.kv_types)
     if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
         config = config.settled(hw.host.n_threads, dialect)
-    if dialect == "mainline" and engine.name != "sim":
-        config = replace(config, no_host=(False, True))   # --no-host, and one probe run of it (docs/tuning.md)
-    if dialect == "ik" and getattr(info, "tool", None) == "bench":
-        config = replace(config, op_per_class=False)     # ik's llama-bench has no -op (docs/ik_llama.md)
+    config = config.for_engine(engine, dialect)        # --no-host (and its probe run), ik bench's one -op switch
     config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
     rounds = args.confirm if args.confirm is not None else (0 if engine.name == "sim" else CONFIRM_ROUNDS)
     _nonneg(rounds, "--confirm")

@@ -107,6 +107,17 @@ class SpaceConfig:
                           mmap=(False,), min_batch=(32,))
         return replace(settled, offload=(True,)) if dialect == "mainline" else settled
 
+    def for_engine(self, engine: Any, dialect: Dialect) -> SpaceConfig:
+        """What the engine that runs the study adds or takes away: mainline's --no-host for a real llama.cpp (its
+        gain is measured, docs/tuning.md; the sim engine does not model it), one op-offload switch for ik's
+        llama-bench, which has no -op (docs/ik_llama.md). `tune` and the GPU benchmarks both ask here."""
+        out = self
+        if dialect == "mainline" and getattr(engine, "name", "") != "sim":
+            out = replace(out, no_host=(False, True))
+        if dialect == "ik" and getattr(getattr(engine, "info", None), "tool", None) == "bench":
+            out = replace(out, op_per_class=False)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 

@@ -69,6 +69,9 @@ def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, bench_script):
     lines = (tmp_path / "out" / "tune_vs_fit_runs.jsonl").read_text().splitlines()
     assert lines and {"llama_bench_args", "env", "pp_tps", "tg_tps", "peak_vram_mib"} <= set(json.loads(lines[0]))
     assert bench.main(argv) == 0          # resumed: every cell is confirmed already
+    import optuna                         # the space `tune` gives a real mainline engine: --no-host in it
+    study = optuna.load_study(study_name="tvf-1g-d0", storage=f"sqlite:///{tmp_path / 'work' / 'tune_vs_fit.db'}")
+    assert study.user_attrs["settings"]["space"]["no_host"] == [False, True]
     # a --series is a fresh study beside the confirmed one: work left (no time to start it here), no rows yet
     assert bench.main([*argv, "--series", "nh", "--time-budget", "1", "--name", "nh"]) == 3
     assert json.loads((tmp_path / "out" / "nh.json").read_text())["budgets"] == []
