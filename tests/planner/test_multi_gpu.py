@@ -44,6 +44,7 @@ def test_a_baseline_line_without_ts_spreads_over_the_machines_gpus(inv):
     assert both.assignment["output.weight"] == "CUDA1"
 
 
+@pytest.mark.slow
 def test_the_best_hand_ncmoe_ts_balances_the_two_gpus(inv):
     hw = two(8)
     budget = Budget.from_hardware(hw, 256 * MiB).gpus

@@ -93,7 +93,11 @@ def test_sigint_at_any_moment_stops_a_tune_cleanly_and_it_resumes(tmp_path):
             time.sleep(0.05)
         time.sleep(rng.uniform(0, 0.3))
         p.send_signal(signal.SIGINT)
-        rc, err = p.wait(timeout=60), p.stderr.read()
+        try:
+            rc, err = p.wait(timeout=60), p.stderr.read()
+        finally:
+            if p.poll() is None:              # a worker that ignored the interrupt must not outlive the test
+                p.kill()
         assert rc == 130 and "run the same command to resume" in err and "Traceback" not in err, (i, rc, err)
     trials = optuna.load_study(study_name="s", storage=url).trials
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
