@@ -289,6 +289,15 @@ def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: Wo
     }
 
 
+def log_result(step: str, name: str, rec: dict[str, Any]) -> None:
+    """One line per measured plan: speeds, and measured against predicted per device."""
+    m = rec["measurement"]
+    per = "; ".join(f"{d} measured {lg._mib(r['measured_bytes'])} predicted {lg._mib(r['predicted_bytes'])} MiB"
+                    for d, r in rec["devices"].items())
+    log(f"{step}: {name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
+        f"{m['tg_tps']:.2f} t/s; {per} ({rec['seconds']} s)")
+
+
 def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwareProfile, cases: list[Case],
                wl: Workload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
     """Measure the plans not measured yet; False when the time budget stopped it early."""
@@ -304,11 +313,7 @@ def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwarePr
             return False
         log(f"memory: [{i + 1}/{len(wanted)}] {case.name}: {case.what}")
         rec = measure_case(engine, inv, case, wl, hw, args.cpu)
-        m = rec["measurement"]
-        per = "; ".join(f"{d} measured {lg._mib(r['measured_bytes'])} predicted {lg._mib(r['predicted_bytes'])} MiB"
-                        for d, r in rec["devices"].items())
-        log(f"memory: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
-            f"{m['tg_tps']:.2f} t/s; {per} ({rec['seconds']} s)")
+        log_result("memory", case.name, rec)
         lg.write_json(out, rec)
         after_each()
     log(f"memory: all {len(wanted)} plans done")
@@ -495,11 +500,7 @@ def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], 
             log(f"torch: [{k + 1}/{len(todo)}] {case.name}: {case.what}")
             rec = measure_torch_case(engine, inv, case, wl, hw, logical, sampler, baseline, i)
             longest = max(longest or 0.0, rec["seconds"]) if k else 0.0      # the first run is not typical
-            m = rec["measurement"]
-            per = "; ".join(f"{d} measured {lg._mib(r['measured_bytes'])} predicted {lg._mib(r['predicted_bytes'])} MiB"
-                            for d, r in rec["devices"].items())
-            log(f"torch: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
-                f"{m['tg_tps']:.2f} t/s; {per} ({rec['seconds']} s)")
+            log_result("torch", case.name, rec)
         lg.write_json(out, rec)
         marker.unlink(missing_ok=True)
         after_each()

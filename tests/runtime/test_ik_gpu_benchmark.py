@@ -37,12 +37,3 @@ def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
     assert "| up-gate-all |" in md and "| ub2048-both-off |" in md and "PP is not the same measure" in md
     assert "| 1 GiB | mainline --fit (llama-bench -fitt) |" in md and "| 1.000 |" in md     # TG x its own --fit
     assert bench.main(argv) == 0            # resumed: nothing left to run
-
-
-def test_bad_input_is_one_line_and_exit_2(bench, tmp_path, capsys):
-    assert bench.main(["--workdir", str(tmp_path), "--model", str(tmp_path / "nope.gguf")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no such file" in err[0]
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--steps", "memory,bogus"])
-    assert e.value.code == 2
