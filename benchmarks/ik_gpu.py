@@ -305,7 +305,7 @@ def run_cell(c: Ctx, budget_gib: int) -> bool:
 
 def step_study(c: Ctx) -> bool:
     for b in c.args.budgets:
-        if not c.time_ok(cell_name(b)):       # baselines run in one go, without a deadline check
+        if not c.time_ok(cell_name(b)):       # a baseline in flight is not stopped at the deadline
             return False
         ok = run_cell(c, b)
         log(f"{cell_name(b)}: {'confirmed' if ok else 'not finished: run again'}")
@@ -345,7 +345,7 @@ def mainline_rows(c: Ctx) -> list[dict[str, Any]]:
         return []
     out = []
     for b in c.args.budgets:
-        st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0))
+        st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0, c.args.mainline_series))
         if st is not None:
             out.append(tvf.cell_row(st, b, 0))
     return out
@@ -398,7 +398,8 @@ def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: Workload) -> lis
         return f.measurement
     out = [Contender("ml-fit", "mainline --fit (llama-bench -fitt)", fit)]
     db = c.args.mainline_db
-    st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0)) if db is not None and db.exists() else None
+    st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0, c.args.mainline_series)) \
+        if db is not None and db.exists() else None
     plan = _best_plan(st) if st is not None else None
     if plan is not None:
         out.append(Contender("ml-best", f"mainline best TG ({plan.label})", lambda: ml.measure(c.inv, plan, wl)))
@@ -662,6 +663,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mainline-bench", type=Path, help="mainline llama-bench with -fitt for the mainline step "
                     f"(default {MAINLINE_BENCH} when it exists; --cpu: the CPU build)")
     ap.add_argument("--mainline-db", type=Path, help=f"tune_vs_fit's SQLite db (default {MAINLINE_DB} when there)")
+    ap.add_argument("--mainline-series", default="", help="the tune_vs_fit --series whose studies to read (default "
+                    "none: the first series)")
     ap.add_argument("--model", type=Path, help=f"default {MODEL} (written if missing)")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
     ap.add_argument("--plans", default="", help="memory: comma list of plan names (default all; --list shows them)")

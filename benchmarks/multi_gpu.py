@@ -534,38 +534,11 @@ def run_torch_child(args, argv: list[str], t_start: float, meta_path: Path) -> b
 
 # ---- the budget cells ------------------------------------------------------------------------------------------------
 
-class TimedEngine:
-    """The engine, timing each run it makes for the study (what a confirmation will take, from this call's runs)."""
-
-    def __init__(self, engine: LlamaCppEngine) -> None:
-        self._engine, self.times = engine, []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
-        t0 = time.monotonic()
-        try:
-            return fn(*a, **k)
-        finally:
-            self.times.append(time.monotonic() - t0)
-
-    def measure(self, *a: Any, **k: Any) -> Any:
-        return self._timed(self._engine.measure, *a, **k)
-
-    def measure_args(self, *a: Any, **k: Any) -> Any:
-        return self._timed(self._engine.measure_args, *a, **k)
-
-    def run_seconds(self, default: float) -> float:
-        """Seconds to plan a run at: 1.2 x the mean of this call's runs once there are 3, else `default`."""
-        return 1.2 * sum(self.times) / len(self.times) if len(self.times) >= 3 else default
-
-
 def cell_name(budget_gib: int, depth: int = 0) -> str:
     return f"mg-{budget_gib}g-d{depth}"
 
 
-def run_tune(args, engine: TimedEngine, inv: ModelInventory, hw0: HardwareProfile, t_start: float,
+def run_tune(args, engine: Any, inv: ModelInventory, hw0: HardwareProfile, t_start: float,
              after_each: Callable[[], None]) -> bool:
     """Every budget cell to its confirmation; False when the time budget stopped it (the next call goes on)."""
     import tune_vs_fit as tvf
@@ -577,7 +550,7 @@ def run_tune(args, engine: TimedEngine, inv: ModelInventory, hw0: HardwareProfil
     for b in args.budgets:
         if _confirmed(args.storage, cell_name(b)):
             continue
-        if deadline - time.monotonic() < args.cell_min_left:     # the baselines run without a deadline check
+        if deadline - time.monotonic() < args.cell_min_left:     # a baseline in flight is not stopped at the deadline
             log(f"{cell_name(b)}: not started, {deadline - time.monotonic():.0f} s left; run again")
             return False
         ok = tvf.run_cell(targs, engine, inv, hw0, b, 0, deadline, "mainline", cell_name(b), n_gpus=len(GPUS),
@@ -1041,7 +1014,8 @@ def run(argv: list[str] | None = None) -> int:
         else:
             done = run_torch(args, results_dir, t_start, write_report)
     if "tune" in steps and done:
-        tune_engine = TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
+        import tune_vs_fit as tvf
+        tune_engine = tvf.TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
                                                  cpu_stand_in=args.cpu))
         done = run_tune(args, tune_engine, inv, hw0, t_start, write_report)
     write_report()

@@ -11,7 +11,11 @@ study's front. Also NAME_runs.jsonl: every llama-bench run of the studies in the
 
 Resumable across 10-minute device calls: each cell (budget, depth) is an Optuna study in <workdir>/tune_vs_fit.db
 (SQLite), so a call cut off loses at most the run in flight; a call stops starting runs after --time-budget
-seconds and exits 3 while work is left (0 when every cell is confirmed). The report is rewritten after each cell.
+seconds (a baseline, a search run or a confirmation round never starts past it; one in flight ends) and exits 3
+while work is left (0 when every cell is confirmed). After each cell the report is rewritten and the database
+copied, gzipped, beside it (tune_vs_fit_state.db.gz): a call killed at the device's limit still brings it back.
+For a fresh machine, unpack it into the workdir you carry: `gunzip -c OUT/tune_vs_fit_state.db.gz >
+benchmarks/results/tune_vs_fit/tune_vs_fit.db`.
 
 On the GPU machine (after `bash benchmarks/llamacpp_gpu.sh build TARBALL`, which also serves this script; carry
 .whl with optuna and its needs, see the device notes in README):
@@ -45,7 +49,9 @@ from planner.workload import Workload  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
+STATE_NAME = "tune_vs_fit_state.db.gz"   # the study database, as the report folder gets it after every cell
 CONFIRM_CONTENDERS = 4      # --fit, its server placement, best TG, balanced: what confirmation costs per round
+CONFIRM_RUN_S = 25.0        # seconds a confirmation run is planned at until this call has timed 3 runs
 
 
 def log(msg: str) -> None:
@@ -55,6 +61,33 @@ def log(msg: str) -> None:
 def cell_name(budget_gib: int, depth: int, series: str = "") -> str:
     """A cell's study name; a --series gets fresh studies beside the confirmed ones (a new space, a new machine)."""
     return f"tvf-{budget_gib}g-d{depth}" + (f"-{series}" if series else "")
+
+
+class TimedEngine:
+    """The engine, timing each run it makes for the study (what a confirmation will take, from this call's runs)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine, self.times = engine, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            self.times.append(time.monotonic() - t0)
+
+    def measure(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self._engine.measure, *a, **k)
+
+    def measure_args(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self._engine.measure_args, *a, **k)
+
+    def run_seconds(self, default: float) -> float:
+        """Seconds to plan a run at: 1.2 x the mean of this call's runs once there are 3, else `default`."""
+        return 1.2 * sum(self.times) / len(self.times) if len(self.times) >= 3 else default
 
 
 def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",
@@ -83,7 +116,10 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
         return True
     if "baselines" not in tuner.study.user_attrs:
         log(f"{tuner.study_name}: baselines")
-        tuner.baselines()
+        tuner.baselines(deadline)        # no new one starts past the deadline; the next call goes on
+        if "baselines" not in tuner.study.user_attrs:
+            log(f"{tuner.study_name}: baselines unfinished at the deadline")
+            return False
     # the search gets what the baselines and the confirmation leave of --runs
     runs = study_summary(tuner.study).engine_runs
     contenders = CONFIRM_CONTENDERS + (1 if confirm_ncmoe else 0)
@@ -96,9 +132,16 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
             return False
     if time.monotonic() >= deadline:
         return False
-    started = bool((tuner.study.user_attrs.get("confirmation") or {}).get("rows"))
     per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
     need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * per_run
+    earlier = tuner.study.user_attrs.get("confirmation") or {}
+    if earlier.get("rows") and 0 < need <= 0.8 * call_s:
+        # samples of an earlier call (this one never re-enters a cell): a ratio must come from one call, so a
+        # confirmation that fits in one starts again whole; the earlier rows are kept beside it
+        log(f"{tuner.study_name}: {len(earlier['rows'])} confirmation runs of an earlier call set aside")
+        tuner.study.set_user_attr("confirmation_earlier_call", earlier)
+        tuner.study.set_user_attr("confirmation", None)
+    started = bool((tuner.study.user_attrs.get("confirmation") or {}).get("rows"))
     if not started and deadline - time.monotonic() < need <= 0.8 * call_s:
         log(f"{tuner.study_name}: confirmation ({args.confirm} rounds, ~{need:.0f} s) not started with "
             f"{deadline - time.monotonic():.0f} s left: the next call runs it whole")
@@ -288,7 +331,7 @@ def prepare(args, workdir: Path) -> dict[str, Any]:
         lg.write_model(model, args.cpu)
     inv = load_inventory(model)
     hw = load_hardware(args.hardware)
-    engine = LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu)
+    engine = TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model, cpu_stand_in=args.cpu))
     devs = engine.devices() or {}
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_mode": args.cpu,
             "gpu": ", ".join(f"{d}: {v['description']}" for d, v in devs.items()) or None,
@@ -347,17 +390,30 @@ def main(argv: list[str] | None = None) -> int:
             meta["note"] = args.note.read_text()
     else:
         meta = prepare(args, workdir)
-    import optuna
-    finished = True
+    finished, ran = True, False
     for depth in depths if not args.report_only else ():
         for b in budgets:
-            if deadline - time.monotonic() < args.min_left:     # baselines run without a deadline check
+            if deadline - time.monotonic() < args.min_left:     # a baseline run is not stopped once started
                 finished = False
                 log(f"{cell_name(b, depth, args.series)}: not started, {deadline - time.monotonic():.0f} s left")
                 break
-            ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline)
+            ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline, call_s=args.time_budget,
+                          confirm_run_s=lambda: args.engine.run_seconds(0.0 if args.cpu else CONFIRM_RUN_S))
             finished &= ok
             log(f"{cell_name(b, depth, args.series)}: {'confirmed' if ok else 'not finished: run again'}")
+            # after every cell: a device call killed later still returns the report and the state ($OUT)
+            report(args, budgets, depths, meta, out, workdir, finished)
+            ran = True
+    if not ran:
+        report(args, budgets, depths, meta, out, workdir, finished)
+    return 0 if finished else 3
+
+
+def report(args, budgets: list[int], depths: list[int], meta: dict[str, Any], out: Path, workdir: Path,
+           finished: bool) -> None:
+    """The report of the cells of this series, and (with a real run) a gzipped copy of the study database beside
+    it, STATE_NAME, to carry into the next machine's workdir (`gunzip -c ... > <workdir>/tune_vs_fit.db`)."""
+    import optuna
     from planner.tuner.search import make_storage
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
@@ -366,9 +422,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = [cell_row(st, b, d) for st, (b, d) in zip(studies, cells)]
     write_report(rows, meta, out, args.name)
     n = runs_jsonl(studies, out / f"{args.name}_runs.jsonl")
+    if not args.report_only:
+        save_state(workdir / "tune_vs_fit.db", out / STATE_NAME)
     log(f"report: {out}/{args.name}.md ({len(rows)} cells, {n} runs in runs.jsonl); "
         f"{'all cells confirmed' if finished else 'work left: run again'}")
-    return 0 if finished else 3
+
+
+def save_state(db: Path, dest: Path) -> None:
+    """A consistent gzipped copy of an SQLite database that may be open (sqlite3's backup), written to a temporary
+    name and renamed: a call killed while it writes leaves the previous copy whole."""
+    import gzip
+    import shutil
+    import sqlite3
+    import tempfile
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / db.name
+        with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
+        part = dest.with_name(dest.name + ".partial")
+        with open(copy, "rb") as f, gzip.open(part, "wb", compresslevel=6) as g:
+            shutil.copyfileobj(f, g)
+        part.replace(dest)
 
 
 if __name__ == "__main__":

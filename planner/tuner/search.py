@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import math
 import random
 import re
@@ -61,6 +62,8 @@ from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
 from ..propose import DEFAULT_MARGIN, Budget, best_plans, proposals
 from .space import Candidate, Space, SpaceConfig
 from ..workload import Workload
+
+log = logging.getLogger(__name__)
 
 STUDIES_DIR = Path("studies")
 HEARTBEAT_S = 10
@@ -564,10 +567,12 @@ class Tuner:
                                  skip_if_exists=True)
         self._queued_ids.add(plan_id)
 
-    def baselines(self) -> list[dict[str, Any]]:
+    def baselines(self, deadline: float | None = None) -> list[dict[str, Any]]:
         """Measure the reference points once per study (planner.tuner.baselines): the engine's own --fit (or, for an
         engine without one, the --fit-like fill, labelled an imitation), -ngl 99 -cmoe, and the best -ngl 99
-        -ncmoe N that fits. Each record is stored as it is made (a killed study resumes after the last one)."""
+        -ncmoe N that fits. Each record is stored as it is made (a killed study resumes after the last one); once
+        time.monotonic() passes `deadline` no further one starts (the list comes back unfinished, the study attr
+        `baselines` unset: the next call goes on where this one stopped)."""
         if "baselines" in self.study.user_attrs or not self.want_baselines:
             return self.study.user_attrs.get("baselines", [])
         out: list[dict[str, Any]] = list(self.study.user_attrs.get("baselines_partial", []))
@@ -576,6 +581,9 @@ class Tuner:
         def keep(rec: dict[str, Any]) -> None:
             out.append(rec)
             self.study.set_user_attr("baselines_partial", out)
+
+        def late() -> bool:
+            return deadline is not None and time.monotonic() >= deadline
 
         knobs = self._default_knobs()
         own_fit = getattr(self.engine, "own_fit", None)
@@ -591,6 +599,8 @@ class Tuner:
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False))
                     except InputError as e:
                         keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
+        if late():
+            return out
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
             try:
                 fitlike = next((p.plan for p in proposals(self.inv, self.hw, knobs, self.dialect, self.margin)
@@ -599,6 +609,8 @@ class Tuner:
                                        "" if fitlike else "no experts-cpu proposal"))
             except InputError as e:
                 keep(self._plan_record("--fit-like fill (imitation)", "fit-like", None, str(e)))
+        if late():
+            return out
         if "-ngl 99 -cmoe" not in done:
             try:
                 plan = flag_plan(self.inv, ["-ngl", "99", "-cmoe"], knobs, self.dialect, self.settings.model_id,
@@ -606,6 +618,8 @@ class Tuner:
                 keep(self._plan_record("-ngl 99 -cmoe", "cmoe", plan))
             except InputError as e:
                 keep(self._plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
+        if late():
+            return out
         if not any(b.get("kind") == "ncmoe" for b in out):
             keep(self._ncmoe_record(knobs))
         self.study.set_user_attr("baselines", out)
@@ -955,29 +969,40 @@ class Tuner:
     def probe_no_host(self) -> bool:
         """Once per study, when the space has the no_host dim: enqueue the best-TG run so far again with
         --no-host (source PROBE_NO_HOST), so the knob gets one engine run on the plan where it could matter
-        most (the sampler alone may never pair it with a good placement). True when it enqueued one."""
+        most (the sampler alone may never pair it with a good placement). Where that twin does not fit or ran
+        already, the next-best TG run's twin. The outcome is kept in the study attr `probed_no_host` (the trial
+        it copies and the plan, or why none was queued): a 12 GiB study on the H100 ended without a probe and
+        without a trace of why. True when it enqueued one."""
         from optuna.trial import TrialState
         dim = self.space.dims.get("no_host")
         if dim is None or True not in dim.values or not self.workload.n_gen or \
                 self.study.user_attrs.get("probed_no_host"):
             return False
-        best: tuple[float, dict[str, Any]] | None = None
+        runs: list[tuple[float, int, dict[str, Any]]] = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             m = TrialRecord.from_trial(t).measured
-            if m is None or not m.ok or t.params.get("no_host"):
-                continue
-            if best is None or m.tg_tps > best[0]:
-                best = (m.tg_tps, dict(t.params))
-        if best is None:
+            if m is not None and m.ok and not t.params.get("no_host"):
+                runs.append((m.tg_tps, t.number, dict(t.params)))
+        if not runs:
             return False
-        cand = self.space.decode(self.space.fixed(self.space.legal({**best[1], "no_host": True}),
-                                                  default=lambda d: d.values[0]))
-        self._add_pool(cand)
-        queued = cand.fits and cand.key not in self.measured and cand.key not in self._queued_ids
-        if queued:       # enqueued before the mark: a study killed in between finds it waiting, not lost
-            self._enqueue(cand.params, cand.key, PROBE_NO_HOST)
-        self.study.set_user_attr("probed_no_host", True)
-        return queued
+        tried = set(self._queued_ids) | {t.user_attrs.get("plan_id") for t in self.study.get_trials(deepcopy=False)}
+        outcome: dict[str, Any] = {"queued": False, "why": "no run's --no-host twin fits and is new"}
+        for tg, number, params in sorted(runs, key=lambda r: -r[0]):
+            cand = self.space.decode(self.space.fixed(self.space.legal({**params, "no_host": True}),
+                                                      default=lambda d: d.values[0]))
+            if not cand.fits or cand.key in self.measured or cand.key in tried:
+                continue
+            self._add_pool(cand)
+            # enqueued before the mark: a study killed in between finds it waiting, not lost; not skipped where
+            # an earlier trial (a screened one, say) had the same params
+            self.study.enqueue_trial(cand.params, user_attrs=TrialRecord(source=PROBE_NO_HOST,
+                                                                         plan_id=cand.key).to_attrs())
+            self._queued_ids.add(cand.key)
+            outcome = {"queued": True, "trial": number, "tg_tps": tg, "plan_id": cand.key}
+            break
+        self.study.set_user_attr("probed_no_host", outcome)
+        log.info("no-host probe: %s", outcome)
+        return outcome["queued"]
 
     def _improves(self, tg: float, pp: float) -> bool:
         pts = self._measured_points()
@@ -1004,7 +1029,10 @@ class Tuner:
         if self.surrogate or self.seed_trials:
             self.build_pool()
         if self.want_baselines:
-            self.baselines()
+            self.baselines(deadline)
+            if "baselines" not in self.study.user_attrs:
+                return TuneResult(self.study_name, self.storage_url, 0, 0, time.perf_counter() - t0, self.margin,
+                                  self.fit, "stopped at the deadline during the baselines", self.counts)
         if self.seed_trials:
             # a run of a real engine costs seconds to minutes: seeds may take at most half the runs, the rest
             # goes to the sampler and the refitted model

@@ -241,3 +241,41 @@ def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down():
     for dev in gpus:
         assert measured[dev] > truth[dev].total               # the run held more than the command will
         assert moved[dev] == truth[dev].total, (dev, moved[dev], truth[dev].total)
+
+
+
+def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monkeypatch):
+    """A device call must end in time: no baseline starts past the deadline, what ran is kept, and the next
+    call (a new Tuner on the same storage) measures only the rest (issue 10: a 12 GiB depth-8192 cell's
+    baselines once ran past the call's 10-minute limit and the call's state was lost with it)."""
+    import time
+    import planner.tuner.search as search
+    inv, hw = _setup()
+    engine = BenchLikeEngine(hw)
+    kw = dict(objective="both", workload=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
+              study_name="cell")
+    first = Tuner(inv, hw, engine, **kw)
+    res = first.run(4, deadline=time.monotonic() - 1)
+    assert res.stopped == "stopped at the deadline during the baselines" and res.measured == 0
+    assert "baselines" not in first.study.user_attrs and not first.study.trials and not engine.plans
+    # the deadline passes while the first baseline runs: it is kept, no second one starts
+    now = [1000.0]
+    monkeypatch.setattr(search.time, "monotonic", lambda: now[0])
+    second = Tuner(inv, hw, engine, **kw)
+    real = second._plan_record
+
+    def slow(*a, **k):
+        rec = real(*a, **k)
+        now[0] = 2000.0
+        return rec
+    second._plan_record = slow
+    out = second.baselines(deadline=1500.0)
+    ran = len(engine.plans)                                             # 0 or 1: the first may not fit
+    assert len(out) == 1 and ran == out[0]["runs"]
+    assert "baselines" not in second.study.user_attrs and second.study.user_attrs["baselines_partial"] == out
+    monkeypatch.undo()
+    # the next call measures the rest only and stores the list whole
+    third = Tuner(inv, hw, engine, **kw)
+    whole = third.baselines(deadline=time.monotonic() + 3600)
+    assert whole[0] == out[0] and len(whole) > 1 and third.study.user_attrs["baselines"] == whole
+    assert len(engine.plans) - ran == sum(b["runs"] for b in whole[1:])   # the first one did not run again

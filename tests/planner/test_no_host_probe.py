@@ -42,8 +42,10 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once():
     tuner.run(12)
     recs = [(t, TrialRecord.from_trial(t)) for t in tuner.study.get_trials(deepcopy=False)]
     probes = [(t, r) for t, r in recs if r.source == PROBE_NO_HOST]
-    assert len(probes) == 1 and tuner.study.user_attrs["probed_no_host"] is True
+    assert len(probes) == 1
     t, r = probes[0]
+    outcome = tuner.study.user_attrs["probed_no_host"]
+    assert outcome["queued"] and outcome["plan_id"] == r.plan_id
     assert t.params["no_host"] is True and r.measured is not None and r.measured.ok
     # it is an earlier best-TG trial's params with no_host flipped
     earlier = [u for u, s in recs if u.number < t.number and s.measured is not None and s.measured.ok
@@ -51,8 +53,14 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once():
     best = max(earlier, key=lambda u: TrialRecord.from_trial(u).measured.tg_tps)
     assert {k: v for k, v in t.params.items() if k != "no_host"} == \
         {k: v for k, v in best.params.items() if k != "no_host"}
+    assert outcome["trial"] == best.number
     tuner.run(3)                                         # resumed in the same session: no second probe
     assert sum(TrialRecord.from_trial(u).source == PROBE_NO_HOST for u in tuner.study.get_trials()) == 1
+    # asked again (the mark taken away): the best run's twin ran already, so the next-best run's twin is queued
+    tuner.study.set_user_attr("probed_no_host", None)
+    assert tuner.probe_no_host()
+    again = tuner.study.user_attrs["probed_no_host"]
+    assert again["queued"] and again["trial"] != best.number and again["plan_id"] != r.plan_id
     # no probe where the space has no no_host dim, or nothing generates (PP only)
     plain = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20)
     plain.run(4)

@@ -68,8 +68,13 @@ def test_tune_vs_fit_benchmark_dry_run(llama_bench, tmp_path, bench_script):
     assert (tmp_path / "out" / "tune_vs_fit.md").exists() and (tmp_path / "out" / "tune_vs_fit.png").exists()
     lines = (tmp_path / "out" / "tune_vs_fit_runs.jsonl").read_text().splitlines()
     assert lines and {"llama_bench_args", "env", "pp_tps", "tg_tps", "peak_vram_mib"} <= set(json.loads(lines[0]))
+    import gzip                           # the state copy beside the report: the database, whole
+    (tmp_path / "copy.db").write_bytes(gzip.decompress((tmp_path / "out" / bench.STATE_NAME).read_bytes()))
+    import optuna
+    copy = optuna.load_study(study_name="tvf-1g-d0", storage=f"sqlite:///{tmp_path / 'copy.db'}")
+    assert copy.user_attrs.get("confirmed") and len(copy.trials) >= 1
     assert bench.main(argv) == 0          # resumed: every cell is confirmed already
-    import optuna                         # the space `tune` gives a real mainline engine: --no-host in it
+    # the space `tune` gives a real mainline engine: --no-host in it
     study = optuna.load_study(study_name="tvf-1g-d0", storage=f"sqlite:///{tmp_path / 'work' / 'tune_vs_fit.db'}")
     assert study.user_attrs["settings"]["space"]["no_host"] == [False, True]
     # a --series is a fresh study beside the confirmed one: work left (no time to start it here), no rows yet

@@ -1,0 +1,39 @@
+"""benchmarks/tune_vs_fit.py's rule that every ratio comes from one device call (issue 10): a confirmation that a
+call left unfinished is not continued by the next call, it is run again whole there (when one call can hold it),
+and the earlier samples are kept aside. Found on the H100: a 16 GiB study's confirmation spanned two calls."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from planner.hardware import load_hardware
+from planner.presets import load_preset
+from runtime.sim import SimEngine
+
+
+def test_a_confirmation_left_by_an_earlier_call_runs_again_whole(tmp_path, bench_script):
+    tvf = bench_script("tune_vs_fit")
+    inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
+    hw = load_hardware("gpu-box")
+    engine = SimEngine(hw.with_vram([16 * 2**30]))
+    args = argparse.Namespace(n_prompt=512, n_gen=16, reps=1, storage=f"sqlite:///{tmp_path / 's.db'}", seed=0,
+                              pool=20, runs=14, confirm=2, series="")
+    far = time.monotonic() + 3600
+    assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1.0, call_s=500)
+    import optuna
+    study = optuna.load_study(study_name="tvf-16g-d0", storage=args.storage)
+    whole = study.user_attrs["confirmation"]["rows"]
+    # as a call cut off in its confirmation leaves the study: some rows, nothing confirmed
+    study.set_user_attr("confirmation", {**study.user_attrs["confirmation"], "rows": whole[:2]})
+    study.set_user_attr("confirmed", None)
+    assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1.0, call_s=500)
+    assert study.user_attrs["confirmation_earlier_call"]["rows"] == whole[:2]
+    again = study.user_attrs["confirmation"]["rows"]
+    assert len(again) == len(whole) and study.user_attrs["confirmed"]
+    # a confirmation longer than one call can hold goes on where it stopped (else no call would ever end it)
+    study.set_user_attr("confirmation", {**study.user_attrs["confirmation"], "rows": again[:2]})
+    study.set_user_attr("confirmed", None)
+    study.set_user_attr("confirmation_earlier_call", None)
+    assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1000.0, call_s=500)
+    assert not study.user_attrs["confirmation_earlier_call"]
+    assert study.user_attrs["confirmation"]["rows"][:2] == again[:2]
