@@ -129,8 +129,11 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
     shrink as experts leave the CPU (fewer upload targets), so the starting estimate stays an upper bound. Not on
     several: a RAM-resident expert of a CUDA1 layer runs its prompt batches on CUDA0 (op offload uploads it to the
     first GPU), so moving it home moves that compute onto CUDA1, and a plan that ends with every tensor on its
-    layer's GPU turns llama.cpp's pipeline parallelism on (memory.pipeline_copies). There the result is estimated
-    whole and the last moves onto a GPU over its budget are undone until it fits. `estimate`: the memory model
+    layer's GPU turns llama.cpp's pipeline parallelism on (memory.pipeline_copies). Nor with mainline's --no-host:
+    repacked RAM experts never run on a GPU (memory.repacked), so an expert moved home brings its prompt compute
+    onto the GPU (a 12 GiB plan of the Qwen3-30B-A3B shape ended 70 MiB over; the tuner's no-host probe then had
+    nothing that fit). In both cases the result is estimated whole and the last moves onto a GPU over its budget
+    are undone until it fits. `estimate`: the memory model
     (planner.memory's, or an engine's own: planner.engine.memory_model)."""
     used = _fixed_bytes(inv, plan, hw, estimate)
     a = dict(plan.assignment)
@@ -169,7 +172,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
                     moves.append((home, moved))
         full[home] = True
     out = replace(plan, assignment=a)
-    if len({d for d in a.values() if d != "CPU"}) > 1:
+    if len({d for d in a.values() if d != "CPU"}) > 1 or (plan.dialect == "mainline" and plan.knobs.no_host):
         out = _undo_until_fits(inv, out, budget, hw, moves, estimate)
     return out
 

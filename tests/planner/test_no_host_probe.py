@@ -85,3 +85,25 @@ def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(tmp_path):
     assert "no_host" in fresh.space.dims
     again = Tuner(inv, hw, SimEngine(hw), config=ON, **dict(kw, study_name="new"))   # stored with it: kept
     assert "no_host" in again.space.dims
+
+
+def test_a_full_fill_with_no_host_fits_its_budget():
+    """mainline --no-host: RAM experts repack and never run on the GPU, so each expert the fill moves home brings
+    its prompt compute onto the GPU and the fill's running total stops being an upper bound. On the H100
+    benchmarks' model (Qwen3-30B-A3B shape, all Q4_0) at 12 GiB, ubatch 128, layers filled last-first, the
+    no-host twin of the study's best run came out 70 MiB over, so the study's probe had nothing to run."""
+    from planner.archs import build_inventory
+    from planner.hardware import MiB
+    from planner.presets import load_preset as preset
+    from runtime.synth import uniform_recipe
+    inv = build_inventory(preset("Qwen3-30B-A3B:Q8_0").spec, uniform_recipe("Q4_0"), name="synthetic")
+    for gib in (8, 12, 16):
+        space = Space(inv, load_hardware("gpu-box").with_vram([gib * GiB]), dialect="mainline", n_ctx=2112,
+                      margin=64 * MiB, config=ON)
+        for ubatch_log2 in (7, 9):
+            for order in ("first", "last", "spread"):
+                p = {**space.default_params(), "fill.CUDA0": 1.0, "order": order, "partial": True,
+                     "no_host": True, "ubatch_log2": ubatch_log2}
+                cand = space.decode(space.fixed(space.legal(p), default=lambda d: d.values[0]))
+                assert cand.fits and cand.plan.knobs.no_host, (gib, ubatch_log2, order)
+                assert any(cand.plan.assignment[t.name] != "CPU" for t in inv.allocated() if t.is_expert)
