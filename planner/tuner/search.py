@@ -971,8 +971,8 @@ class Tuner:
         --no-host (source PROBE_NO_HOST), so the knob gets one engine run on the plan where it could matter
         most (the sampler alone may never pair it with a good placement). Where that twin does not fit or ran
         already, the next-best TG run's twin. The outcome is kept in the study attr `probed_no_host` (the trial
-        it copies and the plan, or why none was queued): a 12 GiB study on the H100 ended without a probe and
-        without a trace of why. True when it enqueued one."""
+        it copies and the plan, or why none was queued), so a study without a probe says why. True when it
+        enqueued one."""
         from optuna.trial import TrialState
         dim = self.space.dims.get("no_host")
         if dim is None or True not in dim.values or not self.workload.n_gen or \

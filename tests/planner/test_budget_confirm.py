@@ -244,6 +244,7 @@ def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down():
 
 
 
+@pytest.mark.slow          # ~3.5 s on 2 cores: make test runs it, make test-fast does not
 def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monkeypatch):
     """A device call must end in time: no baseline starts past the deadline, what ran is kept, and the next
     call (a new Tuner on the same storage) measures only the rest (issue 10: a 12 GiB depth-8192 cell's

@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import time
 
+import pytest
+
 from planner.hardware import load_hardware
 from planner.presets import load_preset
 from runtime.sim import SimEngine
 
 
+@pytest.mark.slow          # two sim studies (~5 s on 2 cores): make test runs it, make test-fast does not
 def test_a_confirmation_left_by_an_earlier_call_runs_again_whole(tmp_path, bench_script):
     tvf = bench_script("tune_vs_fit")
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
