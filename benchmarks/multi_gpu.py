@@ -110,6 +110,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import llamacpp_gpu as lg  # noqa: E402
+from planner.engine import TimedEngine  # noqa: E402
 from planner.errors import BudgetError, InputError  # noqa: E402
 from planner.flags import render  # noqa: E402
 from planner.flags.common import base_assignment, slot_devices  # noqa: E402
@@ -1014,8 +1015,7 @@ def run(argv: list[str] | None = None) -> int:
         else:
             done = run_torch(args, results_dir, t_start, write_report)
     if "tune" in steps and done:
-        import tune_vs_fit as tvf
-        tune_engine = tvf.TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
+        tune_engine = TimedEngine(LlamaCppEngine(bench, timeout_s=args.timeout, model_path=model,
                                                  cpu_stand_in=args.cpu))
         done = run_tune(args, tune_engine, inv, hw0, t_start, write_report)
     write_report()

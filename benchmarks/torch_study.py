@@ -55,7 +55,7 @@ from planner.errors import InputError  # noqa: E402
 from planner.flags import parse, render_shell  # noqa: E402
 from planner.hardware import GiB, fmt_bytes, load_hardware, parse_size  # noqa: E402
 from planner.loader import load_model  # noqa: E402
-from planner.engine import MemoryModel, memory_model, memory_model_name  # noqa: E402
+from planner.engine import MemoryModel, TimedEngine, memory_model, memory_model_name  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
@@ -99,23 +99,6 @@ class Clock:
             self.longest = max(self.longest, seconds)
 
 
-class TimedEngine:
-    """The engine, timing each run for the Clock (an Engine itself: name and any other attribute pass through)."""
-
-    def __init__(self, engine: Any, clock: Clock) -> None:
-        self.inner, self.clock, self.name = engine, clock, engine.name
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self.inner, item)
-
-    def measure(self, inv: ModelInventory, plan: Plan, workload: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self.inner.measure(inv, plan, workload)
-        finally:
-            self.clock.ran(time.perf_counter() - t0)
-
-
 def log(msg: str) -> None:
     print(f"[torch_study {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -151,7 +134,7 @@ class Setup:
             from planner.cli import load_engine    # one line (InputError) for an engine this machine cannot run
             from planner.options import EngineOptions
             opts = EngineOptions(engine=self.args.engine, model=self.args.model)
-            self._engine = TimedEngine(load_engine(opts, self.hw), self.clock)
+            self._engine = TimedEngine(load_engine(opts, self.hw), self.clock.ran)
             log(f"engine {self._engine.name} ready")
         return self._engine
 

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from planner.engine import TimedEngine  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
 from planner.tuner.records import TrialRecord  # noqa: E402
@@ -61,33 +62,6 @@ def log(msg: str) -> None:
 def cell_name(budget_gib: int, depth: int, series: str = "") -> str:
     """A cell's study name; a --series gets fresh studies beside the confirmed ones (a new space, a new machine)."""
     return f"tvf-{budget_gib}g-d{depth}" + (f"-{series}" if series else "")
-
-
-class TimedEngine:
-    """The engine, timing each run it makes for the study (what a confirmation will take, from this call's runs)."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine, self.times = engine, []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
-        t0 = time.monotonic()
-        try:
-            return fn(*a, **k)
-        finally:
-            self.times.append(time.monotonic() - t0)
-
-    def measure(self, *a: Any, **k: Any) -> Any:
-        return self._timed(self._engine.measure, *a, **k)
-
-    def measure_args(self, *a: Any, **k: Any) -> Any:
-        return self._timed(self._engine.measure_args, *a, **k)
-
-    def run_seconds(self, default: float) -> float:
-        """Seconds to plan a run at: 1.2 x the mean of this call's runs once there are 3, else `default`."""
-        return 1.2 * sum(self.times) / len(self.times) if len(self.times) >= 3 else default
 
 
 def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",

@@ -17,6 +17,7 @@ Contract of `Engine.measure(inv, plan, workload) -> Measurement`:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +28,7 @@ from .model import ModelInventory
 from .plan import Plan
 from .workload import Workload
 
-__all__ = ["Engine", "Measurement", "MemoryModel", "Workload", "memory_model", "memory_model_name"]
+__all__ = ["Engine", "Measurement", "MemoryModel", "TimedEngine", "Workload", "memory_model", "memory_model_name"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,34 @@ def memory_model_name(model: MemoryModel) -> str:
     """What predicts: "planner.memory" (llama.cpp's memory) or "<engine> engine"."""
     name = getattr(model, "engine_name", None)
     return f"{name} engine" if name else "planner.memory"
+
+
+class TimedEngine:
+    """An engine that times each run it makes (an Engine itself: every other attribute passes through): how long
+    the next runs will take, for a caller that must end inside a time limit (a device call). `on_run(seconds)`
+    hears of each run as it ends."""
+
+    def __init__(self, engine: Any, on_run: Callable[[float], None] | None = None) -> None:
+        self.inner, self.on_run, self.times = engine, on_run, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            self.times.append(time.monotonic() - t0)
+            if self.on_run is not None:
+                self.on_run(self.times[-1])
+
+    def measure(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self.inner.measure, *a, **k)
+
+    def measure_args(self, *a: Any, **k: Any) -> Any:
+        return self._timed(self.inner.measure_args, *a, **k)
+
+    def run_seconds(self, default: float) -> float:
+        """Seconds to plan a run at: 1.2 x the mean of the runs so far once there are 3, else `default`."""
+        return 1.2 * sum(self.times) / len(self.times) if len(self.times) >= 3 else default

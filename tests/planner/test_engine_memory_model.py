@@ -87,3 +87,22 @@ def test_a_plan_the_engine_does_not_predict_is_judged_by_planner_memory():
     params = {**tuner.space.default_params(), "fill.CUDA0": 1.0, "order": "last", "partial": True}
     cand = tuner.space.decode(tuner.space.fixed(params))
     assert cand.fits and cand.memory == estimate(inv, cand.plan, hw)
+
+
+def test_a_timed_engine_times_each_run_and_passes_the_rest_through():
+    """planner.engine.TimedEngine (the GPU benchmarks plan their device calls with it): each run's seconds kept
+    and reported, the plan time a default until three runs, then 1.2x their mean; name and optional methods pass
+    through, so the tuner judges its plans with the inner engine's memory model."""
+    from planner.engine import TimedEngine
+    from planner.propose import propose
+    inv = load_preset("Qwen3-30B-A3B").inventory()
+    hw = load_hardware("gpu-box").with_vram([16 * GiB])
+    heard: list[float] = []
+    engine = TimedEngine(SimEngine(hw), on_run=heard.append)
+    assert engine.name == "sim" and memory_model(engine, Workload(512)) is estimate
+    plan = propose(inv, hw)[0]
+    assert engine.run_seconds(25.0) == 25.0
+    for _ in range(3):
+        assert engine.measure(inv, plan, Workload(512, 16)).ok
+    assert heard == engine.times and len(heard) == 3 and all(t >= 0 for t in heard)
+    assert engine.run_seconds(25.0) == 1.2 * sum(heard) / 3
