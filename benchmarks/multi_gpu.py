@@ -628,6 +628,23 @@ def _mib(b: float | None) -> str:
     return "-" if b is None else f"{b / MiB:,.0f}"
 
 
+def _check_cells(r: dict[str, Any]) -> list[str]:
+    """A GPU's measured / predicted / error / within-goal cells of a memory table row."""
+    ok = "-" if r["within_goal"] is None else ("yes" if r["within_goal"] else "**no**")
+    err = "-" if r["error_bytes"] is None else _mib(r["error_bytes"]) + \
+        ("" if r["error_pct"] is None else f" ({r['error_pct']:+.1f}%)")
+    return [_mib(r["measured_bytes"]), _mib(r["predicted_bytes"]), err, ok]
+
+
+def _pred_parts(pr: dict[str, int]) -> str:
+    return "+".join(_mib(pr[k]) for k in ("weights", "kv", "compute", "overhead"))
+
+
+def _flags_cell(flags: str, width: int) -> str:
+    flags = flags.replace("|", "\\|")
+    return flags if len(flags) <= width else flags[:width - 3] + "..."
+
+
 def memory_summary(plans: list[dict[str, Any]]) -> dict[str, int]:
     checked = [r for p in plans for r in p["devices"].values() if r["within_goal"] is not None]
     return {"plans": len(plans), "plans_measured": sum(1 for p in plans if p["within_goal"] is not None),
@@ -675,23 +692,18 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
         cells = []
         for d in GPUS:
             r = p["devices"][d]
-            ok = "-" if r["within_goal"] is None else ("yes" if r["within_goal"] else "**no**")
-            err = "-" if r["error_bytes"] is None else _mib(r["error_bytes"]) + \
-                ("" if r["error_pct"] is None else f" ({r['error_pct']:+.1f}%)")
-            cells += [_mib(r["measured_bytes"]), _mib(r["predicted_bytes"]), err, ok]
+            cells += _check_cells(r)
         logs, parts = [], []
         for d in GPUS:
             lgd = p["devices"][d]["log"]
             logs.append("-" if not lgd else f"{_mib(lgd['model'])}+{_mib(lgd['kv'])}+"
                                             f"{_mib(lgd['compute'] + lgd['output'])}")
             pr = p["devices"][d]["predicted_parts"]
-            parts.append("+".join(_mib(pr[x]) for x in ("weights", "kv", "compute", "overhead")))
+            parts.append(_pred_parts(pr))
         logged = p.get("pipeline_parallel_logged")
         pipe = ("yes" if p["pipeline_copies"] > 1 else "no") + ("" if logged is None else
                                                                 f" ({'yes' if logged else 'no'})")
-        flags = p["flags"].replace("|", "\\|")
-        if len(flags) > 120:
-            flags = flags[:117] + "..."
+        flags = _flags_cell(p["flags"], 120)
         L.append(f"| {p['name']} | `{flags}` | {pp} | {m['tg_tps']:.2f} | {pipe} | " + " | ".join(cells) + " | "
                  + " | ".join(logs) + " | " + " | ".join(parts) + " |")
     over = [f"{p['name']} {d}" for p, d, r in checked if not r["within_goal"]]
@@ -795,18 +807,13 @@ def torch_section(recs: list[dict[str, Any]]) -> list[str]:
                 pparts.append("-")
                 peaks.append("-")
                 continue
-            ok = "-" if r["within_goal"] is None else ("yes" if r["within_goal"] else "**no**")
-            err = "-" if r["error_bytes"] is None else _mib(r["error_bytes"]) + \
-                ("" if r["error_pct"] is None else f" ({r['error_pct']:+.1f}%)")
-            cells += [_mib(r["measured_bytes"]), _mib(r["predicted_bytes"]), err, ok]
+            cells += _check_cells(r)
             e = r["engine_parts"]
             eparts.append("+".join(_mib(e[k]) for k in ("weights", "kv", "staging", "activations", "context")))
             pr = r["predicted_parts"]
-            pparts.append("+".join(_mib(pr[k]) for k in ("weights", "kv", "compute", "overhead")))
+            pparts.append(_pred_parts(pr))
             peaks.append(_mib(r.get("device_peak_bytes")))
-        flags = p["flags"].replace("|", "\\|")
-        if len(flags) > 100:
-            flags = flags[:97] + "..."
+        flags = _flags_cell(p["flags"], 100)
         L.append(f"| {p['name']} | `{flags}` | {pp} | {m['tg_tps']:.2f} | " + " | ".join(cells) + " | "
                  + " | ".join(eparts) + " | " + " | ".join(pparts) + " | " + " / ".join(peaks) + " |")
     sm = memory_summary(recs)
