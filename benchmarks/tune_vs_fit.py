@@ -53,6 +53,10 @@ DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
 STATE_NAME = "tune_vs_fit_state.db.gz"   # the study database, as the report folder gets it after every cell
 CONFIRM_CONTENDERS = 4      # --fit, its server placement, best TG, balanced: what confirmation costs per round
 CONFIRM_RUN_S = 25.0        # seconds a confirmation run is planned at until this call has timed 3 runs
+# what a whole device call gives a study (the 10-minute limit less start, install, build checks and report): a
+# confirmation longer than 0.8 of it starts at once, as waiting for the next call would not help. An invocation
+# given less (`--time-budget $((545-SECONDS))` after a build) is still judged against a whole call.
+WHOLE_CALL_S = 520.0
 
 
 def log(msg: str) -> None:
@@ -70,10 +74,10 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it.
     benchmarks/ik_gpu.py runs its ik cells through here too (dialect "ik", its own study names), and
     benchmarks/multi_gpu.py its two-GPU cells: `n_gpus` GPUs of budget_gib each, the best -ncmoe (-ts) baseline
-    confirmed with the others (`confirm_ncmoe`), and a confirmation started only when, at `confirm_run_s` seconds
-    a run (or what that callable says then), it ends before the deadline (so all its samples come from one device
-    call), unless it needs more than 0.8 of a whole call (`call_s`), where waiting for the next call would not
-    help."""
+    confirmed with the others (`confirm_ncmoe`), and a confirmation started only when it ends before the deadline
+    (so all its samples come from one device call), timed by `confirm_plan`: each contender's own stored run, else
+    `confirm_run_s` seconds a run (or what that callable says then); one that needs more than 0.8 of a whole call
+    (`call_s`) runs at fewer repetitions per run."""
     wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
     hw = hw0.with_vram([budget_gib * GiB] * n_gpus)
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
@@ -106,10 +110,12 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
             return False
     if time.monotonic() >= deadline:
         return False
-    per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
-    need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * per_run
+    reps, need = confirm_plan(tuner, args, confirm_ncmoe, confirm_run_s, call_s)
+    if reps != wl.repetitions:
+        log(f"{tuner.study_name}: confirmation at -r {reps} (not {wl.repetitions}): {args.confirm} rounds at "
+            f"-r {wl.repetitions} need ~{need * wl.repetitions / reps:.0f} s, more than 0.8 of a whole call")
     earlier = tuner.study.user_attrs.get("confirmation") or {}
-    if earlier.get("rows") and 0 < need <= 0.8 * call_s:
+    if earlier.get("rows") and (0 < need <= 0.8 * call_s or earlier.get("repetitions", wl.repetitions) != reps):
         # samples of an earlier call (this one never re-enters a cell): a ratio must come from one call, so a
         # confirmation that fits in one starts again whole; the earlier rows are kept beside it
         log(f"{tuner.study_name}: {len(earlier['rows'])} confirmation runs of an earlier call set aside")
@@ -121,8 +127,27 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
             f"{deadline - time.monotonic():.0f} s left: the next call runs it whole")
         return False
     log(f"{tuner.study_name}: confirmation, {args.confirm} rounds")
-    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline, ncmoe=confirm_ncmoe)
+    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline, ncmoe=confirm_ncmoe, repetitions=reps)
     return bool(rec)
+
+
+def confirm_plan(tuner, args, confirm_ncmoe: bool, confirm_run_s: float | Callable[[], float],
+                 call_s: float) -> tuple[int, float]:
+    """The repetitions per confirmation run and the seconds the confirmation will take: from each contender's own
+    stored run when every one was timed (Tuner.confirm_seconds, x1.2), else `confirm_run_s` a run. When that is
+    more than 0.8 of a whole call, fewer repetitions per run (at least 1), so that every sample of a ratio still
+    comes from one call (a --no-host contender at depth 8192 re-prefills 8192 tokens on the CPU each repetition)."""
+    reps = tuner.workload.repetitions
+    known = tuner.confirm_seconds(args.confirm, 1, confirm_ncmoe)
+    if known is not None:
+        need = 1.2 * known
+    else:
+        per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
+        need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * per_run
+    if need > 0.8 * call_s and reps > 1:
+        fewer = max(1, int(reps * 0.8 * call_s / need))
+        return fewer, need * fewer / reps
+    return reps, need
 
 
 def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
@@ -168,6 +193,7 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
         return a[k] / base[k] if a and base and base[k] else None
     return {"budget_gib": budget_gib, "depth": depth, "study": study.study_name, "runs": s.engine_runs.total,
             "engine_runs": s.engine_runs.to_dict(), "front_share": s.front_share, "confirmed": bool(conf),
+            "confirm_repetitions": conf.get("repetitions"),     # set when confirmed at fewer than the workload's
             "fit": fit, "fit_server": fit_server, "best_tg": best, "balanced": bal, "ncmoe_confirmed": ncmoe_confirmed,
             "best_tg_ratio_vs_fit_server": ratio(best, "tg", fit_server) if fit_server else None,
             "best_tg_ratio": ratio(best, "tg"), "balanced_tg_ratio": ratio(bal, "tg"),
@@ -230,7 +256,9 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
         nc = r.get("ncmoe") or {}
         ncs = f"{nc['tg_tps']:.2f} / {nc['pp_tps']:.0f} / {nc['vram_mib']:.0f} ({nc['name']})" if nc.get("ok") else \
             (nc.get("error") or "-")
-        L.append(f"| {r['budget_gib']} GiB | {r['depth']} | {r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'} | "
+        runs = f"{r['runs']}{'' if r['confirmed'] else ' (unconfirmed)'}" + \
+            (f" (confirmed at -r {r['confirm_repetitions']})" if r.get("confirm_repetitions") else "")
+        L.append(f"| {r['budget_gib']} GiB | {r['depth']} | {runs} | "
                  f"{cell(r['fit'])} | {cell(r['best_tg'])} | {verdict(r['best_tg'], 'tg')} | {cell(r['balanced'])} | "
                  f"{verdict(r['balanced'], 'tg')} | {verdict(r['balanced'], 'pp')} | {ncs} | "
                  f"{cell(r.get('fit_server'))} | "
@@ -371,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                 finished = False
                 log(f"{cell_name(b, depth, args.series)}: not started, {deadline - time.monotonic():.0f} s left")
                 break
-            ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline, call_s=args.time_budget,
+            ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline,
+                          call_s=max(args.time_budget, WHOLE_CALL_S),
                           confirm_run_s=lambda: args.engine.run_seconds(0.0 if args.cpu else CONFIRM_RUN_S))
             finished &= ok
             log(f"{cell_name(b, depth, args.series)}: {'confirmed' if ok else 'not finished: run again'}")

@@ -38,6 +38,7 @@ class MeasuredRun(Measurement):
     peak_at_ctx: dict[str, int] = field(default_factory=dict)   # peaks moved to the emitted context ({}: the same)
     cv: float | None = None                                      # the run's own noise over its repetitions
     seen: str = ""                                               # the machine's state around the run
+    seconds: float = 0.0                                         # the run's wall time (0: the engine did not say)
 
     @classmethod
     def from_measurement(cls, m: Measurement) -> MeasuredRun:
@@ -48,7 +49,8 @@ class MeasuredRun(Measurement):
         return cls(pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps), ok=bool(m.ok), error=str(m.error or ""),
                    peak_bytes={k: int(v) for k, v in dict(m.peak_bytes).items()}, host_bytes=int(m.host_bytes),
                    peak_at_ctx=dict(getattr(m, "peak_at_ctx", None) or {}),
-                   cv=getattr(m, "cv", None) or raw.get("cv"), seen=getattr(m, "seen", None) or raw.get("seen") or "")
+                   cv=getattr(m, "cv", None) or raw.get("cv"), seen=getattr(m, "seen", None) or raw.get("seen") or "",
+                   seconds=float(getattr(m, "seconds", 0.0) or raw.get("wall_s") or 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         """The stored shape (as tuners have always written it): the optional keys only when set."""
@@ -56,7 +58,8 @@ class MeasuredRun(Measurement):
                                "error": str(self.error or ""),
                                "peak_bytes": {k: int(v) for k, v in self.peak_bytes.items()},
                                "host_bytes": int(self.host_bytes)}
-        for key, value in (("peak_at_ctx", self.peak_at_ctx), ("cv", self.cv), ("seen", self.seen)):
+        for key, value in (("peak_at_ctx", self.peak_at_ctx), ("cv", self.cv), ("seen", self.seen),
+                           ("seconds", self.seconds)):
             if value:
                 out[key] = value
         return out
@@ -66,7 +69,7 @@ class MeasuredRun(Measurement):
         return cls(error=d.get("error", ""), ok=bool(d.get("ok")), pp_tps=float(d.get("pp_tps", 0.0)),
                    tg_tps=float(d.get("tg_tps", 0.0)), peak_bytes=dict(d.get("peak_bytes") or {}),
                    host_bytes=int(d.get("host_bytes", 0)), peak_at_ctx=dict(d.get("peak_at_ctx") or {}),
-                   cv=d.get("cv"), seen=d.get("seen", ""))
+                   cv=d.get("cv"), seen=d.get("seen", ""), seconds=float(d.get("seconds") or 0.0))
 
     @property
     def command_peak_bytes(self) -> dict[str, int]:

@@ -829,7 +829,8 @@ class Tuner:
         result = MeasuredRun(error="", ok=True, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps), peak_bytes=measured,
                          host_bytes=int(m.host_bytes), peak_at_ctx=peaks if peaks != measured else {},
                          cv=dict(getattr(m, "raw", {}) or {}).get("cv"),
-                         seen=str(dict(getattr(m, "raw", {}) or {}).get("seen", "")))
+                         seen=str(dict(getattr(m, "raw", {}) or {}).get("seen", "")),
+                         seconds=MeasuredRun.from_measurement(m).seconds)
         if worst is None:
             return result
         excess, dev, peak, have = worst
@@ -1123,6 +1124,29 @@ class Tuner:
         out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
         return out
 
+    def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False) -> float | None:
+        """How long confirm(rounds, n_tg, ncmoe) runs, from each contender's own stored run (its wall time at this
+        workload): one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
+        8192 ran 80 s where the others ran 14 s (H100, 2026-11-24). None when a contender's run has no time
+        (studies from before runs were timed, engines that do not say)."""
+        total = 0.0
+        for c in self.finalists(n_tg, ncmoe):
+            seconds = self._contender_seconds(c)
+            if seconds <= 0:
+                return None
+            total += seconds
+        return rounds * total
+
+    def _contender_seconds(self, c: Contender) -> float:
+        if c.trial is not None:
+            trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
+            m = TrialRecord.from_trial(trial).measured
+            return m.seconds if m is not None else 0.0
+        kinds = {"fit-server": "engine-fit-server", "ncmoe": "ncmoe"}
+        rec = (self.reference() if c.key == "fit" else
+               next((b for b in self.study.user_attrs.get("baselines", []) if b.get("kind") == kinds[c.key]), None))
+        return float(((rec or {}).get("measured") or {}).get("seconds") or 0.0)
+
     def _measure_contender(self, c: Contender) -> dict[str, Any]:
         if c.key in ("fit-server", "ncmoe"):     # references, like --fit: measured, never failed for their peak
             kind = "engine-fit-server" if c.key == "fit-server" else "ncmoe"
@@ -1134,7 +1158,7 @@ class Tuner:
         elif c.trial is None:
             ref = self.reference() or {}
             if ref.get("argv"):
-                m = self._measure_args(ref["argv"], ref.get("env") or {})
+                m = self._measure_args(with_repetitions(ref["argv"], self.workload.repetitions), ref.get("env") or {})
             else:
                 m = self._measure(Plan.from_json(ref["plan"]))
         else:
@@ -1156,34 +1180,54 @@ class Tuner:
             return MeasuredRun.failed(f"engine raised {type(e).__name__}: {e}")
 
     def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
-                deadline: float | None = None, ncmoe: bool = False) -> dict[str, Any]:
+                deadline: float | None = None, ncmoe: bool = False, repetitions: int | None = None
+                ) -> dict[str, Any]:
         """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.tuner.confirm) and
         judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
         confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
         when `deadline` passed before the last sample: call again to go on). `ncmoe`: the best -ncmoe baseline
-        is re-measured with them (finalists)."""
+        is re-measured with them (finalists). `repetitions`: each run's repetitions when not the workload's
+        (fewer, so that every sample fits in one device call; stored in the record)."""
         contenders = self.finalists(n_tg, ncmoe)
         if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
             return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
         keys = [c.key for c in contenders]
+        reps = repetitions or self.workload.repetitions
         stored = self.study.user_attrs.get("confirmation") or {}
-        log = SampleLog(list(stored.get("rows", [])) if stored.get("keys") == keys else [])
-        for rnd, c in schedule(contenders, rounds):
-            if log.done(rnd, c.key):
-                continue
-            if deadline is not None and time.monotonic() >= deadline:
-                return {}
-            log.add(rnd, c.key, self._measure_contender(c))
-            self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "rows": log.rows})
-            if progress is not None:
-                progress(len(log.rows), rounds * len(contenders))
+        same = stored.get("keys") == keys and stored.get("repetitions", self.workload.repetitions) == reps
+        log = SampleLog(list(stored.get("rows", [])) if same else [])
+        workload, self.workload = self.workload, replace(self.workload, repetitions=reps)
+        try:
+            for rnd, c in schedule(contenders, rounds):
+                if log.done(rnd, c.key):
+                    continue
+                if deadline is not None and time.monotonic() >= deadline:
+                    return {}
+                log.add(rnd, c.key, self._measure_contender(c))
+                self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "repetitions": reps,
+                                                          "rows": log.rows})
+                if progress is not None:
+                    progress(len(log.rows), rounds * len(contenders))
+        finally:
+            self.workload = workload
         results = [log.summarise(c) for c in contenders]
         record = confirmed_record(results, rounds)
+        if reps != workload.repetitions:
+            record["repetitions"] = reps
         self.study.set_user_attr("confirmed", record)
         return record
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
+
+def with_repetitions(argv: list[str], reps: int) -> list[str]:
+    """A benchmark's arguments with their repetitions set to `reps` (llama-bench -r, llama-sweep-bench -nrep)."""
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a in ("-r", "--repetitions", "-nrep"):
+            out[i + 1] = str(reps)
+    return out
+
 
 def _mdict(m: Any) -> dict[str, Any]:
     """A Measurement as stored on a trial or a baseline (MeasuredRun.to_dict: the engine's `raw` stays out)."""

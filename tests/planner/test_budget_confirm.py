@@ -16,6 +16,7 @@ from planner.memory import estimate
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
 from planner.tuner.search import MARGIN_SLACK, Tuner, Workload
+from planner.tuner.space import SpaceConfig
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
@@ -280,3 +281,71 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monk
     whole = third.baselines(deadline=time.monotonic() + 3600)
     assert whole[0] == out[0] and len(whole) > 1 and third.study.user_attrs["baselines"] == whole
     assert len(engine.plans) - ran == sum(b["runs"] for b in whole[1:])   # the first one did not run again
+
+
+class TimedSimEngine:
+    """The sim engine saying how long each run took (llama-bench's raw wall_s), 20 s a repetition, 100 s for a
+    plan at -ub 128 or below (as a --no-host config at depth 8192 runs 5x as long as the others on the H100);
+    it keeps the repetitions of each run it was asked for."""
+    name = "timed-sim"
+
+    def __init__(self, hw):
+        self.sim, self.reps = SimEngine(hw), []
+
+    @staticmethod
+    def seconds(plan, workload) -> float:
+        return (100.0 if plan.knobs.n_ubatch <= 128 else 20.0) * workload.repetitions
+
+    def measure(self, inv, plan, workload):
+        self.reps.append(workload.repetitions)
+        m = self.sim.measure(inv, plan, workload)
+        return replace(m, raw={"wall_s": self.seconds(plan, workload)})
+
+
+@pytest.mark.slow          # ~2 s on 2 cores
+def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetitions_fit_a_call(bench_script):
+    """How long a confirmation takes is the sum of its contenders' stored run times (a mean per run misjudged a
+    cell whose --no-host contender ran 80 s where the others ran 14 s, and a device call was lost); when a whole
+    call cannot hold it, tune_vs_fit confirms at fewer repetitions per run, stored with the record."""
+    from planner.plan import Plan
+    from planner.tuner.search import with_repetitions
+    inv, hw = _setup()
+    engine = TimedSimEngine(hw)
+    wl = replace(WL, repetitions=3)
+    tuner = Tuner(inv, hw, engine, objective="both", workload=wl, n_ctx=2112, storage=None, pool_size=30, seed=5,
+                  config=SpaceConfig(ubatch=(128, 512)))
+    tuner.run(6)
+    contenders = tuner.finalists(n_tg=1)
+    plans = [Plan.from_json(tuner.reference()["plan"]) if c.key == "fit" else
+             TrialRecord.from_trial(next(t for t in tuner.study.get_trials(deepcopy=False)
+                                         if t.number == c.trial)).plan() for c in contenders]
+    expected = sum(engine.seconds(p, wl) for p in plans)
+    assert tuner.confirm_seconds(3, n_tg=1) == pytest.approx(3 * expected)
+    # what tune_vs_fit plans: x1.2, and at 3 repetitions more than 0.8 of a 520 s call, so fewer
+    tvf = bench_script("tune_vs_fit")
+    args = type("Args", (), {"confirm": 3})()
+    reps, need = tvf.confirm_plan(tuner, args, False, 25.0, call_s=520.0)
+    assert 1.2 * 3 * expected > 0.8 * 520
+    assert reps == max(1, int(3 * 0.8 * 520 / (1.2 * 3 * expected))) and reps < 3
+    assert need == pytest.approx(1.2 * 3 * expected * reps / 3)
+    # a confirmation at those repetitions runs them (the engine's workload, the reference's own arguments too)
+    n = len(engine.reps)
+    rec = tuner.confirm(3, n_tg=1, repetitions=reps)
+    assert engine.reps[n:] == [reps] * (3 * len(contenders)) and rec["repetitions"] == reps
+    assert tuner.study.user_attrs["confirmation"]["repetitions"] == reps and tuner.workload.repetitions == 3
+    # asked again at the workload's repetitions, the rows at other repetitions do not count: all run again
+    n = len(engine.reps)
+    assert "repetitions" not in tuner.confirm(3, n_tg=1)
+    assert engine.reps[n:] == [3] * (3 * len(contenders))
+    assert with_repetitions(["-p", "2048", "-r", "3", "-d", "8192"], 1) == ["-p", "2048", "-r", "1", "-d", "8192"]
+    assert with_repetitions(["-n", "16", "-nrep", "3"], 2) == ["-n", "16", "-nrep", "2"]
+
+
+@pytest.mark.slow
+def test_a_run_without_a_time_plans_the_confirmation_at_the_default():
+    """Studies from before runs were timed (no seconds stored) get None: the caller plans at its own guess."""
+    inv, hw = _setup()
+    tuner = Tuner(inv, hw, SimEngine(hw), objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30,
+                  seed=5, baselines=False)
+    tuner.run(3)
+    assert tuner.finalists(n_tg=1) and tuner.confirm_seconds(3, n_tg=1) is None
