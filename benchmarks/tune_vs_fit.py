@@ -427,8 +427,9 @@ def report(args, budgets: list[int], depths: list[int], meta: dict[str, Any], ou
     n = runs_jsonl(studies, out / f"{args.name}_runs.jsonl")
     if not args.report_only:
         save_state(workdir / "tune_vs_fit.db", out / STATE_NAME)
+    left = not finished or any(not r["confirmed"] for r in rows) or len(rows) < len(budgets) * len(depths)
     log(f"report: {out}/{args.name}.md ({len(rows)} cells, {n} runs in runs.jsonl); "
-        f"{'all cells confirmed' if finished else 'work left: run again'}")
+        f"{'work left: run again' if left else 'all cells confirmed'}")
 
 
 def save_state(db: Path, dest: Path) -> None:
