@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import device_options as opts  # noqa: E402
 import llamacpp_gpu as lg  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
@@ -73,6 +74,8 @@ from runtime.engine import Workload  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
 
 STEPS = ("memory", "op", "study", "mainline")
+DEFAULTS: opts.Defaults = {"runs": (24, 12), "confirm": (3, 2), "rounds": (3, 2), "n_prompt": (2048, 32),
+                           "n_gen": (64, 4), "reps": (3, 1)}
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "ik_gpu"
 IK_BIN = lg.DEFAULT_WORKDIR / "ik_llama.cpp-cuda" / "build" / "bin"
 MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
@@ -655,10 +658,9 @@ def run_repredict(args: argparse.Namespace) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cpu", action="store_true", help="dry run: the CPU ik build, a tiny model, every plan all-CPU")
-    ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
-    ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
-    ap.add_argument("--name", default="ik_gpu", help="file stem of the report (default ik_gpu)")
+    opts.add_call_options(ap, name="ik_gpu", workdir=DEFAULT_WORKDIR, time_budget=520.0, min_left=60.0,
+                          timeout=240.0, cpu_help="the CPU ik build, a tiny model, every plan all-CPU",
+                          min_left_help="a new run needs (a study cell's baselines need about 2 of them)")
     ap.add_argument("--ik-bin", type=Path, help=f"folder with ik's llama-sweep-bench (default {IK_BIN})")
     ap.add_argument("--mainline-bench", type=Path, help="mainline llama-bench with -fitt for the mainline step "
                     f"(default {MAINLINE_BENCH} when it exists; --cpu: the CPU build)")
@@ -666,47 +668,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mainline-series", default="", help="the tune_vs_fit --series whose studies to read (default "
                     "none: the first series)")
     ap.add_argument("--model", type=Path, help=f"default {MODEL} (written if missing)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
-    ap.add_argument("--plans", default="", help="memory: comma list of plan names (default all; --list shows them)")
-    ap.add_argument("--list", action="store_true", help="list the memory and op plans and exit")
-    ap.add_argument("--redo", action="store_true", help="measure again what has results already")
+    opts.add_step_options(ap, STEPS, plans="memory plans", listed="memory and op plans")
     ap.add_argument("--budgets", help="GiB, comma list (default 8,16; 1 with --cpu)")
-    ap.add_argument("--runs", type=int, help="study: engine runs per cell, all phases (default 24; 12 with --cpu)")
-    ap.add_argument("--confirm", type=int, help="study: confirmation rounds (default 3; 2 with --cpu)")
-    ap.add_argument("--rounds", type=int, help="op and mainline: interleaved rounds (default 3; 2 with --cpu)")
-    ap.add_argument("--n-prompt", type=int, help="study/mainline -p (default 2048; 32 with --cpu)")
-    ap.add_argument("--n-gen", type=int, help="study/mainline -n (default 64; 4 with --cpu)")
-    ap.add_argument("--reps", type=int, help="repetitions inside a run (default 3; 1 with --cpu)")
+    opts.add_study_options(ap, DEFAULTS)
+    ap.add_argument("--rounds", type=int, help="op and mainline: interleaved rounds "
+                    f"({opts.default_text(DEFAULTS, 'rounds')})")
+    opts.add_workload_options(ap, DEFAULTS, what="study and mainline runs")
     ap.add_argument("--mem-gen", type=int, default=16, help="memory: tokens generated per run (default 16)")
     ap.add_argument("--op-gen", type=int, default=16, help="op: tokens generated per run (default 16)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pool", type=int, default=200)
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per run (default 240)")
-    ap.add_argument("--time-budget", type=float, default=520.0, help="seconds this call may use (default 520)")
-    ap.add_argument("--min-left", type=float, default=60.0, help="seconds a new run needs (default 60; a study "
-                    "cell's baselines need about 2 of them)")
     ap.add_argument("--model-min-left", type=float, default=200.0, help="seconds the 17 GB model write needs")
-    ap.add_argument("--hardware", default="gpu-box")
     ap.add_argument("--repredict", type=Path, metavar="REPORT.json", help="no runs: predict the memory plans of a "
                     "stored GPU report again with today's memory model; writes REPORT_repredict.{md,json} to --out "
                     "(default: beside it)")
-    args = ap.parse_args(argv)
-    args.steps = [s for s in args.steps.split(",") if s]
-    bad = [s for s in args.steps if s not in STEPS]
-    if bad:
-        ap.error(f"unknown step {bad[0]!r}; steps: {', '.join(STEPS)}")
-    cpu = args.cpu
-    try:
-        args.budgets = [int(b) for b in (args.budgets or ("1" if cpu else "8,16")).split(",") if b]
-    except ValueError:
-        ap.error(f"--budgets takes whole GiB, comma separated: {args.budgets!r}")
-    defaults = {"runs": (24, 12), "confirm": (3, 2), "rounds": (3, 2), "n_prompt": (2048, 32), "n_gen": (64, 4),
-                "reps": (3, 1)}
-    for k, (gpu_v, cpu_v) in defaults.items():
-        if getattr(args, k) is None:
-            setattr(args, k, cpu_v if cpu else gpu_v)
-        if getattr(args, k) < 1:
-            ap.error(f"--{k.replace('_', '-')} must be >= 1")
+    args = opts.resolve(ap, ap.parse_args(argv), DEFAULTS)
+    args.steps = opts.parse_steps(ap, args.steps, STEPS)
+    args.budgets = opts.parse_budgets(ap, args.budgets or ("1" if args.cpu else "8,16"))
     args.plans = [p for p in args.plans.split(",") if p]
     return args
 

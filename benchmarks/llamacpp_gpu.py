@@ -39,7 +39,9 @@ from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import device_options as opts  # noqa: E402
 from planner.flags import parse, render  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E402
@@ -54,6 +56,7 @@ QUANT = "Q4_0"
 GOAL_FRACTION, GOAL_FLOOR = 0.03, 256 * MiB
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "llamacpp_gpu"
 STEPS = ("model", "matcher", "plans", "fit", "report")
+DEFAULTS: opts.Defaults = {"n_prompt": (2048, 32), "n_gen": (64, 4), "reps": (3, 1)}
 
 
 def log(msg: str) -> None:
@@ -460,43 +463,28 @@ def write_runs(plans: list[dict[str, Any]], path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cpu", action="store_true", help="dry run with the CPU build and a tiny model (no GPU)")
-    ap.add_argument("--workdir", type=Path, default=None, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
-    ap.add_argument("--out", type=Path, default=None, help="report folder (default $OUT, else <workdir>/report)")
+    opts.add_call_options(ap, name=None, workdir=DEFAULT_WORKDIR, time_budget=480.0, min_left=90.0, timeout=180.0,
+                          cpu_help="the CPU build and a tiny model (no GPU)",
+                          min_left_help="a new run needs: no new plan or --fit run starts with less left")
     ap.add_argument("--llama-bench", type=Path, help="default <workdir>/llama.cpp-cuda/build/bin/llama-bench")
     ap.add_argument("--fit-params", type=Path, help="default beside llama-bench")
     ap.add_argument("--model", type=Path, help="default <workdir>/qwen3-30b-a3b-q4_0.gguf (written if missing)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
-    ap.add_argument("--plans", default="", help="comma list of plan names to run (default all; --list shows them)")
-    ap.add_argument("--list", action="store_true", help="list the plans and exit")
-    ap.add_argument("--redo", action="store_true", help="measure again what has results already")
+    opts.add_step_options(ap, STEPS)
     ap.add_argument("--budgets", default="4,8,12,16", help="GiB budgets for --fit and planner plans")
-    ap.add_argument("--n-prompt", type=int, help="default 2048 (32 with --cpu)")
-    ap.add_argument("--n-gen", type=int, help="default 64 (4 with --cpu)")
-    ap.add_argument("--reps", type=int, help="default 3 (1 with --cpu)")
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per llama-bench run (default 180)")
-    ap.add_argument("--time-budget", type=float, default=480.0,
-                    help="seconds this call may use: no new plan or --fit run starts with less than --min-left "
-                         "left (default 480, for a 600 s device command)")
-    ap.add_argument("--min-left", type=float, default=90.0, help="seconds a new run needs (default 90)")
+    opts.add_workload_options(ap, DEFAULTS)
     ap.add_argument("--model-min-left", type=float, default=200.0,
                     help="seconds the model write needs; with less left it waits for the next call (default 200)")
-    ap.add_argument("--hardware", default="gpu-box", help="HardwareProfile for the predictions (default gpu-box)")
-    args = ap.parse_args(argv)
+    args = opts.resolve(ap, ap.parse_args(argv), DEFAULTS)
     t_start = time.monotonic()
-    steps = [s for s in args.steps.split(",") if s]
-    bad = [s for s in steps if s not in STEPS]
-    if bad:
-        ap.error(f"unknown step {bad[0]!r}; steps: {', '.join(STEPS)}")
+    steps = opts.parse_steps(ap, args.steps, STEPS)
     args.plans = [p for p in args.plans.split(",") if p]
-    args.budgets = [int(b) for b in args.budgets.split(",") if b]
+    args.budgets = opts.parse_budgets(ap, args.budgets)
     workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
     workdir.mkdir(parents=True, exist_ok=True)
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     results_dir = workdir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    wl = Workload(args.n_prompt or (32 if args.cpu else 2048), args.n_gen or (4 if args.cpu else 64), 0,
-                  args.reps or (1 if args.cpu else 3))
+    wl = Workload(args.n_prompt, args.n_gen, 0, args.reps)
     if args.cpu:
         from runtime.llamacpp_build import ensure_built
         built = ensure_built()

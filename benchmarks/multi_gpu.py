@@ -109,6 +109,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import device_options as opts  # noqa: E402
 import llamacpp_gpu as lg  # noqa: E402
 from planner.engine import TimedEngine  # noqa: E402
 from planner.errors import BudgetError, InputError  # noqa: E402
@@ -124,6 +125,10 @@ from runtime.llamacpp import LlamaCppEngine, bench_memory  # noqa: E402
 
 STEPS = ("memory", "torch", "tune", "report")
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "multi_gpu"
+# memory and torch runs (n_prompt, n_gen, reps), the study's runs (tune_*), the study: GPU value, --cpu value
+DEFAULTS: opts.Defaults = {"n_prompt": (2048, 32), "n_gen": (32, 4), "reps": (1, 1), "tune_n_prompt": (2048, 32),
+                           "tune_n_gen": (64, 4), "tune_reps": (3, 1), "runs": (24, 24), "confirm": (2, 2),
+                           "confirm_run_s": (25.0, 0.0)}
 GPUS = ("CUDA0", "CUDA1")
 DEFAULT_GPU_BYTES = 143771 * MiB          # an H200 as nvidia-smi lists it (only the report's budget column uses it)
 
@@ -510,7 +515,7 @@ def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], 
 
 
 def torch_workload(args) -> Workload:
-    return Workload(args.n_prompt or (32 if args.cpu else 2048), args.n_gen or (4 if args.cpu else 32), 0, args.reps)
+    return Workload(args.n_prompt, args.n_gen, 0, args.reps)
 
 
 def run_torch_child(args, argv: list[str], t_start: float, meta_path: Path) -> bool:
@@ -859,38 +864,23 @@ def run(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cpu", action="store_true", help="dry run with the CPU build and a tiny model (no GPU)")
-    ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
-    ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
-    ap.add_argument("--name", default="multi_gpu", help="file stem of the report (default multi_gpu)")
+    opts.add_call_options(ap, name="multi_gpu", workdir=DEFAULT_WORKDIR, time_budget=540.0, min_left=40.0,
+                          timeout=240.0, cpu_help="the CPU build and a tiny model (no GPU)",
+                          min_left_help="a memory run needs to start", hardware_help="its GPU twice")
     ap.add_argument("--llama-bench", type=Path, help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/...")
     ap.add_argument("--model", type=Path, help="default the llamacpp_gpu benchmark's model (written if missing)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)} (default all)")
-    ap.add_argument("--plans", default="", help="comma list of memory plans to run (default all; --list shows them)")
-    ap.add_argument("--list", action="store_true", help="list the memory (and torch) plans and exit")
-    ap.add_argument("--redo", action="store_true", help="measure memory and torch plans again that have results")
+    opts.add_step_options(ap, STEPS, plans="memory plans", listed="memory (and torch) plans")
     ap.add_argument("--budgets", default=None, help="GiB per GPU (default 8,16; 1 with --cpu)")
-    ap.add_argument("--n-prompt", type=int, help="memory and torch runs: default 2048 (32 with --cpu)")
-    ap.add_argument("--n-gen", type=int, help="memory and torch runs: default 32 (4 with --cpu)")
-    ap.add_argument("--reps", type=int, default=1, help="memory and torch runs: repetitions (default 1)")
-    ap.add_argument("--tune-n-prompt", type=int, help="study runs: default 2048 (32 with --cpu)")
-    ap.add_argument("--tune-n-gen", type=int, help="study runs: default 64 (4 with --cpu)")
-    ap.add_argument("--tune-reps", type=int, help="study runs: default 3 (1 with --cpu)")
-    ap.add_argument("--runs", type=int, default=24, help="engine runs per budget cell, all phases (default 24)")
-    ap.add_argument("--confirm", type=int, default=2, help="confirmation rounds (default 2)")
+    opts.add_workload_options(ap, DEFAULTS, what="memory and torch runs")
+    opts.add_workload_options(ap, DEFAULTS, what="study runs", prefix="tune-")
+    opts.add_study_options(ap, DEFAULTS)
     ap.add_argument("--confirm-run-s", type=float, help="seconds one run takes, to plan the confirmation into one "
-                    "call before this call has timed 3 runs of its own (default 25; 0 with --cpu)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pool", type=int, default=200)
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per llama-bench run (default 240)")
-    ap.add_argument("--time-budget", type=float, default=540.0,
-                    help="seconds this call may use (default 540, for a 600 s device command)")
-    ap.add_argument("--min-left", type=float, default=40.0, help="seconds a memory run needs to start (default 40)")
+                    "call before this call has timed 3 runs of its own "
+                    f"({opts.default_text(DEFAULTS, 'confirm_run_s')})")
     ap.add_argument("--cell-min-left", type=float, default=180.0,
                     help="seconds a budget cell needs to start (its baselines run in one go; default 180)")
     ap.add_argument("--model-min-left", type=float, default=200.0,
                     help="seconds the model write needs; with less left it waits for the next call (default 200)")
-    ap.add_argument("--hardware", default="gpu-box", help="HardwareProfile (default gpu-box, its GPU twice)")
     ap.add_argument("--threads", type=int, help="host threads of the study's plans (default llama-bench's own)")
     ap.add_argument("--torch-layers", type=int, help=f"torch step: layers of the {TORCH_PRESET} shape (default "
                     f"{TORCH_LAYERS}; with --cpu 0: a tiny qwen3moe)")
@@ -904,34 +894,25 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-in-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--meta", type=Path, help=argparse.SUPPRESS)      # the parent's meta, for a torch child
     ap.add_argument("--note", type=Path, help="a Markdown file of notes for the report")
-    args = ap.parse_args(argv)
+    args = opts.resolve(ap, ap.parse_args(argv), DEFAULTS)
     t_start = time.monotonic()
-    steps = [s for s in args.steps.split(",") if s]
-    bad = [s for s in steps if s not in STEPS]
-    if bad:
-        ap.error(f"unknown step {bad[0]!r}; steps: {', '.join(STEPS)}")
+    steps = opts.parse_steps(ap, args.steps, STEPS)
     args.plans = [p for p in args.plans.split(",") if p]
     args.torch_plans = [p for p in args.torch_plans.split(",") if p]
     args.torch_layers = args.torch_layers if args.torch_layers is not None else (0 if args.cpu else TORCH_LAYERS)
-    try:
-        args.budgets = [int(b) for b in (args.budgets or ("1" if args.cpu else "8,16")).split(",") if b]
-        tb = args.torch_budgets or ("1" if args.torch_layers <= 0 else ",".join(map(str, TORCH_BUDGETS)))
-        args.torch_budgets = [int(b) for b in tb.split(",") if b]
-    except ValueError as e:
-        raise BadInput(f"--budgets / --torch-budgets: GiB per GPU as whole numbers, e.g. 8,16 ({e})") from e
+    args.budgets = opts.parse_budgets(ap, args.budgets or ("1" if args.cpu else "8,16"))
+    args.torch_budgets = opts.parse_budgets(ap, args.torch_budgets or ("1" if args.torch_layers <= 0 else
+                                                                       ",".join(map(str, TORCH_BUDGETS))),
+                                            "--torch-budgets")
     args.torch_first_s = args.torch_first_s if args.torch_first_s is not None else (0.0 if args.cpu
                                                                                     else TORCH_FIRST_RUN_S)
-    args.confirm_run_s = args.confirm_run_s if args.confirm_run_s is not None else (0.0 if args.cpu else 25.0)
-    args.tune_n_prompt = args.tune_n_prompt or (32 if args.cpu else 2048)
-    args.tune_n_gen = args.tune_n_gen or (4 if args.cpu else 64)
-    args.tune_reps = args.tune_reps or (1 if args.cpu else 3)
     workdir = args.workdir or (DEFAULT_WORKDIR.with_name("multi_gpu_cpu") if args.cpu else DEFAULT_WORKDIR)
     workdir.mkdir(parents=True, exist_ok=True)
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     results_dir = workdir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     args.storage = f"sqlite:///{workdir / 'multi_gpu.db'}"
-    wl = Workload(args.n_prompt or (32 if args.cpu else 2048), args.n_gen or (4 if args.cpu else 32), 0, args.reps)
+    wl = Workload(args.n_prompt, args.n_gen, 0, args.reps)
     if args.model is not None and not args.model.is_file():
         raise BadInput(f"--model {args.model}: no such file")
     llama_steps = bool({"memory", "tune"} & set(steps))

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import device_options as opts  # noqa: E402
 from planner.engine import TimedEngine  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
@@ -57,6 +58,8 @@ CONFIRM_RUN_S = 25.0        # seconds a confirmation run is planned at until thi
 # confirmation longer than 0.8 of it starts at once, as waiting for the next call would not help. An invocation
 # given less (`--time-budget $((545-SECONDS))` after a build) is still judged against a whole call.
 WHOLE_CALL_S = 520.0
+DEFAULTS: opts.Defaults = {"runs": (30, 30), "confirm": (3, 3), "n_prompt": (2048, 32), "n_gen": (64, 4),
+                           "reps": (3, 1)}
 
 
 def log(msg: str) -> None:
@@ -346,42 +349,31 @@ def prepare(args, workdir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpu", action="store_true", help="dry run: CPU build, tiny model, every plan all-CPU")
-    ap.add_argument("--workdir", type=Path, help=f"state kept between calls (default {DEFAULT_WORKDIR})")
-    ap.add_argument("--out", type=Path, help="report folder (default $OUT, else <workdir>/report)")
+    opts.add_call_options(ap, name="tune_vs_fit", workdir=DEFAULT_WORKDIR, time_budget=WHOLE_CALL_S, min_left=100.0,
+                          timeout=240.0, cpu_help="CPU build, tiny model, every plan all-CPU",
+                          min_left_help="a cell needs to start (its baselines run in one go)")
     ap.add_argument("--llama-bench", type=Path,
                     help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/llama-bench")
     ap.add_argument("--model", type=Path, help="default the llamacpp_gpu benchmark's model (written if missing)")
     ap.add_argument("--budgets", default="4,8,12,16", help="GiB (default 4,8,12,16)")
     ap.add_argument("--depths", default="0,8192", help="context depths (default 0,8192)")
-    ap.add_argument("--runs", type=int, default=30, help="engine runs per budget, all phases (default 30)")
-    ap.add_argument("--confirm", type=int, default=3, help="confirmation rounds (default 3)")
-    ap.add_argument("--n-prompt", type=int, help="default 2048 (32 with --cpu)")
-    ap.add_argument("--n-gen", type=int, help="default 64 (4 with --cpu)")
-    ap.add_argument("--reps", type=int, help="repetitions inside each run (default 3; 1 with --cpu)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pool", type=int, default=200)
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per llama-bench run (default 240)")
-    ap.add_argument("--time-budget", type=float, default=520.0, help="seconds this call may use (default 520)")
-    ap.add_argument("--min-left", type=float, default=100.0,
-                    help="seconds a cell needs to start (its baselines run in one go; default 100)")
+    opts.add_study_options(ap, DEFAULTS)
+    opts.add_workload_options(ap, DEFAULTS)
     ap.add_argument("--reconfirm", action="store_true", help="cells whose --fit placement in a server never ran "
                     "(refused by an older budget check): run it, then confirm again, all in this call")
     ap.add_argument("--series", default="", help="a suffix for the cells' study names: fresh studies beside the "
                     "confirmed ones (e.g. after the search space changed); the report shows that series")
-    ap.add_argument("--hardware", default="gpu-box")
-    ap.add_argument("--name", default="tune_vs_fit", help="file stem of the report (default tune_vs_fit)")
     ap.add_argument("--note", type=Path, help="with --report-only: a Markdown file of notes for the report")
     ap.add_argument("--report-only", type=Path, metavar="JSON", help="rewrite the report from <workdir>'s studies, "
                     "running nothing, with the meta of this earlier tune_vs_fit.json")
-    args = ap.parse_args(argv)
+    args = opts.resolve(ap, ap.parse_args(argv), DEFAULTS)
     t0 = time.monotonic()
     deadline = t0 + args.time_budget
-    budgets = [int(b) for b in args.budgets.split(",") if b]
-    depths = [int(d) for d in args.depths.split(",") if d]
-    args.n_prompt = args.n_prompt or (32 if args.cpu else 2048)
-    args.n_gen = args.n_gen or (4 if args.cpu else 64)
-    args.reps = args.reps or (1 if args.cpu else 3)
+    budgets = opts.parse_budgets(ap, args.budgets)
+    try:
+        depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    except ValueError:
+        ap.error(f"--depths takes whole token counts, comma separated: {args.depths!r}")
     workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
     workdir.mkdir(parents=True, exist_ok=True)
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
