@@ -778,11 +778,12 @@ class Tuner:
 
     # ---- measuring --------------------------------------------------------------------------------------------
 
-    def _measure(self, plan: Plan):
-        """engine.measure, with an exception of the engine (not of our input) turned into a failed result."""
+    def _measure(self, plan: Plan, workload: Workload | None = None):
+        """engine.measure (at the study's workload unless given), with an exception of the engine (not of our
+        input) turned into a failed result."""
         try:
             with SIGINT.engine_run():          # Ctrl-C lands here at once, elsewhere at the next safe point
-                return self.engine.measure(self.inv, plan, self.workload)
+                return self.engine.measure(self.inv, plan, workload or self.workload)
         except InputError:
             raise
         except Exception as e:   # an engine bug must not end the study; the trial records it
@@ -1137,43 +1138,43 @@ class Tuner:
             total += seconds
         return rounds * total
 
+    def _contender_record(self, c: Contender) -> dict[str, Any]:
+        """What a reference contender stands for as stored: --fit's record (the reference), else its baseline."""
+        if c.key == "fit":
+            return self.reference() or {}
+        kind = {"fit-server": "engine-fit-server", "ncmoe": "ncmoe"}[c.key]
+        return next((b for b in self.study.user_attrs.get("baselines", []) if b.get("kind") == kind), {})
+
     def _contender_seconds(self, c: Contender) -> float:
         if c.trial is not None:
             trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
             m = TrialRecord.from_trial(trial).measured
             return m.seconds if m is not None else 0.0
-        kinds = {"fit-server": "engine-fit-server", "ncmoe": "ncmoe"}
-        rec = (self.reference() if c.key == "fit" else
-               next((b for b in self.study.user_attrs.get("baselines", []) if b.get("kind") == kinds[c.key]), None))
-        return float(((rec or {}).get("measured") or {}).get("seconds") or 0.0)
+        return float((self._contender_record(c).get("measured") or {}).get("seconds") or 0.0)
 
-    def _measure_contender(self, c: Contender) -> dict[str, Any]:
-        if c.key in ("fit-server", "ncmoe"):     # references, like --fit: measured, never failed for their peak
-            kind = "engine-fit-server" if c.key == "fit-server" else "ncmoe"
-            rec = next(b for b in self.study.user_attrs["baselines"] if b.get("kind") == kind)
-            plan = Plan.from_json(rec["plan"])
-            m = self._measure(plan)
-            if m.ok:
-                m = replace(MeasuredRun.from_dict(_mdict(m)), peak_at_ctx=self.peaks_at_ctx(plan, dict(m.peak_bytes)))
-        elif c.trial is None:
-            ref = self.reference() or {}
-            if ref.get("argv"):
-                m = self._measure_args(with_repetitions(ref["argv"], self.workload.repetitions), ref.get("env") or {})
-            else:
-                m = self._measure(Plan.from_json(ref["plan"]))
-        else:
+    def _measure_contender(self, c: Contender, workload: Workload) -> dict[str, Any]:
+        if c.trial is not None:
             trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
             plan = TrialRecord.from_trial(trial).plan()
-            m = self._judge_peak(plan, self._measure(plan))
+            m = self._judge_peak(plan, self._measure(plan, workload))
+        elif c.key == "fit" and self._contender_record(c).get("argv"):
+            ref = self._contender_record(c)
+            m = self._measure_args(with_repetitions(ref["argv"], workload.repetitions), ref.get("env") or {},
+                                   workload)
+        else:       # references, like --fit: measured, never failed for their peak
+            plan = Plan.from_json(self._contender_record(c)["plan"])
+            m = self._measure(plan, workload)
+            if m.ok:
+                m = replace(MeasuredRun.from_dict(_mdict(m)), peak_at_ctx=self.peaks_at_ctx(plan, dict(m.peak_bytes)))
         d = _mdict(m)
         row = {k: d[k] for k in ("ok", "tg_tps", "pp_tps", "error")}
         row.update(peak_bytes=d.get("peak_at_ctx") or d["peak_bytes"], cv=d.get("cv"), seen=d.get("seen", ""))
         return row
 
-    def _measure_args(self, argv: list[str], env: dict[str, str]):
+    def _measure_args(self, argv: list[str], env: dict[str, str], workload: Workload):
         try:
             with SIGINT.engine_run():
-                return self.engine.measure_args(argv, self.workload, env)
+                return self.engine.measure_args(argv, workload, env)
         except InputError:
             raise
         except Exception as e:   # as _measure: an engine bug is a failed sample, not the end of the study
@@ -1196,23 +1197,20 @@ class Tuner:
         stored = self.study.user_attrs.get("confirmation") or {}
         same = stored.get("keys") == keys and stored.get("repetitions", self.workload.repetitions) == reps
         log = SampleLog(list(stored.get("rows", [])) if same else [])
-        workload, self.workload = self.workload, replace(self.workload, repetitions=reps)
-        try:
-            for rnd, c in schedule(contenders, rounds):
-                if log.done(rnd, c.key):
-                    continue
-                if deadline is not None and time.monotonic() >= deadline:
-                    return {}
-                log.add(rnd, c.key, self._measure_contender(c))
-                self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "repetitions": reps,
-                                                          "rows": log.rows})
-                if progress is not None:
-                    progress(len(log.rows), rounds * len(contenders))
-        finally:
-            self.workload = workload
+        workload = replace(self.workload, repetitions=reps)
+        for rnd, c in schedule(contenders, rounds):
+            if log.done(rnd, c.key):
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                return {}
+            log.add(rnd, c.key, self._measure_contender(c, workload))
+            self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "repetitions": reps,
+                                                      "rows": log.rows})
+            if progress is not None:
+                progress(len(log.rows), rounds * len(contenders))
         results = [log.summarise(c) for c in contenders]
         record = confirmed_record(results, rounds)
-        if reps != workload.repetitions:
+        if reps != self.workload.repetitions:
             record["repetitions"] = reps
         self.study.set_user_attr("confirmed", record)
         return record
