@@ -136,17 +136,13 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
 
 def confirm_plan(tuner, args, confirm_ncmoe: bool, confirm_run_s: float | Callable[[], float],
                  call_s: float) -> tuple[int, float]:
-    """The repetitions per confirmation run and the seconds the confirmation will take: from each contender's own
-    stored run when every one was timed (Tuner.confirm_seconds, x1.2), else `confirm_run_s` a run. When that is
-    more than 0.8 of a whole call, fewer repetitions per run (at least 1), so that every sample of a ratio still
-    comes from one call (a --no-host contender at depth 8192 re-prefills 8192 tokens on the CPU each repetition)."""
+    """The repetitions per confirmation run and the seconds the confirmation will take: each contender's own
+    stored run time (Tuner.confirm_seconds, x1.2), `confirm_run_s` for one without. When that is more than 0.8 of
+    a whole call, fewer repetitions per run (at least 1), so that every sample of a ratio still comes from one call
+    (a --no-host contender at depth 8192 re-prefills 8192 tokens on the CPU each repetition)."""
     reps = tuner.workload.repetitions
-    known = tuner.confirm_seconds(args.confirm, 1, confirm_ncmoe)
-    if known is not None:
-        need = 1.2 * known
-    else:
-        per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
-        need = args.confirm * len(tuner.finalists(1, confirm_ncmoe)) * per_run
+    per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
+    need = 1.2 * tuner.confirm_seconds(args.confirm, 1, confirm_ncmoe, default=per_run)
     if need > 0.8 * call_s and reps > 1:
         fewer = max(1, int(reps * 0.8 * call_s / need))
         return fewer, need * fewer / reps

@@ -1125,18 +1125,12 @@ class Tuner:
         out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
         return out
 
-    def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False) -> float | None:
-        """How long confirm(rounds, n_tg, ncmoe) runs, from each contender's own stored run (its wall time at this
-        workload): one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
-        8192 ran 80 s where the others ran 14 s (H100, 2026-11-24). None when a contender's run has no time
-        (studies from before runs were timed, engines that do not say)."""
-        total = 0.0
-        for c in self.finalists(n_tg, ncmoe):
-            seconds = self._contender_seconds(c)
-            if seconds <= 0:
-                return None
-            total += seconds
-        return rounds * total
+    def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0) -> float:
+        """How long confirm(rounds, n_tg, ncmoe) runs, from each contender's own run (its wall time at this
+        workload), `default` seconds for one whose time is not known: one mean per run misjudges a cell whose
+        contenders differ, e.g. a --no-host config at depth 8192 ran 80 s where the others ran 14 s (H100,
+        2026-11-24)."""
+        return rounds * sum(self._contender_seconds(c) or default for c in self.finalists(n_tg, ncmoe))
 
     def _contender_record(self, c: Contender) -> dict[str, Any]:
         """What a reference contender stands for as stored: --fit's record (the reference), else its baseline."""
@@ -1146,10 +1140,16 @@ class Tuner:
         return next((b for b in self.study.user_attrs.get("baselines", []) if b.get("kind") == kind), {})
 
     def _contender_seconds(self, c: Contender) -> float:
+        """A contender's stored run time (0: not known). A trial stored before runs were timed has Optuna's own
+        start and end, unless its run was a baseline's (reused, so the trial itself took no time)."""
         if c.trial is not None:
             trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
-            m = TrialRecord.from_trial(trial).measured
-            return m.seconds if m is not None else 0.0
+            rec = TrialRecord.from_trial(trial)
+            if rec.measured is not None and rec.measured.seconds:
+                return rec.measured.seconds
+            if rec.reused_baseline_run or trial.datetime_start is None or trial.datetime_complete is None:
+                return 0.0
+            return (trial.datetime_complete - trial.datetime_start).total_seconds()
         return float((self._contender_record(c).get("measured") or {}).get("seconds") or 0.0)
 
     def _measure_contender(self, c: Contender, workload: Workload) -> dict[str, Any]:

@@ -342,10 +342,18 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
 
 
 @pytest.mark.slow
-def test_a_run_without_a_time_plans_the_confirmation_at_the_default():
-    """Studies from before runs were timed (no seconds stored) get None: the caller plans at its own guess."""
+def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_default():
+    """Studies from before runs were timed: a trial's time is Optuna's start to end (unless its run was a
+    baseline's), a reference's is the caller's default."""
     inv, hw = _setup()
     tuner = Tuner(inv, hw, SimEngine(hw), objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30,
-                  seed=5, baselines=False)
-    tuner.run(3)
-    assert tuner.finalists(n_tg=1) and tuner.confirm_seconds(3, n_tg=1) is None
+                  seed=5)
+    tuner.run(4)
+    contenders = tuner.finalists(n_tg=1)
+    assert contenders[0].key == "fit" and not tuner.reference()["measured"].get("seconds")
+    trials = {t.number: t for t in tuner.study.get_trials(deepcopy=False)}
+    own = [0.0 if TrialRecord.from_trial(trials[c.trial]).reused_baseline_run else
+           (trials[c.trial].datetime_complete - trials[c.trial].datetime_start).total_seconds()
+           for c in contenders[1:]]
+    expected = 3 * (100.0 + sum(s or 100.0 for s in own))
+    assert tuner.confirm_seconds(3, n_tg=1, default=100.0) == pytest.approx(expected)
