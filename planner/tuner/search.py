@@ -1132,6 +1132,9 @@ class Tuner:
         2026-11-24)."""
         return rounds * sum(self._contender_seconds(c) or default for c in self.finalists(n_tg, ncmoe))
 
+    def _trial(self, number: int):
+        return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
+
     def _contender_record(self, c: Contender) -> dict[str, Any]:
         """What a reference contender stands for as stored: --fit's record (the reference), else its baseline."""
         if c.key == "fit":
@@ -1143,7 +1146,7 @@ class Tuner:
         """A contender's stored run time (0: not known). A trial stored before runs were timed has Optuna's own
         start and end, unless its run was a baseline's (reused, so the trial itself took no time)."""
         if c.trial is not None:
-            trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
+            trial = self._trial(c.trial)
             rec = TrialRecord.from_trial(trial)
             if rec.measured is not None and rec.measured.seconds:
                 return rec.measured.seconds
@@ -1154,7 +1157,7 @@ class Tuner:
 
     def _measure_contender(self, c: Contender, workload: Workload) -> dict[str, Any]:
         if c.trial is not None:
-            trial = next(t for t in self.study.get_trials(deepcopy=False) if t.number == c.trial)
+            trial = self._trial(c.trial)
             plan = TrialRecord.from_trial(trial).plan()
             m = self._judge_peak(plan, self._measure(plan, workload))
         elif c.key == "fit" and self._contender_record(c).get("argv"):
