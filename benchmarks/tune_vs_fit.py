@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,40 +113,51 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
             return False
     if time.monotonic() >= deadline:
         return False
-    reps, need = confirm_plan(tuner, args, confirm_ncmoe, confirm_run_s, call_s)
+    reps, need, need_whole = confirm_plan(tuner, args, confirm_ncmoe, confirm_run_s, call_s)
     if reps != wl.repetitions:
         log(f"{tuner.study_name}: confirmation at -r {reps} (not {wl.repetitions}): {args.confirm} rounds at "
-            f"-r {wl.repetitions} need ~{need * wl.repetitions / reps:.0f} s, more than 0.8 of a whole call")
+            f"-r {wl.repetitions} need ~{need_whole:.0f} s, more than 0.8 of a whole call")
     earlier = tuner.study.user_attrs.get("confirmation") or {}
-    if earlier.get("rows") and (0 < need <= 0.8 * call_s or earlier.get("repetitions", wl.repetitions) != reps):
+    if earlier.get("rows") and (0 < need <= call_s or earlier.get("repetitions", wl.repetitions) != reps):
         # samples of an earlier call (this one never re-enters a cell): a ratio must come from one call, so a
         # confirmation that fits in one starts again whole; the earlier rows are kept beside it
         log(f"{tuner.study_name}: {len(earlier['rows'])} confirmation runs of an earlier call set aside")
         tuner.study.set_user_attr("confirmation_earlier_call", earlier)
         tuner.study.set_user_attr("confirmation", None)
     started = bool((tuner.study.user_attrs.get("confirmation") or {}).get("rows"))
-    if not started and deadline - time.monotonic() < need <= 0.8 * call_s:
+    if not started and deadline - time.monotonic() < need <= call_s:
         log(f"{tuner.study_name}: confirmation ({args.confirm} rounds, ~{need:.0f} s) not started with "
             f"{deadline - time.monotonic():.0f} s left: the next call runs it whole")
         return False
+    if not started and need > call_s:
+        log(f"{tuner.study_name}: confirmation ({args.confirm} rounds at -r {reps}, ~{need:.0f} s) is longer than a "
+            f"whole call ({call_s:.0f} s): its rounds will span calls (a larger --time-budget holds it)")
     log(f"{tuner.study_name}: confirmation, {args.confirm} rounds")
     rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline, ncmoe=confirm_ncmoe, repetitions=reps)
     return bool(rec)
 
 
+class ConfirmPlan(NamedTuple):
+    repetitions: int        # per confirmation run
+    seconds: float          # the whole confirmation at those repetitions, x1.2
+    seconds_whole: float    # the same at the workload's repetitions
+
+
 def confirm_plan(tuner, args, confirm_ncmoe: bool, confirm_run_s: float | Callable[[], float],
-                 call_s: float) -> tuple[int, float]:
+                 call_s: float) -> ConfirmPlan:
     """The repetitions per confirmation run and the seconds the confirmation will take: each contender's own
-    stored run time (Tuner.confirm_seconds, x1.2), `confirm_run_s` for one without. When that is more than 0.8 of
-    a whole call, fewer repetitions per run (at least 1), so that every sample of a ratio still comes from one call
-    (a --no-host contender at depth 8192 re-prefills 8192 tokens on the CPU each repetition)."""
-    reps = tuner.workload.repetitions
+    stored run time taken to those repetitions (Tuner.confirm_seconds, x1.2), `confirm_run_s` for one without.
+    When that is more than 0.8 of a whole call, the most repetitions per run (at least 1) that fit, so that every
+    sample of a ratio still comes from one call (a --no-host contender at depth 8192 ran 143 s where --fit ran
+    15 s)."""
     per_run = confirm_run_s() if callable(confirm_run_s) else confirm_run_s
-    need = 1.2 * tuner.confirm_seconds(args.confirm, 1, confirm_ncmoe, default=per_run)
-    if need > 0.8 * call_s and reps > 1:
-        fewer = max(1, int(reps * 0.8 * call_s / need))
-        return fewer, need * fewer / reps
-    return reps, need
+
+    def need(reps: int) -> float:
+        return 1.2 * tuner.confirm_seconds(args.confirm, 1, confirm_ncmoe, default=per_run, repetitions=reps)
+    whole = reps = tuner.workload.repetitions
+    while reps > 1 and need(reps) > 0.8 * call_s:
+        reps -= 1
+    return ConfirmPlan(reps, need(reps), need(whole))
 
 
 def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:

@@ -20,3 +20,13 @@ class Workload:
             raise InputError(f"bad workload {self}: token counts must be >= 0 and repetitions >= 1")
         if self.n_prompt == 0 and self.n_gen == 0:
             raise InputError("bad workload: n_prompt and n_gen are both 0, nothing to measure")
+
+    def seconds_at(self, seconds: float, pp_tps: float, tg_tps: float, repetitions: int) -> float:
+        """The wall time of a run measured at this workload (`seconds`, at `pp_tps` / `tg_tps`) had it run
+        `repetitions` times: only the timed prompt and generation repeat. Loading, the warm-up and the depth
+        prefill happen once a run (llama-bench fills the depth once and restores it for later repetitions), so
+        scaling the whole run by repetitions misjudged a --no-host run at depth 8192 (143 s at -r 3, ~110 s at
+        -r 1, not 48; H100, 2026-11-24)."""
+        per_rep = (self.n_prompt / pp_tps if pp_tps > 0 else 0.0) + (self.n_gen / tg_tps if tg_tps > 0 else 0.0)
+        per_rep = min(per_rep, seconds / self.repetitions)
+        return seconds - (self.repetitions - repetitions) * per_rep

@@ -1125,12 +1125,14 @@ class Tuner:
         out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
         return out
 
-    def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0) -> float:
-        """How long confirm(rounds, n_tg, ncmoe) runs, from each contender's own run (its wall time at this
-        workload), `default` seconds for one whose time is not known: one mean per run misjudges a cell whose
-        contenders differ, e.g. a --no-host config at depth 8192 ran 80 s where the others ran 14 s (H100,
-        2026-11-24)."""
-        return rounds * sum(self._contender_seconds(c) or default for c in self.finalists(n_tg, ncmoe))
+    def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
+                        repetitions: int | None = None) -> float:
+        """How long confirm(rounds, n_tg, ncmoe, repetitions) runs, from each contender's own run (its wall time
+        at this workload, taken to `repetitions` by Workload.seconds_at), `default` seconds for one whose time is
+        not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
+        8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
+        reps = repetitions or self.workload.repetitions
+        return rounds * sum(self._contender_seconds(c, reps) or default for c in self.finalists(n_tg, ncmoe))
 
     def _trial(self, number: int):
         return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
@@ -1142,18 +1144,25 @@ class Tuner:
         kind = {"fit-server": "engine-fit-server", "ncmoe": "ncmoe"}[c.key]
         return next((b for b in self.study.user_attrs.get("baselines", []) if b.get("kind") == kind), {})
 
-    def _contender_seconds(self, c: Contender) -> float:
-        """A contender's stored run time (0: not known). A trial stored before runs were timed has Optuna's own
-        start and end, unless its run was a baseline's (reused, so the trial itself took no time)."""
+    def _contender_seconds(self, c: Contender, repetitions: int) -> float:
+        """A contender's run time at `repetitions` (0: not known), from its stored run. A trial stored before runs
+        were timed has Optuna's own start and end, unless its run was a baseline's (reused, so the trial itself
+        took no time)."""
         if c.trial is not None:
             trial = self._trial(c.trial)
             rec = TrialRecord.from_trial(trial)
-            if rec.measured is not None and rec.measured.seconds:
-                return rec.measured.seconds
-            if rec.reused_baseline_run or trial.datetime_start is None or trial.datetime_complete is None:
+            m = rec.measured
+            if m is not None and m.seconds:
+                seconds = m.seconds
+            elif rec.reused_baseline_run or trial.datetime_start is None or trial.datetime_complete is None:
                 return 0.0
-            return (trial.datetime_complete - trial.datetime_start).total_seconds()
-        return float((self._contender_record(c).get("measured") or {}).get("seconds") or 0.0)
+            else:
+                seconds = (trial.datetime_complete - trial.datetime_start).total_seconds()
+            pp, tg = (m.pp_tps, m.tg_tps) if m is not None else (0.0, 0.0)
+        else:
+            m = self._contender_record(c).get("measured") or {}
+            seconds, pp, tg = float(m.get("seconds") or 0.0), float(m.get("pp_tps") or 0), float(m.get("tg_tps") or 0)
+        return self.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
 
     def _measure_contender(self, c: Contender, workload: Workload) -> dict[str, Any]:
         if c.trial is not None:

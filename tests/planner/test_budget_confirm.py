@@ -284,29 +284,33 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monk
 
 
 class TimedSimEngine:
-    """The sim engine saying how long each run took (llama-bench's raw wall_s), 20 s a repetition, 100 s for a
-    plan at -ub 128 or below (as a --no-host config at depth 8192 runs 5x as long as the others on the H100);
-    it keeps the repetitions of each run it was asked for."""
+    """The sim engine saying how long each run took (llama-bench's raw wall_s) as llama-bench spends it: a part
+    once a run (loading, warm-up, the depth prefill: 90 s for a plan at -ub 128 or below, as a --no-host config
+    at depth 8192 on the H100, else 10 s) and the timed prompt and generation once per repetition, at the
+    measured speeds. It keeps the repetitions of each run it was asked for."""
     name = "timed-sim"
 
     def __init__(self, hw):
         self.sim, self.reps = SimEngine(hw), []
 
     @staticmethod
-    def seconds(plan, workload) -> float:
-        return (100.0 if plan.knobs.n_ubatch <= 128 else 20.0) * workload.repetitions
+    def seconds(plan, workload, m) -> float:
+        once = 90.0 if plan.knobs.n_ubatch <= 128 else 10.0
+        return once + workload.repetitions * (workload.n_prompt / m.pp_tps + workload.n_gen / m.tg_tps)
 
     def measure(self, inv, plan, workload):
         self.reps.append(workload.repetitions)
         m = self.sim.measure(inv, plan, workload)
-        return replace(m, raw={"wall_s": self.seconds(plan, workload)})
+        return replace(m, raw={"wall_s": self.seconds(plan, workload, m)})
 
 
 @pytest.mark.slow          # ~2 s on 2 cores
 def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetitions_fit_a_call(bench_script):
     """How long a confirmation takes is the sum of its contenders' stored run times (a mean per run misjudged a
-    cell whose --no-host contender ran 80 s where the others ran 14 s, and a device call was lost); when a whole
-    call cannot hold it, tune_vs_fit confirms at fewer repetitions per run, stored with the record."""
+    cell whose --no-host contender ran 80 s where the others ran 14 s, and a device call was lost), each taken to
+    the repetitions asked for with only the timed part repeating (scaling a whole run by repetitions lost
+    another call); when a whole call cannot hold it, tune_vs_fit confirms at the most repetitions per run that
+    fit, stored with the record."""
     from planner.plan import Plan
     from planner.tuner.search import with_repetitions
     inv, hw = _setup()
@@ -319,15 +323,21 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     plans = [Plan.from_json(tuner.reference()["plan"]) if c.key == "fit" else
              TrialRecord.from_trial(next(t for t in tuner.study.get_trials(deepcopy=False)
                                          if t.number == c.trial)).plan() for c in contenders]
-    expected = sum(engine.seconds(p, wl) for p in plans)
-    assert tuner.confirm_seconds(3, n_tg=1) == pytest.approx(3 * expected)
-    # what tune_vs_fit plans: x1.2, and at 3 repetitions more than 0.8 of a 520 s call, so fewer
+    assert any(p.knobs.n_ubatch <= 128 for p in plans), "a slow contender, as on the H100"
+
+    def expected(reps: int) -> float:   # what each run would take at reps, from the engine's own model
+        return sum(engine.seconds(p, replace(wl, repetitions=reps), engine.sim.measure(inv, p, wl)) for p in plans)
+    assert tuner.confirm_seconds(3, n_tg=1) == pytest.approx(3 * expected(3))
+    assert tuner.confirm_seconds(3, n_tg=1, repetitions=1) == pytest.approx(3 * expected(1), rel=1e-6)
+    assert expected(1) > expected(3) / 2        # the part once a run dominates: not a third of it
+    # what tune_vs_fit plans: x1.2, and the most repetitions whose confirmation fits 0.8 of the call
     tvf = bench_script("tune_vs_fit")
     args = type("Args", (), {"confirm": 3})()
-    reps, need = tvf.confirm_plan(tuner, args, False, 25.0, call_s=520.0)
-    assert 1.2 * 3 * expected > 0.8 * 520
-    assert reps == max(1, int(3 * 0.8 * 520 / (1.2 * 3 * expected))) and reps < 3
-    assert need == pytest.approx(1.2 * 3 * expected * reps / 3)
+    call_s = 1.2 * 3 * expected(2) / 0.8 + 1.0            # -r 2 just fits, -r 3 does not
+    plan = tvf.confirm_plan(tuner, args, False, 25.0, call_s=call_s)
+    assert plan == (2, pytest.approx(1.2 * 3 * expected(2)), pytest.approx(1.2 * 3 * expected(3)))
+    assert tvf.confirm_plan(tuner, args, False, 25.0, call_s=1.0).repetitions == 1
+    reps = plan.repetitions
     # a confirmation at those repetitions runs them (the engine's workload, the reference's own arguments too)
     n = len(engine.reps)
     rec = tuner.confirm(3, n_tg=1, repetitions=reps)
@@ -357,3 +367,16 @@ def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_defa
            for c in contenders[1:]]
     expected = 3 * (100.0 + sum(s or 100.0 for s in own))
     assert tuner.confirm_seconds(3, n_tg=1, default=100.0) == pytest.approx(expected)
+
+
+def test_a_runs_time_at_fewer_repetitions_repeats_only_the_timed_part():
+    """Workload.seconds_at, on the H100 run that was misjudged (2026-11-24, depth 8192, -r 3: 142.6 s at PP 138.6
+    and TG 61.1): each repetition times 2048 prompt tokens and 64 generated (~15.8 s), the rest happens once."""
+    wl = Workload(n_prompt=2048, n_gen=64, depth=8192, repetitions=3)
+    per_rep = 2048 / 138.576 + 64 / 61.1062
+    assert wl.seconds_at(142.588, 138.576, 61.1062, 3) == pytest.approx(142.588)
+    assert wl.seconds_at(142.588, 138.576, 61.1062, 1) == pytest.approx(142.588 - 2 * per_rep)
+    assert wl.seconds_at(142.588, 138.576, 61.1062, 5) == pytest.approx(142.588 + 2 * per_rep)
+    # speeds that would account for more than the whole run: at most all of it repeats; unknown speeds: none
+    assert wl.seconds_at(30.0, 10.0, 1.0, 1) == pytest.approx(10.0)
+    assert wl.seconds_at(30.0, 0.0, 0.0, 1) == 30.0
