@@ -22,8 +22,10 @@ after every result; the study step also writes NAME_study.{md,png} (tune_vs_fit'
 
 Resumable across 10-minute device calls: every result is a file under <workdir>/results (the study: Optuna in
 <workdir>/ik_gpu.db), skipped on the next call (--redo measures again); no run starts with less than
---min-left seconds of --time-budget left. Exit 3 while work is left, 0 when every step asked for is done,
-2 on bad input. Steps run in the order memory, op, study, mainline; --steps picks some.
+--min-left seconds of --time-budget left. After every result --out also gets ik_gpu_state.tgz, both of them:
+`tar xzf OUT/ik_gpu_state.tgz -C WORKDIR` on a fresh machine (or here) goes on from there. Exit 3 while work
+is left, 0 when every step asked for is done, 2 on bad input. Steps run in the order memory, op, study,
+mainline; --steps picks some.
 
 Time on the H100 (a sweep-bench run of the 17 GB model: ~10-20 s, most of it loading; llama-bench -p 2048 -n 64
 -r 3 with experts in RAM ~20-30 s), so with --time-budget 520 per call:
@@ -82,6 +84,7 @@ MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
 MAINLINE_DB = ROOT / "benchmarks" / "results" / "tune_vs_fit" / "tune_vs_fit.db"
 MAINLINE_BENCH = lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
 PARTS = ("weights", "kv", "compute", "overhead", "pool")   # planner.memory.DeviceMemory, in the report's order
+STATE_NAME = "ik_gpu_state.tgz"   # the workdir's results and study database, as --out gets them after each result
 LONG_CTX = 8192              # the depth of the long-context memory plans (KV of f16 vs q8_0); --cpu: 1024
 log = lg.log
 
@@ -340,15 +343,33 @@ def study_rows(c: Ctx) -> list[dict[str, Any]]:
     return rows
 
 
-def mainline_rows(c: Ctx) -> list[dict[str, Any]]:
-    """The tune_vs_fit cells of the same budgets at depth 0 (from --mainline-db), for the report."""
+def mainline_study(c: Ctx, budget_gib: int):
+    """The tune_vs_fit study (in --mainline-db) of this budget at depth 0: of --mainline-series when given, else
+    the newest confirmed one of any series; None when there is none."""
     import tune_vs_fit as tvf
     db = c.args.mainline_db
     if db is None or not db.exists():
-        return []
+        return None
+    url = f"sqlite:///{db}"
+    if c.args.mainline_series is not None:
+        return load_study(url, tvf.cell_name(budget_gib, 0, c.args.mainline_series))
+    import optuna
+    from planner.tuner.search import make_storage
+    first = tvf.cell_name(budget_gib, 0)
+    found = [s for s in make_storage(url).get_all_studies()
+             if (s.study_name == first or s.study_name.startswith(first + "-")) and s.user_attrs.get("confirmed")]
+    if not found:
+        return None
+    newest = max(found, key=lambda s: str(s.user_attrs.get("created", "")))
+    return optuna.load_study(study_name=newest.study_name, storage=url)
+
+
+def mainline_rows(c: Ctx) -> list[dict[str, Any]]:
+    """The tune_vs_fit cells of the same budgets at depth 0 (from --mainline-db), for the report."""
+    import tune_vs_fit as tvf
     out = []
     for b in c.args.budgets:
-        st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0, c.args.mainline_series))
+        st = mainline_study(c, b)
         if st is not None:
             out.append(tvf.cell_row(st, b, 0))
     return out
@@ -388,7 +409,6 @@ def _best_plan(study) -> Plan | None:
 def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: Workload) -> list[Contender]:
     """mainline's --fit (own_fit the first time, its stored argv after: the same -fitt every round) and, from the
     tune_vs_fit study of the budget, mainline's confirmed best TG config."""
-    import tune_vs_fit as tvf
     argv_file = c.results / f"ml-{b}g-fit-argv.json"
 
     def fit() -> Any:
@@ -400,12 +420,11 @@ def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: Workload) -> lis
         lg.write_json(argv_file, list(f.argv))
         return f.measurement
     out = [Contender("ml-fit", "mainline --fit (llama-bench -fitt)", fit)]
-    db = c.args.mainline_db
-    st = load_study(f"sqlite:///{db}", tvf.cell_name(b, 0, c.args.mainline_series)) \
-        if db is not None and db.exists() else None
+    st = mainline_study(c, b)
     plan = _best_plan(st) if st is not None else None
     if plan is not None:
-        out.append(Contender("ml-best", f"mainline best TG ({plan.label})", lambda: ml.measure(c.inv, plan, wl)))
+        out.append(Contender("ml-best", f"mainline best TG of {st.study_name} ({plan.label})",
+                             lambda: ml.measure(c.inv, plan, wl)))
     return out
 
 
@@ -577,8 +596,28 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
                                     "runs": c.args.runs, "confirm": c.args.confirm}, out, f"{name}_study")
         except ImportError as e:
             log(f"report: no {name}_study.png ({e})")
+    save_state(c.results, c.results.parent / "ik_gpu.db", out / STATE_NAME)
     log(f"report: {out / name}.md ({len(plans)} memory plans, {len(op)} op configs, {len(rows)} study cells, "
         f"{len(ml)} mainline contenders)")
+
+
+def save_state(results: Path, db: Path, dest: Path) -> None:
+    """The workdir's state (the per-run results and a consistent copy of the study database) as one tar.gz,
+    written to a temporary name and renamed: a call cut off at the device's limit still brings the last whole one
+    back. A fresh machine resumes from it: `tar xzf OUT/ik_gpu_state.tgz -C WORKDIR`."""
+    import sqlite3
+    import tarfile
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        part = dest.with_name(dest.name + ".partial")
+        with tarfile.open(part, "w:gz") as tar:
+            tar.add(results, arcname="results")
+            if db.exists():
+                copy = Path(tmp) / db.name
+                with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
+                    src.backup(dst)
+                tar.add(copy, arcname=db.name)
+        part.replace(dest)
 
 
 # ---- predicting a stored report again --------------------------------------------------------------------------------
@@ -665,8 +704,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mainline-bench", type=Path, help="mainline llama-bench with -fitt for the mainline step "
                     f"(default {MAINLINE_BENCH} when it exists; --cpu: the CPU build)")
     ap.add_argument("--mainline-db", type=Path, help=f"tune_vs_fit's SQLite db (default {MAINLINE_DB} when there)")
-    ap.add_argument("--mainline-series", default="", help="the tune_vs_fit --series whose studies to read (default "
-                    "none: the first series)")
+    ap.add_argument("--mainline-series", help="the tune_vs_fit --series whose studies to read ('' the first one; "
+                    "default: the newest confirmed study of each budget)")
     ap.add_argument("--model", type=Path, help=f"default {MODEL} (written if missing)")
     opts.add_step_options(ap, STEPS, plans="memory plans", listed="memory and op plans")
     ap.add_argument("--budgets", help="GiB, comma list (default 8,16; 1 with --cpu)")

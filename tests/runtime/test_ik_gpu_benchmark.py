@@ -37,3 +37,42 @@ def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
     assert "| up-gate-all |" in md and "| ub2048-both-off |" in md and "PP is not the same measure" in md
     assert "| 1 GiB | mainline --fit (llama-bench -fitt) |" in md and "| 1.000 |" in md     # TG x its own --fit
     assert bench.main(argv) == 0            # resumed: nothing left to run
+    # the state --out gets after every result is all a fresh workdir needs: nothing runs again there either
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    import tarfile
+    with tarfile.open(out / "ik_gpu_state.tgz") as tar:
+        assert {"results", "ik_gpu.db"} <= {m.name.split("/")[0] for m in tar.getmembers()}
+        tar.extractall(fresh, filter="data")
+    again = [a if a != str(tmp_path / "work") else str(fresh) for a in argv]
+    again += ["--model", str(tmp_path / "work" / "tiny-qwen3moe-q4_0.gguf"), "--out", str(tmp_path / "out2")]
+    n_results = len(list((fresh / "results").iterdir()))
+    assert bench.main(again) == 0
+    assert len(list((fresh / "results").iterdir())) == n_results
+    assert json.loads((tmp_path / "out2" / "ik_gpu_cpu.json").read_text())["study"][0]["confirmed"]
+
+
+def test_the_mainline_study_is_the_newest_confirmed_one_unless_a_series_is_named(bench, tmp_path):
+    """ik_gpu's mainline step compares with the tune_vs_fit study of the same budget: the newest confirmed one of
+    any series by default (series come and go as the study changes), the one of --mainline-series when given."""
+    import optuna
+    db = tmp_path / "tvf.db"
+    url = f"sqlite:///{db}"
+    for name, created, confirmed in (("tvf-8g-d0", "2026-11-20 10:00:00", True),
+                                     ("tvf-8g-d0-nh2", "2026-11-24 09:00:00", True),
+                                     ("tvf-8g-d0-new", "2026-11-24 12:00:00", False),
+                                     ("tvf-8g-d8192-nh3", "2026-11-25 12:00:00", True),
+                                     ("tvf-16g-d0-nh", "2026-11-22 12:00:00", True)):
+        st = optuna.create_study(study_name=name, storage=url)
+        st.set_user_attr("created", created)
+        if confirmed:
+            st.set_user_attr("confirmed", {"rounds": 3})
+
+    def ctx(series):
+        args = bench.parse_args(["--cpu", "--mainline-db", str(db), "--budgets", "8,16,4"]
+                                + (["--mainline-series", series] if series is not None else []))
+        return bench.Ctx(args, None, None, None, tmp_path, 0.0, lambda: None)
+    picked = {b: getattr(bench.mainline_study(ctx(None), b), "study_name", None) for b in (8, 16, 4)}
+    assert picked == {8: "tvf-8g-d0-nh2", 16: "tvf-16g-d0-nh", 4: None}
+    assert bench.mainline_study(ctx(""), 8).study_name == "tvf-8g-d0"
+    assert bench.mainline_study(ctx("nh2"), 16) is None
