@@ -14,7 +14,9 @@
 #            the CUDA ik_llama.cpp llama-bench, llama-sweep-bench and llama-cli (sm_90) from the pinned tarball
 #            (default vendor/ik_llama.cpp-8337e4cd.tar.xz, which travels with the repository) in
 #            WORKDIR/ik_llama.cpp-cuda; resumable: a run cut off by the 10-minute limit continues where it stopped
-#            (the build folder is git-ignored and stays while the machine is held); skipped when all three exist.
+#            (the build folder is git-ignored and stays while the machine is held); skipped when
+#            llama-sweep-bench exists (the GPU benchmarks run only it). ~18 min on 16 cores.
+#          Both builds can come from an earlier machine with the same CPU: benchmarks/gpu_binaries.py (save / load)
 #          bash benchmarks/llamacpp_gpu.sh run [ARGS...]     PYTHONPATH=. python3 benchmarks/llamacpp_gpu.py ARGS
 #          bash benchmarks/llamacpp_gpu.sh run-ik [ARGS...]  PYTHONPATH=. python3 benchmarks/ik_gpu.py ARGS (after
 #            build-ik; the ik memory table, -op on/off, the ik study against ik's --fit, mainline against it)
@@ -109,8 +111,9 @@ cmd_build_ik() {
     local tarball=${1:-$ROOT/vendor/ik_llama.cpp-8337e4cd.tar.xz} workdir=${2:-$WORKDIR_DEFAULT}
     local dir="$workdir/ik_llama.cpp-cuda"
     local bin="$dir/build/bin"
-    if [[ -x "$bin/llama-bench" && -x "$bin/llama-sweep-bench" && -x "$bin/llama-cli" ]]; then
-        log "build-ik: $bin has llama-bench, llama-sweep-bench and llama-cli, skipped"
+    # the GPU benchmarks run sweep-bench alone (benchmarks/gpu_binaries.py load brings only it to a new machine)
+    if [[ -x "$bin/llama-sweep-bench" ]]; then
+        log "build-ik: $bin has llama-sweep-bench, skipped"
         return 0
     fi
     # the same patched tree as the CPU build of the tests (runtime/ik_build.py: examples pruned, version 4840)
