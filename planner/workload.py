@@ -21,6 +21,14 @@ class Workload:
         if self.n_prompt == 0 and self.n_gen == 0:
             raise InputError("bad workload: n_prompt and n_gen are both 0, nothing to measure")
 
+    def token_seconds(self, pp_tps: float, tg_tps: float) -> float:
+        """The seconds a llama-bench run of this workload spends on tokens at these speeds: the warm-up prompt
+        and token, the depth (filled once a run), each repetition's prompt and generated tokens. The rest of a run
+        (loading the model, setting up) is not in it."""
+        prompt = (self.n_prompt * (1 + self.repetitions) + self.depth) / pp_tps if pp_tps > 0 else 0.0
+        gen = (1 + self.n_gen * self.repetitions) / tg_tps if tg_tps > 0 and self.n_gen else 0.0
+        return prompt + gen
+
     def seconds_at(self, seconds: float, pp_tps: float, tg_tps: float, repetitions: int) -> float:
         """The wall time of a run measured at this workload (`seconds`, at `pp_tps` / `tg_tps`) had it run
         `repetitions` times: only the timed prompt and generation repeat. Loading, the warm-up and the depth

@@ -39,6 +39,7 @@ import inspect
 import json
 import logging
 import math
+import statistics
 import random
 import re
 import time
@@ -84,6 +85,10 @@ _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_S
 
 class MeasurementFailed(OffloadTunerError):
     """A run that failed for a reason of the run (OOM, crash, time limit): the trial is FAIL, the study goes on."""
+
+
+class NotBeforeDeadline(OffloadTunerError):
+    """A run not started because it would end past run()'s deadline: the trial is FAIL, its plan queued again."""
 
 
 # ---- settings and storage -----------------------------------------------------------------------------------
@@ -314,6 +319,8 @@ class Tuner:
         self.n_measured = 0
         self.n_trials_session = 0
         self.idle = 0                 # trials in a row that ran nothing (screened, duplicate, over budget)
+        self._deadline: float | None = None     # run()'s, for the trial about to measure
+        self._deadline_stop = ""
         self._queued_ids: set[str] = set()
         # baseline runs by plan id: a trial of the same plan takes its measurement instead of running it again
         self._baseline_runs = {b["plan_id"]: MeasuredRun.from_dict(b["measured"]) for b in attrs.get("baselines", [])
@@ -941,6 +948,7 @@ class Tuner:
             m = reused
             rec.update(reused_baseline_run=True)
         else:
+            self._start_before_deadline(trial, plan, source, pred)
             m = self._judge_peak(plan, self._measure(plan))   # a baseline's run was judged when it ran
             self.n_measured += 1
         self.idle = -1                # the callback adds one per trial
@@ -967,6 +975,38 @@ class Tuner:
         if improved and self.surrogate:
             self._add_neighbours(cand.params, 40 if self.prescreen else 12)
         return values if self.objective.n_values > 1 else values[0]
+
+    def run_seconds(self, tg_tps: float, pp_tps: float) -> float:
+        """How long one run at these speeds takes, x1.2: its tokens (Workload.token_seconds) plus what the
+        study's runs took beyond theirs (loading; the median of the timed runs, 0 before the first). Runs of one
+        study differ fivefold (a --no-host run at depth 8192 took 143 s where --fit took 15 s), so a mean of past
+        runs does not say whether the next one ends before a deadline."""
+        from optuna.trial import TrialState
+        rest = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            m = TrialRecord.from_trial(t).measured
+            if m is not None and m.ok and m.seconds:
+                rest.append(m.seconds - self.workload.token_seconds(m.pp_tps, m.tg_tps))
+        rest += [float(b["measured"]["seconds"]) - self.workload.token_seconds(
+                     float(b["measured"].get("pp_tps") or 0), float(b["measured"].get("tg_tps") or 0))
+                 for b in self.study.user_attrs.get("baselines", [])
+                 if (b.get("measured") or {}).get("seconds") and b["measured"].get("ok", True)]
+        fixed = max(0.0, statistics.median(rest)) if rest else 0.0
+        return 1.2 * (fixed + self.workload.token_seconds(pp_tps, tg_tps))
+
+    def _start_before_deadline(self, trial, plan: Plan, source: str, pred: dict[str, float]) -> None:
+        """Raise NotBeforeDeadline (and stop the study) when this run, at its predicted speeds, would end past
+        run()'s deadline: a device call cut off mid-run loses the run; queued again, a later call runs it."""
+        if self._deadline is None:
+            return
+        need, left = self.run_seconds(pred["tg_tps"], pred["pp_tps"]), self._deadline - time.monotonic()
+        if need <= left:
+            return
+        self.study.enqueue_trial(trial.params, user_attrs=TrialRecord(source=source, plan_id=plan.id).to_attrs())
+        self._deadline_stop = (f"stopped at the deadline: the next run needs ~{need:.0f} s, {max(left, 0):.0f} s "
+                               "were left (queued for the next call)")
+        trial.study.stop()
+        raise NotBeforeDeadline(self._deadline_stop)
 
     def probe_no_host(self) -> bool:
         """Once per study, when the space has the no_host dim: enqueue the best-TG run so far again with
@@ -1021,7 +1061,9 @@ class Tuner:
         """Measure `n_trials` more candidates. Stops early after `patience` trials in a row that ran nothing
         (with pre-screening: the cost model expects nothing the sampler proposes to improve on the runs made),
         after max_trials trials (default 10 n + 50), or once time.monotonic() passes `deadline` (between
-        trials: a benchmark's device call must end in time; the study resumes later)."""
+        trials: a benchmark's device call must end in time; the study resumes later). With a deadline, a run
+        that would end past it at its predicted speeds (run_seconds) is not started: its trial fails as "not
+        run" and its plan is queued again for the next call."""
         if n_trials < 1:
             raise InputError(f"--trials must be at least 1, got {n_trials}")
         t0 = time.perf_counter()
@@ -1041,11 +1083,16 @@ class Tuner:
             self.max_seeds = max(3, n_trials // 2) if self.prescreen else None
             self.enqueue_seeds()
         stop = {"why": ""}
+        self._deadline, self._deadline_stop = deadline, ""
 
         def after(study, frozen) -> None:
             if progress is not None:
                 progress(self, frozen)
             if SIGINT.pending:                  # Ctrl-C during Optuna's bookkeeping: stop here, raise below
+                study.stop()
+                return
+            if self._deadline_stop:             # the next run would not have ended before the deadline
+                stop["why"] = self._deadline_stop
                 study.stop()
                 return
             if self.n_measured - start_measured >= n_trials:
@@ -1071,8 +1118,11 @@ class Tuner:
                 for e in self._pick():
                     self._enqueue(e.params, e.plan_id, "surrogate")
 
-        self.study.optimize(self.objective_fn, n_trials=None, catch=(MeasurementFailed,), callbacks=[after],
-                            gc_after_trial=False)
+        try:
+            self.study.optimize(self.objective_fn, n_trials=None, catch=(MeasurementFailed, NotBeforeDeadline),
+                                callbacks=[after], gc_after_trial=False)
+        finally:
+            self._deadline = None
         SIGINT.check()
         return TuneResult(self.study_name, self.storage_url, self.n_measured - start_measured, self.n_trials_session,
                           time.perf_counter() - t0, self.margin, self.fit, stop["why"], self.counts)

@@ -380,3 +380,34 @@ def test_a_runs_time_at_fewer_repetitions_repeats_only_the_timed_part():
     # speeds that would account for more than the whole run: at most all of it repeats; unknown speeds: none
     assert wl.seconds_at(30.0, 10.0, 1.0, 1) == pytest.approx(10.0)
     assert wl.seconds_at(30.0, 0.0, 0.0, 1) == 30.0
+
+
+@pytest.mark.slow          # ~2 s on 2 cores
+def test_a_run_that_would_end_past_the_deadline_is_not_started_and_is_queued_for_the_next_call():
+    """A device call cut off mid-run loses that run (an 8 GiB depth-8192 --no-host trial was killed after ~100 s
+    on the H100, 2026-11-24): with a deadline, the tuner starts a run only when its predicted time (its tokens at
+    the predicted speeds plus the study's measured rest of a run) ends before it; else the trial fails as not run,
+    its plan is queued again (behind those queued before it) and a later call measures it."""
+    inv, hw = _setup()
+    engine = TimedSimEngine(hw)        # says each run took 10-90 s (it returns at once)
+    tuner = Tuner(inv, hw, engine, objective="both", workload=replace(WL, repetitions=3), n_ctx=2112, storage=None,
+                  pool_size=30, seed=5, config=SpaceConfig(ubatch=(128, 512)))
+    tuner.baselines()
+    wl = tuner.workload
+    fit = tuner.reference()["measured"]
+    rest = fit["seconds"] - wl.token_seconds(fit["pp_tps"], fit["tg_tps"])
+    assert rest > 5.0 and tuner.run_seconds(100.0, 1000.0) == pytest.approx(
+        1.2 * (rest + wl.token_seconds(1000.0, 100.0)), rel=0.5)     # the median rest of the baselines' runs
+    import time
+    res = tuner.run(3, deadline=time.monotonic() + 5.0)         # every run needs more than 5 s
+    assert res.measured == 0 and res.stopped.startswith("stopped at the deadline: the next run needs ~")
+    failed = [t for t in tuner.study.get_trials(deepcopy=False) if t.state == TrialState.FAIL]
+    waiting = [t for t in tuner.study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    assert len(failed) == 1 and not TrialRecord.from_trial(failed[0]).engine_run
+    queued = TrialRecord.from_trial(failed[0])
+    assert any(TrialRecord.from_trial(t).plan_id == queued.plan_id for t in waiting)
+    # the next call (no deadline here) measures the queue, that plan with the source it had among it
+    res = tuner.run(len(waiting))
+    ran = [TrialRecord.from_trial(t) for t in tuner.study.get_trials(deepcopy=False)
+           if t.number > failed[0].number and TrialRecord.from_trial(t).engine_run]
+    assert res.measured == len(waiting) and (queued.plan_id, queued.source) in {(r.plan_id, r.source) for r in ran}
