@@ -101,3 +101,10 @@ def parse_budgets(ap: argparse.ArgumentParser, text: str, flag: str = "--budgets
     if not out or any(b < 1 for b in out):
         ap.error(f"{flag} takes whole GiB, comma separated: {text!r}")
     return out
+
+
+def copy_sqlite(db: Path, dest: Path) -> None:
+    """A consistent copy of an SQLite database that may be open (sqlite3's backup), for a device call's state."""
+    import sqlite3
+    with sqlite3.connect(db) as src, sqlite3.connect(dest) as dst:
+        src.backup(dst)

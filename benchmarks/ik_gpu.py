@@ -605,7 +605,6 @@ def save_state(results: Path, db: Path, dest: Path) -> None:
     """The workdir's state (the per-run results and a consistent copy of the study database) as one tar.gz,
     written to a temporary name and renamed: a call cut off at the device's limit still brings the last whole one
     back. A fresh machine resumes from it: `tar xzf OUT/ik_gpu_state.tgz -C WORKDIR`."""
-    import sqlite3
     import tarfile
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
@@ -614,8 +613,7 @@ def save_state(results: Path, db: Path, dest: Path) -> None:
             tar.add(results, arcname="results")
             if db.exists():
                 copy = Path(tmp) / db.name
-                with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
-                    src.backup(dst)
+                opts.copy_sqlite(db, copy)
                 tar.add(copy, arcname=db.name)
         part.replace(dest)
 

@@ -436,13 +436,11 @@ def save_state(db: Path, dest: Path) -> None:
     name and renamed: a call killed while it writes leaves the previous copy whole."""
     import gzip
     import shutil
-    import sqlite3
     import tempfile
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / db.name
-        with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
-            src.backup(dst)
+        opts.copy_sqlite(db, copy)
         part = dest.with_name(dest.name + ".partial")
         with open(copy, "rb") as f, gzip.open(part, "wb", compresslevel=6) as g:
             shutil.copyfileobj(f, g)

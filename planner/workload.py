@@ -21,20 +21,23 @@ class Workload:
         if self.n_prompt == 0 and self.n_gen == 0:
             raise InputError("bad workload: n_prompt and n_gen are both 0, nothing to measure")
 
+    def rep_seconds(self, pp_tps: float, tg_tps: float) -> float:
+        """The seconds one timed repetition takes at these speeds: its prompt and its generated tokens."""
+        return (self.n_prompt / pp_tps if pp_tps > 0 else 0.0) + (self.n_gen / tg_tps if tg_tps > 0 else 0.0)
+
     def token_seconds(self, pp_tps: float, tg_tps: float) -> float:
         """The seconds a llama-bench run of this workload spends on tokens at these speeds: the warm-up prompt
-        and token, the depth (filled once a run), each repetition's prompt and generated tokens. The rest of a run
-        (loading the model, setting up) is not in it."""
-        prompt = (self.n_prompt * (1 + self.repetitions) + self.depth) / pp_tps if pp_tps > 0 else 0.0
-        gen = (1 + self.n_gen * self.repetitions) / tg_tps if tg_tps > 0 and self.n_gen else 0.0
-        return prompt + gen
+        and token, the depth (filled once a run), each repetition. The rest of a run (loading the model, setting
+        up) is not in it."""
+        warm_up = ((self.n_prompt + self.depth) / pp_tps if pp_tps > 0 else 0.0) \
+            + (1 / tg_tps if tg_tps > 0 and self.n_gen else 0.0)
+        return warm_up + self.repetitions * self.rep_seconds(pp_tps, tg_tps)
 
     def seconds_at(self, seconds: float, pp_tps: float, tg_tps: float, repetitions: int) -> float:
         """The wall time of a run measured at this workload (`seconds`, at `pp_tps` / `tg_tps`) had it run
         `repetitions` times: only the timed prompt and generation repeat. Loading, the warm-up and the depth
         prefill happen once a run (llama-bench fills the depth once and restores it for later repetitions), so
         scaling the whole run by repetitions misjudged a --no-host run at depth 8192 (143 s at -r 3, ~110 s at
-        -r 1, not 48; H100, 2026-11-24)."""
-        per_rep = (self.n_prompt / pp_tps if pp_tps > 0 else 0.0) + (self.n_gen / tg_tps if tg_tps > 0 else 0.0)
-        per_rep = min(per_rep, seconds / self.repetitions)
+        -r 1, not 48; H100, 2026-11-24). At most the whole run repeats (speeds of another tool's counting)."""
+        per_rep = min(self.rep_seconds(pp_tps, tg_tps), seconds / self.repetitions)
         return seconds - (self.repetitions - repetitions) * per_rep
