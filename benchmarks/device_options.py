@@ -103,8 +103,27 @@ def parse_budgets(ap: argparse.ArgumentParser, text: str, flag: str = "--budgets
     return out
 
 
+
 def copy_sqlite(db: Path, dest: Path) -> None:
     """A consistent copy of an SQLite database that may be open (sqlite3's backup), for a device call's state."""
     import sqlite3
     with sqlite3.connect(db) as src, sqlite3.connect(dest) as dst:
         src.backup(dst)
+
+
+def pack_state(workdir: Path, db_name: str, dest: Path) -> None:
+    """A resumable benchmark's state as one tar.gz: workdir/results (a file per result) and a consistent copy of
+    its study database; written under a temporary name and renamed, so a call cut off while it writes still
+    brings the previous one back. A fresh machine goes on from `tar -xzf DEST -C WORKDIR`."""
+    import tarfile
+    import tempfile
+    part = dest.with_name(dest.name + ".partial")
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(part, "w:gz") as tar:
+        for p in sorted((workdir / "results").glob("*")):
+            if p.is_file() and not p.name.endswith((".lock", ".tmp", ".partial")):
+                tar.add(p, arcname=f"results/{p.name}")
+        if (workdir / db_name).exists():
+            copy = Path(tmp) / db_name
+            copy_sqlite(workdir / db_name, copy)
+            tar.add(copy, arcname=db_name)
+    part.replace(dest)

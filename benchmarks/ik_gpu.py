@@ -596,26 +596,9 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
                                     "runs": c.args.runs, "confirm": c.args.confirm}, out, f"{name}_study")
         except ImportError as e:
             log(f"report: no {name}_study.png ({e})")
-    save_state(c.results, c.results.parent / "ik_gpu.db", out / STATE_NAME)
+    opts.pack_state(c.results.parent, "ik_gpu.db", out / STATE_NAME)
     log(f"report: {out / name}.md ({len(plans)} memory plans, {len(op)} op configs, {len(rows)} study cells, "
         f"{len(ml)} mainline contenders)")
-
-
-def save_state(results: Path, db: Path, dest: Path) -> None:
-    """The workdir's state (the per-run results and a consistent copy of the study database) as one tar.gz,
-    written to a temporary name and renamed: a call cut off at the device's limit still brings the last whole one
-    back. A fresh machine resumes from it: `tar xzf OUT/ik_gpu_state.tgz -C WORKDIR`."""
-    import tarfile
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        part = dest.with_name(dest.name + ".partial")
-        with tarfile.open(part, "w:gz") as tar:
-            tar.add(results, arcname="results")
-            if db.exists():
-                copy = Path(tmp) / db.name
-                opts.copy_sqlite(db, copy)
-                tar.add(copy, arcname=db.name)
-        part.replace(dest)
 
 
 # ---- predicting a stored report again --------------------------------------------------------------------------------

@@ -98,7 +98,6 @@ import platform
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -829,17 +828,6 @@ def torch_section(recs: list[dict[str, Any]]) -> list[str]:
     return L
 
 
-def pack_state(workdir: Path, path: Path) -> None:
-    """The state folder (results/, the study database) as one tarball, for the next call on a fresh machine."""
-    tmp = path.with_name(path.name + ".tmp")
-    files = sorted((workdir / "results").glob("*.json")) + sorted(workdir.glob("multi_gpu.db*"))
-    with tarfile.open(tmp, "w:gz") as tar:
-        for p in files:
-            if p.is_file() and not p.name.endswith((".lock", ".tmp")):
-                tar.add(p, arcname=str(p.relative_to(workdir)))
-    os.replace(tmp, path)
-
-
 # ---- main ------------------------------------------------------------------------------------------------------------
 
 def bench_default_threads(bench: Path) -> int | None:
@@ -987,7 +975,7 @@ def run(argv: list[str] | None = None) -> int:
         rows = budget_rows(args.storage, args.budgets) if (workdir / "multi_gpu.db").exists() else []
         report(meta, lg.load_results(results_dir, "plan"), rows, out_dir, args.name,
                lg.load_results(results_dir, "torch"))
-        pack_state(workdir, state)
+        opts.pack_state(workdir, "multi_gpu.db", state)
 
     done = True
     if "memory" in steps:
