@@ -569,9 +569,10 @@ class Tuner:
             out.append((p, f"fill-max:{why}"))
         return out
 
-    def _enqueue(self, params: dict[str, Any], plan_id: str, source: str) -> None:
+    def _enqueue(self, params: dict[str, Any], plan_id: str, source: str, again: bool = False) -> None:
+        """Queue a candidate (once: a trial of the same params skips it, unless `again`, for one not run)."""
         self.study.enqueue_trial(params, user_attrs=TrialRecord(source=source, plan_id=plan_id).to_attrs(),
-                                 skip_if_exists=True)
+                                 skip_if_exists=not again)
         self._queued_ids.add(plan_id)
 
     def baselines(self, deadline: float | None = None) -> list[dict[str, Any]]:
@@ -1002,7 +1003,7 @@ class Tuner:
         need, left = self.run_seconds(pred["tg_tps"], pred["pp_tps"]), self._deadline - time.monotonic()
         if need <= left:
             return
-        self.study.enqueue_trial(trial.params, user_attrs=TrialRecord(source=source, plan_id=plan.id).to_attrs())
+        self._enqueue(trial.params, plan.id, source, again=True)     # this very trial has the same params
         self._deadline_stop = (f"stopped at the deadline: the next run needs ~{need:.0f} s, {max(left, 0):.0f} s "
                                "were left (queued for the next call)")
         trial.study.stop()
