@@ -5,6 +5,9 @@ benchmarks/llamacpp_gpu.py (17 GB, written once), with the CUDA ik build of `lla
   per-tensor -ot, fused MoE off, -amb, q8_0 KV at a long context, ubatch 512/2048, op offload off): peak VRAM
   predicted by planner.memory (dialect ik, HardwareProfile gpu-box) against measured, |error| against the goal
   max(3%, 256 MiB), and ik's own logged buffers (model / KV / compute) against the memory model's parts;
+- mla: the same on DeepSeek's MLA graphs, which ik builds differently on a GPU build (F16 casts, where its
+  scheduler puts MLA nodes): a DeepSeek-V2-Lite-shaped Q4_0 model (8.2 GB, written once), -mla 0/1/2/3 with flash
+  attention on and off, -amb, ubatch 512/2048, experts in RAM, a split -ngl, a long context with f16 / q8_0 cache;
 - op: what -op buys with the experts in RAM (-ngl 99 -ot exps=CPU): PP at ubatch 512 and 2048 with the GPU
   offload of MUL_MAT_ID and of MOE_FUSED_UP_GATE on / off (ik's -op ids from planner/flags/ik.py for the
   build), every configuration once per round, rounds interleaved (A B C .. A B C ..), medians and [min-max];
@@ -30,6 +33,7 @@ mainline; --steps picks some.
 Time on the H100 (a sweep-bench run of the 17 GB model: ~10-20 s, most of it loading; llama-bench -p 2048 -n 64
 -r 3 with experts in RAM ~20-30 s), so with --time-budget 520 per call:
     memory    18 plans (2 at an 8k context: ~30 s each)      ~5-6 min    1-2 calls
+    mla       14 plans of the 8.2 GB model (~10 s each)     ~3 min      1 call
     op        8 configurations x 3 rounds = 24 runs         ~5-7 min    1-2 calls
     study     2 cells x <= 24 runs (+ Optuna, a few s each) ~12-16 min  2-3 calls
     mainline  2 budgets x 3-4 contenders x 3 rounds         ~6-9 min    1-2 calls
@@ -37,7 +41,7 @@ On the GPU machine, after `bash benchmarks/llamacpp_gpu.sh build-ik` (and the ma
 its llama-bench is found in the llamacpp_gpu workdir; without it the mainline step is skipped):
     python3 benchmarks/ik_gpu.py --name ik_gpu_h100 --time-budget 520
 repeated until it exits 0 (the first call writes the model, ~3 min, if llamacpp_gpu.py has not).
-Here, without a GPU, the whole pipeline on the CPU ik build and a tiny model, every plan run all-CPU (the CPU
+Here, without a GPU, the whole pipeline on the CPU ik build and tiny models, every plan run all-CPU (the CPU
 build's --fit cannot fit anything: the stand-in drops it; ~1 min on 2 cores):
     .venv/bin/python benchmarks/ik_gpu.py --cpu
 After a change to the memory model, a stored GPU report's memory plans predicted again (no runs, no GPU, no model
@@ -75,12 +79,18 @@ from planner.tuner.records import TrialRecord  # noqa: E402
 from runtime.engine import Workload  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
 
-STEPS = ("memory", "op", "study", "mainline")
+STEPS = ("memory", "mla", "op", "study", "mainline")
 DEFAULTS: opts.Defaults = {"runs": (24, 12), "confirm": (3, 2), "rounds": (3, 2), "n_prompt": (2048, 32),
                            "n_gen": (64, 4), "reps": (3, 1)}
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "ik_gpu"
 IK_BIN = lg.DEFAULT_WORKDIR / "ik_llama.cpp-cuda" / "build" / "bin"
 MODEL = lg.DEFAULT_WORKDIR / "qwen3-30b-a3b-q4_0.gguf"
+MLA_PRESET = "DeepSeek-V2-Lite"
+MLA_MODEL = lg.DEFAULT_WORKDIR / "deepseek-v2-lite-q4_0.gguf"
+# --cpu: ik takes a mainline-converted MLA model (one KV head) only with DeepSeek's own widths, K 576 = kv_lora 512 +
+# rope 64 and V 512 (src/llama-hparams.cpp ~1083), as tests/runtime/test_ik_binaries.py's tiny DeepSeek has them
+TINY_DEEPSEEK = {"arch": "deepseek2", "kv_lora_rank": 512, "n_rot": 64, "head_dim_k": 576, "head_dim_v": 512,
+                 "head_dim_k_mla": 128, "head_dim_v_mla": 64}
 MAINLINE_DB = ROOT / "benchmarks" / "results" / "tune_vs_fit" / "tune_vs_fit.db"
 MAINLINE_BENCH = lg.DEFAULT_WORKDIR / "llama.cpp-cuda" / "build" / "bin" / "llama-bench"
 PARTS = ("weights", "kv", "compute", "overhead", "pool")   # planner.memory.DeviceMemory, in the report's order
@@ -174,6 +184,42 @@ def planner_cases(inv: ModelInventory, hw: HardwareProfile, base: Knobs, budgets
     return out
 
 
+def mla_cases(inv: ModelInventory, n_prompt: int, long_ctx: int = LONG_CTX) -> list[IkCase]:
+    """DeepSeek's MLA plans (ik dialect): each -mla, flash attention on / off, -amb, the ubatch, experts in RAM, a
+    split -ngl (ik runs -mla 3 there whatever was asked: planner.memory.ik_mla_plan), a long context."""
+    n_layer = inv.hparams.n_layer
+    half = n_layer // 2
+    base = Knobs(n_ctx=n_prompt, n_batch=2048, n_ubatch=512, mla=3)
+    ub2048 = replace(base, n_ubatch=2048)
+
+    def every(t: Tensor) -> bool:
+        return True
+
+    def dense(t: Tensor) -> bool:
+        return not t.is_expert
+
+    specs = [
+        ("ds-mla3", "-mla 3 -fa on, every tensor but token_embd on the GPU (-ngl 99)", every, base, 0),
+        ("ds-mla3-ub2048", "as ds-mla3, -ub 2048", every, ub2048, 0),
+        ("ds-mla2", "as ds-mla3, -mla 2", every, replace(base, mla=2), 0),
+        ("ds-mla1", "as ds-mla3, -mla 1", every, replace(base, mla=1), 0),
+        ("ds-mla0", "as ds-mla3, -mla 0 (attn_kv_b computed at load)", every, replace(base, mla=0), 0),
+        ("ds-mla3-nofa", "as ds-mla3, flash attention off", every, replace(base, flash_attn=False), 0),
+        ("ds-mla1-nofa", "-mla 1, flash attention off", every, replace(base, mla=1, flash_attn=False), 0),
+        ("ds-mla2-nofa-ub2048-amb256", "-mla 2, flash attention off, -ub 2048 -amb 256", every,
+         replace(ub2048, mla=2, flash_attn=False, amb=256), 0),
+        ("ds-mla3-ub2048-amb256", "as ds-mla3-ub2048, -amb 256", every, replace(ub2048, amb=256), 0),
+        ("ds-exps-cpu", "-mla 3, every expert in RAM (-ngl 99 -ot exps=CPU)", dense, base, 0),
+        ("ds-exps-cpu-ub2048", "as ds-exps-cpu, -ub 2048 (the MoE ops offloaded)", dense, ub2048, 0),
+        (f"ds-ngl{half}-mla1", f"the last {half} blocks on the GPU, -mla 1 asked (ik runs -mla 3 on a split)",
+         lambda t: t.layer is not None and t.layer >= n_layer - half, replace(base, mla=1), 0),
+        ("ds-mla3-long", f"ds-mla3 with the row at depth {long_ctx} (f16 cache)", every, base, long_ctx),
+        ("ds-mla3-long-q8kv", f"ds-mla3 at depth {long_ctx}, q8_0 cache", every,
+         replace(base, type_k="q8_0", type_v="q8_0"), long_ctx),
+    ]
+    return [IkCase(n, w, _ik(inv, n, f, k), d) for n, w, f, k, d in specs]
+
+
 OP_POLICIES = {
     "on": OffloadPolicy(),
     "mmid-off": OffloadPolicy(moe_matmul=OpRule(False)),
@@ -254,20 +300,21 @@ def measure_memory_case(c: Ctx, case: IkCase) -> dict[str, Any]:
             "log_device": dev, "log": lg.log_device(m.raw, dev), "predicted_parts": parts}
 
 
-def step_memory(c: Ctx, cases: list[IkCase]) -> bool:
+def step_memory(c: Ctx, cases: list[IkCase], prefix: str = "mem", step: str = "memory") -> bool:
+    """Each plan once: its peak VRAM against the prediction (step "mla": the MLA model's, results "mla-*")."""
     wanted = [x for x in cases if not c.args.plans or x.name in c.args.plans]
     for i, case in enumerate(wanted):
-        if c.done(f"mem-{case.name}"):
+        if c.done(f"{prefix}-{case.name}"):
             continue
-        if not c.time_ok("memory"):
+        if not c.time_ok(step):
             return False
-        log(f"memory: [{i + 1}/{len(wanted)}] {case.name}: {case.what}")
+        log(f"{step}: [{i + 1}/{len(wanted)}] {case.name}: {case.what}")
         rec = measure_memory_case(c, case)
         m, c0 = rec["measurement"], rec["cuda0"]
-        log(f"memory: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
+        log(f"{step}: {case.name}: {'ok' if m['ok'] else 'FAILED ' + m['error']}; PP {m['pp_tps']:.1f} TG "
             f"{m['tg_tps']:.2f}; VRAM measured {lg._mib(c0['measured_bytes'])} predicted "
             f"{lg._mib(c0['predicted_bytes'])} MiB ({rec['seconds']} s)")
-        c.keep(f"mem-{case.name}", rec)
+        c.keep(f"{prefix}-{case.name}", rec)
     return True
 
 
@@ -476,8 +523,9 @@ def _cell(s: dict[str, float] | None, fmt: str = ".1f") -> str:
     return "-" if not s else f"{s['median']:{fmt}} [{s['lo']:{fmt}}-{s['hi']:{fmt}}]"
 
 
-def memory_lines(plans: list[dict[str, Any]]) -> list[str]:
-    L = ["## GPU memory: predicted vs measured (ik llama-sweep-bench)", "",
+def memory_lines(plans: list[dict[str, Any]], title: str = "GPU memory: predicted vs measured (ik llama-sweep-bench)",
+                 intro: str = "") -> list[str]:
+    L = [f"## {title}", ""] + ([intro, ""] if intro else []) + [
          "| plan | ctx | ub | PP t/s | TG t/s | measured MiB | predicted MiB | error MiB | error % | goal MiB | ok | "
          "ik log: model+KV+compute MiB | model: weights+KV+compute+overhead+pool MiB |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
@@ -569,6 +617,8 @@ def mainline_lines(rows: list[dict[str, Any]]) -> list[str]:
 def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     order = {n: i for i, n in enumerate(meta["case_order"])}
     plans = sorted(lg.load_results(c.results, "mem"), key=lambda p: order.get(p["name"], 1 << 30))
+    mla_order = {n: i for i, n in enumerate(meta["mla_order"])}
+    mla = sorted(lg.load_results(c.results, "mla"), key=lambda p: mla_order.get(p["name"], 1 << 30))
     op_order = {n: i for i, n in enumerate(meta["op_order"])}
     op = summarise(sorted(lg.load_results(c.results, "op"), key=lambda s: (op_order.get(s["name"], 99), s["round"])),
                    lambda s: s["name"])
@@ -578,7 +628,7 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     rows, ml_rows = study_rows(c), mainline_rows(c)
     out.mkdir(parents=True, exist_ok=True)
     name = c.args.name
-    lg.write_json(out / f"{name}.json", {"meta": meta, "memory": plans, "op": op, "study": rows,
+    lg.write_json(out / f"{name}.json", {"meta": meta, "memory": plans, "mla": mla, "op": op, "study": rows,
                                          "mainline_study": ml_rows, "mainline": ml})
     L = [f"# ik_llama.cpp on {meta.get('gpu') or 'no GPU (CPU dry run)'}", "",
          f"{meta['date']}; model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, Q4_0, Qwen3-30B-A3B shape); "
@@ -587,7 +637,12 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     if meta["cpu_mode"]:
         L += ["**CPU dry run**: every plan ran with all tensors on the CPU (ik's --fit dropped: a CPU build cannot "
               "fit); VRAM columns are empty.", ""]
-    L += memory_lines(plans) + op_lines(op) + study_lines(rows, ml_rows) + (mainline_lines(ml) if ml else [])
+    mla_lines = memory_lines(
+        mla, f"DeepSeek's MLA graphs: predicted vs measured ({Path(meta['mla_model']).name})",
+        f"Model {Path(meta['mla_model']).name} ({meta['mla_model_gib']:.2f} GiB, Q4_0, {MLA_PRESET} shape in the GPU "
+        "run: MLA with kv_lora 512, 64 experts / 6 used, 2 shared).") if mla else []
+    L += memory_lines(plans) + mla_lines + op_lines(op) + study_lines(rows, ml_rows)
+    L += mainline_lines(ml) if ml else []
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
     if rows:
         import tune_vs_fit as tvf
@@ -597,8 +652,8 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
         except ImportError as e:
             log(f"report: no {name}_study.png ({e})")
     opts.pack_state(c.results.parent, "ik_gpu.db", out / STATE_NAME)
-    log(f"report: {out / name}.md ({len(plans)} memory plans, {len(op)} op configs, {len(rows)} study cells, "
-        f"{len(ml)} mainline contenders)")
+    log(f"report: {out / name}.md ({len(plans)} memory plans, {len(mla)} MLA plans, {len(op)} op configs, "
+        f"{len(rows)} study cells, {len(ml)} mainline contenders)")
 
 
 # ---- predicting a stored report again --------------------------------------------------------------------------------
@@ -688,7 +743,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mainline-series", help="the tune_vs_fit --series whose studies to read ('' the first one; "
                     "default: the newest confirmed study of each budget)")
     ap.add_argument("--model", type=Path, help=f"default {MODEL} (written if missing)")
-    opts.add_step_options(ap, STEPS, plans="memory plans", listed="memory and op plans")
+    ap.add_argument("--mla-model", type=Path, help=f"the mla step's DeepSeek-shaped model (default {MLA_MODEL}, "
+                    "written if missing)")
+    opts.add_step_options(ap, STEPS, plans="memory and mla plans", listed="memory, mla and op plans")
     ap.add_argument("--budgets", help="GiB, comma list (default 8,16; 1 with --cpu)")
     opts.add_study_options(ap, DEFAULTS)
     ap.add_argument("--rounds", type=int, help="op and mainline: interleaved rounds "
@@ -755,15 +812,23 @@ def run(args: argparse.Namespace) -> int:
             return 3
         lg.write_model(model, args.cpu)
     inv = load_inventory(model)
+    mla_model = args.mla_model or (workdir / "tiny-deepseek2-q4_0.gguf" if args.cpu else MLA_MODEL)
+    if "mla" in args.steps and not mla_model.exists():
+        if args.mla_model is not None:
+            raise BadInput(f"--mla-model {mla_model}: no such file")
+        lg.write_model(mla_model, args.cpu, MLA_PRESET, TINY_DEEPSEEK)
+    mla_inv = load_inventory(mla_model) if mla_model.exists() else None
     hw = load_hardware(args.hardware)
     if args.cpu:      # the stand-in runs on this machine's cores: plans with gpu-box's 16 threads crawl on 2
         hw = replace(hw, host=replace(hw.host, n_threads=min(hw.host.n_threads, os.cpu_count() or 1)))
-    cases, ops = make_cases(inv, hw, args.budgets, args.n_prompt, 1024 if args.cpu else LONG_CTX), op_cases(inv)
+    long_ctx = 1024 if args.cpu else LONG_CTX
+    cases, ops = make_cases(inv, hw, args.budgets, args.n_prompt, long_ctx), op_cases(inv)
+    mlas = mla_cases(mla_inv, args.n_prompt, long_ctx) if mla_inv is not None else []
     if args.list:
-        for x in cases + ops:
-            print(f"{x.name:24s} {x.what}")
+        for x in cases + mlas + ops:
+            print(f"{x.name:28s} {x.what}")
         return 0
-    unknown = [p for p in args.plans if p not in {x.name for x in cases}]
+    unknown = [p for p in args.plans if p not in {x.name for x in cases + mlas}]
     if unknown:
         raise BadInput(f"unknown plan {unknown[0]!r}; --list shows them")
     sweep, ml_bench = binaries(args)
@@ -775,19 +840,28 @@ def run(args: argparse.Namespace) -> int:
             "vram_source": engine.sampler().source if engine.sampler() else "none", "model": str(model),
             "model_gib": model.stat().st_size / GiB, "hardware": hw.name, "budgets": args.budgets,
             "case_order": [x.name for x in cases], "op_order": [x.name for x in ops], "goal": "max(3%, 256 MiB)",
+            "mla_model": str(mla_model), "mla_model_gib": mla_model.stat().st_size / GiB if mla_inv else 0.0,
+            "mla_order": [x.name for x in mlas],
             "mainline_bench": str(ml_bench) if ml_bench else None,
             "mainline_db": str(args.mainline_db) if args.mainline_db else None}
     c = Ctx(args, engine, inv, hw, results, t0 + args.time_budget, lambda: None)
     c.after_each = lambda: report(c, meta, out)    # after every result: a call cut off still leaves a report
-    done = _run_steps(c, cases, ops, ml_bench)
+    mla_c = None
+    if mla_inv is not None:    # the same steps' machinery on the MLA model: its own engine (-m) and inventory
+        mla_c = replace(c, inv=mla_inv, engine=LlamaCppEngine(sweep, timeout_s=args.timeout, model_path=mla_model,
+                                                              verbose=True, cpu_stand_in=args.cpu))
+    done = _run_steps(c, cases, ops, ml_bench, mla_c, mlas)
     report(c, meta, out)
     log("all steps done" if done else "work left: run again")
     return 0 if done else 3
 
 
-def _run_steps(c: Ctx, cases: list[IkCase], ops: list[IkCase], ml_bench: Path | None) -> bool:
+def _run_steps(c: Ctx, cases: list[IkCase], ops: list[IkCase], ml_bench: Path | None, mla_c: Ctx | None,
+               mlas: list[IkCase]) -> bool:
     steps = c.args.steps
     if "memory" in steps and not step_memory(c, cases):
+        return False
+    if "mla" in steps and mla_c is not None and not step_memory(mla_c, mlas, "mla", "mla"):
         return False
     if "op" in steps and not step_op(c, ops):
         return False

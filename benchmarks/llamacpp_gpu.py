@@ -65,8 +65,13 @@ def log(msg: str) -> None:
 
 # ---- the model -------------------------------------------------------------------------------------------------------
 
-def write_model(path: Path, tiny: bool) -> None:
-    """The synthetic model, written to a temporary name and renamed (a cut-off write is never mistaken for one)."""
+TINY_QWEN3 = {"arch": "qwen3moe", "n_layer": 8, "n_expert": 16, "n_expert_used": 4}
+
+
+def write_model(path: Path, tiny: bool, preset: str = PRESET, tiny_spec_args: dict[str, Any] | None = None) -> None:
+    """The synthetic model (the preset's shape, or with `tiny` runtime.synth.tiny_spec(**tiny_spec_args), default
+    a small Qwen3 MoE), uniform Q4_0, written to a temporary name and renamed (a cut-off write is never mistaken
+    for one)."""
     from runtime.synth import tiny_spec, uniform_recipe, write_gguf
     if path.exists():
         log(f"model: {path} exists ({path.stat().st_size / GiB:.2f} GiB), not rewritten")
@@ -74,10 +79,10 @@ def write_model(path: Path, tiny: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     if tiny:
-        spec = tiny_spec("qwen3moe", n_layer=8, n_expert=16, n_expert_used=4)
+        spec = tiny_spec(**(tiny_spec_args or TINY_QWEN3))
     else:
         from planner.presets import load_preset
-        spec = load_preset(PRESET).spec
+        spec = load_preset(preset).spec
     done = [0, 0.0]
     t0 = time.monotonic()
 
@@ -87,7 +92,8 @@ def write_model(path: Path, tiny: bool) -> None:
             done[1] = done[0]
             log(f"model: {done[0] / GiB:.1f} GiB written ({done[0] / GiB / (time.monotonic() - t0):.2f} GiB/s)")
 
-    write_gguf(tmp, spec, uniform_recipe(QUANT), name=f"synthetic-{PRESET.split(':')[0]}-{QUANT}", progress=progress)
+    shape = f"tiny-{spec.hparams.arch}" if tiny else preset.split(":")[0]
+    write_gguf(tmp, spec, uniform_recipe(QUANT), name=f"synthetic-{shape}-{QUANT}", progress=progress)
     os.replace(tmp, path)
     log(f"model: wrote {path} ({path.stat().st_size / GiB:.2f} GiB) in {time.monotonic() - t0:.0f} s")
 

@@ -19,7 +19,8 @@ def bench(bench_script):
 def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
     out = tmp_path / "out"
     argv = ["--cpu", "--workdir", str(tmp_path / "work"), "--out", str(out), "--name", "ik_gpu_cpu",
-            "--plans", "all-gpu,exps-cpu-moe-op-off,up-gate-all,all-gpu-long-q8kv", "--rounds", "1", "--runs", "10",
+            "--plans", "all-gpu,exps-cpu-moe-op-off,up-gate-all,all-gpu-long-q8kv,ds-mla3,ds-mla2-nofa-ub2048-amb256",
+            "--rounds", "1", "--runs", "10",
             "--confirm", "2", "--pool", "20", "--mainline-bench", str(llama_bench)]
     assert bench.main(argv) == 0
     rep = json.loads((out / "ik_gpu_cpu.json").read_text())
@@ -28,6 +29,13 @@ def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
     op_off = rep["memory"][1]
     assert "-op 28,0,31,0" in op_off["command"] and "CUDA0" not in op_off["ran"]      # the GPU line; ran all-CPU
     assert rep["memory"][3]["log"]["kv"] > 0 and rep["memory"][3]["predicted_parts"]["kv"] > 0
+    # the mla step: DeepSeek's MLA graphs on a tiny DeepSeek, ik's logged compute buffer as the model predicts it
+    assert [p["name"] for p in rep["mla"]] == ["ds-mla3", "ds-mla2-nofa-ub2048-amb256"]
+    for p in rep["mla"]:
+        assert p["measurement"]["ok"] and "-mla" in p["command"]
+        logged = p["log"]["compute"] + p["log"]["output"]
+        assert abs(logged - p["predicted_parts"]["compute"]) < (1 << 20), p["name"]
+    assert "-amb 256" in rep["mla"][1]["command"] and "-fa off" in rep["mla"][1]["command"]
     assert len(rep["op"]) == 8 and all(o["pp"] for o in rep["op"])
     row = rep["study"][0]
     assert row["budget_gib"] == 1 and row["confirmed"] and row["runs"] <= 10 and row["fit"] is not None
@@ -35,6 +43,7 @@ def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
     assert {(1, "ik-fit"), (1, "ml-fit")} <= {(r["budget_gib"], r["key"]) for r in rep["mainline"]}
     md = (out / "ik_gpu_cpu.md").read_text()
     assert "| up-gate-all |" in md and "| ub2048-both-off |" in md and "PP is not the same measure" in md
+    assert "## DeepSeek's MLA graphs" in md and "| ds-mla2-nofa-ub2048-amb256 |" in md
     assert "| 1 GiB | mainline --fit (llama-bench -fitt) |" in md and "| 1.000 |" in md     # TG x its own --fit
     assert bench.main(argv) == 0            # resumed: nothing left to run
     # the state --out gets after every result is all a fresh workdir needs: nothing runs again there either
@@ -45,7 +54,8 @@ def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
         assert {"results", "ik_gpu.db"} <= {m.name.split("/")[0] for m in tar.getmembers()}
         tar.extractall(fresh, filter="data")
     again = [a if a != str(tmp_path / "work") else str(fresh) for a in argv]
-    again += ["--model", str(tmp_path / "work" / "tiny-qwen3moe-q4_0.gguf"), "--out", str(tmp_path / "out2")]
+    again += ["--model", str(tmp_path / "work" / "tiny-qwen3moe-q4_0.gguf"),
+              "--mla-model", str(tmp_path / "work" / "tiny-deepseek2-q4_0.gguf"), "--out", str(tmp_path / "out2")]
     n_results = len(list((fresh / "results").iterdir()))
     assert bench.main(again) == 0
     assert len(list((fresh / "results").iterdir())) == n_results
