@@ -7,8 +7,15 @@ far): an archive holds the CPU it was built on and is used only on the same CPU 
 binary starts there; otherwise the build runs as before.
 
     there:  python3 benchmarks/gpu_binaries.py save [--workdir W] [--out DIR]    # DIR default $OUT
-    here:   copy the parts from the call's files into build/gpu-bin/ (git-ignored), carry ["build/gpu-bin"]
+    here:   copy the parts from the call's files into build/gpu-bin/ (git-ignored), carry them
     there:  python3 benchmarks/gpu_binaries.py load build/gpu-bin [--workdir W]  # before llamacpp_gpu.sh build*
+
+A call brings back at most 64 MiB and carries at most 64 MiB, and the mainline pair alone is 81 MiB of xz (6 parts,
+2026-11-24): `save --out benchmarks/results/gpu-bin-parts` (a folder kept between calls of one machine), then
+`cp benchmarks/results/gpu-bin-parts/*.0[0-3] $OUT` in one call and the rest in the next. On the next machine,
+carry the parts as separate paths over two calls (`build/gpu-bin/llama.cpp-cuda.tar.xz.00`, ...: a path not named
+in a call's carry stays where an earlier call left it) and `load` once all are there; a missing part leaves the
+build to run.
 
 Exit 0 (also when nothing could be saved or used: the build then runs), 2 on bad input.
 """
