@@ -637,10 +637,10 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     if meta["cpu_mode"]:
         L += ["**CPU dry run**: every plan ran with all tensors on the CPU (ik's --fit dropped: a CPU build cannot "
               "fit); VRAM columns are empty.", ""]
+    shape = "a tiny DeepSeek2" if meta["cpu_mode"] else f"{MLA_PRESET} shape: MLA, kv_lora 512, 64 experts / 6 used"
     mla_lines = memory_lines(
         mla, f"DeepSeek's MLA graphs: predicted vs measured ({Path(meta['mla_model']).name})",
-        f"Model {Path(meta['mla_model']).name} ({meta['mla_model_gib']:.2f} GiB, Q4_0, {MLA_PRESET} shape in the GPU "
-        "run: MLA with kv_lora 512, 64 experts / 6 used, 2 shared).") if mla else []
+        f"Model {Path(meta['mla_model']).name} ({meta['mla_model_gib']:.2f} GiB, Q4_0, {shape}).") if mla else []
     L += memory_lines(plans) + mla_lines + op_lines(op) + study_lines(rows, ml_rows)
     L += mainline_lines(ml) if ml else []
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
@@ -658,21 +658,23 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
 
 # ---- predicting a stored report again --------------------------------------------------------------------------------
 
-def synthetic_inventory(source: str = "") -> ModelInventory:
+def synthetic_inventory(source: str = "", preset: str = lg.PRESET) -> ModelInventory:
     """The inventory of the model write_model writes (no file needed): the preset's shape, uniform Q4_0."""
     from planner.archs import build_inventory
     from planner.presets import load_preset
     from runtime.synth import uniform_recipe
-    return build_inventory(load_preset(lg.PRESET).spec, uniform_recipe(lg.QUANT),
-                           name=f"synthetic-{lg.PRESET.split(':')[0]}-{lg.QUANT}", source=source)
+    return build_inventory(load_preset(preset).spec, uniform_recipe(lg.QUANT),
+                           name=f"synthetic-{preset.split(':')[0]}-{lg.QUANT}", source=source)
 
 
-def repredict(stored: dict[str, Any], inv: ModelInventory, hw: HardwareProfile) -> list[dict[str, Any]]:
-    """Every measured memory plan of a stored GPU report predicted again by today's planner.memory, from the
-    GPU command it recorded (its -c is the context the run held): no engine, no GPU."""
+def repredict(stored: dict[str, Any], inv: ModelInventory, hw: HardwareProfile, key: str = "memory"
+              ) -> list[dict[str, Any]]:
+    """Every measured plan of a stored GPU report's `key` table ("memory", or "mla" with the MLA model's
+    inventory) predicted again by today's planner.memory, from the GPU command it recorded (its -c is the context
+    the run held): no engine, no GPU."""
     from planner.flags import parse
     out = []
-    for rec in stored.get("memory", []):
+    for rec in stored.get(key, []):
         measured = rec["cuda0"]["measured_bytes"]
         if measured is None or not rec["command"]:
             continue
@@ -685,8 +687,8 @@ def repredict(stored: dict[str, Any], inv: ModelInventory, hw: HardwareProfile) 
     return out
 
 
-def repredict_lines(rows: list[dict[str, Any]], source: str, hw_name: str) -> list[str]:
-    L = [f"# {source}: the memory plans predicted again", "",
+def repredict_lines(rows: list[dict[str, Any]], source: str, hw_name: str, what: str = "memory plans") -> list[str]:
+    L = [f"# {source}: the {what} predicted again", "",
          f"planner.memory (dialect ik, hardware '{hw_name}') today, from each plan's recorded GPU command; measured "
          "and stored columns as the report has them.", "",
          "| plan | ub | measured MiB | stored predicted | stored error | predicted now | error now | ok | "
@@ -718,11 +720,19 @@ def run_repredict(args: argparse.Namespace) -> int:
     inv = load_inventory(model) if model.is_file() else synthetic_inventory(str(model))
     hw = load_hardware(args.hardware)
     rows = repredict(stored, inv, hw)
+    mla_rows = []
+    if stored.get("mla"):
+        mla_model = Path(stored["meta"].get("mla_model", ""))
+        mla_inv = load_inventory(mla_model) if mla_model.is_file() else synthetic_inventory(str(mla_model),
+                                                                                            MLA_PRESET)
+        mla_rows = repredict(stored, mla_inv, hw, "mla")
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else path.parent)
     out.mkdir(parents=True, exist_ok=True)
     name = f"{path.stem}_repredict"
-    lg.write_json(out / f"{name}.json", {"source": str(path), "hardware": hw.name, "memory": rows})
-    text = "\n".join(repredict_lines(rows, path.name, hw.name)) + "\n"
+    lg.write_json(out / f"{name}.json", {"source": str(path), "hardware": hw.name, "memory": rows, "mla": mla_rows})
+    lines = repredict_lines(rows, path.name, hw.name)
+    lines += repredict_lines(mla_rows, path.name, hw.name, "MLA plans") if mla_rows else []
+    text = "\n".join(lines) + "\n"
     (out / f"{name}.md").write_text(text)
     print(text, end="")
     return 0

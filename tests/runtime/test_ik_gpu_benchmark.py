@@ -36,6 +36,13 @@ def test_ik_gpu_benchmark_dry_run(bench, ik_binaries, llama_bench, tmp_path):
         logged = p["log"]["compute"] + p["log"]["output"]
         assert abs(logged - p["predicted_parts"]["compute"]) < (1 << 20), p["name"]
     assert "-amb 256" in rep["mla"][1]["command"] and "-fa off" in rep["mla"][1]["command"]
+    # --repredict reads each MLA plan back from its GPU command (-mla, -fa, -amb, -c) to the prediction it had
+    from planner.gguf_header import load_inventory
+    from planner.hardware import load_hardware
+    for p in rep["mla"]:
+        p["cuda0"]["measured_bytes"] = p["cuda0"]["predicted_bytes"]       # a stand-in: a CPU run measures none
+    again_rows = bench.repredict(rep, load_inventory(rep["meta"]["mla_model"]), load_hardware("gpu-box"), "mla")
+    assert [r["cuda0"]["predicted_bytes"] for r in again_rows] == [p["cuda0"]["predicted_bytes"] for p in rep["mla"]]
     assert len(rep["op"]) == 8 and all(o["pp"] for o in rep["op"])
     row = rep["study"][0]
     assert row["budget_gib"] == 1 and row["confirmed"] and row["runs"] <= 10 and row["fit"] is not None
