@@ -140,7 +140,8 @@ class TrialRecord:
     version: int = RECORD_VERSION
     source: str = "sampler"                     # what proposed it: sampler, surrogate, default, cost-front,
                                                 # proposal:LABEL, fill-max:tg|pp, budget:NGiB,
-                                                # probe:no-host (the best-TG plan rerun with --no-host)
+                                                # probe:no-host / probe:rtr (the best-TG plan rerun with
+                                                # --no-host / -rtr)
     plan_id: str = ""                           # Plan.id ("" before the candidate is decoded)
     plan_json: str | None = None                # Plan.to_json() (the stored "plan")
     candidate: CandidateInfo | None = None

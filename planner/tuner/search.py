@@ -129,7 +129,11 @@ BUDGET_SHARES = (0.25, 0.5, 0.75, 1.0)
 # SpaceConfig options that only widen the space, added after studies were stored: a study without one keeps its
 # default (Tuner._keep_old_space). Not op_per_class: an old ik llama-bench study cannot go on without it.
 LATER_SPACE_OPTIONS = ("no_host",)
-PROBE_NO_HOST = "probe:no-host"     # source of the one trial that reruns the best-TG plan with --no-host
+# The knobs that repack the weights kept in RAM for the CPU's matmuls (TG up; those weights are never op-offloaded,
+# so PP with experts in RAM falls): mainline's --no-host, ik's -rtr. Each has one probe per study, the best-TG run
+# again with it on; the value is the probe trial's source (and the study attr is probed_<knob>).
+REPACK_PROBES = {"no_host": "probe:no-host", "rtr": "probe:rtr"}
+PROBE_NO_HOST, PROBE_RTR = REPACK_PROBES["no_host"], REPACK_PROBES["rtr"]
 
 
 def budget_levels(total_vram: int) -> list[int]:
@@ -1009,42 +1013,46 @@ class Tuner:
         trial.study.stop()
         raise NotBeforeDeadline(self._deadline_stop)
 
-    def probe_no_host(self) -> bool:
-        """Once per study, when the space has the no_host dim: enqueue the best-TG run so far again with
-        --no-host (source PROBE_NO_HOST), so the knob gets one engine run on the plan where it could matter
-        most (the sampler alone may never pair it with a good placement). Where that twin does not fit or ran
-        already, the next-best TG run's twin. The outcome is kept in the study attr `probed_no_host` (the trial
-        it copies and the plan, or why none was queued), so a study without a probe says why. True when it
-        enqueued one."""
+    def probe_repack(self) -> bool:
+        """Once per study, when the space has a repacking dim (REPACK_PROBES: mainline's no_host, ik's rtr):
+        enqueue the best-TG run so far again with it on (source REPACK_PROBES[knob]), so the knob gets one engine
+        run on the plan where it could matter most (the sampler alone may never pair it with a good placement;
+        --no-host configs were the confirmed best TG in most of the H100's tune_vs_fit cells, and ik's best 8 GiB
+        config was an -rtr one that the sampler found in one study of two). Where that twin does not fit or ran
+        already, the next-best TG run's twin. The outcome is kept in the study attr `probed_<knob>` (the trial it
+        copies and the plan, or why none was queued), so a study without a probe says why. True when it enqueued
+        one."""
         from optuna.trial import TrialState
-        dim = self.space.dims.get("no_host")
-        if dim is None or True not in dim.values or not self.workload.n_gen or \
-                self.study.user_attrs.get("probed_no_host"):
+        knob = next((k for k in REPACK_PROBES if k in self.space.dims), None)
+        if knob is None:
+            return False
+        dim, attr = self.space.dims[knob], f"probed_{knob}"
+        if True not in dim.values or not self.workload.n_gen or self.study.user_attrs.get(attr):
             return False
         runs: list[tuple[float, int, dict[str, Any]]] = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             m = TrialRecord.from_trial(t).measured
-            if m is not None and m.ok and not t.params.get("no_host"):
+            if m is not None and m.ok and not t.params.get(knob):
                 runs.append((m.tg_tps, t.number, dict(t.params)))
         if not runs:
             return False
         tried = set(self._queued_ids) | {t.user_attrs.get("plan_id") for t in self.study.get_trials(deepcopy=False)}
-        outcome: dict[str, Any] = {"queued": False, "why": "no run's --no-host twin fits and is new"}
+        outcome: dict[str, Any] = {"queued": False, "why": f"no run's {knob} twin fits and is new"}
         for tg, number, params in sorted(runs, key=lambda r: -r[0]):
-            cand = self.space.decode(self.space.fixed(self.space.legal({**params, "no_host": True}),
+            cand = self.space.decode(self.space.fixed(self.space.legal({**params, knob: True}),
                                                       default=lambda d: d.values[0]))
             if not cand.fits or cand.key in self.measured or cand.key in tried:
                 continue
             self._add_pool(cand)
             # enqueued before the mark: a study killed in between finds it waiting, not lost; not skipped where
             # an earlier trial (a screened one, say) had the same params
-            self.study.enqueue_trial(cand.params, user_attrs=TrialRecord(source=PROBE_NO_HOST,
+            self.study.enqueue_trial(cand.params, user_attrs=TrialRecord(source=REPACK_PROBES[knob],
                                                                          plan_id=cand.key).to_attrs())
             self._queued_ids.add(cand.key)
             outcome = {"queued": True, "trial": number, "tg_tps": tg, "plan_id": cand.key}
             break
-        self.study.set_user_attr("probed_no_host", outcome)
-        log.info("no-host probe: %s", outcome)
+        self.study.set_user_attr(attr, outcome)
+        log.info("%s probe: %s", knob, outcome)
         return outcome["queued"]
 
     def _improves(self, tg: float, pp: float) -> bool:
@@ -1113,7 +1121,7 @@ class Tuner:
                                f"{self.n_measured - start_measured} of {n_trials} runs used")
                 study.stop()
                 return
-            if not _waiting(study) and self.probe_no_host():
+            if not _waiting(study) and self.probe_repack():
                 return
             if self.surrogate and (self.n_trials_session % 2 == 0) and not _waiting(study):
                 for e in self._pick():

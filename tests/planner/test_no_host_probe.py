@@ -1,5 +1,6 @@
 """mainline's --no-host in the tuner (issue 10): a space dimension for real mainline engines, one probe run of the
-best-TG plan with it per study, and studies stored before the option resume as they were made."""
+best-TG plan with it per study (and the same probe with ik's -rtr), and studies stored before the option resume
+as they were made."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from planner.flags import render
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import PROBE_NO_HOST, Tuner, Workload
+from planner.tuner.search import PROBE_NO_HOST, PROBE_RTR, Tuner, Workload
 from planner.tuner.space import Space, SpaceConfig
 from runtime.sim import SimEngine
 
@@ -58,17 +59,41 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once():
     assert sum(TrialRecord.from_trial(u).source == PROBE_NO_HOST for u in tuner.study.get_trials()) == 1
     # asked again (the mark taken away): the best run's twin ran already, so the next-best run's twin is queued
     tuner.study.set_user_attr("probed_no_host", None)
-    assert tuner.probe_no_host()
+    assert tuner.probe_repack()
     again = tuner.study.user_attrs["probed_no_host"]
     assert again["queued"] and again["trial"] != best.number and again["plan_id"] != r.plan_id
     # no probe where the space has no no_host dim, or nothing generates (PP only)
     plain = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20)
     plain.run(4)
-    assert not plain.probe_no_host()
+    assert not plain.probe_repack()
     pp = Tuner(inv, hw, SimEngine(hw), objective="pp", workload=Workload(2048, 0, 0, 1), n_ctx=4096,
                storage=None, pool_size=20, config=ON)
     pp.run(3)
-    assert not pp.probe_no_host()
+    assert not pp.probe_repack()
+
+
+@pytest.mark.slow          # a whole sim study, as above
+def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once():
+    """ik's -rtr repacks the weights kept in RAM as --no-host lets mainline do: the same one probe per study."""
+    inv, hw = _setup()
+    tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20,
+                  dialect="ik", config=SpaceConfig(rtr=(False, True)), seed=3, prescreen=True)
+    assert "no_host" not in tuner.space.dims and tuner.space.dims["rtr"].values == (False, True)
+    tuner.run(12)
+    recs = [(t, TrialRecord.from_trial(t)) for t in tuner.study.get_trials(deepcopy=False)]
+    probes = [(t, r) for t, r in recs if r.source == PROBE_RTR]
+    assert len(probes) == 1 and not any(r.source == PROBE_NO_HOST for _, r in recs)
+    t, r = probes[0]
+    outcome = tuner.study.user_attrs["probed_rtr"]
+    assert outcome["queued"] and outcome["plan_id"] == r.plan_id and "probed_no_host" not in tuner.study.user_attrs
+    assert t.params["rtr"] is True and r.measured is not None and r.measured.ok
+    earlier = [u for u, s in recs if u.number < t.number and s.measured is not None and s.measured.ok
+               and not u.params.get("rtr")]
+    best = max(earlier, key=lambda u: TrialRecord.from_trial(u).measured.tg_tps)
+    assert outcome["trial"] == best.number
+    flipped = {k for k in set(t.params) | set(best.params) if t.params.get(k) != best.params.get(k)}
+    assert "rtr" in flipped and flipped <= {"rtr", "mmap", "min_batch_log2", "only_active"}   # what -rtr settles
+    assert "-rtr" in list(render(tuner.space.decode(tuner.space.fixed(t.params)).plan, inv, "server"))
 
 
 def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(tmp_path):
