@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .confirm import NOISY_CV, vram_of
+from .confirm import BALANCED_PP, NOISY_CV, vram_of
 from .cost_fit import CostFit
 from .records import TrialRecord
 from ..hardware import fmt_bytes
@@ -578,6 +578,13 @@ def _confirmed_markdown(s: StudySummary) -> list[str]:
     names = {r["key"]: r["name"] for r in c["results"]}
     for role, key in c.get("picks", {}).items():
         L.append(f"- picked by median, {ROLE_NAMES.get(role, role)}: {names.get(key, key)}")
+    if c.get("reference") and "balanced" not in c.get("picks", {}):
+        # the search's balanced finalist can fall under the PP bar in the confirmation: say by how much
+        near = [(r["pp_vs_fit"]["ratio"], r["name"]) for r in c["results"] if r.get("pp_vs_fit")
+                and r["key"] != c["reference"] and "ncmoe" not in r["roles"] and "fit_server" not in r["roles"]]
+        best = max(near, default=None)
+        L.append(f"- no balanced pick: no finalist kept {BALANCED_PP}x the reference's PP by median"
+                 + (f" (the most: {best[1]}, {best[0]:.2f}x)" if best else ""))
     L.append("")
     return L
 

@@ -161,6 +161,20 @@ def test_confirmation_interleaves_and_picks_by_the_median():
     # resuming a finished confirmation runs nothing more
     n = engine.n
     assert tuner.confirm(3, n_tg=2)["picks"] == rec["picks"] and engine.n == n
+    # the report names each pick; with no balanced pick it says how near the finalists came to the PP bar
+    from dataclasses import replace
+
+    from planner.tuner.report import _confirmed_markdown, study_summary
+    s = study_summary(tuner.study)
+    md = "\n".join(_confirmed_markdown(s))
+    assert "- picked by median, " in md and ("no balanced pick" in md) == ("balanced" not in rec["picks"])
+    unpicked = replace(s, confirmed={**s.confirmed, "picks": {k: v for k, v in rec["picks"].items()
+                                                               if k != "balanced"}})
+    top = max(r["pp_vs_fit"]["ratio"] for r in rec["results"] if r.get("pp_vs_fit") and r["key"] != "fit"
+              and "fit_server" not in r["roles"])
+    unpicked_md = "\n".join(_confirmed_markdown(unpicked))
+    assert "- no balanced pick: no finalist kept 1.5x the reference's PP by median (the most: " in unpicked_md
+    assert f"{top:.2f}x)" in unpicked_md
 
 
 def test_compare_calls_a_win_only_outside_the_noise():
