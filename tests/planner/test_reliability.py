@@ -72,7 +72,8 @@ def test_sigint_at_any_moment_stops_a_tune_cleanly_and_it_resumes(tmp_path):
 
     import optuna
     from optuna.trial import TrialState
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # faulthandler: a worker that outlives its interrupt is aborted below and prints where each thread was
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     argv = _tune(tmp_path / "s.db", 1)
     argv[argv.index("--trials") + 1] = "400"
     url = f"sqlite:///{tmp_path / 's.db'}"
@@ -95,6 +96,9 @@ def test_sigint_at_any_moment_stops_a_tune_cleanly_and_it_resumes(tmp_path):
         p.send_signal(signal.SIGINT)
         try:
             rc, err = p.wait(timeout=60), p.stderr.read()
+        except subprocess.TimeoutExpired:     # seen once under CI load (2026-11-24): say where the worker was
+            p.send_signal(signal.SIGABRT)
+            pytest.fail(f"round {i}: no exit 60 s after SIGINT; the worker's threads:\n{p.communicate()[1][-6000:]}")
         finally:
             if p.poll() is None:              # a worker that ignored the interrupt must not outlive the test
                 p.kill()
