@@ -108,7 +108,8 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     if n_search > 0 and time.monotonic() < deadline:
         res = tuner.run(n_search, deadline=deadline, patience=40)
         log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "
-            f"{tuner.margin / MiB:.0f} MiB")
+            f"{tuner.margin / MiB:.0f} MiB, by ubatch "
+            + (", ".join(f"{ub}: {m / MiB:.0f}" for ub, m in sorted(tuner.ubatch_margins.items())) or "none yet"))
         if res.stopped.startswith("stopped at the deadline"):
             return False
     if time.monotonic() >= deadline:
@@ -219,10 +220,20 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
                                                  "vram_mib": sum((ncmoe.get("measured") or {}).get("peak_bytes", {})
                                                                  .values()) / MiB},
             "margin_mib": (s.margin_bytes or 0) / MiB,
+            "margin_mib_by_ubatch": {k: v / MiB for k, v in s.margin_by_ubatch.items()},
             "front": [{k: r.get(k) for k in ("trial", "tg_tps", "pp_tps", "vram_bytes", "tg_x", "pp_x", "label")}
                       for r in s.pareto],
             "over_budget_runs": int((df["error"].str.contains("over the budget", na=False)).sum())
             if not df.empty else 0}
+
+
+def _margin_words(row: dict) -> str:
+    """The learnt margin as the report states it: per ubatch where the study learnt it so (older studies: one)."""
+    by_ub = row.get("margin_mib_by_ubatch") or {}
+    if not by_ub:
+        return f"learnt margin {row['margin_mib']:.0f} MiB"
+    each = ", ".join(f"{v:.0f} MiB at ubatch {k}" for k, v in sorted(by_ub.items(), key=lambda kv: int(kv[0])))
+    return f"learnt margins {each}, {row['margin_mib']:.0f} MiB at any other"
 
 
 def runs_jsonl(studies, path: Path) -> int:
@@ -279,7 +290,7 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
             if r.get(role):
                 L += [f"- {r['budget_gib']} GiB, depth {r['depth']}, {role}: `{r[role]['flags']}`"]
     L += ["", "Runs per study: " + "; ".join(f"{r['study']}: {r['engine_runs']}, {r['front_share'] or 0:.0%} near the "
-                                             f"front, learnt margin {r['margin_mib']:.0f} MiB" for r in rows), ""]
+                                             f"front, {_margin_words(r)}" for r in rows), ""]
     noisy = [(r["study"], role, r[role]["seen"]) for r in rows for role in ("fit", "best_tg", "balanced")
              if r.get(role) and r[role]["noisy"]]
     if noisy:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,7 @@ class StudySummary:
     baselines: list[dict[str, Any]]             # the study's baseline records, with their ratios
     failed: list[FailedTrial]
     files: tuple[str, ...] | None = None        # what write_study_report wrote (not in the JSON before that)
+    margin_by_ubatch: dict[str, int] = field(default_factory=dict)   # a learnt margin's per-ubatch values
 
     def to_dict(self) -> dict[str, Any]:
         out = {"study": self.study, "settings": self.settings, "engine_runs": self.engine_runs.to_dict(),
@@ -242,7 +243,8 @@ class StudySummary:
                "front_share": self.front_share, "counts": self.counts, "n_trials": self.n_trials,
                "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
                "best": self.best, "pareto": self.pareto, "per_budget": [b.to_dict() for b in self.per_budget],
-               "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed]}
+               "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed],
+               "margin_by_ubatch": self.margin_by_ubatch}
         if self.files is not None:
             out["files"] = list(self.files)
         return out
@@ -298,9 +300,19 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         front_share=_front_share(df, ref) if not df.empty else None,
         counts={str(k): int(v) for k, v in counts.items()}, n_trials=int(len(df)),
         margin_bytes=attrs.get("margin_bytes"), margin_events=attrs.get("margin_events", []),
-        cost_fit=attrs.get("cost_fit"), best=best, pareto=front, per_budget=per_budget, baselines=baselines,
+        margin_by_ubatch=dict(attrs.get("margin_by_ubatch", {})), cost_fit=attrs.get("cost_fit"), best=best,
+        pareto=front, per_budget=per_budget, baselines=baselines,
         failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
         if not df.empty else [])
+
+
+def margin_text(margin: int | None, by_ubatch: dict[str, int]) -> str:
+    """'; safety margin ...' for a study's summary line ('' when it has none)."""
+    if by_ubatch:
+        each = ", ".join(f"{fmt_bytes(v)} at ubatch {k}"
+                         for k, v in sorted(by_ubatch.items(), key=lambda kv: int(kv[0])))
+        return f"; safety margin learnt per ubatch: {each}; {fmt_bytes(margin or 0)} at any other"
+    return f"; safety margin {fmt_bytes(margin)}" if margin else ""
 
 
 def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
@@ -455,7 +467,7 @@ def summary_markdown(s: StudySummary) -> str:
          f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
          f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
-         + (f"; safety margin {fmt_bytes(s.margin_bytes)}" if s.margin_bytes else ""), ""]
+         + margin_text(s.margin_bytes, s.margin_by_ubatch), ""]
     runs = s.engine_runs
     L.append(f"- engine runs: {runs.total} (baselines {runs.baselines}, search {runs.trials}, confirmation "
              f"{runs.confirmation})"

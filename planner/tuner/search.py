@@ -21,8 +21,9 @@ the refitted model is enqueued ("surrogate"); the sampler (TPE) proposes the res
 Budgets mean what users mean: `--gpu 16GiB` is the peak VRAM the emitted command may use at the emitted
 context (`--ctx`). A run measures at the engine's own context (llama-bench: n_prompt + depth), so the memory
 model's difference between the two contexts is added to each measured peak before it is judged. The margin is
-the memory model's own error, learnt from the runs (`margin=None`, the default: it starts at the engine's known
-error and becomes the largest under-prediction seen plus MARGIN_SLACK); a fixed margin is kept as given.
+the memory model's own error, learnt from the runs per ubatch (`margin=None`, the default: an ubatch not yet run is
+held to the engine's known error, a measured one to the largest under-prediction seen at it plus MARGIN_SLACK);
+a fixed margin is kept as given.
 
 Baselines (planner.tuner.baselines): the engine's own `--fit` where it has one, `-ngl 99 -cmoe` and the best
 `-ncmoe N`. Confirmation (planner.tuner.confirm, `Tuner.confirm`): the finalists and `--fit` re-measured interleaved,
@@ -56,6 +57,7 @@ from .interrupt import SIGINT
 from ..engine import memory_model
 from ..errors import InputError, OffloadTunerError
 from ..hardware import GiB, MiB, HardwareProfile
+from ..memory import MemoryReport
 from ..model import ModelInventory
 from .objectives import Objective, parse_objective
 from .records import CandidateInfo, MeasuredRun, RecordWriter, TrialRecord
@@ -233,6 +235,7 @@ class _PoolEntry:
     terms: Terms
     gpu_bytes: dict[str, int]
     host_need: int
+    n_ubatch: int
 
 
 @dataclass
@@ -305,17 +308,22 @@ class Tuner:
         self._margin_prior = prior
         self.study = self._open(fresh, sampler)
         attrs = self.study.user_attrs
-        stored = int(attrs.get("margin_bytes", prior))
-        self.margin = stored if margin is None else max(margin, stored)
+        # a learnt margin is per ubatch (`ubatch_margins`, from the runs at that ubatch); an ubatch without runs
+        # yet is held to the prior (or what an out-of-memory raised the floor to); a fixed margin is one number
+        if margin is None:
+            self.margin = max(prior, int(attrs.get("margin_floor", 0)))
+            self.ubatch_margins = {int(k): int(v) for k, v in attrs.get("margin_by_ubatch", {}).items()}
+        else:
+            self.margin, self.ubatch_margins = max(margin, int(attrs.get("margin_bytes", margin))), {}
         self.want_commands = commands
         self.max_seeds: int | None = None      # run() caps the seed trials of an expensive engine
         config = self.config        # _open may have kept a resumed study's space (LATER_SPACE_OPTIONS)
-        if space is not None and (space.margin, space.config, space.n_ctx, space.dialect) == \
-                (self.margin, config, self.n_ctx, dialect) and space.estimate is self.estimate:
+        if space is not None and (space.margin, space.ubatch_margins, space.config, space.n_ctx, space.dialect) == \
+                (self.margin, self.ubatch_margins, config, self.n_ctx, dialect) and space.estimate is self.estimate:
             self.space = space          # a prepared one (benchmarks share a cached grid between methods)
         else:
             self.space = Space(inv, hw, dialect=dialect, n_ctx=self.n_ctx, margin=self.margin, config=config,
-                               memory=self.estimate)
+                               memory=self.estimate, ubatch_margins=self.ubatch_margins)
         self.fit = CostFit.from_dict(attrs.get("cost_fit"))
         self.pool: dict[str, _PoolEntry] = {}
         self.measured: dict[str, tuple[int, tuple[float, ...] | None]] = {}   # plan id -> (trial, values)
@@ -427,10 +435,11 @@ class Tuner:
             return
         cpu = cand.memory.devices.get("CPU")
         host = cand.memory.host_pinned + (cpu.kv + cpu.compute + cpu.overhead if cpu else 0)
-        self.pool[cand.key] = _PoolEntry(dict(cand.params), cand.key, self.terms(cand.plan), cand.gpu_bytes(), host)
+        self.pool[cand.key] = _PoolEntry(dict(cand.params), cand.key, self.terms(cand.plan), cand.gpu_bytes(), host,
+                                         cand.plan.knobs.n_ubatch)
 
     def _fits_now(self, e: _PoolEntry) -> bool:
-        b = self.space.budget
+        b = self.space.budget_for(e.n_ubatch)
         return e.host_need <= b.host and all(v <= b.gpus.get(d, 0) for d, v in e.gpu_bytes.items())
 
     def build_pool(self) -> None:
@@ -526,8 +535,9 @@ class Tuner:
             return 0
         seeds: list[tuple[dict[str, Any], str]] = self._fill_max_seeds()
         try:
-            ranked = best_plans(self.inv, self.hw, self._default_knobs(), self.dialect, self._objective_for_planner(),
-                                self.margin, n_prompt=max(self.workload.n_prompt, 1))
+            knobs = self._default_knobs()
+            ranked = best_plans(self.inv, self.hw, knobs, self.dialect, self._objective_for_planner(),
+                                self.space.margin_for(knobs.n_ubatch), n_prompt=max(self.workload.n_prompt, 1))
         except InputError:
             ranked = []
         for s in ranked[:6]:
@@ -615,7 +625,8 @@ class Tuner:
             return out
         if "--fit" not in done and "--fit-like fill (imitation)" not in done:
             try:
-                fitlike = next((p.plan for p in proposals(self.inv, self.hw, knobs, self.dialect, self.margin)
+                margin = self.space.margin_for(knobs.n_ubatch)
+                fitlike = next((p.plan for p in proposals(self.inv, self.hw, knobs, self.dialect, margin)
                                 if p.strategy == "experts-cpu+fill" and p.order == "last"), None)
                 keep(self._plan_record("--fit-like fill (imitation)", "fit-like", fitlike,
                                        "" if fitlike else "no experts-cpu proposal"))
@@ -671,7 +682,7 @@ class Tuner:
         if plan is None:
             return rec
         rec.update({k: v for k, v in self._describe(plan).items() if k != "terms"})
-        reason = self.space.over_budget(self.estimate(self.inv, plan, self.hw))
+        reason = self._over_budget(plan)
         if reason and judged:
             rec["error"] = f"not run: over budget ({reason})"
             return rec
@@ -688,6 +699,10 @@ class Tuner:
         if m.ok:
             self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
         return rec
+
+    def _over_budget(self, plan: Plan, mem: MemoryReport | None = None) -> str:
+        """'' when the memory model keeps `plan` within the budget its ubatch is held to; else why not."""
+        return self.space.over_budget(mem or self.estimate(self.inv, plan, self.hw), n_ubatch=plan.knobs.n_ubatch)
 
     def _over(self, peaks: dict[str, int]) -> str:
         """Which GPUs a reference run's peaks put over the budget ('' when none)."""
@@ -708,7 +723,7 @@ class Tuner:
             return self._ncmoe_split_record(knobs)
 
         def fits(plan: Plan) -> bool:
-            return not self.space.over_budget(self.estimate(self.inv, plan, self.hw))
+            return not self._over_budget(plan)
         n = smallest_ncmoe(self.inv, knobs, self.dialect, self.settings.model_id, fits)
         if n is None:
             return {"name": "best -ncmoe", "kind": "ncmoe", "ok": False, "runs": 0,
@@ -729,9 +744,9 @@ class Tuner:
 
         def headroom(plan: Plan) -> int | None:
             mem = self.estimate(self.inv, plan, self.hw)
-            if self.space.over_budget(mem).startswith("host"):
+            if self._over_budget(plan, mem).startswith("host"):
                 return -1
-            budget = self.space.budget.gpus
+            budget = self.space.budget_for(plan.knobs.n_ubatch).gpus
             return min(budget[g] - mem.gpu_total(g) for g in budget)
         runs, rec, start = 0, {}, 0
         for _ in range(NCMOE_TRIES):
@@ -858,45 +873,66 @@ class Tuner:
         return replace(result, ok=False, error=error)
 
     def _learn_margin(self, plan: Plan, gap: int) -> None:
-        """The learnt margin: the worst under-prediction (measured - predicted peak, worst GPU) seen in this
-        study plus MARGIN_SLACK, never below what an out-of-memory raised it to. It moves both ways: a memory
-        model that turns out exact frees its prior allowance for experts."""
+        """The learnt margin of the plan's ubatch: the worst under-prediction (measured - predicted peak, worst
+        GPU) seen at that ubatch in this study plus MARGIN_SLACK, never below what an out-of-memory raised the
+        floor to. It moves both ways: a memory model exact at some ubatch frees its prior allowance for experts
+        there. Per ubatch because the error is the compute buffer's: on the H100 (tune_vs_fit, 327 runs) the
+        model never under-predicted by more than 4 MiB at ubatch <= 1024, by up to 29 MiB at 2048 and by up to
+        92 MiB at 4096 with a deep context, so one margin learnt at 512 put a first 4096 run over its budget."""
         attrs = self.study.user_attrs
-        errors = [*attrs.get("memory_errors", []), int(gap)]
-        self.study.set_user_attr("memory_errors", errors)
+        ub = plan.knobs.n_ubatch
+        self.study.set_user_attr("memory_errors", [*attrs.get("memory_errors", []), int(gap)])
+        by_ub = {k: list(v) for k, v in attrs.get("memory_errors_by_ubatch", {}).items()}
+        errors = by_ub.setdefault(str(ub), [])
+        errors.append(int(gap))
+        self.study.set_user_attr("memory_errors_by_ubatch", by_ub)
         cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else 0
         worst = max(errors)
         # an engine the model never under-predicts (sim) needs no slack either
         new = min(max(worst + MARGIN_SLACK if worst > 0 else 0, int(attrs.get("margin_floor", 0))), cap)
-        if new != self.margin:
-            self._set_margin(new, plan, f"memory model error {gap / MiB:+.0f} MiB (worst so far "
-                                        f"{max(errors) / MiB:+.0f} MiB) + {MARGIN_SLACK // MiB} MiB")
+        if new != self.ubatch_margins.get(ub):
+            self._set_margin(new, plan, f"ubatch {ub}: memory model error {gap / MiB:+.0f} MiB (worst at this "
+                                        f"ubatch {worst / MiB:+.0f} MiB) + {MARGIN_SLACK // MiB} MiB", ubatch=ub)
 
-    def _set_margin(self, new: int, plan: Plan, why: str) -> None:
+    def _set_margin(self, new: int, plan: Plan, why: str, ubatch: int | None = None) -> None:
+        """The margin of one ubatch (learnt), or the default one (an unmeasured ubatch's, or a fixed margin)."""
         events = list(self.study.user_attrs.get("margin_events", []))
-        events.append({"from": self.margin, "to": new, "plan_id": plan.id, "error": why[:200]})
-        self.margin = new
-        self.study.set_user_attr("margin_bytes", new)
+        before = self.margin if ubatch is None else self.ubatch_margins.get(ubatch, self.margin)
+        events.append({"from": before, "to": new, "plan_id": plan.id, "error": why[:200], "ubatch": ubatch})
+        if ubatch is None:
+            self.margin = new
+            self.study.set_user_attr("margin_bytes", new)
+        else:
+            self.ubatch_margins[ubatch] = new
+            self.study.set_user_attr("margin_by_ubatch", {str(k): v for k, v in sorted(self.ubatch_margins.items())})
         self.study.set_user_attr("margin_events", events)
-        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=new, config=self.config,
-                           memory=self.estimate)
+        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=self.margin,
+                           config=self.config, memory=self.estimate, ubatch_margins=self.ubatch_margins)
 
     def _raise_margin(self, plan: Plan, error: str, at_least: int = 0) -> None:
         """Raise the margin (for every later trial) so that `plan` no longer fits any GPU it failed on: by the
         predicted shortfall plus OOM_STEP, by at least OOM_STEP, and to at least `at_least` bytes; capped at
-        MAX_MARGIN_SHARE of the smallest GPU. A learnt margin keeps it as its floor."""
+        MAX_MARGIN_SHARE of the smallest GPU. A learnt margin keeps it as the floor of every ubatch's."""
         mem = self.estimate(self.inv, plan, self.hw)
         step = OOM_STEP
         for dev, m in mem.devices.items():
             if is_gpu(dev) and gpu_index(dev) < len(self.hw.gpus):
                 step = max(step, self.hw.gpu(dev).vram_bytes - m.total + OOM_STEP)
-        cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else self.margin
-        new = min(max(self.margin + OOM_STEP, step, at_least), max(cap, self.margin))
-        if new <= self.margin:
+        current = self.space.margin_for(plan.knobs.n_ubatch)
+        cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else current
+        new = min(max(current + OOM_STEP, step, at_least), max(cap, current))
+        if new <= current:
             return
         if self.margin_asked is None:
             self.study.set_user_attr("margin_floor", new)
-        self._set_margin(new, plan, error)
+            for ub, m in list(self.ubatch_margins.items()):
+                if m < new:
+                    self.ubatch_margins[ub] = new
+            self.study.set_user_attr("margin_by_ubatch", {str(k): v for k, v in sorted(self.ubatch_margins.items())})
+        if new > self.margin:
+            self._set_margin(new, plan, error)
+        else:
+            self._set_margin(new, plan, error, ubatch=plan.knobs.n_ubatch)
 
     def _refit(self) -> None:
         if self.samples:

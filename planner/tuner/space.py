@@ -19,7 +19,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ..hardware import HardwareProfile, fmt_bytes
 from ..memory import MemoryReport, estimate
@@ -154,13 +154,18 @@ class Space:
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, *, dialect: Dialect = "mainline",
                  n_ctx: int = DEFAULT_CTX, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig(),
-                 memory: Callable[[ModelInventory, Plan, HardwareProfile | None], MemoryReport] = estimate) -> None:
+                 memory: Callable[[ModelInventory, Plan, HardwareProfile | None], MemoryReport] = estimate,
+                 ubatch_margins: Mapping[int, int] | None = None) -> None:
         """`memory`: the memory model that judges candidates (planner.engine.memory_model: the engine's own
-        prediction where it has one, else planner.memory.estimate)."""
+        prediction where it has one, else planner.memory.estimate). `ubatch_margins`: a margin of its own for
+        some ubatch sizes (the memory model's error is mostly the compute buffer's, which grows with the ubatch);
+        every other ubatch gets `margin`."""
         self.inv, self.hw, self.dialect, self.n_ctx, self.margin, self.config = inv, hw, dialect, n_ctx, margin, config
+        self.ubatch_margins = dict(ubatch_margins or {})
         self.estimate = memory
         self.gpus = gpu_names(len(hw.gpus))
         self.budget = Budget.from_hardware(hw, margin)
+        self._budgets = {ub: Budget.from_hardware(hw, m) for ub, m in self.ubatch_margins.items()}
         self._n_max: dict[tuple, int] = {}
         self._base_mem: dict[tuple, MemoryReport] = {}
         self._trie: dict[tuple, Any] = {}        # grid(cache=True): path of (dim, value) -> next dim or Candidate
@@ -239,6 +244,13 @@ class Space:
                         no_host=ask(d["no_host"]) if "no_host" in d else False)
         return k
 
+    def margin_for(self, n_ubatch: int) -> int:
+        return self.ubatch_margins.get(n_ubatch, self.margin)
+
+    def budget_for(self, n_ubatch: int | None) -> Budget:
+        """The budget a candidate with this ubatch is held to (None: the default margin's)."""
+        return self.budget if n_ubatch is None else self._budgets.get(n_ubatch, self.budget)
+
     def max_homes(self, knobs: Knobs, weights: list[float], output_on_gpu: bool) -> int:
         """Most layers homed on the GPUs with every expert on the CPU (cached on what changes memory)."""
         key = (replace(knobs, n_threads=0), tuple(weights), output_on_gpu)
@@ -247,10 +259,11 @@ class Space:
             inv = self.inv
             homes = split_homes(inv.n_layer, inv.n_layer, self.gpus, weights)
             a = assignment_from_homes(inv, homes, homes[-1] if output_on_gpu else "CPU", "CPU")
-            if self.budget.fits(self.estimate(inv, Plan(model_id(inv), a, knobs, self.dialect), self.hw)):
+            budget = self.budget_for(knobs.n_ubatch)
+            if budget.fits(self.estimate(inv, Plan(model_id(inv), a, knobs, self.dialect), self.hw)):
                 n = inv.n_layer          # the common case: one estimate, which the decoder's base reuses
             else:
-                n = max_gpu_layers(inv, self.hw, self.budget, knobs, self.dialect, experts_on_cpu=True,
+                n = max_gpu_layers(inv, self.hw, budget, knobs, self.dialect, experts_on_cpu=True,
                                    weights=weights, output_on_gpu=output_on_gpu)
             self._n_max[key] = n
         return n
@@ -306,15 +319,15 @@ class Space:
             if any(s > 0 for s in shares.values()):
                 order, partial = rec(d["order"]), rec(d["partial"])
                 base_mem = self._base_memory(base)
-                scaled = {}
+                budget, scaled = self.budget_for(knobs.n_ubatch), {}
                 for g in self.gpus:
-                    have, used_b = self.budget.gpus[g], base_mem.gpu_total(g)
+                    have, used_b = budget.gpus[g], base_mem.gpu_total(g)
                     scaled[g] = used_b + int(shares[g] * max(have - used_b, 0))
-                plan = fill_experts(inv, base, Budget(scaled, self.budget.host), self.hw, order, partial,
+                plan = fill_experts(inv, base, Budget(scaled, budget.host), self.hw, order, partial,
                                     estimate=self.estimate)
         plan = replace(plan, label=self.label(used, knobs))
         mem = self.estimate(inv, plan, self.hw)
-        reason = self.over_budget(mem)
+        reason = self.over_budget(mem, n_ubatch=knobs.n_ubatch)
         return Candidate(plan, used, mem, not reason, reason, info)
 
     def _base_memory(self, base: Plan) -> MemoryReport:
@@ -328,9 +341,10 @@ class Space:
             mem = self._base_mem[key] = self.estimate(self.inv, base, self.hw)
         return mem
 
-    def over_budget(self, mem: MemoryReport, margin: int | None = None) -> str:
-        """'' when `mem` fits every GPU (VRAM - margin) and host RAM; else what is over and by how much."""
-        budget = self.budget if margin is None else Budget.from_hardware(self.hw, margin)
+    def over_budget(self, mem: MemoryReport, margin: int | None = None, n_ubatch: int | None = None) -> str:
+        """'' when `mem` fits every GPU (VRAM - margin) and host RAM; else what is over and by how much. The
+        margin: `margin` when given, else that of the plan's `n_ubatch` (margin_for)."""
+        budget = Budget.from_hardware(self.hw, margin) if margin is not None else self.budget_for(n_ubatch)
         for dev, m in mem.devices.items():
             if dev == "CPU":
                 need = mem.host_pinned + m.kv + m.compute + m.overhead

@@ -33,8 +33,9 @@ class BenchLikeEngine:
     `extra` bytes more on each GPU than the memory model says (a CUDA context the model undercounts)."""
     name = "sim-bench"
 
-    def __init__(self, hw, extra: int = 0):
+    def __init__(self, hw, extra: int = 0, extra_at_ubatch: dict[int, int] | None = None):
         self.sim, self.extra, self.plans = SimEngine(hw), extra, []
+        self.extra_at_ubatch = extra_at_ubatch or {}
 
     def run_context(self, workload):
         return workload.n_prompt + workload.depth
@@ -43,7 +44,8 @@ class BenchLikeEngine:
         self.plans.append(plan)
         small = replace(plan, knobs=replace(plan.knobs, n_ctx=self.run_context(workload)))
         m = self.sim.measure(inv, small, workload)
-        return replace(m, peak_bytes={d: v + self.extra for d, v in m.peak_bytes.items()})
+        extra = self.extra_at_ubatch.get(plan.knobs.n_ubatch, self.extra)
+        return replace(m, peak_bytes={d: v + extra for d, v in m.peak_bytes.items()})
 
 
 @pytest.mark.slow
@@ -73,27 +75,50 @@ def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
 
 
 @pytest.mark.slow
-def test_learnt_margin_is_the_worst_error_plus_slack_and_can_fall():
+def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp_path):
+    """The model is exact at ubatch 512 and 150 MiB short at 4096 (the compute buffer's error grows with the
+    ubatch, as on the H100): 512 learns no margin, 4096 learns 150 + slack, and a 4096 run before any was
+    measured is held to the prior. One margin for all (learnt at 512, then 0) put the first 4096 run at the
+    budget's edge, 150 MiB over it."""
     inv, hw = _setup()
-    engine = BenchLikeEngine(hw, extra=100 * MiB)
-    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=4,
-                  baselines=False)
-    assert tuner.margin == 512 * MiB          # no llamacpp prior for this engine name: the generic default
-    assert tuner.margin_initial == 0          # runs are judged against the whole VRAM: the budget is --gpu
-    tuner.run(4)
-    errors = tuner.study.user_attrs["memory_errors"]
-    assert errors and all(e == 100 * MiB for e in errors)
-    assert tuner.margin == 100 * MiB + MARGIN_SLACK                 # it fell from its prior to what was seen
-    assert tuner.study.user_attrs["margin_bytes"] == tuner.margin   # and a resumed study starts from it
-    resumed = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=4,
-                    baselines=False)
-    assert resumed.study is not tuner.study   # in-memory storage: a new study, the prior again
+    engine = BenchLikeEngine(hw, extra_at_ubatch={512: 0, 4096: 150 * MiB})
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+
+    def tuner(n_ctx=2112):
+        return Tuner(inv, hw, engine, objective="both", workload=WL, n_ctx=n_ctx, storage=db, pool_size=30, seed=4,
+                     baselines=False, study_name="per-ub", config=SpaceConfig(ubatch=(512, 4096)))
+    t = tuner()
+    assert t.margin == 512 * MiB and t.ubatch_margins == {}   # no llamacpp prior for this engine: the default
+    assert t.margin_initial == 0          # runs are judged against the whole VRAM: the budget is --gpu
+    t.run(10)
+    trials = [TrialRecord.from_trial(x) for x in t.study.get_trials(deepcopy=False)]
+    measured = [r for r in trials if r.measured is not None]
+    ubatches = {r.plan().knobs.n_ubatch for r in measured}
+    assert ubatches == {512, 4096}
+    assert not [r.measured.error for r in measured if "over the budget" in (r.measured.error or "")]
+    by_ub = t.study.user_attrs["memory_errors_by_ubatch"]
+    assert set(by_ub["512"]) == {0} and set(by_ub["4096"]) == {150 * MiB}
+    assert t.ubatch_margins == {512: 0, 4096: 150 * MiB + MARGIN_SLACK}    # both fell from the prior
+    assert t.margin == 512 * MiB                                             # an unmeasured ubatch keeps it
+    assert t.space.budget_for(4096).gpus["CUDA0"] == 16 * GiB - 150 * MiB - MARGIN_SLACK
+    # every 4096 run was decoded against the budget in effect: the prior's until the first 4096 run was measured
+    first = min(i for i, r in enumerate(measured) if r.plan().knobs.n_ubatch == 4096)
+    mem = estimate(inv, measured[first].plan(), hw).devices["CUDA0"].total
+    assert mem <= 16 * GiB - 512 * MiB
+    # a resumed study starts from what it learnt; the report says it
+    again = tuner()
+    assert again.ubatch_margins == t.ubatch_margins and again.margin == t.margin
+    from planner.tuner.report import study_summary, summary_markdown
+    summary = study_summary(again.study)
+    assert summary.margin_by_ubatch == {"512": 0, "4096": 150 * MiB + MARGIN_SLACK}
+    assert "safety margin learnt per ubatch: 0 B at ubatch 512, 214.00 MiB at ubatch 4096" in \
+        summary_markdown(summary)
     # the sim engine is the model: a learnt margin stays 0
     sim_tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20,
                       seed=4, baselines=False)
     assert sim_tuner.margin == 0
     sim_tuner.run(3)
-    assert sim_tuner.margin == 0
+    assert sim_tuner.margin == 0 and set(sim_tuner.ubatch_margins.values()) <= {0}
 
 
 @pytest.mark.slow
