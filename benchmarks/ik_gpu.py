@@ -353,7 +353,7 @@ def run_cell(c: Ctx, budget_gib: int) -> bool:
     """One ik cell (baselines with ik's own --fit first, search, confirmation), as tune_vs_fit runs a mainline one."""
     import tune_vs_fit as tvf
     return tvf.run_cell(study_args(c), c.engine, c.inv, c.hw, budget_gib, 0, c.deadline, dialect="ik",
-                        study_name=cell_name(budget_gib))
+                        study_name=cell_name(budget_gib), checkpoint=c.after_each)
 
 
 def step_study(c: Ctx) -> bool:

@@ -560,7 +560,7 @@ def run_tune(args, engine: Any, inv: ModelInventory, hw0: HardwareProfile, t_sta
             return False
         ok = tvf.run_cell(targs, engine, inv, hw0, b, 0, deadline, "mainline", cell_name(b), n_gpus=len(GPUS),
                           confirm_ncmoe=True, call_s=max(args.time_budget, tvf.WHOLE_CALL_S),
-                          confirm_run_s=lambda: engine.run_seconds(args.confirm_run_s))
+                          confirm_run_s=lambda: engine.run_seconds(args.confirm_run_s), checkpoint=after_each)
         log(f"{cell_name(b)}: {'confirmed' if ok else 'not finished: run again'}")
         after_each()
         if not ok:

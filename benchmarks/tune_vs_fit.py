@@ -13,7 +13,8 @@ Resumable across 10-minute device calls: each cell (budget, depth) is an Optuna 
 (SQLite), so a call cut off loses at most the run in flight; a call stops starting runs after --time-budget
 seconds (a baseline, a search run or a confirmation round never starts past it; one in flight ends) and exits 3
 while work is left (0 when every cell is confirmed). After each cell the report is rewritten and the database
-copied, gzipped, beside it (tune_vs_fit_state.db.gz): a call killed at the device's limit still brings it back.
+copied, gzipped, beside it (tune_vs_fit_state.db.gz) after the baselines, the search and each confirmation sample of
+a cell: a call killed at the device's limit still brings back all but the run it was in.
 For a fresh machine, unpack it into the workdir you carry: `gunzip -c OUT/tune_vs_fit_state.db.gz >
 benchmarks/results/tune_vs_fit/tune_vs_fit.db`.
 
@@ -73,14 +74,18 @@ def cell_name(budget_gib: int, depth: int, series: str = "") -> str:
 
 def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: float, dialect: str = "mainline",
              study_name: str | None = None, n_gpus: int = 1, confirm_ncmoe: bool = False,
-             confirm_run_s: float | Callable[[], float] = 0.0, call_s: float = float("inf")) -> bool:
+             confirm_run_s: float | Callable[[], float] = 0.0, call_s: float = float("inf"),
+             checkpoint: Callable[[], None] | None = None) -> bool:
     """One (budget, depth) study to the end: baselines, search, confirmation. False when the deadline stopped it.
     benchmarks/ik_gpu.py runs its ik cells through here too (dialect "ik", its own study names), and
     benchmarks/multi_gpu.py its two-GPU cells: `n_gpus` GPUs of budget_gib each, the best -ncmoe (-ts) baseline
     confirmed with the others (`confirm_ncmoe`), and a confirmation started only when it ends before the deadline
     (so all its samples come from one device call), timed by `confirm_plan`: each contender's own stored run, else
     `confirm_run_s` seconds a run (or what that callable says then); one that needs more than 0.8 of a whole call
-    (`call_s`) runs at fewer repetitions per run."""
+    (`call_s`) runs at fewer repetitions per run. `checkpoint`, called after the baselines, after the search and
+    after each confirmation sample, saves what a device call killed later must still bring back (a cell's search
+    and confirmation can take a whole call)."""
+    save = checkpoint or (lambda: None)
     wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
     hw = hw0.with_vram([budget_gib * GiB] * n_gpus)
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
@@ -98,6 +103,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     if "baselines" not in tuner.study.user_attrs:
         log(f"{tuner.study_name}: baselines")
         tuner.baselines(deadline)        # no new one starts past the deadline; the next call goes on
+        save()
         if "baselines" not in tuner.study.user_attrs:
             log(f"{tuner.study_name}: baselines unfinished at the deadline")
             return False
@@ -110,6 +116,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
         log(f"{tuner.study_name}: {res.measured} search runs this call ({res.stopped or 'done'}); margin "
             f"{tuner.margin / MiB:.0f} MiB, by ubatch "
             + (", ".join(f"{ub}: {m / MiB:.0f}" for ub, m in sorted(tuner.ubatch_margins.items())) or "none yet"))
+        save()
         if res.stopped.startswith("stopped at the deadline"):
             return False
     if time.monotonic() >= deadline:
@@ -134,7 +141,11 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
         log(f"{tuner.study_name}: confirmation ({args.confirm} rounds at -r {reps}, ~{need:.0f} s) is longer than a "
             f"whole call ({call_s:.0f} s): its rounds will span calls (a larger --time-budget holds it)")
     log(f"{tuner.study_name}: confirmation, {args.confirm} rounds")
-    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline, ncmoe=confirm_ncmoe, repetitions=reps)
+    rec = tuner.confirm(args.confirm, n_tg=1, deadline=deadline, ncmoe=confirm_ncmoe, repetitions=reps,
+                        progress=lambda done, total: save())
+    if not rec:
+        log(f"{tuner.study_name}: confirmation stopped before the deadline (the next sample would not end before "
+            "it): run again")
     return bool(rec)
 
 
@@ -411,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             ok = run_cell(args, args.engine, args.inv, args.hw, b, depth, deadline,
                           call_s=max(args.time_budget, WHOLE_CALL_S),
-                          confirm_run_s=lambda: args.engine.run_seconds(0.0 if args.cpu else CONFIRM_RUN_S))
+                          confirm_run_s=lambda: args.engine.run_seconds(0.0 if args.cpu else CONFIRM_RUN_S),
+                          checkpoint=lambda: save_state(workdir / "tune_vs_fit.db", out / STATE_NAME))
             finished &= ok
             log(f"{cell_name(b, depth, args.series)}: {'confirmed' if ok else 'not finished: run again'}")
             # after every cell: a device call killed later still returns the report and the state ($OUT)

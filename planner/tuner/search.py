@@ -1293,7 +1293,8 @@ class Tuner:
         """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.tuner.confirm) and
         judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
         confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
-        when `deadline` passed before the last sample: call again to go on). `ncmoe`: the best -ncmoe baseline
+        when a sample was left because it would not end before `deadline` (its contender's stored run time says
+        how long it takes): call again to go on). `ncmoe`: the best -ncmoe baseline
         is re-measured with them (finalists). `repetitions`: each run's repetitions when not the workload's
         (fewer, so that every sample fits in one device call; stored in the record)."""
         contenders = self.finalists(n_tg, ncmoe)
@@ -1308,7 +1309,8 @@ class Tuner:
         for rnd, c in schedule(contenders, rounds):
             if log.done(rnd, c.key):
                 continue
-            if deadline is not None and time.monotonic() >= deadline:
+            # a device call cut off mid-run loses the sample and whatever the caller had not saved yet
+            if deadline is not None and time.monotonic() + self._contender_seconds(c, reps) >= deadline:
                 return {}
             log.add(rnd, c.key, self._measure_contender(c, workload))
             self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "repetitions": reps,

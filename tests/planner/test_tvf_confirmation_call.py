@@ -40,3 +40,35 @@ def test_a_confirmation_left_by_an_earlier_call_runs_again_whole(tmp_path, bench
     assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1000.0, call_s=500)
     assert not study.user_attrs["confirmation_earlier_call"]
     assert study.user_attrs["confirmation"]["rows"][:2] == again[:2]
+
+
+@pytest.mark.slow
+def test_a_cell_saves_after_each_phase_and_starts_no_sample_that_would_end_past_the_deadline(tmp_path, bench_script,
+                                                                                            monkeypatch):
+    """On the H100 (2026-11-24) a call's confirmation ran past --time-budget into the device's kill, and with it
+    the cell's baselines and search, never saved: a cell checkpoints after its baselines, its search and each
+    confirmation sample, and a sample whose contender's stored run would end past the deadline is not started."""
+    tvf = bench_script("tune_vs_fit")
+    from planner.tuner.search import Tuner
+    inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
+    hw = load_hardware("gpu-box")
+    engine = SimEngine(hw.with_vram([16 * 2**30]))
+    args = argparse.Namespace(n_prompt=512, n_gen=16, reps=1, storage=f"sqlite:///{tmp_path / 's.db'}", seed=0,
+                              pool=20, runs=14, confirm=2, series="")
+    saves = []
+    far = time.monotonic() + 3600
+    assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1.0, call_s=500,
+                        checkpoint=lambda: saves.append(1))
+    import optuna
+    study = optuna.load_study(study_name="tvf-16g-d0", storage=args.storage)
+    rows = study.user_attrs["confirmation"]["rows"]
+    assert len(saves) == 2 + len(rows)          # baselines, search, every sample
+    # a confirmation spanning calls, its next sample ~100 s, 50 s left: nothing starts, the call says so
+    study.set_user_attr("confirmation", {**study.user_attrs["confirmation"], "rows": rows[:2]})
+    study.set_user_attr("confirmed", None)
+    monkeypatch.setattr(Tuner, "_contender_seconds", lambda self, c, reps: 100.0)
+    assert not tvf.run_cell(args, engine, inv, hw, 16, 0, time.monotonic() + 50, confirm_run_s=100.0, call_s=300)
+    assert study.user_attrs["confirmation"]["rows"] == rows[:2] and not study.user_attrs["confirmed"]
+    # with the time for it, the same call goes on from there
+    assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=100.0, call_s=300)
+    assert study.user_attrs["confirmation"]["rows"][:2] == rows[:2] and study.user_attrs["confirmed"]
