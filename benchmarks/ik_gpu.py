@@ -631,7 +631,8 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     lg.write_json(out / f"{name}.json", {"meta": meta, "memory": plans, "mla": mla, "op": op, "study": rows,
                                          "mainline_study": ml_rows, "mainline": ml})
     L = [f"# ik_llama.cpp on {meta.get('gpu') or 'no GPU (CPU dry run)'}", "",
-         f"{meta['date']}; model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, Q4_0, Qwen3-30B-A3B shape); "
+         f"{meta['date']}; model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, Q4_0, Qwen3-30B-A3B shape"
+         f"{'' if plans or op or rows or ml else ', not run in these results'}); "
          f"ik {meta['binary']['version'] or meta['binary']['path']}; VRAM from {meta['vram_source']}; predictions: "
          f"planner.memory (dialect ik, hardware '{meta['hardware']}').", ""]
     if meta["cpu_mode"]:
@@ -641,7 +642,9 @@ def report(c: Ctx, meta: dict[str, Any], out: Path) -> None:
     mla_lines = memory_lines(
         mla, f"DeepSeek's MLA graphs: predicted vs measured ({Path(meta['mla_model']).name})",
         f"Model {Path(meta['mla_model']).name} ({meta['mla_model_gib']:.2f} GiB, Q4_0, {shape}).") if mla else []
-    L += memory_lines(plans) + mla_lines + op_lines(op) + study_lines(rows, ml_rows)
+    # a step with no results yet (not asked for, or not reached) leaves its section out
+    L += (memory_lines(plans) if plans else []) + mla_lines + (op_lines(op) if op else [])
+    L += study_lines(rows, ml_rows) if rows or ml_rows else []
     L += mainline_lines(ml) if ml else []
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
     if rows:
@@ -730,7 +733,7 @@ def run_repredict(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = f"{path.stem}_repredict"
     lg.write_json(out / f"{name}.json", {"source": str(path), "hardware": hw.name, "memory": rows, "mla": mla_rows})
-    lines = repredict_lines(rows, path.name, hw.name)
+    lines = repredict_lines(rows, path.name, hw.name) if rows or not mla_rows else []   # an MLA-only report: its own
     lines += repredict_lines(mla_rows, path.name, hw.name, "MLA plans") if mla_rows else []
     text = "\n".join(lines) + "\n"
     (out / f"{name}.md").write_text(text)
