@@ -46,7 +46,9 @@ class Dim:
         if self.kind == "cat" or len(self.values) == 1:
             return trial.suggest_categorical(self.name, list(self.values))
         lo, hi = self.values[0], self.values[-1]
-        step = self.values[1] - self.values[0]
+        # 0.3 - 0.25 is 0.04999999999999999: Optuna then finds the range not divisible by the step, warns, and
+        # moves the upper end below 1.0 (and warns again for every enqueued 1.0)
+        step = self.values[1] - self.values[0] if self.kind == "int" else round(self.values[1] - self.values[0], 9)
         if self.kind == "int":
             return trial.suggest_int(self.name, lo, hi, step=step)
         return self.snap(trial.suggest_float(self.name, lo, hi, step=step))

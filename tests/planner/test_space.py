@@ -137,3 +137,20 @@ def test_ik_space_without_op_per_class_renders_for_llama_bench():
         assert {pol.rule(op).enabled for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output")} == {True}
         if c.fits:
             assert "-op" not in render(c.plan, inv, "bench")
+
+
+def test_a_float_dimension_asks_optuna_for_its_own_range_and_step_without_a_warning():
+    """0.3 - 0.25 is 0.04999999999999999 in floats: with that step Optuna found [0.25, 1.0] not divisible, warned on
+    every trial of a tune_vs_fit study on the H100 and moved the upper end below 1.0, so that every enqueued 1.0
+    (a fill-max seed) warned again as out of range."""
+    import warnings
+    import optuna
+    from planner.tuner.space import Dim, _steps
+    dim = Dim("home_frac", "float", _steps(0.25, 1.0, 0.05))
+    study = optuna.create_study()
+    study.enqueue_trial({"home_frac": 1.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [dim.suggest(study.ask()) for _ in range(4)]
+    assert got[0] == 1.0 and all(v in dim.values for v in got)
+    assert study.trials[0].distributions["home_frac"].high == 1.0
