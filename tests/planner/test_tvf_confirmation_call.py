@@ -13,14 +13,20 @@ from planner.presets import load_preset
 from runtime.sim import SimEngine
 
 
-@pytest.mark.slow          # two sim studies (~5 s on 2 cores): make test runs it, make test-fast does not
-def test_a_confirmation_left_by_an_earlier_call_runs_again_whole(tmp_path, bench_script):
-    tvf = bench_script("tune_vs_fit")
+def _cell(tmp_path):
+    """A 16 GiB sim cell as tune_vs_fit runs one: the model, the machine, the engine, the cell's arguments."""
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("gpu-box")
     engine = SimEngine(hw.with_vram([16 * 2**30]))
     args = argparse.Namespace(n_prompt=512, n_gen=16, reps=1, storage=f"sqlite:///{tmp_path / 's.db'}", seed=0,
                               pool=20, runs=14, confirm=2, series="")
+    return inv, hw, engine, args
+
+
+@pytest.mark.slow          # two sim studies (~5 s on 2 cores): make test runs it, make test-fast does not
+def test_a_confirmation_left_by_an_earlier_call_runs_again_whole(tmp_path, bench_script):
+    tvf = bench_script("tune_vs_fit")
+    inv, hw, engine, args = _cell(tmp_path)
     far = time.monotonic() + 3600
     assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1.0, call_s=500)
     import optuna
@@ -50,11 +56,7 @@ def test_a_cell_saves_after_each_phase_and_starts_no_sample_that_would_end_past_
     confirmation sample, and a sample whose contender's stored run would end past the deadline is not started."""
     tvf = bench_script("tune_vs_fit")
     from planner.tuner.search import Tuner
-    inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
-    hw = load_hardware("gpu-box")
-    engine = SimEngine(hw.with_vram([16 * 2**30]))
-    args = argparse.Namespace(n_prompt=512, n_gen=16, reps=1, storage=f"sqlite:///{tmp_path / 's.db'}", seed=0,
-                              pool=20, runs=14, confirm=2, series="")
+    inv, hw, engine, args = _cell(tmp_path)
     saves = []
     far = time.monotonic() + 3600
     assert tvf.run_cell(args, engine, inv, hw, 16, 0, far, confirm_run_s=1.0, call_s=500,
