@@ -923,16 +923,16 @@ class Tuner:
         new = min(max(current + OOM_STEP, step, at_least), max(cap, current))
         if new <= current:
             return
+        ub = plan.knobs.n_ubatch
         if self.margin_asked is None:
             self.study.set_user_attr("margin_floor", new)
-            for ub, m in list(self.ubatch_margins.items()):
-                if m < new:
-                    self.ubatch_margins[ub] = new
-            self.study.set_user_attr("margin_by_ubatch", {str(k): v for k, v in sorted(self.ubatch_margins.items())})
-        if new > self.margin:
+            for k, m in list(self.ubatch_margins.items()):
+                if m < new and k != ub:       # the plan's own: _set_margin below, with its event
+                    self.ubatch_margins[k] = new
+            if ub in self.ubatch_margins:
+                self._set_margin(new, plan, error, ubatch=ub)
+        if new > self.margin:                 # a fixed margin, or the floor now above an unmeasured ubatch's
             self._set_margin(new, plan, error)
-        else:
-            self._set_margin(new, plan, error, ubatch=plan.knobs.n_ubatch)
 
     def _refit(self) -> None:
         if self.samples:

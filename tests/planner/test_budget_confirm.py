@@ -15,7 +15,7 @@ from planner.hardware import GiB, MiB, load_hardware, parse_size
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import MARGIN_SLACK, Tuner, Workload
+from planner.tuner.search import MARGIN_SLACK, OOM_STEP, Tuner, Workload
 from planner.tuner.space import SpaceConfig
 from runtime.sim import SimEngine
 
@@ -113,6 +113,13 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp
     assert summary.margin_by_ubatch == {"512": 0, "4096": 150 * MiB + MARGIN_SLACK}
     assert "safety margin learnt per ubatch: 0 B at ubatch 512, 214.00 MiB at ubatch 4096" in \
         summary_markdown(summary)
+    # an out-of-memory at 512 raises 512's margin and is the floor of every ubatch's
+    at_512 = next(r.plan() for r in measured if r.plan().knobs.n_ubatch == 512)
+    again._raise_margin(at_512, "CUDA error: out of memory")
+    floor = again.study.user_attrs["margin_floor"]
+    assert floor >= OOM_STEP and again.ubatch_margins[512] == floor
+    assert again.ubatch_margins[4096] == max(floor, 150 * MiB + MARGIN_SLACK) and again.margin == max(512 * MiB, floor)
+    assert again.study.user_attrs["margin_events"][-1]["ubatch"] in (512, None)
     # the sim engine is the model: a learnt margin stays 0
     sim_tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20,
                       seed=4, baselines=False)
