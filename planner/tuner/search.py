@@ -901,10 +901,11 @@ class Tuner:
         events.append({"from": before, "to": new, "plan_id": plan.id, "error": why[:200], "ubatch": ubatch})
         if ubatch is None:
             self.margin = new
-            self.study.set_user_attr("margin_bytes", new)
         else:
             self.ubatch_margins[ubatch] = new
-            self.study.set_user_attr("margin_by_ubatch", {str(k): v for k, v in sorted(self.ubatch_margins.items())})
+        # both, always: _raise_margin may have floored other ubatches' margins before calling this
+        self.study.set_user_attr("margin_bytes", self.margin)
+        self.study.set_user_attr("margin_by_ubatch", {str(k): v for k, v in sorted(self.ubatch_margins.items())})
         self.study.set_user_attr("margin_events", events)
         self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=self.margin,
                            config=self.config, memory=self.estimate, ubatch_margins=self.ubatch_margins)

@@ -120,6 +120,12 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp
     assert floor >= OOM_STEP and again.ubatch_margins[512] == floor
     assert again.ubatch_margins[4096] == max(floor, 150 * MiB + MARGIN_SLACK) and again.margin == max(512 * MiB, floor)
     assert again.study.user_attrs["margin_events"][-1]["ubatch"] in (512, None)
+    # one at an ubatch never run raises the default and floors all the measured ones, stored for a resume
+    at_1024 = replace(at_512, knobs=replace(at_512.knobs, n_ubatch=1024))
+    again._raise_margin(at_1024, "CUDA error: out of memory")
+    floor = again.study.user_attrs["margin_floor"]
+    assert again.margin == floor and set(again.ubatch_margins.values()) == {floor}
+    assert tuner().ubatch_margins == again.ubatch_margins and tuner().margin == floor
     # the sim engine is the model: a learnt margin stays 0
     sim_tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20,
                       seed=4, baselines=False)
