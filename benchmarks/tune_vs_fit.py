@@ -239,12 +239,10 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
 
 
 def _margin_words(row: dict) -> str:
-    """The learnt margin as the report states it: per ubatch where the study learnt it so (older studies: one)."""
-    by_ub = row.get("margin_mib_by_ubatch") or {}
-    if not by_ub:
-        return f"learnt margin {row['margin_mib']:.0f} MiB"
-    each = ", ".join(f"{v:.0f} MiB at ubatch {k}" for k, v in sorted(by_ub.items(), key=lambda kv: int(kv[0])))
-    return f"learnt margins {each}, {row['margin_mib']:.0f} MiB at any other"
+    """The study's margin as its summary states it (report.margin_text), from the row's MiB."""
+    from planner.tuner.report import margin_text
+    by_ub = {k: v * MiB for k, v in (row.get("margin_mib_by_ubatch") or {}).items()}
+    return margin_text(row["margin_mib"] * MiB, by_ub) or "no safety margin"
 
 
 def runs_jsonl(studies, path: Path) -> int:

@@ -306,13 +306,13 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         if not df.empty else [])
 
 
-def margin_text(margin: int | None, by_ubatch: dict[str, int]) -> str:
-    """'; safety margin ...' for a study's summary line ('' when it has none)."""
+def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
+    """A study's safety margin in words, per ubatch where it was learnt so ('' when it has none); bytes."""
     if by_ubatch:
-        each = ", ".join(f"{fmt_bytes(v)} at ubatch {k}"
+        each = ", ".join(f"{fmt_bytes(int(v))} at ubatch {k}"
                          for k, v in sorted(by_ubatch.items(), key=lambda kv: int(kv[0])))
-        return f"; safety margin learnt per ubatch: {each}; {fmt_bytes(margin or 0)} at any other"
-    return f"; safety margin {fmt_bytes(margin)}" if margin else ""
+        return f"safety margin learnt per ubatch: {each}; {fmt_bytes(int(margin or 0))} at any other"
+    return f"safety margin {fmt_bytes(int(margin))}" if margin else ""
 
 
 def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
@@ -467,7 +467,7 @@ def summary_markdown(s: StudySummary) -> str:
          f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
          f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
-         + margin_text(s.margin_bytes, s.margin_by_ubatch), ""]
+         + (f"; {m}" if (m := margin_text(s.margin_bytes, s.margin_by_ubatch)) else ""), ""]
     runs = s.engine_runs
     L.append(f"- engine runs: {runs.total} (baselines {runs.baselines}, search {runs.trials}, confirmation "
              f"{runs.confirmation})"
