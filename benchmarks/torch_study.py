@@ -61,7 +61,7 @@ from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
 from planner.tuner.records import TrialRecord  # noqa: E402
 from planner.tuner.search import slug  # noqa: E402
-from planner.workload import Workload  # noqa: E402
+from planner.bench_workload import BenchWorkload  # noqa: E402
 from planner.tuner.space import Space, SpaceConfig  # noqa: E402
 
 PHASES = ("grid", "study", "compare")
@@ -116,7 +116,7 @@ class Setup:
         if len(self.hw.gpus) != 1:
             raise InputError(f"--gpu {args.gpu}: this study is for one GPU")
         self.margin = parse_size(args.margin)
-        self.workload = Workload(n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0, repetitions=args.reps)
+        self.workload = BenchWorkload(n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0, repetitions=args.reps)
         need = self.workload.depth + self.workload.n_prompt + self.workload.n_gen
         self.n_ctx = max(8192, -(-need // 256) * 256)       # the tuner's default context for this workload
         self.config = SpaceConfig(kv_types=KV_TYPES)

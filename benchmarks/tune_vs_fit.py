@@ -48,7 +48,7 @@ from planner.tuner.records import TrialRecord  # noqa: E402
 from planner.tuner.report import study_summary, trials_frame  # noqa: E402
 from planner.tuner.search import Tuner  # noqa: E402
 from planner.tuner.space import SpaceConfig  # noqa: E402
-from planner.workload import Workload  # noqa: E402
+from planner.bench_workload import BenchWorkload  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
@@ -86,7 +86,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     after each confirmation sample, saves what a device call killed later must still bring back (a cell's search
     and confirmation can take a whole call)."""
     save = checkpoint or (lambda: None)
-    wl = Workload(args.n_prompt, args.n_gen, depth, args.reps)
+    wl = BenchWorkload(args.n_prompt, args.n_gen, depth, args.reps)
     hw = hw0.with_vram([budget_gib * GiB] * n_gpus)
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak

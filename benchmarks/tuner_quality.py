@@ -46,14 +46,14 @@ from planner.hardware import GiB, HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.presets import load_preset  # noqa: E402
-from planner.tuner.search import Tuner, Workload  # noqa: E402
+from planner.tuner.search import Tuner, BenchWorkload  # noqa: E402
 from planner.tuner.space import Space, SpaceConfig  # noqa: E402
 from runtime.engine import Measurement  # noqa: E402
 from runtime.sim import SimEngine  # noqa: E402
 
 GOAL_SHARE = 0.98
 GOAL_BUDGET = 0.10
-WORKLOAD = Workload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WORKLOAD = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 N_CTX = 8192
 
 

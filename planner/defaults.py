@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from .plan import DEFAULT_CTX
-from .workload import Workload
+from .bench_workload import BenchWorkload
 
 ENGINES: Final = ("sim", "torch", "llamacpp")
 SPACE_MODES: Final = ("settled", "full")
@@ -18,13 +18,13 @@ TUNE_ENGINE: Final = "sim"
 TUNE_TRIALS: Final = 40                 # engine runs a `tune` session adds
 TUNE_OBJECTIVE: Final = "tg"
 # the workload a study measures: a 2048-token prompt (PP) and 128 generated tokens (TG) at depth 0, 3 repetitions
-TUNE_WORKLOAD: Final = Workload(n_prompt=2048, n_gen=128, depth=0, repetitions=3)
+TUNE_WORKLOAD: Final = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=3)
 TUNE_MARGIN: Final = "auto"             # learnt from the runs (docs/tuning.md)
 TUNE_KV_TYPES: Final = ("f16", "q8_0")  # KV cache types the search may use
 TUNE_SEED: Final = 0
 TUNE_POOL: Final = 200                  # candidates the cost model pre-screens per trial
 RUN_TIMEOUT_S: Final = 900.0            # seconds per llama-bench run (tune and run)
-RUN_WORKLOAD: Final = Workload()        # `run` without -p/-n: llama-bench's own pp512 / tg128, 3 reps
+RUN_WORKLOAD: Final = BenchWorkload()        # `run` without -p/-n: llama-bench's own pp512 / tg128, 3 reps
 
 PLAN_MARGIN: Final = "512MiB"           # `plan --margin` (planner.propose.DEFAULT_MARGIN in bytes)
 PLAN_TOP: Final = 8

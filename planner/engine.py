@@ -1,4 +1,4 @@
-"""The Engine protocol shared by every engine (sim, torch, llamacpp), and its Workload and Measurement.
+"""The Engine protocol shared by every engine (sim, torch, llamacpp), and its BenchWorkload and Measurement.
 
 Defined on the planner side so the tuner speaks the same types as the engines without importing runtime/
 (runtime.engine re-exports all three); the engines themselves live in runtime/, named in planner.engines.
@@ -26,9 +26,9 @@ from .hardware import HardwareProfile
 from .memory import MemoryReport, estimate
 from .model import ModelInventory
 from .plan import Plan
-from .workload import Workload
+from .bench_workload import BenchWorkload
 
-__all__ = ["Engine", "Measurement", "MemoryModel", "TimedEngine", "Workload", "memory_model", "memory_model_name"]
+__all__ = ["Engine", "Measurement", "MemoryModel", "TimedEngine", "BenchWorkload", "memory_model", "memory_model_name"]
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,14 @@ class Engine(Protocol):
       (`memory_model` below picks)."""
     name: str
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
         ...
 
 
 MemoryModel = Callable[[ModelInventory, Plan, "HardwareProfile | None"], MemoryReport]
 
 
-def memory_model(engine: Any, workload: Workload) -> MemoryModel:
+def memory_model(engine: Any, workload: BenchWorkload) -> MemoryModel:
     """The memory model that judges `engine`'s plans at `workload`, with planner.memory.estimate's signature:
     the engine's `predict_memory` where it has one (planner.memory.estimate for a plan it returns None for),
     else planner.memory.estimate itself (the same function object, so callers keep its behaviour exactly)."""

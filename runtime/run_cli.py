@@ -26,7 +26,7 @@ from planner.options import EngineOptions
 from planner.plan import DIALECTS, Plan, device_sort_key, gpu_index, is_gpu
 from planner.validate import check_dialect, check_plan
 
-from .engine import Engine, Measurement, Workload
+from .engine import Engine, Measurement, BenchWorkload
 
 if TYPE_CHECKING:     # planner.memory is heavy: imported when a command runs, not when the parser is built
     from planner.memory import MemoryReport
@@ -101,10 +101,10 @@ def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str,
     return pc.to_plan(inv.source or inv.name, label="command line"), dict(pc.workload)
 
 
-def workload_from(args: argparse.Namespace, named: dict[str, int]) -> Workload:
+def workload_from(args: argparse.Namespace, named: dict[str, int]) -> BenchWorkload:
     def pick(value: int | None, key: str, default: int) -> int:
         return value if value is not None else int(named.get(key, default))
-    return Workload(pick(args.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
+    return BenchWorkload(pick(args.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
                     pick(args.n_gen, "n_gen", DEFAULT_WORKLOAD.n_gen), pick(args.depth, "n_depth", 0),
                     pick(args.reps, "repetitions", DEFAULT_WORKLOAD.repetitions))
 

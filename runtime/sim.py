@@ -15,7 +15,7 @@ from planner.memory import estimate
 from planner.model import ModelInventory
 from planner.plan import Plan, gpu_index, is_gpu
 
-from .engine import Measurement, Workload
+from .engine import Measurement, BenchWorkload
 
 
 @dataclass
@@ -23,7 +23,7 @@ class SimEngine:
     hw: HardwareProfile
     name: str = "sim"
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
         n_gpus = len(self.hw.gpus)
         for dev in plan.devices():
             if dev != "CPU" and (not is_gpu(dev) or gpu_index(dev) >= n_gpus):

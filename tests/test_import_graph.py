@@ -113,13 +113,3 @@ def test_the_check_catches_each_kind_of_violation():
     assert not violations("import argparse\n", "planner.cli")                               # the CLI parses
     assert not violations('ENGINES = {"sim": "runtime.sim:SimEngine"}\n', "planner.engines")  # a name, not an import
     assert not violations("from ..memory import estimate\n", "planner.tuner.search")
-
-
-def test_old_tuner_names_are_the_moved_modules():
-    """planner.search, planner.space, ... (from before planner/tuner/) still import, as the same module objects."""
-    import importlib
-    for name in ("search", "space", "objectives", "cost_fit", "baselines", "confirm", "storage", "report"):
-        assert importlib.import_module(f"planner.{name}") is importlib.import_module(f"planner.tuner.{name}"), name
-    from planner.search import Tuner, _mdict        # private names too: the alias is the module, not a copy
-    from planner.tuner.search import Tuner as T, _mdict as m
-    assert (Tuner, _mdict) == (T, m)

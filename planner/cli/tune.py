@@ -57,7 +57,7 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     from ..loader import load_model
     from ..tuner.objectives import parse_objective
     from ..tuner.search import slug
-    from ..workload import Workload
+    from ..bench_workload import BenchWorkload
     _positive(args.trials, "--trials")
     _nonneg(args.pool, "--pool")
     inv = load_model(args.model)
@@ -65,7 +65,7 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     objective = parse_objective(args.objective)
     if args.n_prompt == 0 and args.n_gen == 0:
         raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
-    workload = Workload(n_prompt=_nonneg(args.n_prompt, "--n-prompt"), n_gen=_nonneg(args.n_gen, "--n-gen"),
+    workload = BenchWorkload(n_prompt=_nonneg(args.n_prompt, "--n-prompt"), n_gen=_nonneg(args.n_gen, "--n-gen"),
                         depth=_nonneg(args.depth, "--depth"), repetitions=_positive(args.reps, "--reps"))
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)

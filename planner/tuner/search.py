@@ -64,7 +64,7 @@ from .records import CandidateInfo, MeasuredRun, RecordWriter, TrialRecord
 from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
 from ..propose import DEFAULT_MARGIN, Budget, best_plans, proposals
 from .space import Candidate, Space, SpaceConfig
-from ..workload import Workload
+from ..bench_workload import BenchWorkload
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class Tuner:
     benchmark compares with. `storage` None keeps the study in memory."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any, *, model: str = "",
-                 objective: Objective | str = "tg", workload: Workload = Workload(n_prompt=2048),
+                 objective: Objective | str = "tg", workload: BenchWorkload = BenchWorkload(n_prompt=2048),
                  dialect: Dialect = "mainline",
                  n_ctx: int | None = None, margin: int | None = None, config: SpaceConfig = SpaceConfig(),
                  study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
@@ -805,7 +805,7 @@ class Tuner:
 
     # ---- measuring --------------------------------------------------------------------------------------------
 
-    def _measure(self, plan: Plan, workload: Workload | None = None):
+    def _measure(self, plan: Plan, workload: BenchWorkload | None = None):
         """engine.measure (at the study's workload unless given), with an exception of the engine (not of our
         input) turned into a failed result."""
         try:
@@ -1019,7 +1019,7 @@ class Tuner:
         return values if self.objective.n_values > 1 else values[0]
 
     def run_seconds(self, tg_tps: float, pp_tps: float) -> float:
-        """How long one run at these speeds takes, x1.2: its tokens (Workload.token_seconds) plus what the
+        """How long one run at these speeds takes, x1.2: its tokens (BenchWorkload.token_seconds) plus what the
         study's runs took beyond theirs (loading; the median of the timed runs, 0 before the first). Runs of one
         study differ fivefold (a --no-host run at depth 8192 took 143 s where --fit took 15 s), so a mean of past
         runs does not say whether the next one ends before a deadline."""
@@ -1224,7 +1224,7 @@ class Tuner:
     def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
                         repetitions: int | None = None) -> float:
         """How long confirm(rounds, n_tg, ncmoe, repetitions) runs, from each contender's own run (its wall time
-        at this workload, taken to `repetitions` by Workload.seconds_at), `default` seconds for one whose time is
+        at this workload, taken to `repetitions` by BenchWorkload.seconds_at), `default` seconds for one whose time is
         not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
         8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
         reps = repetitions or self.workload.repetitions
@@ -1260,7 +1260,7 @@ class Tuner:
             seconds, pp, tg = float(m.get("seconds") or 0.0), float(m.get("pp_tps") or 0), float(m.get("tg_tps") or 0)
         return self.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
 
-    def _measure_contender(self, c: Contender, workload: Workload) -> dict[str, Any]:
+    def _measure_contender(self, c: Contender, workload: BenchWorkload) -> dict[str, Any]:
         if c.trial is not None:
             trial = self._trial(c.trial)
             plan = TrialRecord.from_trial(trial).plan()
@@ -1279,7 +1279,7 @@ class Tuner:
         row.update(peak_bytes=d.get("peak_at_ctx") or d["peak_bytes"], cv=d.get("cv"), seen=d.get("seen", ""))
         return row
 
-    def _measure_args(self, argv: list[str], env: dict[str, str], workload: Workload):
+    def _measure_args(self, argv: list[str], env: dict[str, str], workload: BenchWorkload):
         try:
             with SIGINT.engine_run():
                 return self.engine.measure_args(argv, workload, env)
@@ -1385,5 +1385,5 @@ def _hvi(p: tuple[float, float], front: list[tuple[float, float]]) -> float:
     return hv(front + [p]) - hv(front)
 
 
-__all__ = ["Tuner", "TuneResult", "Workload", "Settings", "MeasurementFailed", "default_storage", "make_storage",
+__all__ = ["Tuner", "TuneResult", "BenchWorkload", "Settings", "MeasurementFailed", "default_storage", "make_storage",
            "load_study", "slug", "budget_levels"]

@@ -15,12 +15,12 @@ from planner.hardware import GiB, MiB, load_hardware, parse_size
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import MARGIN_SLACK, OOM_STEP, Tuner, Workload
+from planner.tuner.search import MARGIN_SLACK, OOM_STEP, Tuner, BenchWorkload
 from planner.tuner.space import SpaceConfig
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
-WL = Workload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
+WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
 
 
 def _setup(gib: int = 16):
@@ -422,9 +422,9 @@ def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_defa
 
 
 def test_a_runs_time_at_fewer_repetitions_repeats_only_the_timed_part():
-    """Workload.seconds_at, on the H100 run that was misjudged (2026-11-24, depth 8192, -r 3: 142.6 s at PP 138.6
+    """BenchWorkload.seconds_at, on the H100 run that was misjudged (2026-11-24, depth 8192, -r 3: 142.6 s at PP 138.6
     and TG 61.1): each repetition times 2048 prompt tokens and 64 generated (~15.8 s), the rest happens once."""
-    wl = Workload(n_prompt=2048, n_gen=64, depth=8192, repetitions=3)
+    wl = BenchWorkload(n_prompt=2048, n_gen=64, depth=8192, repetitions=3)
     per_rep = 2048 / 138.576 + 64 / 61.1062
     assert wl.seconds_at(142.588, 138.576, 61.1062, 3) == pytest.approx(142.588)
     assert wl.seconds_at(142.588, 138.576, 61.1062, 1) == pytest.approx(142.588 - 2 * per_rep)

@@ -10,10 +10,10 @@ from planner.engine import memory_model, memory_model_name
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.tuner.search import Tuner, Workload
+from planner.tuner.search import Tuner, BenchWorkload
 from runtime.sim import SimEngine
 
-WL = Workload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 EXTRA = 2 * GiB
 
 
@@ -99,10 +99,10 @@ def test_a_timed_engine_times_each_run_and_passes_the_rest_through():
     hw = load_hardware("gpu-box").with_vram([16 * GiB])
     heard: list[float] = []
     engine = TimedEngine(SimEngine(hw), on_run=heard.append)
-    assert engine.name == "sim" and memory_model(engine, Workload(512)) is estimate
+    assert engine.name == "sim" and memory_model(engine, BenchWorkload(512)) is estimate
     plan = propose(inv, hw)[0]
     assert engine.run_seconds(25.0) == 25.0
     for _ in range(3):
-        assert engine.measure(inv, plan, Workload(512, 16)).ok
+        assert engine.measure(inv, plan, BenchWorkload(512, 16)).ok
     assert heard == engine.times and len(heard) == 3 and all(t >= 0 for t in heard)
     assert engine.run_seconds(25.0) == 1.2 * sum(heard) / 3

@@ -106,10 +106,10 @@ class _Recording:
 
 @pytest.mark.slow
 def test_a_two_gpu_study_measures_and_confirms_the_ncmoe_ts_line_beside_fit(inv):
-    from planner.tuner.search import Tuner, Workload
+    from planner.tuner.search import Tuner, BenchWorkload
     hw = two(8)
     engine = _Recording(hw)
-    tuner = Tuner(inv, hw, engine, objective="both", workload=Workload(2048, 64, 0, 1), n_ctx=2112, storage=None,
+    tuner = Tuner(inv, hw, engine, objective="both", workload=BenchWorkload(2048, 64, 0, 1), n_ctx=2112, storage=None,
                   pool_size=30, seed=1)
     base = {b["kind"]: b for b in tuner.baselines()}
     nc = base["ncmoe"]

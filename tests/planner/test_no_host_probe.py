@@ -9,11 +9,11 @@ from planner.flags import render
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import PROBE_NO_HOST, PROBE_RTR, Tuner, Workload
+from planner.tuner.search import PROBE_NO_HOST, PROBE_RTR, Tuner, BenchWorkload
 from planner.tuner.space import Space, SpaceConfig
 from runtime.sim import SimEngine
 
-WL = Workload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
+WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
 ON = SpaceConfig(no_host=(False, True))
 
 
@@ -66,7 +66,7 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once():
     plain = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20)
     plain.run(4)
     assert not plain.probe_repack()
-    pp = Tuner(inv, hw, SimEngine(hw), objective="pp", workload=Workload(2048, 0, 0, 1), n_ctx=4096,
+    pp = Tuner(inv, hw, SimEngine(hw), objective="pp", workload=BenchWorkload(2048, 0, 0, 1), n_ctx=4096,
                storage=None, pool_size=20, config=ON)
     pp.run(3)
     assert not pp.probe_repack()

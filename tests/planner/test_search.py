@@ -11,12 +11,12 @@ from planner.plan import Knobs
 from planner.presets import load_preset
 from planner.propose import best_plans
 from planner.tuner.records import RECORD_VERSION, TrialRecord
-from planner.tuner.search import Tuner, Workload
+from planner.tuner.search import Tuner, BenchWorkload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
-WL = Workload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 
 
 def _setup():

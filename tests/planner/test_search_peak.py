@@ -13,11 +13,11 @@ from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import Tuner, Workload
+from planner.tuner.search import Tuner, BenchWorkload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 
-WL = Workload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 EXTRA = 1536 * MiB     # what the engine below holds beyond the memory model's prediction (its activations, say)
 PEAK_ERROR = re.compile(r"^measured peak (\d+\.\d\d) GiB on CUDA0 over the budget (\d+\.\d\d) GiB ")
 
