@@ -11,7 +11,6 @@ from typing import Final
 from .plan import DEFAULT_CTX
 from .bench_workload import BenchWorkload
 
-ENGINES: Final = ("sim", "torch", "llamacpp")
 SPACE_MODES: Final = ("settled", "full")
 
 TUNE_ENGINE: Final = "sim"
@@ -29,6 +28,6 @@ RUN_WORKLOAD: Final = BenchWorkload()        # `run` without -p/-n: llama-bench'
 PLAN_MARGIN: Final = "512MiB"           # `plan --margin` (planner.propose.DEFAULT_MARGIN in bytes)
 PLAN_TOP: Final = 8
 
-__all__ = ["DEFAULT_CTX", "ENGINES", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_WORKLOAD",
+__all__ = ["DEFAULT_CTX", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_WORKLOAD",
            "TUNE_MARGIN", "TUNE_KV_TYPES", "TUNE_SEED", "TUNE_POOL", "RUN_TIMEOUT_S", "RUN_WORKLOAD", "PLAN_MARGIN",
            "PLAN_TOP"]

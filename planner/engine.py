@@ -51,7 +51,7 @@ class Measurement:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Anything that can measure a Plan. `name` is "sim", "torch" or "llamacpp".
+    """Anything that can measure a Plan. `name` is the name planner.engines registers it under (its traits are there).
 
     Optional methods the tuner uses when an engine has them (getattr):
     - `run_context(workload[, plan]) -> int`: the context a run holds when it differs from the plan's -c (llama-bench:

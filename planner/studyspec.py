@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import defaults as D
+from .engines import names as engine_names
 from .errors import InputError
 from .plan import DIALECTS, KV_TYPES
 
@@ -143,7 +144,7 @@ _BOOLS = (True, False)
 # key -> (TuneOptions field, check)
 TOP: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "model": ("model", _str),
-    "engine": ("engine", _choice(D.ENGINES)),
+    "engine": ("engine", _choice(engine_names())),
     "hardware": ("hardware", _str),
     "budget": ("gpu", _budget),
     "objective": ("objective", _wrap(_objective)),

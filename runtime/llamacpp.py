@@ -56,6 +56,7 @@ from planner.flags.common import (
 )
 from planner.tuner.baselines import EngineFit
 from planner.hardware import HardwareProfile
+from planner.options import EngineOptions
 from planner.memory import DeviceMemory, MemoryReport, estimate
 from planner.model import ModelInventory
 from planner.plan import Plan, gpu_index, is_gpu
@@ -520,6 +521,11 @@ class LlamaCppEngine:
             argv.append("-v")
         return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), workload)
 
+    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload,
+                   hw: HardwareProfile | None = None) -> MemoryReport:
+        """What a run of the plan at this workload holds per device (bench_memory: llama-bench's contexts)."""
+        return bench_memory(inv, plan, workload, hw)
+
     def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int:
         """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: the
         -c of the plan's run, whole ubatch rows up to the one it reads), so the tuner can add the memory model's KV
@@ -850,3 +856,9 @@ def our_overrides(inv: ModelInventory, args: Sequence[str], dialect: str = "main
     ovs: Sequence[Override] = pc.overrides
     res = match_overrides(allocated_names(inv), ovs)
     return {name: ovs[idx].device for name, idx in res.first.items()}
+
+
+def from_options(opts: EngineOptions, hw: HardwareProfile) -> LlamaCppEngine:
+    """The registry's factory (planner/engines.py): llama-bench from the options (else $LLAMA_BENCH, else PATH)."""
+    return LlamaCppEngine(binary=opts.llama_bench, timeout_s=opts.timeout_s, model_path=opts.model_path,
+                          cpu_stand_in=opts.cpu_stand_in)

@@ -13,13 +13,13 @@ and `devices` (planner.memory for the same run). Exit 0 when the measurement suc
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner import defaults as D
+from planner.engines import names, spec
 from planner.errors import FlagError, InputError
 from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
 from planner.options import EngineOptions
@@ -37,7 +37,7 @@ DEFAULT_WORKLOAD = D.RUN_WORKLOAD
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to a .gguf (the llamacpp engine needs the file) or preset:NAME[:QUANT]")
-    p.add_argument("--engine", choices=D.ENGINES, required=True)
+    p.add_argument("--engine", choices=names(), required=True)
     p.add_argument("--llama-bench", metavar="PATH", help="llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
                                                           "else llama-bench on PATH)")
     p.add_argument("--plan", metavar="FILE", help="Plan JSON (`plan --json` output or Plan.to_json())")
@@ -123,21 +123,8 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def make_engine(opts: EngineOptions, hw: HardwareProfile) -> Engine:
-    if opts.engine == "sim":
-        from .sim import SimEngine
-        return SimEngine(hw)
-    if opts.engine == "llamacpp":
-        from .llamacpp import LlamaCppEngine
-        return LlamaCppEngine(binary=opts.llama_bench, timeout_s=opts.timeout_s, model_path=opts.model_path,
-                              cpu_stand_in=opts.cpu_stand_in)
-    if importlib.util.find_spec("runtime.torch_engine") is None:
-        raise InputError("engine torch is not available yet (runtime/torch_engine is not built); use --engine sim "
-                         "or --engine llamacpp")
-    import runtime.torch_engine as te     # the bundled runtime, when it exists (its defaults: GPUs if present)
-    factory = getattr(te, "TorchEngine", None)
-    if factory is None:
-        raise InputError("engine torch is not available yet (runtime.torch_engine has no TorchEngine)")
-    return factory()
+    from planner.engines import make_engine as make
+    return make(opts, hw)
 
 
 # ---- run ------------------------------------------------------------------------------------------------------------
@@ -156,7 +143,7 @@ def run_main(args: argparse.Namespace) -> int:
     declared = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
     n_gpus = len(declared.gpus) if declared is not None else None   # devices beyond these do not exist
     engine: Engine | None = None
-    if args.engine == "llamacpp":            # the binary decides the dialect of a command line
+    if spec(args.engine).traits.binary:      # the binary decides the dialect of a command line
         engine = make_engine(engine_options(args), hardware_for(args))
     if args.plan:
         plan, named = read_plan_file(args.plan, inv, n_gpus), {}
@@ -169,12 +156,10 @@ def run_main(args: argparse.Namespace) -> int:
     if engine is None:
         engine = make_engine(engine_options(args), hw)
     command = None
-    if args.engine == "llamacpp":
-        from .llamacpp import bench_memory
-        command = engine.command(inv, plan, workload).shell   # type: ignore[attr-defined]
-        mem = bench_memory(inv, plan, workload, hw)
-    else:
-        mem = estimate(inv, plan, hw)
+    if hasattr(engine, "command"):           # an engine that runs a program shows its command line
+        command = engine.command(inv, plan, workload).shell
+    run_memory = getattr(engine, "run_memory", None)     # the memory of its run, where that is not the plan's
+    mem = run_memory(inv, plan, workload, hw) if run_memory else estimate(inv, plan, hw)
     if not args.json:
         print(f"# {args.engine}: measuring plan {plan.id} ({workload.n_prompt} prompt + {workload.n_gen} generated "
               f"tokens at depth {workload.depth}, {workload.repetitions} reps)", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ GPU's memory is a failed Measurement (as a real out-of-memory would be), not an 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from planner.cost import predict
 from planner.errors import InputError
@@ -16,6 +17,9 @@ from planner.model import ModelInventory
 from planner.plan import Plan, gpu_index, is_gpu
 
 from .engine import Measurement, BenchWorkload
+
+if TYPE_CHECKING:
+    from planner.options import EngineOptions
 
 
 @dataclass
@@ -41,3 +45,8 @@ class SimEngine:
         pr = predict(inv, plan, self.hw, n_prompt=max(workload.n_prompt, 1), depth=workload.depth)
         return Measurement(pp_tps=pr.pp_tps if workload.n_prompt else 0.0, tg_tps=pr.tg_tps if workload.n_gen else 0.0,
                            peak_bytes=peak, host_bytes=host, raw={"breakdown": pr.breakdown, "engine": "sim"})
+
+
+def from_options(opts: EngineOptions, hw: HardwareProfile) -> SimEngine:
+    """The registry's factory (planner/engines.py): the sim engine needs only the hardware."""
+    return SimEngine(hw)

@@ -14,7 +14,7 @@ import threading
 
 from ..errors import InputError
 from . import demo, explain, inspect, plan, report, runtime_cmds, serve, tune
-from .common import ENGINE_MODULES, layer_summary, load_engine
+from .common import layer_summary, load_engine
 from .demo import DEMO, cmd_demo
 from .explain import ExplainOutcome, cmd_explain, explain_outcome
 from .inspect import cmd_inspect, inspect_json
@@ -24,7 +24,7 @@ from .runtime_cmds import cmd_calibrate, cmd_run, cmd_synth
 from .serve import cmd_serve
 from .tune import TuneInputs, cmd_tune, tune_inputs
 
-__all__ = ["DEMO", "ENGINE_MODULES", "TOOLS", "Commands", "ExplainOutcome", "PlanOutcome", "TuneInputs",
+__all__ = ["DEMO", "TOOLS", "Commands", "ExplainOutcome", "PlanOutcome", "TuneInputs",
            "build_parser", "cmd_calibrate", "cmd_demo", "cmd_explain", "cmd_inspect", "cmd_plan", "cmd_report",
            "cmd_run", "cmd_serve", "cmd_synth", "cmd_tune", "commands_for", "explain_outcome", "inspect_json",
            "layer_summary", "load_engine", "main", "plan_outcome", "tune_inputs"]

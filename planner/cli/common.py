@@ -87,25 +87,9 @@ def _print_layers(inv, assignment: dict[str, str]) -> None:
 
 
 def load_engine(opts: EngineOptions, hw: HardwareProfile):
-    """The Engine `opts` names, looked up in planner.engines' registry. sim is always here; torch and llamacpp
-    are looked up lazily in the runtime (runtime/torch_engine, runtime/llamacpp.py, built through the registry's
-    make_engine as `run` does): a module that is missing, or exposes no engine, is one line and exit 2."""
-    if opts.engine == "sim":
-        return engines.engine_class("sim")(hw)
-    module = ENGINE_MODULES[opts.engine]
-    if not engines.module_found(module):
-        raise InputError(f"engine {opts.engine} is not available yet (no {module} in this install); use --engine sim")
-    if opts.engine == "torch" and not _cuda_available():
-        raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
-                         "(or run the same tune command where the GPU is)")
-    try:
-        make_engine = engines.runtime("make_engine")
-    except ImportError as e:
-        raise InputError(f"engine {opts.engine} is not available yet (runtime.run_cli: {e})") from e
-    return make_engine(opts, hw)
-
-
-ENGINE_MODULES = {name: engines.engine_module(name) for name in ("torch", "llamacpp")}   # tests point one elsewhere
+    """The Engine `opts` names, made through planner.engines' registry (one line and exit 2 for an engine this
+    install or machine cannot run)."""
+    return engines.make_engine(opts, hw)
 
 
 def _cuda_available() -> bool:

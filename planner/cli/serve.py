@@ -12,16 +12,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The HTTP API and web view (planner/service): configuration is checked here, the serving is there."""
     import os
     from pathlib import Path
-    from ..service.config import ENGINES, ServerConfig
+    from ..engines import names as engine_names
+    from ..service.config import ServerConfig
     from ..service.security import check_bind
     token = args.token or os.environ.get("OFFLOAD_TUNER_TOKEN") or None
     check_bind(args.host, token)
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port {args.port}: give 0-65535")
     names = tuple(dict.fromkeys(e.strip() for e in args.engine.split(",") if e.strip()))
-    bad = [e for e in names if e not in ENGINES]
+    bad = [e for e in names if e not in engine_names()]
     if not names or bad:
-        raise InputError(f"--engine {args.engine!r}: a comma list of {', '.join(ENGINES)}")
+        raise InputError(f"--engine {args.engine!r}: a comma list of {', '.join(engine_names())}")
     dirs = tuple(Path(d) for d in args.models or ())
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:

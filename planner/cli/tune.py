@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .. import defaults as D
+from ..engines import names as engine_names, traits_of
 from ..errors import BudgetError, InputError
 from ..hardware import HardwareProfile, fmt_bytes, parse_size
 from ..options import TuneOptions
@@ -97,11 +98,12 @@ def cmd_tune(args: TuneOptions) -> int:
     dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
     check_dialect(inv, dialect)
     config = SpaceConfig(kv_types=args.kv_types)
-    if (args.space or ("full" if engine.name == "sim" else "settled")) == "settled":
+    measured = traits_of(engine).measured       # the sim engine is the model: every choice is cheap, none to confirm
+    if (args.space or ("settled" if measured else "full")) == "settled":
         config = config.settled(hw.host.n_threads, dialect)
     config = config.for_engine(engine, dialect)        # --no-host (and its probe run), ik bench's one -op switch
     config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
-    rounds = args.confirm if args.confirm is not None else (0 if engine.name == "sim" else CONFIRM_ROUNDS)
+    rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
     _nonneg(rounds, "--confirm")
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=dialect,
                   n_ctx=_positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=margin,
@@ -206,7 +208,7 @@ def add_parser(sub) -> None:
     p.add_argument("--spec", metavar="FILE", help="study spec (TOML): starts or resumes that study, its database "
                    "beside the file (studies/NAME.db) unless --storage or the spec says otherwise; flags given "
                    "here override the spec's values")
-    p.add_argument("--engine", choices=D.ENGINES, help="what measures a candidate: sim (the cost model), torch, "
+    p.add_argument("--engine", choices=engine_names(), help="what measures a candidate: sim (the cost model), torch, "
                    f"llamacpp (default {D.TUNE_ENGINE})")
     _add_hw(p, True)
     p.add_argument("--trials", type=int, help=f"engine runs to add to the study (default {D.TUNE_TRIALS})")

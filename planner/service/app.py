@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engines import spec
 from ..errors import InputError
 from . import options
 from .config import ServerConfig
@@ -252,7 +253,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         argv = [*args.argv, "--json", "--quiet", "--no-report", f"--storage={storage}"]
         if not args.study:
             argv.append(f"--study={name}")
-        if engine_name == "llamacpp" and config.llama_bench:
+        if spec(engine_name).traits.binary == "llama-bench" and config.llama_bench:
             argv.append(f"--llama-bench={config.llama_bench}")
         job = jobs.start(argv, name, storage)
         return as_json(job.to_json(), 202)

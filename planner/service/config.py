@@ -7,8 +7,6 @@ from pathlib import Path
 
 from ..tuner.search import STUDIES_DIR
 
-ENGINES = ("sim", "torch", "llamacpp")
-
 
 @dataclass(frozen=True)
 class ServerConfig:

@@ -1,4 +1,13 @@
-"""What a study maximises: TG, PP, both (a Pareto front), or a user expression such as `tg + 0.1*pp`.
+"""What a study maximises: the user's workload answered fastest (`time`, the default), TG, PP, both (a Pareto
+front), or a user expression such as `tg + 0.1*pp`.
+
+`time` ranks configs by the workload's mean request time (planner/workload.py): each request class takes its new
+tokens at the class's PP and its generated tokens at the class's TG. An engine run measures PP and TG once, at the
+study's benchmark workload (`bench_for`: the classes' mean new tokens at their mean cached depth); each class's
+speeds are those times the cost model's ratio between the class's depth and size and the benchmark's, computed once
+per study on the planner's pick for the budget (`request_time`) and stored with the study, so every trial of it,
+resumed or not, is scored with the same numbers. The value maximised is the workload's tokens per second (a
+request's new and generated tokens over its mean time); reports show the mean request time beside it.
 
 User expressions are parsed with `ast` into a small tree of our own and evaluated without `eval`: only the names
 `tg` and `pp` (tokens per second at the study's workload), numbers, `+ - * /`, unary minus and parentheses. Any
@@ -8,13 +17,22 @@ from __future__ import annotations
 
 import ast
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 from collections.abc import Callable
 
+from ..bench_workload import BenchWorkload
 from ..errors import InputError
 
-ObjectiveKind = Literal["tg", "pp", "both", "expr"]
+if TYPE_CHECKING:
+    from ..hardware import HardwareProfile
+    from ..model import ModelInventory
+    from ..plan import Plan
+    from ..workload import Workload
+
+ObjectiveKind = Literal["time", "tg", "pp", "both", "expr"]
+BENCH_MAX_GEN = 128        # generated tokens a benchmark run times: TG settles within them
+BENCH_MIN_GEN = 16
 MAX_EXPR_CHARS = 200
 MAX_EXPR_NODES = 64
 _NAMES = ("tg", "pp")
@@ -58,10 +76,90 @@ def _names(tree: ast.AST) -> set[str]:
 
 
 @dataclass(frozen=True)
+class ClassSpeeds:
+    """One request class as the time objective sees it: its share, its tokens, and its PP and TG as multiples of
+    the benchmark run's (the cost model's ratio)."""
+    weight: float
+    new_tokens: int
+    gen_tokens: int
+    pp_scale: float
+    tg_scale: float
+
+
+@dataclass(frozen=True)
+class RequestTime:
+    """A workload's mean request time as a function of the benchmark run's TG and PP."""
+    workload: str
+    classes: tuple[ClassSpeeds, ...]
+
+    def mean_s(self, tg_tps: float, pp_tps: float) -> float:
+        """Seconds a request takes on average (inf when a speed the workload needs is 0)."""
+        total = 0.0
+        for c in self.classes:
+            pp, tg = pp_tps * c.pp_scale, tg_tps * c.tg_scale
+            if (c.new_tokens and pp <= 0) or (c.gen_tokens and tg <= 0):
+                return math.inf
+            total += c.weight * ((c.new_tokens / pp if c.new_tokens else 0.0) + (c.gen_tokens / tg if c.gen_tokens
+                                                                                  else 0.0))
+        return total / sum(c.weight for c in self.classes)
+
+    def tokens_per_request(self) -> float:
+        return sum(c.weight * (c.new_tokens + c.gen_tokens) for c in self.classes) / sum(c.weight for c in
+                                                                                         self.classes)
+
+    def tps(self, tg_tps: float, pp_tps: float) -> float:
+        """The workload's tokens per second: what the time objective maximises (0 when it cannot be served)."""
+        s = self.mean_s(tg_tps, pp_tps)
+        return 0.0 if not math.isfinite(s) or s <= 0 else self.tokens_per_request() / s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": self.workload, "classes": [vars(c).copy() for c in self.classes]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestTime:
+        return cls(str(d["workload"]), tuple(ClassSpeeds(**c) for c in d["classes"]))
+
+
+def bench_for(workload: Workload, repetitions: int = 3) -> BenchWorkload:
+    """The benchmark run a study measures for `workload`: its mean new tokens as the prompt, at its mean cached
+    depth, and up to BENCH_MAX_GEN generated tokens (TG is per token; more only makes runs longer)."""
+    total = sum(c.weight for c in workload.classes)
+
+    def mean(attr: str) -> int:
+        return round(sum(c.weight * getattr(c, attr) for c in workload.classes) / total)
+    return BenchWorkload(n_prompt=max(1, mean("new_tokens")), n_gen=min(BENCH_MAX_GEN, max(BENCH_MIN_GEN,
+                         mean("gen_tokens"))), depth=mean("cached_tokens"), repetitions=repetitions)
+
+
+def request_time(inv: ModelInventory, hw: HardwareProfile, plan: Plan, workload: Workload,
+                 bench: BenchWorkload) -> RequestTime:
+    """Each class's speeds relative to `bench`'s, by the cost model on `plan`. A class with k requests in flight
+    processes their k prompts together and then generates k tokens a step: its PP is the cost model's at k x new
+    tokens, its per-request TG the k-token step's rate over k."""
+    from ..cost import predict
+    base = predict(inv, plan, hw, n_prompt=max(bench.n_prompt, 1), depth=bench.depth)
+    classes = []
+    for c in workload.classes:
+        k = c.in_flight
+        pp = predict(inv, plan, hw, n_prompt=max(k * c.new_tokens, 1), depth=c.cached_tokens).pp_tps / k
+        at = predict(inv, plan, hw, n_prompt=k, depth=c.prompt_tokens)
+        tg = at.tg_tps if k == 1 else at.pp_tps / k
+        classes.append(ClassSpeeds(float(c.weight), c.new_tokens, c.gen_tokens,
+                                   pp / base.pp_tps if base.pp_tps > 0 else 0.0,
+                                   tg / base.tg_tps if base.tg_tps > 0 else 0.0))
+    return RequestTime(workload.name, tuple(classes))
+
+
+@dataclass(frozen=True)
 class Objective:
-    """kind "tg"/"pp": one value, maximised; "both": (tg, pp), both maximised; "expr": expr(tg, pp), maximised."""
+    """kind "time": the workload's tokens per second (`request`, attached by the study), maximised; "tg"/"pp":
+    one value, maximised; "both": (tg, pp), both maximised; "expr": expr(tg, pp), maximised."""
     kind: ObjectiveKind
     text: str
+    request: RequestTime | None = None
+
+    def with_request(self, request: RequestTime) -> Objective:
+        return replace(self, request=request)
 
     @property
     def n_values(self) -> int:
@@ -73,10 +171,16 @@ class Objective:
 
     @property
     def names(self) -> list[str]:
+        if self.kind == "time":
+            return ["workload_tps"]
         return ["tg_tps", "pp_tps"] if self.kind == "both" else [self.text]
 
     def values(self, tg_tps: float, pp_tps: float) -> tuple[float, ...]:
         """The study's values for measured throughputs; NaN where the expression is undefined (x / 0)."""
+        if self.kind == "time":
+            if self.request is None:
+                raise InputError("objective time needs the workload's request classes (tune --workload)")
+            return (self.request.tps(tg_tps, pp_tps),)
         if self.kind == "both":
             return (tg_tps, pp_tps)
         if self.kind == "tg":
@@ -118,12 +222,14 @@ def _parse_expr(text: str) -> Expr:
 
 
 def parse_objective(text: str) -> Objective:
-    """'tg', 'pp', 'both' (or 'pareto', or `plan`'s word 'balanced': the front holds plan's geometric-mean pick),
-    or an expression over tg and pp. Raises InputError (one line)."""
+    """'time' (the workload's mean request time), 'tg', 'pp', 'both' (or 'pareto', or `plan`'s word 'balanced':
+    the front holds plan's geometric-mean pick), or an expression over tg and pp. Raises InputError (one line)."""
     t = (text or "").strip()
     if not t:
-        raise InputError("--objective is empty; use tg, pp, both or an expression such as 'tg + 0.1*pp'")
+        raise InputError("--objective is empty; use time, tg, pp, both or an expression such as 'tg + 0.1*pp'")
     low = t.lower()
+    if low == "time":
+        return Objective("time", "time")
     if low in ("tg", "pp"):
         return Objective(low, low)   # type: ignore[arg-type]
     if low in ("both", "pareto", "balanced"):

@@ -59,12 +59,14 @@ from ..errors import InputError, OffloadTunerError
 from ..hardware import GiB, MiB, HardwareProfile
 from ..memory import MemoryReport
 from ..model import ModelInventory
-from .objectives import Objective, parse_objective
+from .objectives import Objective, RequestTime, parse_objective, request_time
 from .records import CandidateInfo, MeasuredRun, RecordWriter, TrialRecord
 from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
-from ..propose import DEFAULT_MARGIN, Budget, best_plans, proposals
+from ..engines import traits_of
+from ..propose import Budget, best_plans, proposals
 from .space import Candidate, Space, SpaceConfig
 from ..bench_workload import BenchWorkload
+from ..workload import Workload
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +78,6 @@ PATIENCE = 60              # trials in a row without a run before a session stop
 SCREEN_RATIO = 0.85        # measure a sampler candidate only if predicted >= this x the best measured
 OOM_STEP = 256 * MiB       # an OOM raises the margin by at least this much
 MARGIN_SLACK = 64 * MiB    # learnt margin = the memory model's worst under-prediction so far + this
-# The memory model's known error per engine before a run says more (predicted - measured peak): llama-bench on
-# the H100 box -204..+72 MiB over 74 runs (issue 10), the torch runtime holds 1.4-2.3 GiB of upload staging the
-# llama.cpp model does not count; the sim engine is the model.
-MEMORY_ERROR_PRIOR = {"sim": 0, "llamacpp": 256 * MiB, "torch": 512 * MiB}
 SERVER_FIT = "--fit's placement in a server"   # llama-fit-params' pick for the whole workload, run as a plan
 MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
 _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
@@ -108,6 +106,7 @@ class Settings:
     workload: dict[str, int]
     n_ctx: int
     space: dict[str, Any]
+    requests: dict[str, Any] | None = None     # the user's workload the time objective serves (None: other ones)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +116,7 @@ class Settings:
         study was made is absent from it: the study ran with that option's default, so the default matches."""
         mine = self.to_dict()
         out = []
-        for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space"):
+        for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space", "requests"):
             theirs = other.get(k)
             if k == "space" and isinstance(theirs, dict):
                 defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
@@ -268,7 +267,7 @@ class Tuner:
                  study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
                  prescreen: bool | None = None, surrogate: bool = True, seed_trials: bool = True,
                  sampler: str = "tpe", pool_size: int = 200, baselines: bool = True, commands: bool = True,
-                 space: Space | None = None) -> None:
+                 space: Space | None = None, requests: Workload | None = None) -> None:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -278,22 +277,26 @@ class Tuner:
         self.estimate = memory_model(engine, workload)
         self.objective = parse_objective(objective) if isinstance(objective, str) else objective
         self.workload, self.dialect = workload, dialect
+        if self.objective.kind == "time" and requests is None:
+            raise InputError("objective time needs the workload's request classes: say --workload (chat, agent, rag, "
+                             "batch, or a file)")
+        self.requests = requests if self.objective.kind == "time" else None
         need = workload.depth + workload.n_prompt + workload.n_gen
         self.n_ctx = n_ctx if n_ctx is not None else max(DEFAULT_CTX, -(-need // 256) * 256)
         if self.n_ctx < need:
             raise InputError(f"--ctx {self.n_ctx} is smaller than the workload's depth + n_prompt + n_gen = {need}")
         self.config, self.seed, self.rng = config, seed, random.Random(seed)
-        self.prescreen = (getattr(engine, "name", "") != "sim") if prescreen is None else prescreen
+        traits = traits_of(engine)
+        self.prescreen = traits.measured if prescreen is None else prescreen
         self.surrogate, self.seed_trials = surrogate, seed_trials
         self.pool_size, self.want_baselines = pool_size, baselines
         self.study_name, self.storage_url = study_name, storage
         if margin is not None and margin < 0:
             raise InputError(f"--margin must be >= 0, got {margin}")
-        engine_name = getattr(engine, "name", "")
         # the budget runs are judged against: VRAM minus the margin asked for (none when the margin is learnt)
         self.margin_asked = margin
         self.margin_initial = margin if margin is not None else 0
-        prior = margin if margin is not None else MEMORY_ERROR_PRIOR.get(engine_name, DEFAULT_MARGIN)
+        prior = margin if margin is not None else traits.memory_error_prior
         # the context the engine's run holds (llama-bench: the prompt test's); the emitted commands hold n_ctx.
         # An engine without run_context (sim: the memory model at n_ctx) measures at n_ctx itself.
         run_context = getattr(engine, "run_context", None)
@@ -304,7 +307,8 @@ class Tuner:
         self.settings = Settings(model=model or inv.source or inv.name, model_id=inv.source or inv.name,
                                  engine=getattr(engine, "name", type(engine).__name__), hardware=_hw_key(hw),
                                  dialect=dialect, objective=self.objective.text, workload=asdict(workload),
-                                 n_ctx=self.n_ctx, space=config.to_dict())
+                                 n_ctx=self.n_ctx, space=config.to_dict(),
+                                 requests=self.requests.to_dict() if self.requests is not None else None)
         self._margin_prior = prior
         self.study = self._open(fresh, sampler)
         attrs = self.study.user_attrs
@@ -324,6 +328,8 @@ class Tuner:
         else:
             self.space = Space(inv, hw, dialect=dialect, n_ctx=self.n_ctx, margin=self.margin, config=config,
                                memory=self.estimate, ubatch_margins=self.ubatch_margins)
+        if self.requests is not None:
+            self.objective = self.objective.with_request(self._request_time(attrs))
         self.fit = CostFit.from_dict(attrs.get("cost_fit"))
         self.pool: dict[str, _PoolEntry] = {}
         self.measured: dict[str, tuple[int, tuple[float, ...] | None]] = {}   # plan id -> (trial, values)
@@ -520,6 +526,22 @@ class Tuner:
             for key in keys:
                 out.append((level, cands[max(range(len(cands)), key=key)]))
         return out
+
+    def _request_time(self, attrs: dict[str, Any]) -> RequestTime:
+        """The time objective's per-class speeds (objectives.request_time), computed once per study on the
+        planner's pick for the budget and stored, so a resumed study scores its trials as before."""
+        if "request_time" in attrs:
+            return RequestTime.from_dict(attrs["request_time"])
+        knobs = self._default_knobs()
+        try:
+            plan = best_plans(self.inv, self.hw, knobs, self.dialect, "balanced", self.space.margin_for(knobs.n_ubatch),
+                              n_prompt=max(self.workload.n_prompt, 1))[0].plan
+        except (InputError, IndexError):    # nothing fits the budget: the ratios of the model on the CPU alone
+            plan = Plan(self.inv.source or self.inv.name, {t.name: "CPU" for t in self.inv.allocated()}, knobs,
+                        self.dialect)
+        rt = request_time(self.inv, self.hw, plan, self.requests, self.workload)
+        self.study.set_user_attr("request_time", rt.to_dict())
+        return rt
 
     # ---- seeding and baselines ------------------------------------------------------------------------------
 

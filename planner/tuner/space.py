@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from ..engines import traits_of
 from ..hardware import HardwareProfile, fmt_bytes
 from ..memory import MemoryReport, estimate
 from ..model import ModelInventory
@@ -114,7 +115,7 @@ class SpaceConfig:
         gain is measured, docs/tuning.md; the sim engine does not model it), one op-offload switch for ik's
         llama-bench, which has no -op (docs/ik_llama.md). `tune` and the GPU benchmarks both ask here."""
         out = self
-        if dialect == "mainline" and getattr(engine, "name", "") != "sim":
+        if dialect == "mainline" and traits_of(engine).no_host_probe:
             out = replace(out, no_host=(False, True))
         if dialect == "ik" and getattr(getattr(engine, "info", None), "tool", None) == "bench":
             out = replace(out, op_per_class=False)

@@ -11,6 +11,13 @@ reference.py (a plain implementation without placement, for tests).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .engine import TorchEngine, TorchModel
 
-__all__ = ["TorchEngine", "TorchModel"]
+__all__ = ["TorchEngine", "TorchModel", "from_options"]
+
+
+def from_options(opts: Any, hw: Any) -> TorchEngine:
+    """The registry's factory (planner/engines.py): the GPUs of this machine, the runtime's defaults."""
+    return TorchEngine()

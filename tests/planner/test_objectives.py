@@ -38,3 +38,65 @@ def test_hostile_expressions_are_one_line_input_errors(text):
     with pytest.raises(InputError) as e:
         parse_objective(text)
     assert "\n" not in str(e.value)
+
+
+# ---- time: the workload's mean request time ----------------------------------------------------------------------
+
+def test_request_time_by_hand():
+    from planner.tuner.objectives import ClassSpeeds, RequestTime
+    # class a: 1000 new at 2x the bench PP, 100 out at the bench TG; class b (weight 3): 0 new, 50 out at half TG
+    rt = RequestTime("w", (ClassSpeeds(1.0, 1000, 100, 2.0, 1.0), ClassSpeeds(3.0, 0, 50, 1.0, 0.5)))
+    # bench PP 500, TG 10: a = 1000/1000 + 100/10 = 11 s; b = 50/5 = 10 s; mean (11 + 3*10)/4 = 10.25 s
+    assert rt.mean_s(10.0, 500.0) == pytest.approx(10.25)
+    assert rt.tps(10.0, 500.0) == pytest.approx(((1100 + 3 * 50) / 4) / 10.25)
+    assert rt.mean_s(0.0, 500.0) == math.inf and rt.tps(0.0, 500.0) == 0.0     # cannot generate: cannot serve
+    assert RequestTime.from_dict(rt.to_dict()) == rt
+    o = parse_objective("time").with_request(rt)
+    assert o.kind == "time" and o.names == ["workload_tps"] and o.values(10.0, 500.0) == (rt.tps(10.0, 500.0),)
+    with pytest.raises(InputError, match="--workload"):
+        parse_objective("time").values(10.0, 500.0)
+
+
+def test_bench_for_the_presets():
+    from planner.tuner.objectives import bench_for
+    from planner.workload import preset
+    assert (bench_for(preset("rag")).n_prompt, bench_for(preset("rag")).depth) == (16384, 0)
+    agent = bench_for(preset("agent"))
+    assert (agent.n_prompt, agent.depth, agent.n_gen) == (4096, 24576, 128)
+    chat = bench_for(preset("chat"))
+    assert (chat.n_prompt, chat.depth) == (300, 4096)
+
+
+def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
+    """The per-class ratios are computed once and stored: a resumed study scores with the same numbers, and each
+    trial's value is the workload's tokens per second at its measured TG and PP."""
+    from planner.hardware import resolve
+    from planner.loader import load_model
+    from planner.tuner.objectives import bench_for
+    from planner.tuner.search import Tuner
+    from planner.workload import preset
+    from runtime.sim import SimEngine
+    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
+    w = preset("agent")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    def tuner():
+        return Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), requests=w, n_ctx=39424,
+                     pool_size=20, study_name="s", storage=url)
+    t = tuner()
+    t.run(3)
+    rt = t.objective.request
+    # deeper classes are slower to generate: the ratios come from the cost model, not 1.0
+    assert rt.classes[0].tg_scale > 1.0 > rt.classes[2].tg_scale
+    done = [tr for tr in t.study.trials if tr.values]
+    assert done
+    from planner.tuner.records import TrialRecord
+    for tr in done:
+        m = TrialRecord.from_trial(tr).measured
+        assert tr.values[0] == pytest.approx(rt.tps(m.tg_tps, m.pp_tps))
+    import optuna
+    flat = [dict(c, pp_scale=1.0, tg_scale=1.0) for c in rt.to_dict()["classes"]]
+    optuna.load_study(study_name="s", storage=url).set_user_attr("request_time", dict(rt.to_dict(), classes=flat))
+    assert all(c.tg_scale == 1.0 for c in tuner().objective.request.classes)    # what is stored is what scores
+    with pytest.raises(InputError, match="--workload"):
+        Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), n_ctx=39424)

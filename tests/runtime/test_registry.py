@@ -1,10 +1,20 @@
-"""planner/engines.py names what the planner calls in runtime/ by string; each name must resolve to what it says."""
+"""planner/engines.py, the engine registry: each name resolves to a factory in runtime/ that makes an Engine, the
+traits are what the tuner asks instead of names, and no code outside the registry branches on an engine's name."""
 from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from planner import engines
 from planner.engine import Engine
+from planner.errors import InputError
+from planner.hardware import resolve
+from planner.options import EngineOptions
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", sorted(engines.RUNTIME))
@@ -13,12 +23,56 @@ def test_every_runtime_command_resolves(name):
 
 
 @pytest.mark.parametrize("name", sorted(engines.ENGINES))
-def test_every_engine_resolves_to_an_engine_class(name):
-    cls = engines.engine_class(name)
-    assert isinstance(cls, type) and hasattr(cls, "measure")
-    assert engines.module_found(engines.engine_module(name))
+def test_every_engine_factory_resolves(name):
+    spec = engines.spec(name)
+    assert spec.name == name and engines.module_found(spec.module)
+    assert callable(engines._load(spec.factory))
 
 
-def test_sim_from_the_registry_keeps_the_contract():
-    from planner.hardware import resolve
-    assert isinstance(engines.engine_class("sim")(resolve("rtx4090-ddr5", None)), Engine)
+def test_make_engine_builds_sim_with_its_traits():
+    hw = resolve("rtx4090-ddr5", None)
+    engine = engines.make_engine(EngineOptions(engine="sim", model="preset:Qwen3-30B-A3B"), hw)
+    assert isinstance(engine, Engine) and engine.name == "sim"
+    assert engines.traits_of(engine) == engines.spec("sim").traits
+    assert not engines.traits_of(engine).measured and engines.traits_of(engine).memory_error_prior == 0
+
+
+def test_unknown_and_unavailable_engines_are_one_line(monkeypatch):
+    hw = resolve("rtx4090-ddr5", None)
+    with pytest.raises(InputError, match="unknown engine 'nope': give one of sim, torch, llamacpp"):
+        engines.make_engine(EngineOptions(engine="nope", model="m"), hw)
+    monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"], factory="runtime.gone:make"))
+    with pytest.raises(InputError, match="not available yet"):
+        engines.make_engine(EngineOptions(engine="torch", model="m"), hw)
+    monkeypatch.setitem(engines.RUNTIME, "cuda_available", "planner.engines:names")   # a stand-in answer: truthy
+    monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"],
+                                                          factory="runtime.sim:from_options"))
+    assert engines.make_engine(EngineOptions(engine="torch", model="m"), hw).name == "sim"
+
+
+def test_an_unregistered_engine_object_is_taken_for_a_measured_one():
+    class Stand:
+        name = "someone-elses"
+    assert engines.traits_of(Stand()) == engines.UNREGISTERED and engines.UNREGISTERED.measured
+    assert engines.traits_of(object()) == engines.UNREGISTERED
+
+
+# an engine name in a comparison: `x.name == "sim"`, `engine != "llamacpp"`, `in ("sim", ...)`
+_NAME_CHECK = re.compile(r"""(==|!=|\bin\b)\s*\(?\s*["'](sim|torch|llamacpp|llamaserver)["']""")
+
+
+def test_no_code_branches_on_an_engine_name():
+    hits = []
+    for folder in ("planner", "runtime"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "engines.py" and path.parent.name == "planner":
+                continue
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if _NAME_CHECK.search(line.split("#")[0]):
+                    hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not hits, "ask planner.engines.traits_of(engine) instead:\n" + "\n".join(hits)
+
+
+def test_the_name_check_finder_finds_one():
+    assert _NAME_CHECK.search('if engine.name == "sim":') and _NAME_CHECK.search("x in ('torch', 'sim')")
+    assert not _NAME_CHECK.search('name: str = "sim"')

@@ -1,0 +1,218 @@
+"""Confirmation on the server the user runs: the study's finalists and the `--fit` a knowledgeable user would run,
+each started as llama-server and sent the user's workload, interleaved in rounds, judged by the median mean
+request time.
+
+llama-bench is not what users run: its -fitt fits another context than the server's, it has no prompt cache and
+no parallel slots. So a study whose objective is the workload's request time ends here (tune's `--served`, the
+workload_vs_fit benchmark): the engine is the llamaserver engine (runtime/llamaserver.py), which starts the
+emitted command, replays the workload over HTTP and measures each request.
+
+The reference is the best of `llama-server --fit on` at the workload's context with the default ubatch (512),
+with `-ub 2048` and with `-ub 4096` (ik: its own --fit likewise): the fastest of them on the workload, by median.
+It is itself a candidate, so what is recommended is never slower than what the user would have run: when no
+finalist beats it, the recommendation is that --fit line.
+
+    # C contenders (references + finalists), R rounds: R x C server runs, each replaying the whole workload
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+from ..hardware import fmt_bytes
+from .confirm import Spread, compare, schedule
+from .records import TrialRecord
+
+if TYPE_CHECKING:
+    from .search import Tuner
+
+REFERENCE_UBATCHES = (512, 2048, 4096)     # --fit as llama-server defaults it, and the two a user tries next
+SERVED_ROUNDS = 2
+SERVED_FINALISTS = 3
+PP_GIVE_UP = 0.5          # a pick under half the reference's PP says so in its first line
+TG_GIVE_UP = 0.95         # ... and one more than 5% under its TG
+BENCH_SERVER_GAP = 0.05   # llama-bench and llama-server further apart than this: a warning in the report
+
+
+@dataclass(frozen=True)
+class Served:
+    """One config to serve: a reference (--fit at an ubatch) or a trial's plan."""
+    key: str                           # "fit:512", "fit:2048", "fit:4096" or "trial:N"
+    name: str
+    roles: tuple[str, ...]             # "reference" or "finalist"
+    trial: int | None = None
+    ubatch: int | None = None
+
+
+def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served]:
+    """The references, then the study's best trials by its objective (distinct plans, measured ok)."""
+    from optuna.trial import TrialState
+    out = [Served(f"fit:{ub}", "--fit" + (f" -ub {ub}" if ub != 512 else ""), ("reference",), ubatch=ub)
+           for ub in REFERENCE_UBATCHES]
+    ranked = []
+    for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        r = TrialRecord.from_trial(t)
+        if r.measured is not None and r.measured.ok and r.duplicate_of is None and r.plan_json is not None \
+                and t.values:
+            ranked.append((tuner.objective.scalar(r.measured.tg_tps, r.measured.pp_tps), t.number))
+    for _, number in sorted(ranked, reverse=True)[:n_finalists]:
+        out.append(Served(f"trial:{number}", f"trial {number}", ("finalist",), trial=number))
+    return out
+
+
+def _sample(tuner: Tuner, server: Any, c: Served) -> dict[str, Any]:
+    """One replay of the workload by one contender, as a stored row."""
+    from .interrupt import SIGINT
+    budgets = {g.name: g.vram_bytes for g in tuner.hw.gpus}
+    try:
+        with SIGINT.engine_run():
+            if c.trial is not None:
+                plan = TrialRecord.from_trial(tuner._trial(c.trial)).plan()
+                m = server.measure_workload(tuner.inv, plan, tuner.requests)
+            else:
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, tuner.dialect)
+    except InputError:
+        raise
+    except Exception as e:       # an engine bug is a failed sample, not the end of the study
+        return {"ok": False, "error": f"engine raised {type(e).__name__}: {e}"}
+    raw = m.raw or {}
+    return {"ok": bool(m.ok), "error": m.error, "request_s": raw.get("mean_request_s"), "ttft_s": raw.get("ttft_s"),
+            "pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "peak_bytes": dict(m.peak_bytes),
+            "command": raw.get("command"), "seconds": raw.get("seconds")}
+
+
+def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
+                   deadline: float | None = None, progress: Any = None) -> dict[str, Any]:
+    """Serve the references and the finalists interleaved for `rounds` rounds; each sample is stored as it comes
+    (the study attr "served"), so a killed confirmation resumes. Returns the record (served_record), or {} when a
+    sample was left because it would not end before `deadline` (call again to go on)."""
+    if tuner.requests is None:
+        raise InputError("serving a study's finalists needs its workload: tune with --objective time")
+    cs = contenders(tuner, n_finalists)
+    keys = [c.key for c in cs]
+    stored = tuner.study.user_attrs.get("serving") or {}
+    rows = list(stored.get("rows", [])) if stored.get("keys") == keys else []
+    for rnd, c in schedule(cs, rounds):
+        if any(r["round"] == rnd and r["key"] == c.key for r in rows):
+            continue
+        took = [r.get("seconds") or 0 for r in rows if r["key"] == c.key]
+        if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
+            return {}
+        rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c)})
+        tuner.study.set_user_attr("serving", {"keys": keys, "rounds": rounds, "rows": rows})
+        if progress is not None:
+            progress(len(rows), rounds * len(cs))
+    budget = {g.name: g.vram_bytes for g in tuner.hw.gpus}
+    record = served_record(cs, rows, rounds, budget, tuner.requests.name, _bench_runs(tuner, cs))
+    tuner.study.set_user_attr("served", record)
+    return record
+
+
+def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
+    """Each finalist's benchmark run (llama-bench, at the study's benchmark workload): its speeds and its peaks
+    moved to the emitted context, to set beside the server's."""
+    out = {}
+    for c in cs:
+        if c.trial is not None:
+            m = TrialRecord.from_trial(tuner._trial(c.trial)).measured
+            if m is not None:
+                out[c.key] = {"pp_tps": m.pp_tps, "tg_tps": m.tg_tps,
+                              "peak_bytes": dict(m.peak_at_ctx or m.peak_bytes)}
+    return out
+
+
+def bench_vs_server(bench: dict[str, Any], served: dict[str, Any]) -> list[str]:
+    """Where llama-bench and llama-server disagree by more than BENCH_SERVER_GAP: peak VRAM per GPU (the budget
+    is judged on the server's), PP and TG (the benchmark measures at the workload's mean, the server per class)."""
+    out = []
+    for d, b in bench.get("peak_bytes", {}).items():
+        s = served["vram_device_bytes"].get(d)
+        if s and abs(s - b) > BENCH_SERVER_GAP * s:
+            out.append(f"{d}: llama-bench {fmt_bytes(b)}, llama-server {fmt_bytes(s)}")
+    for name, key in (("PP", "pp"), ("TG", "tg")):
+        b, s = bench.get(f"{key}_tps") or 0.0, served[key].median
+        if s > 0 and abs(b - s) > BENCH_SERVER_GAP * s:
+            out.append(f"{name}: llama-bench {b:.1f}, llama-server {s:.1f} t/s")
+    return out
+
+
+def _summary(c: Served, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    mine = [r for r in rows if r["key"] == c.key]
+    good = [r for r in mine if r.get("ok") and r.get("request_s")]
+
+    def spread(k: str) -> Spread:
+        return Spread(tuple(float(r[k]) for r in good if r.get(k) is not None))
+    peaks: dict[str, int] = {}
+    for r in good:
+        for d, b in (r.get("peak_bytes") or {}).items():
+            peaks[d] = max(peaks.get(d, 0), int(b))
+    return {"key": c.key, "name": c.name, "roles": list(c.roles), "trial": c.trial, "ubatch": c.ubatch,
+            "request_s": spread("request_s"), "ttft_s": spread("ttft_s"), "pp": spread("pp_tps"),
+            "tg": spread("tg_tps"), "vram_device_bytes": dict(sorted(peaks.items())),
+            "command": next((r.get("command") for r in good if r.get("command")), None),
+            "errors": [r.get("error", "") for r in mine if not r.get("ok")]}
+
+
+def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, budget: dict[str, int],
+                  workload: str, bench: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Medians and spreads per contender; the reference (the fastest --fit variant); the pick: the fastest of all,
+    references included, among the finalists within the budget on every GPU (a reference is what the user would
+    run, so its own VRAM never rules it out); its speedup over the reference with a verdict (win / tie / loss by
+    the spreads of the request rates); and what the pick gives up, if anything."""
+    s = [_summary(c, rows) for c in cs]
+    for x in s:
+        if bench and x["key"] in bench:
+            x["bench"] = bench[x["key"]]
+            x["bench_vs_server"] = bench_vs_server(bench[x["key"]], x) if x["request_s"].samples else []
+    ok = [x for x in s if x["request_s"].samples]
+    refs = [x for x in ok if "reference" in x["roles"]]
+    ref = min(refs, key=lambda x: x["request_s"].median, default=None)
+
+    def within(x: dict[str, Any]) -> bool:
+        return all(b <= budget.get(d, math.inf) for d, b in x["vram_device_bytes"].items())
+    eligible = [x for x in ok if "reference" in x["roles"] or within(x)]
+    pick = min(eligible, key=lambda x: x["request_s"].median, default=None)
+    out: dict[str, Any] = {"workload": workload, "rounds": rounds, "budget_bytes": budget,
+                           "reference": ref["key"] if ref else None, "pick": pick["key"] if pick else None}
+    if ref is not None and pick is not None:
+        rate = compare(Spread(tuple(1 / v for v in pick["request_s"].samples)),
+                       Spread(tuple(1 / v for v in ref["request_s"].samples)))
+        out["speedup"] = rate.to_dict() if rate else None
+        out["gives_up"] = gives_up(pick, ref)
+    out["results"] = [dict(x, **{k: x[k].to_dict() for k in ("request_s", "ttft_s", "pp", "tg")}) for x in s]
+    return out
+
+
+def gives_up(pick: dict[str, Any], ref: dict[str, Any]) -> list[str]:
+    """What the pick trades away against the reference: under PP_GIVE_UP x its PP, or under TG_GIVE_UP x its TG."""
+    out = []
+    for name, floor in (("pp", PP_GIVE_UP), ("tg", TG_GIVE_UP)):
+        a = pick[name].median if isinstance(pick[name], Spread) else pick[name]["median"]
+        b = ref[name].median if isinstance(ref[name], Spread) else ref[name]["median"]
+        if b > 0 and a < floor * b:
+            out.append(f"{name.upper()} {a / b:.2f}x the reference's ({a:.1f} vs {b:.1f} t/s)")
+    return out
+
+
+def headline(record: dict[str, Any]) -> str:
+    """The first line a report and --json give: the pick against the reference on the workload, and what it gives
+    up (said first, when it gives anything up)."""
+    res = {r["key"]: r for r in record.get("results", [])}
+    ref, pick = res.get(record.get("reference") or ""), res.get(record.get("pick") or "")
+    if ref is None or pick is None:
+        return f"{record.get('workload')}: no served result (every server run failed; see the rows)"
+    t_ref, t_pick = ref["request_s"]["median"], pick["request_s"]["median"]
+    vram = sum(pick["vram_device_bytes"].values())
+    if pick is ref:
+        text = (f"{record['workload']}: keep {ref['name']}: no finalist answered faster than its {t_ref:.2f} s mean "
+                f"request ({fmt_bytes(vram)} VRAM)")
+    else:
+        sp = record.get("speedup") or {}
+        text = (f"{record['workload']}: {pick['name']} answers in {t_pick:.2f} s mean, {ref['name']} in {t_ref:.2f} s: "
+                f"{t_ref / t_pick:.2f}x ({sp.get('verdict', '?')}), at {fmt_bytes(vram)} VRAM "
+                f"(reference {fmt_bytes(sum(ref['vram_device_bytes'].values()))})")
+    given = record.get("gives_up") or []
+    return (f"gives up {'; '.join(given)}: " + text) if given else text
