@@ -100,3 +100,20 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     assert all(c.tg_scale == 1.0 for c in tuner().objective.request.classes)    # what is stored is what scores
     with pytest.raises(InputError, match="--workload"):
         Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), n_ctx=39424)
+
+
+@pytest.mark.parametrize("name", ["chat", "agent", "rag", "batch"])
+def test_time_never_prefers_a_no_host_config_that_starves_the_prompt(name):
+    """The H100 study of the issue: a --no-host config measured TG 56.3 t/s at PP 130 t/s, llama.cpp's --fit TG
+    54.1 at PP 3000. Under TG the first wins; under the time objective, with any workload preset (the cost model's
+    per-class ratios left at 1), --fit's answers come faster, so the study cannot recommend the slower one."""
+    from planner.tuner.objectives import ClassSpeeds, RequestTime
+    from planner.workload import preset
+    w = preset(name)
+    rt = RequestTime(name, tuple(ClassSpeeds(c.weight, c.new_tokens, c.gen_tokens, 1.0, 1.0) for c in w.classes))
+    o = parse_objective("time").with_request(rt)
+    assert parse_objective("tg").scalar(56.3, 130.0) > parse_objective("tg").scalar(54.1, 3000.0)
+    assert o.scalar(54.1, 3000.0) > o.scalar(56.3, 130.0)
+    # ... and the 5.9x of the issue (2048 in, 128 out): 17 s against 2.9 s
+    one = RequestTime("p2048", (ClassSpeeds(1.0, 2048, 128, 1.0, 1.0),))
+    assert one.mean_s(56.3, 130.0) / one.mean_s(54.1, 3000.0) == pytest.approx(5.9, abs=0.3)

@@ -1,0 +1,66 @@
+"""planner/tuner/served.py's judgement: the reference is the fastest --fit variant, the pick the fastest config of
+all (references included) within the budget, and what a pick gives up is said first."""
+from __future__ import annotations
+
+import pytest
+
+from planner.tuner.served import Served, headline, served_record
+
+MiB = 1 << 20
+REFS = [Served("fit:512", "--fit", ("reference",), ubatch=512), Served("fit:2048", "--fit -ub 2048", ("reference",),
+                                                                        ubatch=2048)]
+
+
+def rows(key: str, secs: list[float], pp: float, tg: float, vram_mib: int, ok: bool = True) -> list[dict]:
+    return [{"round": i, "key": key, "ok": ok, "request_s": s, "ttft_s": s / 3, "pp_tps": pp, "tg_tps": tg,
+             "peak_bytes": {"CUDA0": vram_mib * MiB}, "error": "" if ok else "boom"} for i, s in enumerate(secs)]
+
+
+def test_the_fastest_reference_is_the_reference_and_a_faster_trial_in_budget_is_the_pick():
+    cs = REFS + [Served("trial:3", "trial 3", ("finalist",), trial=3), Served("trial:5", "trial 5", ("finalist",),
+                                                                              trial=5)]
+    r = (rows("fit:512", [10.0, 10.4], 3000, 50, 6200) + rows("fit:2048", [8.0, 8.2], 5000, 50, 6300)
+         + rows("trial:3", [5.0, 5.1], 9000, 49, 6000)       # fastest within the 6144 MiB budget
+         + rows("trial:5", [4.0, 4.1], 12000, 49, 6500))     # faster still, but over the budget on the server
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag")
+    assert rec["reference"] == "fit:2048" and rec["pick"] == "trial:3"
+    # the ratio of the median request rates (two samples: their means)
+    rate = ((1 / 5.0 + 1 / 5.1) / 2) / ((1 / 8.0 + 1 / 8.2) / 2)
+    assert rec["speedup"]["ratio"] == pytest.approx(rate) and rec["speedup"]["verdict"] == "win"
+    assert rec["gives_up"] == []
+    line = headline(rec)
+    assert line.startswith("rag: trial 3 answers in 5.05 s mean, --fit -ub 2048 in 8.10 s: 1.60x (win)")
+
+
+def test_when_nothing_beats_the_reference_the_reference_is_the_pick():
+    cs = REFS + [Served("trial:1", "trial 1", ("finalist",), trial=1)]
+    r = rows("fit:512", [6.0, 6.2], 3000, 50, 7000) + rows("fit:2048", [7.0, 7.1], 3000, 50, 7000) \
+        + rows("trial:1", [6.5, 6.6], 3000, 50, 5000)
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "chat")
+    # the reference ran over the study's budget (llama.cpp's own fit), but it is what the user would run
+    assert rec["reference"] == rec["pick"] == "fit:512"
+    assert headline(rec).startswith("chat: keep --fit: no finalist answered faster than its 6.10 s mean request")
+
+
+def test_a_pick_that_gives_up_speed_says_so_first():
+    cs = REFS[:1] + [Served("trial:2", "trial 2", ("finalist",), trial=2)]
+    r = rows("fit:512", [10.0, 10.0], 4000, 60, 6000) + rows("trial:2", [9.0, 9.0], 1500, 55, 6000)
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "chat")
+    assert rec["pick"] == "trial:2"
+    assert rec["gives_up"] == ["PP 0.38x the reference's (1500.0 vs 4000.0 t/s)",
+                               "TG 0.92x the reference's (55.0 vs 60.0 t/s)"]
+    assert headline(rec).startswith("gives up PP 0.38x the reference's (1500.0 vs 4000.0 t/s); TG 0.92x")
+
+
+def test_failed_samples_are_kept_and_never_picked():
+    cs = REFS[:1] + [Served("trial:9", "trial 9", ("finalist",), trial=9)]
+    r = rows("fit:512", [10.0, 11.0], 4000, 60, 6000) + rows("trial:9", [1.0, 1.0], 0, 0, 0, ok=False)
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag")
+    assert rec["pick"] == "fit:512"
+    t9 = next(x for x in rec["results"] if x["key"] == "trial:9")
+    assert t9["errors"] == ["boom", "boom"] and t9["request_s"]["samples"] == []
+
+
+def test_no_served_result_is_one_line():
+    rec = served_record(REFS, rows("fit:512", [1.0], 1, 1, 1, ok=False), 1, {"CUDA0": 1}, "rag")
+    assert rec["pick"] is None and "no served result" in headline(rec)
