@@ -28,7 +28,8 @@ from .model import ModelInventory
 from .plan import Plan
 from .bench_workload import BenchWorkload
 
-__all__ = ["Engine", "Measurement", "MemoryModel", "TimedEngine", "BenchWorkload", "memory_model", "memory_model_name"]
+__all__ = ["Engine", "EngineFit", "Measurement", "MemoryModel", "TimedEngine", "BenchWorkload", "memory_model",
+           "memory_model_name"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,20 @@ class Measurement:
     @classmethod
     def failed(cls, error: str, **kw: Any) -> Measurement:
         return cls(ok=False, error=error, **kw)
+
+
+@dataclass(frozen=True)
+class EngineFit:
+    """What an engine's own --fit did for a budget: its run, the arguments to run it again (confirmation), the
+    free memory it was asked to leave, and (when the engine can say) the placement it chose."""
+    measurement: Any                          # planner.engine.Measurement (or a stored MeasuredRun)
+    argv: tuple[str, ...]                     # the benchmark's arguments after the program
+    env: dict[str, str] = field(default_factory=dict)
+    target_bytes: int = 0                     # -fitt: free memory llama.cpp must leave on each GPU
+    chosen_args: tuple[str, ...] = ()         # the placement it chose, as server flags (llama-fit-params' for
+                                              # mainline; ik's own log for ik)
+    note: str = ""
+    program: str = "llama-bench"              # the benchmark argv is for (ik: llama-sweep-bench)
 
 
 @runtime_checkable

@@ -48,13 +48,13 @@ from typing import Any, Literal
 from collections.abc import Mapping, Sequence
 
 from planner.builds import Build, from_version
+from planner.engine import EngineFit
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render
 from planner.flags.common import (
     SLOT_RULES, Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
     shell_join, slot_devices,
 )
-from planner.tuner.baselines import EngineFit
 from planner.hardware import HardwareProfile
 from planner.options import EngineOptions
 from planner.memory import DeviceMemory, MemoryReport, estimate

@@ -179,7 +179,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def print_measurement(m: Measurement, mem: MemoryReport, command: str | None) -> None:
-    from planner.tuner.report import table
+    from planner.tables import table
     if command:
         print(f"command: {command}")
     status = "ok" if m.ok else f"FAILED ({m.raw.get('failure', 'error')}): {m.error}"
@@ -203,7 +203,7 @@ def print_measurement(m: Measurement, mem: MemoryReport, command: str | None) ->
 def oracle_compare(inv: ModelInventory, plan: Plan, mem: MemoryReport, model: str, fit_params: str
                    ) -> tuple[dict[str, Any], str]:
     """llama-fit-params' per-device numbers for the plan next to ours: (JSON-ready dict, text table)."""
-    from planner.tuner.report import table
+    from planner.tables import table
     from .llamacpp import oracle
     if model.startswith("preset:"):
         raise InputError("--oracle runs llama-fit-params on the model file; give a .gguf path, not a preset")

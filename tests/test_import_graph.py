@@ -113,3 +113,27 @@ def test_the_check_catches_each_kind_of_violation():
     assert not violations("import argparse\n", "planner.cli")                               # the CLI parses
     assert not violations('ENGINES = {"sim": "runtime.sim:SimEngine"}\n', "planner.engines")  # a name, not an import
     assert not violations("from ..memory import estimate\n", "planner.tuner.search")
+
+
+# runtime/ depends on planner's core and the engine protocol only: the engines never reach up into the tuner, the
+# CLI or the service (what they share with the tuner, EngineFit and the tables, lives below both)
+RUNTIME_MAY_NOT = ("planner.tuner", "planner.cli", "planner.service", "planner.app")
+
+
+def runtime_violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    return [f"{module}:{line} imports {name} (runtime/ depends on planner's core and planner.engine only)"
+            for name, line, _ in imports(source, module, is_package) if any(names(name, r) for r in RUNTIME_MAY_NOT)]
+
+
+def test_runtime_never_imports_the_tuner_the_cli_or_the_service():
+    bad = [v for p in sorted((ROOT / "runtime").rglob("*.py"))
+           for v in runtime_violations(p.read_text(), module_name(p), p.name == "__init__.py")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_runtime_check_catches_a_planted_import():
+    assert runtime_violations("from planner.tuner.baselines import EngineFit\n", "runtime.llamacpp")
+    assert runtime_violations("def f():\n    from planner.tuner.report import table\n", "runtime.run_cli")
+    assert runtime_violations("from planner import cli\n", "runtime.x")
+    assert not runtime_violations("from planner.engine import EngineFit\n", "runtime.llamacpp")
+    assert not runtime_violations("from planner.tables import table\n", "runtime.run_cli")

@@ -76,7 +76,7 @@ def layer_summary(inv, assignment: dict[str, str]) -> list[dict]:
 
 
 def _print_layers(inv, assignment: dict[str, str]) -> None:
-    from ..tuner.report import table
+    from ..tables import table
     out_dev = assignment.get("output.weight", assignment.get("output_norm.weight", "CPU"))
     rows = [["token_embd", assignment.get("token_embd.weight", "CPU"), "-"], ["output", out_dev, "-"]]
     for r in layer_summary(inv, assignment):

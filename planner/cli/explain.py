@@ -62,7 +62,7 @@ def explain_outcome(args: argparse.Namespace) -> ExplainOutcome:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..tuner.report import inventory_summary, memory_table
+    from ..tables import inventory_summary, memory_table
     o = explain_outcome(args)
     if args.json:
         _emit_json(o.to_json())

@@ -28,7 +28,7 @@ def inspect_json(inv) -> dict:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ..loader import load_model
-    from ..tuner.report import inventory_summary, table
+    from ..tables import inventory_summary, table
     inv = load_model(args.model)
     hp = inv.hparams
     groups = inv.groups()

@@ -132,7 +132,7 @@ def plan_outcome(args: argparse.Namespace) -> PlanOutcome:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..tuner.report import inventory_summary, memory_table, table
+    from ..tables import inventory_summary, memory_table, table
     o = plan_outcome(args)
     if args.json:
         _emit_json(o.to_json())

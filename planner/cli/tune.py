@@ -184,7 +184,7 @@ def _print_tune(tuner, result, s: StudySummary, storage: str, out) -> None:
     for title, r in picks:
         rows.append([f"{title} (trial {r['trial']})", f"{r['tg_tps']:.2f}", f"{r['pp_tps']:.1f}",
                      fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"])
-    from ..tuner.report import table
+    from ..tables import table
     print()
     print(table(["config", "TG t/s", "PP t/s", "peak VRAM"], rows))
     for title, r in picks:

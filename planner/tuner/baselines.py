@@ -18,8 +18,6 @@ what llama.cpp already does by itself:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
 from collections.abc import Callable
 
 from ..errors import InputError
@@ -28,20 +26,6 @@ from ..model import ModelInventory
 from ..plan import Dialect, Knobs, Plan
 
 NCMOE_TRIES = 3           # -ncmoe runs at most: the model's guess and two steps up if it measured over budget
-
-
-@dataclass(frozen=True)
-class EngineFit:
-    """What an engine's own --fit did for a budget: its run, the arguments to run it again (confirmation), the
-    free memory it was asked to leave, and (when the engine can say) the placement it chose."""
-    measurement: Any                          # planner.engine.Measurement (or a stored MeasuredRun)
-    argv: tuple[str, ...]                     # the benchmark's arguments after the program
-    env: dict[str, str] = field(default_factory=dict)
-    target_bytes: int = 0                     # -fitt: free memory llama.cpp must leave on each GPU
-    chosen_args: tuple[str, ...] = ()         # the placement it chose, as server flags (llama-fit-params' for
-                                              # mainline; ik's own log for ik)
-    note: str = ""
-    program: str = "llama-bench"              # the benchmark argv is for (ik: llama-sweep-bench)
 
 
 def flag_plan(inv: ModelInventory, args: list[str], knobs: Knobs, dialect: Dialect, model_id: str,

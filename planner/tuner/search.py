@@ -51,10 +51,10 @@ from typing import Any
 
 from ..cost import predict
 from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
-from .baselines import NCMOE_TRIES, EngineFit, flag_plan, ncmoe_split, smallest_ncmoe
+from .baselines import NCMOE_TRIES, flag_plan, ncmoe_split, smallest_ncmoe
 from .cost_fit import CostFit, Terms, fit
 from .interrupt import SIGINT
-from ..engine import memory_model
+from ..engine import EngineFit, memory_model
 from ..errors import InputError, OffloadTunerError
 from ..hardware import GiB, MiB, HardwareProfile
 from ..memory import MemoryReport

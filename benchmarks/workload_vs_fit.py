@@ -1,0 +1,313 @@
+"""What the user runs, against the best `--fit` they could run (issue "tune what the user runs"): per VRAM budget and
+workload preset, a study under the time objective (the workload's mean request time) on the synthetic
+Qwen3-30B-A3B-shaped Q4_0 model of benchmarks/llamacpp_gpu.py, whose finalists and `llama-server --fit on` at
+ubatch 512, 2048 and 4096 are then served as llama-server on the workload itself, interleaved in rounds
+(planner/tuner/served.py). The reference is the fastest --fit variant; the recommendation is the fastest of all
+within the budget, the references included, so it is never slower than what the user would have run.
+
+Explore: `--explore sim` (default) screens and searches with the cost model calibrated on the H100 box
+(tests/planner/data/h100_calibrate_20261124.json) and a 256 MiB margin (llama-bench's memory-error prior), which
+needs no GPU: run it here first (`--prepare`) and carry the study database; `--explore llamacpp` searches with the
+real llama-bench on the GPU (costs device time). Every served number comes from llama-server on the GPU.
+
+Writes NAME.json, NAME.md and NAME.png (default workload_vs_fit) to --out (default $OUT, else <workdir>/report):
+per cell the reference's flags, its mean request time [spread], ours, the speedup with its verdict, both times to
+first token, both VRAM peaks, llama-bench against llama-server for each finalist, the engine runs used, and the
+goal (rag >= 1.3x, agent >= 1.15x, chat >= 1.0x). Resumable across 10-minute device calls: each cell is an Optuna
+study in <workdir>/workload_vs_fit.db and each served sample is stored as it comes; a call starts no sample that
+would end past --time-budget (exit 3 while work is left, 0 when every cell is served).
+
+    here:  .venv/bin/python benchmarks/workload_vs_fit.py --prepare --cells 6:rag,6:agent,6:chat,12:rag,12:agent,12:chat
+    GPU:   python3 benchmarks/workload_vs_fit.py --cells 6:rag,6:agent --time-budget 500
+           (after `bash benchmarks/llamacpp_gpu.sh build-server TARBALL`; carry .whl and the workdir's database)
+    CPU dry run: .venv/bin/python benchmarks/workload_vs_fit.py --cpu   (tiny model, CPU llama-server, tiny workloads)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from planner.gguf_header import load_inventory  # noqa: E402
+from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
+from planner.tuner.objectives import bench_for  # noqa: E402
+from planner.tuner.served import confirm_served, headline  # noqa: E402
+from planner.tuner.search import Tuner  # noqa: E402
+from planner.tuner.space import SpaceConfig  # noqa: E402
+from planner.workload import RequestClass, Workload, preset  # noqa: E402
+
+DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
+H100_PROFILE = ROOT / "tests" / "planner" / "data" / "h100_calibrate_20261124.json"
+MODEL_REL = "model/qwen3-30b-a3b-shape-q4_0.gguf"     # under the workdir, the same relative path everywhere
+GOALS = {"rag": 1.3, "agent": 1.15, "chat": 1.0, "batch": 1.0}
+EXPLORE_MARGIN = 256 * MiB       # llama-bench's memory-error prior (planner/engines.py), for a sim search
+# the dry run: request classes a tiny CPU model answers in well under a second each
+CPU_WORKLOADS = {"rag": Workload("rag", (RequestClass(96, 0, 8),)),
+                 "agent": Workload("agent", (RequestClass(32, 64, 8), RequestClass(48, 96, 8))),
+                 "chat": Workload("chat", (RequestClass(24, 0, 12), RequestClass(24, 64, 12)))}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_cells(text: str) -> list[tuple[int, str]]:
+    out = []
+    for part in text.split(","):
+        b, _, w = part.strip().partition(":")
+        if not b.isdigit() or w not in GOALS:
+            raise SystemExit(f"workload_vs_fit: --cells {text!r}: give GIB:WORKLOAD pairs, WORKLOAD one of "
+                             f"{', '.join(GOALS)}")
+        out.append((int(b), w))
+    return out
+
+
+def cell_name(budget_gib: int, workload: str, series: str) -> str:
+    return f"wvf-{budget_gib}g-{workload}" + (f"-{series}" if series else "")
+
+
+def workload_of(name: str, cpu: bool) -> Workload:
+    return CPU_WORKLOADS[name] if cpu else preset(name)
+
+
+def model_path(args, workdir: Path) -> Path:
+    """The model: a sparse file of the right header with --prepare (the study needs its inventory only), the
+    written Q4_0 model otherwise (benchmarks/llamacpp_gpu.write_model; tiny with --cpu)."""
+    import llamacpp_gpu
+    rel = Path(os.path.relpath(workdir, ROOT)) / MODEL_REL
+    path = ROOT / rel
+    if args.cpu:
+        path = path.with_name("tiny-qwen3moe-q4_0.gguf")
+    if not path.exists():
+        if args.prepare:
+            from planner.presets import load_preset
+            from runtime.synth import uniform_recipe, write_gguf
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_gguf(path, load_preset(llamacpp_gpu.PRESET).spec, uniform_recipe(llamacpp_gpu.QUANT), sparse=True,
+                       name=f"synthetic-{llamacpp_gpu.PRESET.split(':')[0]}-{llamacpp_gpu.QUANT}")
+        else:
+            llamacpp_gpu.write_model(path, tiny=args.cpu)
+    return path
+
+
+def tuner_for(args, inv, hw0, budget_gib: int, wname: str, bench_engine) -> Tuner:
+    """A cell's study: explored by `bench_engine` (llama-bench), or by the sim engine on the cell's budget."""
+    from runtime.sim import SimEngine
+    w = workload_of(wname, args.cpu)
+    hw = hw0.with_vram([budget_gib * GiB])
+    explore_engine = bench_engine if bench_engine is not None else SimEngine(hw)
+    bench = bench_for(w, repetitions=1 if args.cpu else 3)
+    ctx = -(-w.ctx // 256) * 256
+    config = SpaceConfig().settled(hw.host.n_threads, "mainline").for_engine(explore_engine, "mainline")
+    return Tuner(inv, hw, explore_engine, model=str(inv.source), objective="time", workload=bench, requests=w,
+                 n_ctx=ctx, margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
+                 study_name=cell_name(budget_gib, wname, args.series), storage=args.storage, seed=0, pool_size=60)
+
+
+def explore(args, inv, hw0, cells, bench_engine) -> None:
+    for b, w in cells:
+        t = tuner_for(args, inv, hw0, b, w, bench_engine)
+        if t.study.user_attrs.get("explored"):
+            continue
+        log(f"{t.study_name}: exploring with the {args.explore} engine, {args.trials} runs")
+        res = t.run(args.trials)
+        t.study.set_user_attr("explored", True)
+        log(f"{t.study_name}: explored ({res.measured} runs, {res.stopped or 'done'})")
+
+
+def serve(args, inv, hw0, cells, deadline: float, server, bench_engine) -> bool:
+    finished = True
+    for b, w in cells:
+        t = tuner_for(args, inv, hw0, b, w, bench_engine)
+        if t.study.user_attrs.get("served"):
+            continue
+        if time.monotonic() >= deadline:
+            finished = False
+            break
+        log(f"{t.study_name}: serving the references and {args.finalists} finalists, {args.rounds} rounds")
+        rec = confirm_served(t, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline)
+        if not rec:
+            log(f"{t.study_name}: stopped before the deadline: run again")
+            finished = False
+            break
+        log(headline(rec))
+    return finished
+
+
+def cell_row(study, budget_gib: int, wname: str) -> dict[str, Any]:
+    rec = study.user_attrs.get("served") or {}
+    res = {r["key"]: r for r in rec.get("results", [])}
+    ref, pick = res.get(rec.get("reference") or ""), res.get(rec.get("pick") or "")
+    serving = study.user_attrs.get("serving") or {}
+
+    def side(r: dict[str, Any] | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {"name": r["name"], "command": r.get("command"), "request_s": r["request_s"], "ttft_s": r["ttft_s"],
+                "pp": r["pp"]["median"], "tg": r["tg"]["median"],
+                "vram_mib": {d: b / MiB for d, b in r["vram_device_bytes"].items()},
+                "bench": r.get("bench"), "bench_vs_server": r.get("bench_vs_server", [])}
+    speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick else None
+    return {"budget_gib": budget_gib, "workload": wname, "study": study.study_name, "served": bool(rec),
+            "explore_runs": sum(1 for t in study.trials if t.state.name == "COMPLETE"),
+            "served_runs": len(serving.get("rows", [])), "reference": side(ref), "pick": side(pick),
+            "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[wname],
+            "headline": headline(rec) if rec else None, "gives_up": rec.get("gives_up", []),
+            "results": rec.get("results", [])}
+
+
+def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "cells": rows}, indent=2, default=str))
+    L = ["# What the user runs: llama-server on the workload, against the best --fit", "",
+         f"{meta['date']}; {meta.get('gpu') or 'no GPU (CPU dry run)'}; model {meta['model']}; explored with the "
+         f"{meta['explore']} engine ({meta['trials']} runs a cell), then the references (llama-server --fit on at -ub "
+         f"512, 2048, 4096) and {meta['finalists']} finalists served on the workload, {meta['rounds']} interleaved "
+         "rounds in one device call. Times are medians [min-max] of the workload's mean request time; the speedup "
+         "is the reference's over ours, 'tie' when inside the spreads of the request rates.", "",
+         "| budget | workload | reference | its time s | ours | our time s | speedup | goal | TTFT ref / ours s "
+         "| VRAM MiB ref / ours | runs (explore + served) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def t(s: dict[str, Any]) -> str:
+        return f"{s['median']:.2f} [{s['lo']:.2f}-{s['hi']:.2f}]"
+    for r in rows:
+        ref, pick = r["reference"], r["pick"]
+        if not (ref and pick):
+            L.append(f"| {r['budget_gib']} GiB | {r['workload']} | - | - | - | - | not served yet | "
+                     f"{r['goal']}x | - | - | {r['explore_runs']} + {r['served_runs']} |")
+            continue
+        met = "met" if r["speedup"] >= r["goal"] else f"short by {r['goal'] - r['speedup']:.2f}"
+        L.append(f"| {r['budget_gib']} GiB | {r['workload']} | {ref['name']} | {t(ref['request_s'])} | "
+                 f"{pick['name']} | {t(pick['request_s'])} | {r['speedup']:.2f}x {r['verdict']} | "
+                 f"{r['goal']}x: {met} | "
+                 f"{ref['ttft_s']['median']:.2f} / {pick['ttft_s']['median']:.2f} | "
+                 f"{sum(ref['vram_mib'].values()):.0f} / {sum(pick['vram_mib'].values()):.0f} | "
+                 f"{r['explore_runs']} + {r['served_runs']} |")
+    L += ["", "First lines (what the report of each study says first):", ""]
+    L += [f"- {r['budget_gib']} GiB {r['workload']}: {r['headline']}" for r in rows if r["headline"]]
+    L += ["", "Commands served (llama-server):", ""]
+    for r in rows:
+        for role in ("reference", "pick"):
+            if r[role] and r[role].get("command"):
+                L.append(f"- {r['budget_gib']} GiB {r['workload']}, {role}: `{r[role]['command']}`")
+    warn = [(r, x) for r in rows for x in r["results"] if x.get("bench_vs_server")]
+    if warn:
+        L += ["", "llama-bench against llama-server (more than 5% apart; the budget is judged on the server's):", ""]
+        L += [f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {'; '.join(x['bench_vs_server'])}"
+              for r, x in warn]
+    L += ["", "Every contender (median mean request time s, TTFT s, PP / TG t/s, VRAM MiB, failures):", ""]
+    for r in rows:
+        for x in r["results"]:
+            rs = x["request_s"]
+            got = (f"{rs['median']:.2f} s, TTFT {x['ttft_s']['median']:.2f}, PP {x['pp']['median']:.0f} / TG "
+                   f"{x['tg']['median']:.1f}, {sum(x['vram_device_bytes'].values()) / MiB:.0f} MiB"
+                   if rs["samples"] else "no sample")
+            failed = f"; failed: {x['errors'][0][:160]}" if x["errors"] else ""
+            L.append(f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {got}{failed}")
+    (out / f"{name}.md").write_text("\n".join(L) + "\n")
+    plot(rows, out / f"{name}.png")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    done = [r for r in rows if r["reference"] and r["pick"]]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(done) + 2), 4))
+    xs = range(len(done))
+    for off, role, label in ((-0.2, "reference", "best --fit"), (0.2, "pick", "offload-tuner")):
+        med = [r[role]["request_s"]["median"] for r in done]
+        err = [[m - r[role]["request_s"]["lo"] for m, r in zip(med, done)],
+               [r[role]["request_s"]["hi"] - m for m, r in zip(med, done)]]
+        ax.bar([x + off for x in xs], med, 0.4, yerr=err, label=label)
+    ax.set_xticks(list(xs), [f"{r['budget_gib']} GiB\n{r['workload']}" for r in done])
+    ax.set_ylabel("mean request time (s), llama-server")
+    if done:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    import optuna
+    from planner.tuner.search import make_storage
+    storage = make_storage(args.storage)
+    names = {s.study_name for s in storage.get_all_studies()}
+    rows = [cell_row(optuna.load_study(study_name=cell_name(b, w, args.series), storage=storage), b, w)
+            for b, w in cells if cell_name(b, w, args.series) in names]
+    write_report(rows, meta, out, args.name)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cells", default="6:rag,6:agent,6:chat,12:rag,12:agent,12:chat",
+                    help="GIB:WORKLOAD pairs (default the issue's six)")
+    ap.add_argument("--explore", choices=("sim", "llamacpp"), default="sim")
+    ap.add_argument("--trials", type=int, default=24, help="explore runs a cell (default 24)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved served rounds (default 2)")
+    ap.add_argument("--finalists", type=int, default=2, help="finalists served beside the references (default 2)")
+    ap.add_argument("--prepare", action="store_true", help="explore only (sim: on this machine, no GPU), for the "
+                    "database to carry")
+    ap.add_argument("--cpu", action="store_true", help="dry run: tiny model, CPU llama-server, tiny workloads")
+    ap.add_argument("--server", type=Path, help="llama-server (default <llamacpp_gpu workdir>/llama.cpp-cuda/build/"
+                    "bin/llama-server; with --cpu the CPU build)")
+    ap.add_argument("--llama-bench", type=Path, help="for --explore llamacpp")
+    ap.add_argument("--hardware", type=Path, default=H100_PROFILE, help="profile of the sim search")
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--name", default="workload_vs_fit")
+    ap.add_argument("--series", default="")
+    ap.add_argument("--time-budget", type=float, default=500.0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per server run")
+    args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.time_budget
+    cells = parse_cells(args.cells)
+    workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
+    args.storage = f"sqlite:///{workdir / 'workload_vs_fit.db'}"
+    os.chdir(ROOT)              # the model's path is relative to the repository: the same study on every machine
+    model = model_path(args, workdir)
+    inv = load_inventory(Path(os.path.relpath(model, ROOT)))
+    hw0 = load_hardware(str(args.hardware))
+    bench_engine = None           # sim: tuner_for makes one per cell, on the cell's budget
+    if args.explore == "llamacpp":
+        from runtime.llamacpp import LlamaCppEngine
+        bench_engine = LlamaCppEngine(binary=args.llama_bench, model_path=model, timeout_s=args.timeout,
+                                      cpu_stand_in=args.cpu)
+    meta = {"date": datetime.date.today().isoformat(), "model": MODEL_REL if not args.cpu else "tiny", "explore":
+            args.explore, "trials": args.trials, "rounds": args.rounds, "finalists": args.finalists, "gpu": None}
+    explore(args, inv, hw0, cells, bench_engine)
+    if args.prepare:
+        report(args, cells, meta, out)
+        return 0
+    from runtime.llamaserver import LlamaServerEngine
+    server = LlamaServerEngine(binary=args.server or _default_server(args), model_path=model,
+                               timeout_s=args.timeout, cpu_stand_in=args.cpu)
+    meta["gpu"] = getattr(server, "gpu_name", lambda: None)()
+    finished = serve(args, inv, hw0, cells, deadline, server, bench_engine)
+    rows = report(args, cells, meta, out)
+    return 0 if finished and all(r["served"] for r in rows) and len(rows) == len(cells) else 3
+
+
+def _default_server(args) -> Path:
+    if args.cpu:
+        from runtime.llamacpp_build import ensure_built
+        return ensure_built(("llama-server",))["llama-server"]
+    return ROOT / "benchmarks" / "results" / "llamacpp_gpu" / "llama.cpp-cuda" / "build" / "bin" / "llama-server"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
