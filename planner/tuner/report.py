@@ -191,15 +191,21 @@ class StudySummary:
     failed: list[FailedTrial]
     files: tuple[str, ...] | None = None        # what write_study_report wrote (not in the JSON before that)
     margin_by_ubatch: dict[str, int] = field(default_factory=dict)   # a learnt margin's per-ubatch values
+    headline: str | None = None                 # a time-objective study's first line (what it recommends)
+    served: dict[str, Any] | None = None        # planner.tuner.served's record, when the finalists were served
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"study": self.study, "settings": self.settings, "engine_runs": self.engine_runs.to_dict(),
+        # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
+        out: dict[str, Any] = {"headline": self.headline} if self.headline else {}
+        out |= {"study": self.study, "settings": self.settings, "engine_runs": self.engine_runs.to_dict(),
                "budget_bytes": self.budget_bytes, "reference": self.reference, "confirmed": self.confirmed,
                "front_share": self.front_share, "counts": self.counts, "n_trials": self.n_trials,
                "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
                "best": self.best, "pareto": self.pareto, "per_budget": [b.to_dict() for b in self.per_budget],
                "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed],
                "margin_by_ubatch": self.margin_by_ubatch}
+        if self.served is not None:
+            out["served"] = self.served
         if self.files is not None:
             out["files"] = list(self.files)
         return out
@@ -258,7 +264,36 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         margin_by_ubatch=dict(attrs.get("margin_by_ubatch", {})), cost_fit=attrs.get("cost_fit"), best=best,
         pareto=front, per_budget=per_budget, baselines=baselines,
         failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
-        if not df.empty else [])
+        if not df.empty else [], headline=_headline(settings, attrs, best, ref), served=attrs.get("served"))
+
+
+def _headline(settings: dict[str, Any], attrs: dict[str, Any], best: dict[str, Any], ref: dict[str, Any] | None
+              ) -> str | None:
+    """A time-objective study's first line: the served verdict when its finalists were served
+    (planner.tuner.served.headline), else its best trial's mean request time from the benchmark runs, with what it
+    gives up against the reference baseline's speeds said first."""
+    if settings.get("objective") != "time":
+        return None
+    from .served import PP_GIVE_UP, TG_GIVE_UP, headline
+    if attrs.get("served"):
+        return headline(attrs["served"])
+    row = best.get("objective")
+    rt = attrs.get("request_time")
+    if row is None or rt is None:
+        return f"{(rt or {}).get('workload', 'workload')}: no config measured yet"
+    from .objectives import RequestTime
+    req = RequestTime.from_dict(rt)
+    text = (f"{req.workload}: trial {row['trial']} answers in {req.mean_s(row['tg_tps'], row['pp_tps']):.2f} s mean "
+            "(from its benchmark run; served on llama-server: not yet)")
+    if ref is not None:
+        m = ref["measured"]
+        text += f"; {ref['name']}: {req.mean_s(m['tg_tps'], m['pp_tps']):.2f} s"
+        given = [f"{k.upper()} {row[f'{k}_tps'] / m[f'{k}_tps']:.2f}x {ref['name']}'s"
+                 for k, floor in (("pp", PP_GIVE_UP), ("tg", TG_GIVE_UP))
+                 if m.get(f"{k}_tps") and row[f"{k}_tps"] < floor * m[f"{k}_tps"]]
+        if given:
+            text = f"gives up {'; '.join(given)}: " + text
+    return text
 
 
 def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
@@ -415,7 +450,7 @@ def summary_markdown(s: StudySummary) -> str:
     from ..hardware import fmt_bytes
     st = s.settings
     w = st.get("workload", {})
-    L = [f"# offload-tuner study `{s.study}`", "",
+    L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
          + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", [])),
@@ -439,6 +474,7 @@ def summary_markdown(s: StudySummary) -> str:
                  f"{fit['err_fit'].get('pp', 0):.1%}; terms moved: {CostFit.from_dict(fit).describe_moves()}")
         L.append("")
     L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
+    L += _served_markdown(s)
     L += _confirmed_markdown(s)
     L += ["## Best configurations (single runs)", ""]
     sections = [("Best TG", s.best.get("tg")), ("Best PP", s.best.get("pp"))]
@@ -514,6 +550,28 @@ ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server r
               "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
               "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
               "best_tg_over_fit_vram": "best TG (all over its VRAM)", "ncmoe": "best -ncmoe (a baseline)"}
+
+
+def _served_markdown(s: StudySummary) -> list[str]:
+    """The finalists and the --fit references served on the workload: median mean request time [spread], time to
+    first token, PP, TG, VRAM per GPU as the server used it, llama-bench against llama-server."""
+    v = s.served
+    if not v:
+        return []
+    L = [f"## Served on llama-server: the `{v.get('workload')}` workload, {v.get('rounds')} interleaved rounds", "",
+         "| config | mean request s | TTFT s | PP t/s | TG t/s | VRAM (server) | llama-bench vs server | command |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r in v.get("results", []):
+        rs = r["request_s"]
+        mark = " (reference)" if r["key"] == v.get("reference") else ""
+        mark += " **pick**" if r["key"] == v.get("pick") else ""
+        got = (f"{rs['median']:.2f} [{rs['lo']:.2f}-{rs['hi']:.2f}] | {r['ttft_s']['median']:.2f} | "
+               f"{r['pp']['median']:.0f} | {r['tg']['median']:.1f}" if rs["samples"]
+               else f"failed: {(r['errors'] or ['?'])[0][:120]} | - | - | -")
+        vram = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in r["vram_device_bytes"].items()) or "-"
+        L.append(f"| {r['name']}{mark} | {got} | {vram} | {'; '.join(r.get('bench_vs_server') or []) or '-'} | "
+                 f"`{r.get('command') or ''}` |")
+    return L + [""]
 
 
 def _confirmed_markdown(s: StudySummary) -> list[str]:

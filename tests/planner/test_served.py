@@ -64,3 +64,38 @@ def test_failed_samples_are_kept_and_never_picked():
 def test_no_served_result_is_one_line():
     rec = served_record(REFS, rows("fit:512", [1.0], 1, 1, 1, ok=False), 1, {"CUDA0": 1}, "rag")
     assert rec["pick"] is None and "no served result" in headline(rec)
+
+
+def test_a_time_study_says_what_it_recommends_first(tmp_path):
+    """report --json's first key and summary.md's first line: the best trial's mean request time before any
+    serving, the served verdict after (served_record's headline)."""
+    import optuna
+
+    from planner.hardware import resolve
+    from planner.loader import load_model
+    from planner.tuner.objectives import bench_for
+    from planner.tuner.report import study_summary, summary_markdown
+    from planner.tuner.search import Tuner
+    from planner.workload import preset
+    from runtime.sim import SimEngine
+    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
+    w = preset("rag")
+    t = Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), requests=w, n_ctx=16640,
+              pool_size=20, study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
+    t.run(3)
+    s = study_summary(t.study)
+    assert list(s.to_dict())[0] == "headline" and s.headline.startswith("rag: trial ")
+    assert "s mean (from its benchmark run; served on llama-server: not yet)" in s.headline
+    assert summary_markdown(s).splitlines()[2] == s.headline
+    rec = served_record(REFS[:1] + [Served("trial:0", "trial 0", ("finalist",), trial=0)],
+                        rows("fit:512", [9.0, 9.5], 3000, 50, 6000) + rows("trial:0", [6.0, 6.1], 6000, 50, 6000),
+                        2, {"CUDA0": 12 << 30}, "rag")
+    optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}").set_user_attr("served", rec)
+    s = study_summary(optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}"))
+    assert s.headline == headline(rec) and s.to_dict()["served"]["pick"] == "trial:0"
+    md = summary_markdown(s)
+    assert "## Served on llama-server: the `rag` workload, 2 interleaved rounds" in md and "**pick**" in md
+    # any other objective: no headline, the JSON as before
+    t2 = Tuner(inv, hw, SimEngine(hw), objective="tg", pool_size=20, study_name="s2")
+    t2.run(2)
+    assert study_summary(t2.study).headline is None and "headline" not in study_summary(t2.study).to_dict()
