@@ -10,6 +10,8 @@
 #            extract llama.cpp from TARBALL (the slim one, or the sdist: its vendor/llama.cpp) and build the CUDA
 #            llama-bench + llama-fit-params (sm_90) in WORKDIR/llama.cpp-cuda (default WORKDIR
 #            benchmarks/results/llamacpp_gpu); skipped when both binaries exist. ~6 min on 16 cores.
+#          bash benchmarks/llamacpp_gpu.sh build-server TARBALL [WORKDIR]
+#            the same, with llama-server too (benchmarks/workload_vs_fit.py serves the workload on it)
 #          bash benchmarks/llamacpp_gpu.sh build-ik [TARBALL] [WORKDIR]
 #            the CUDA ik_llama.cpp llama-bench, llama-sweep-bench and llama-cli (sm_90) from the pinned tarball
 #            (default vendor/ik_llama.cpp-8337e4cd.tar.xz, which travels with the repository) in
@@ -32,8 +34,10 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 WORKDIR_DEFAULT="$ROOT/benchmarks/results/llamacpp_gpu"
 CPU_SRC="$HOME/.cache/offload-tuner/llama.cpp-0.3.36-cpu/src"
-# Not needed to build llama-bench and llama-fit-params with CUDA (the build turns tests, examples, server off).
-EXCLUDE=(models docs media benches tests conversion gguf-py examples pocs app tools/ui tools/server tools/cli
+# Not needed to build llama-bench, llama-fit-params and llama-server with CUDA (tests and examples are off; the
+# server's web UI is neither built nor downloaded: tools/ui's CMake writes a stand-in page without its sources).
+EXCLUDE=(models docs media benches tests conversion gguf-py examples pocs app tools/ui/src tools/ui/static
+         tools/ui/tests tools/ui/e2e
          tools/mtmd/legacy-models ggml/src/ggml-sycl ggml/src/ggml-vulkan ggml/src/ggml-opencl ggml/src/ggml-hexagon
          ggml/src/ggml-cann ggml/src/ggml-metal ggml/src/ggml-webgpu ggml/src/ggml-openvino ggml/src/ggml-et
          ggml/src/ggml-virtgpu ggml/src/ggml-musa ggml/src/ggml-zdnn ggml/src/ggml-zendnn .git .github)
@@ -77,8 +81,11 @@ cmd_build() {
     local tarball=${1:?usage: build TARBALL [WORKDIR]} workdir=${2:-$WORKDIR_DEFAULT}
     local dir="$workdir/llama.cpp-cuda"
     local bin="$dir/build/bin"
-    if [[ -x "$bin/llama-bench" && -x "$bin/llama-fit-params" ]]; then
-        log "build: $bin has llama-bench and llama-fit-params, skipped"
+    local targets=(llama-bench llama-fit-params ${BUILD_SERVER:+llama-server})
+    local missing=()
+    for t in "${targets[@]}"; do [[ -x "$bin/$t" ]] || missing+=("$t"); done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        log "build: $bin has ${targets[*]}, skipped"
         return 0
     fi
     if [[ ! -f "$dir/src/CMakeLists.txt" ]]; then
@@ -97,11 +104,12 @@ cmd_build() {
     log "build: cmake configure (CUDA, sm_90)"
     cmake -S "$dir/src" -B "$dir/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER="$([[ -n ${BUILD_SERVER:-} ]] && echo ON || echo OFF)" -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_BUILD_APP=OFF -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" >"$dir/configure.log" 2>&1 \
         || { tail -40 "$dir/configure.log"; return 1; }
-    log "build: llama-bench llama-fit-params with -j$(nproc)"
-    cmake --build "$dir/build" --config Release -j "$(nproc)" --target llama-bench llama-fit-params \
+    log "build: ${missing[*]} with -j$(nproc)"
+    cmake --build "$dir/build" --config Release -j "$(nproc)" --target "${missing[@]}" \
         >"$dir/build.log" 2>&1 || { tail -60 "$dir/build.log"; return 1; }
     "$bin/llama-bench" --list-devices || true
     log "build: done: $bin"
@@ -150,6 +158,7 @@ cmd_run_ik() {
 case "${1:-}" in
     pack) shift; cmd_pack "$@" ;;
     build) shift; cmd_build "$@" ;;
+    build-server) shift; BUILD_SERVER=1 cmd_build "$@" ;;
     build-ik) shift; cmd_build_ik "$@" ;;
     run) shift; cmd_run "$@" ;;
     run-ik) shift; cmd_run_ik "$@" ;;
