@@ -252,11 +252,17 @@ except (OSError, AttributeError):
     _PRCTL = None
 
 
+def die_with_parent() -> None:
+    """In a child before exec (Linux): the kernel sends it SIGKILL when the thread that started it exits, so a
+    killed or crashed engine leaves no llama.cpp process behind. A no-op elsewhere."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
 def _child_setup() -> None:
     """In the child before exec: its own process group (we kill the group), and death with its parent."""
     os.setpgid(0, 0)
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    die_with_parent()
 
 
 def _killpg(pgid: int, sig: int) -> None:
