@@ -184,7 +184,7 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
 
     Raises IkSourceMissing when no tarball is found, IkBuildError when the checksum or the compile fails."""
     what = (f"ik_llama.cpp {IK_COMMIT[:8]} (~13 min on 2 busy cores"
-            + (", the server ~N min more)" if SERVER in targets else ")"))
+            + (", the server ~5 min more)" if SERVER in targets else ")"))
     return build_locked(build_dir(), targets, lambda src: _extract(find_tarball(), src), CMAKE_OPTIONS,
                         what, IkBuildError, log, extend=_extend)
 

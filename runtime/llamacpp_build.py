@@ -124,8 +124,9 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
     options = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_UI=OFF",
                "-DLLAMA_USE_PREBUILT_UI=OFF", f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
+    what = f"llama.cpp {SDIST_VERSION}" + (" (the server: ~8 min on 2 busy cores)" if SERVER in targets else "")
     return build_locked(build_dir(), targets, lambda src: _extract_llama_cpp(_fetch_sdist(cache_dir() / "sdist"), src),
-                        options, f"llama.cpp {SDIST_VERSION}", BuildError, log)
+                        options, what, BuildError, log)
 
 if __name__ == "__main__":
     for name, path in ensure_built(tuple(sys.argv[1:]) or TARGETS).items():

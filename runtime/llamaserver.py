@@ -405,7 +405,9 @@ class RequestResult:
 
     @property
     def tg_tps(self) -> float:
-        return self.predicted_n / self.predicted_ms * 1e3 if self.predicted_n > 0 and self.predicted_ms > 0 else 0.0
+        """Generated tokens per second of generation time; 0.0 below 2 tokens: both builds charge the first token to
+        the prompt, so one token has (next to) no generation time of its own."""
+        return self.predicted_n / self.predicted_ms * 1e3 if self.predicted_n > 1 and self.predicted_ms > 0 else 0.0
 
 
 def completion(port: int, body: Mapping[str, Any], timeout_s: float) -> RequestResult:
@@ -516,6 +518,10 @@ class ClassResult:
         return round(self._median([r.prompt_n for r in self.results]))
 
     @property
+    def predicted_n(self) -> int:
+        return round(self._median([r.predicted_n for r in self.results]))
+
+    @property
     def cached_n(self) -> int:
         """Prompt tokens the server took from the cache: its cache_n (mainline), else the prompt minus prompt_n."""
         return round(self._median([r.cache_n if r.cache_n is not None else self.request.prompt_tokens - r.prompt_n
@@ -533,7 +539,7 @@ class ClassResult:
                 "weight": c.weight, "in_flight": c.in_flight, "requests": len(self.results),
                 "ttft_s": round(self.ttft_s, 6), "request_s": round(self.request_s, 6),
                 "pp_tps": round(self.pp_tps, 3), "tg_tps": round(self.tg_tps, 3), "prompt_n": self.prompt_n,
-                "cached_n": self.cached_n, "predicted_n": round(self._median([r.predicted_n for r in self.results])),
+                "cached_n": self.cached_n, "predicted_n": self.predicted_n,
                 "samples": [asdict(r) for r in self.results]}
 
 
@@ -803,6 +809,9 @@ class LlamaServerEngine:
             if r.prompt_n != r.expected_prompt_n:
                 notes.append(f"class {i + 1}: the server processed {r.prompt_n} prompt tokens, not "
                              f"{r.expected_prompt_n} (cached {r.cached_n} of {r.request.prompt_tokens})")
+            if r.predicted_n != r.request.gen_tokens:     # n_predict 0 still samples one token, in both builds
+                notes.append(f"class {i + 1}: the server generated {r.predicted_n} tokens, not "
+                             f"{r.request.gen_tokens}")
         raw.update(mean_request_s=round(mean_s, 6),
                    tokens_per_s=round(workload.tokens_per_request() / mean_s, 3) if mean_s > 0 else 0.0,
                    ttft_s=round(_weighted(results, lambda r: r.ttft_s), 6))
