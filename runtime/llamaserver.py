@@ -62,7 +62,7 @@ from planner.workload import RequestClass, Workload
 
 from . import gpumem
 from .engine import BenchWorkload, Measurement
-from .llamacpp import build_of_binary, die_with_parent
+from .llamacpp import build_of_binary, check_devices, device_args, die_with_parent, list_devices
 from .llamacpp_output import classify_failure, tail
 
 ENV_BINARY = "LLAMA_SERVER"
@@ -98,6 +98,7 @@ class ServerInfo:
     path: Path
     build: Build
     flags: frozenset[str]             # every spelling its --help lists
+    devices: dict[str, Any] | None    # what --list-devices lists (mainline), None when it cannot list them (ik)
 
     @property
     def dialect(self) -> str:
@@ -151,7 +152,7 @@ def _server_info(path: str, mtime_ns: int, size: int) -> ServerInfo:
     flags = frozenset(_FLAG_TOKEN.findall(r.stdout + "\n" + r.stderr))
     if "--port" not in flags:
         raise InputError(f"{path} does not look like llama-server (its --help lists no --port)")
-    return ServerInfo(Path(path), build_of_binary(path), flags)
+    return ServerInfo(Path(path), build_of_binary(path), flags, list_devices(path, flags))
 
 
 def built_server(dialect: str) -> Path:
@@ -272,9 +273,9 @@ class ServerProcess:
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def wait_healthy(self, port: int, timeout_s: float) -> None:
-        """Return once GET /health answers 200 (ReplayError: it exited, or `timeout_s` passed, or another
-        process answers on the port)."""
+    def wait_healthy(self, port: int, timeout_s: float, run_deadline: float | None = None) -> None:
+        """Return once GET /health answers 200 (ReplayError: it exited, `timeout_s` passed ("health_timeout") or
+        the whole run's `run_deadline` did ("timeout"), or another process answers on the port)."""
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.alive():
@@ -285,7 +286,10 @@ class ServerProcess:
                     raise ReplayError("port", f"port {port} answers /health, but not from this llama-server "
                                               f"(pid {self.pid}): another process holds the port")
                 return
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if run_deadline is not None and now >= run_deadline:
+                raise ReplayError("timeout", "the run passed the engine's time limit while llama-server was starting")
+            if now >= deadline:
                 raise ReplayError("health_timeout", f"llama-server did not answer GET /health with 200 within "
                                                     f"{timeout_s:g} s")
             time.sleep(HEALTH_POLL_S)
@@ -597,12 +601,13 @@ class ServerCommand:
 
 def as_workload(workload: Workload | BenchWorkload) -> tuple[Workload, int | None]:
     """(the Workload to replay, its repetitions when the caller gave some): a BenchWorkload is one request class of
-    n_prompt new tokens after `depth` cached ones, n_gen generated (a 1-token prompt when it has neither)."""
+    n_prompt new tokens after `depth` cached ones, n_gen generated (TG only, with no depth: after a 1-token cached
+    prompt, so no prompt is timed). TG then runs after depth + n_prompt tokens, as a server's would."""
     if isinstance(workload, Workload):
         return workload, None
     if isinstance(workload, BenchWorkload):
-        new = workload.n_prompt if workload.n_prompt or workload.depth else 1
-        return Workload("bench", (RequestClass(new, workload.depth, workload.n_gen),)), workload.repetitions
+        cached = workload.depth if workload.n_prompt or workload.depth else 1
+        return Workload("bench", (RequestClass(workload.n_prompt, cached, workload.n_gen),)), workload.repetitions
     raise InputError(f"the llamaserver engine replays a Workload or a BenchWorkload, not {type(workload).__name__}")
 
 
@@ -658,6 +663,7 @@ class LlamaServerEngine:
         if plan.dialect != self.info.dialect:
             raise InputError(f"the plan is for {plan.dialect}, but {self.path} is a {self.info.dialect} build; "
                              f"re-plan with --dialect {self.info.dialect}")
+        check_devices(plan, self.info.devices, self.path.name)
         p = replace(plan, knobs=replace(plan.knobs, n_ctx=workload.ctx, n_seq=workload.slots))
         try:
             rc = render(p, inv, "server", model_path=self._model(inv), build=self.info.build)
@@ -665,7 +671,8 @@ class LlamaServerEngine:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         notes = (*rc.notes, f"-c {workload.ctx} = {workload.slots} slot(s) x {workload.slot_ctx} tokens "
                             f"(workload {workload.name})")
-        return ServerCommand(str(self.path), (*rc, *self.info.no_webui), dict(rc.env), notes)
+        extra = (*device_args(plan, self.info.devices, self.info.flags), *self.info.no_webui)
+        return ServerCommand(str(self.path), (*rc, *extra), dict(rc.env), notes)
 
     # -- measuring -----------------------------------------------------------------------------------------------------
 
@@ -735,7 +742,7 @@ class LlamaServerEngine:
                 server.start()
                 self._say(f"started pid {server.pid} port {port}")
                 try:
-                    server.wait_healthy(port, min(self.start_timeout_s, self.timeout_s))
+                    server.wait_healthy(port, self.start_timeout_s, deadline)
                     ready_s = time.monotonic() - t0
                     self._say("healthy")
                     self._replay(server, port, workload, reps, tokens, deadline, results)

@@ -182,8 +182,8 @@ def test_fresh_token_runs_never_start_alike_within_the_vocabulary():
 def test_a_bench_workload_maps_to_one_class():
     wl, reps = as_workload(BenchWorkload(n_prompt=512, n_gen=128, depth=4096, repetitions=3))
     assert wl.classes == (RequestClass(512, 4096, 128),) and reps == 3
-    wl, _ = as_workload(BenchWorkload(n_prompt=0, n_gen=64))         # TG only: a one-token prompt
-    assert wl.classes == (RequestClass(1, 0, 64),)
+    wl, _ = as_workload(BenchWorkload(n_prompt=0, n_gen=64))         # TG only: a one-token cached prompt
+    assert wl.classes == (RequestClass(0, 1, 64),)
     assert as_workload(TWO_CLASSES) == (TWO_CLASSES, None)
 
 
