@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.builds import Build
-from planner.errors import FlagError, InputError
+from planner.errors import FlagError, InputError, OffloadTunerError
 from planner.flags import render
 from planner.flags.common import shell_join
 from planner.model import ModelInventory
@@ -81,8 +81,9 @@ _REASON = re.compile(r"^\s*error\b|\berror:|\bfailed\b|couldn't|out of memory|GG
 _OWN_FLAGS = frozenset({"--host", "--port"})
 
 
-class ReplayError(Exception):
-    """A run that failed for a reason of the run itself: becomes Measurement.failed (kind -> raw["failure"])."""
+class ReplayError(OffloadTunerError):
+    """A run that failed for a reason of the run itself; measure() turns it into Measurement.failed (kind ->
+    raw["failure"]), so it never leaves the engine."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -155,7 +156,7 @@ def _server_info(path: str, mtime_ns: int, size: int) -> ServerInfo:
     return ServerInfo(Path(path), build_of_binary(path), flags, list_devices(path, flags))
 
 
-def built_server(dialect: str) -> Path:
+def server_binary(dialect: str) -> Path:
     """The CPU llama-server the tests use, built once per machine: mainline from the pinned llama-cpp-python sdist
     (runtime/llamacpp_build.py), ik from the pinned tarballs (runtime/ik_build.py)."""
     if dialect == "mainline":
@@ -175,10 +176,6 @@ def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def _server_child() -> None:
-    die_with_parent()
 
 
 def _vm_hwm_bytes(pid: int) -> int | None:
@@ -249,7 +246,7 @@ class ServerProcess:
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
-                                             start_new_session=True, preexec_fn=_server_child)
+                                             start_new_session=True, preexec_fn=die_with_parent)
             except OSError as e:
                 raise InputError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
         self._watcher = threading.Thread(target=self._watch, name="llama-server-rss", daemon=True)
@@ -315,13 +312,15 @@ class ServerProcess:
         proc = self.proc
         if proc is None:
             return
-        self._read_rss()
-        if proc.poll() is None:
-            _killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace_s)
-        _killpg(proc.pid, signal.SIGKILL)          # the server, or whatever it left in its group
-        proc.wait()
+        try:
+            self._read_rss()
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_s)
+        finally:                                   # a second Ctrl-C during the grace period still ends it
+            _killpg(proc.pid, signal.SIGKILL)      # the server, or whatever it left in its group
+            proc.wait()
 
     def log_text(self) -> str:
         try:
@@ -561,15 +560,14 @@ def _gather(jobs: Sequence[Callable[[], RequestResult]], server: ServerProcess, 
     threads = [threading.Thread(target=run, args=(i,), name=f"replay-{i}", daemon=True) for i in range(len(jobs))]
     for t in threads:
         t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.05)
-            if not server.alive():
-                for u in threads:            # a request that saw the socket close first should say so, not hang
-                    u.join(1.0)
-                raise server.exit_error(mid_run=True)
-            if time.monotonic() > deadline:
-                raise ReplayError("timeout", "the replay ran past the engine's time limit")
+    # until all are done, one fails (the run has failed: the others end when the server is stopped), the server
+    # dies, or the time is up
+    while (running := [t for t in threads if t.is_alive()]) and not any(isinstance(r, BaseException) for r in out):
+        running[0].join(0.05)
+        if not server.alive():
+            raise server.exit_error(mid_run=True)
+        if time.monotonic() > deadline:
+            raise ReplayError("timeout", "the replay ran past the engine's time limit")
     errors = [r for r in out if isinstance(r, BaseException)]
     if errors:
         # a request cut off by a dying server often sees the closed socket before the process is gone (a crash

@@ -45,8 +45,8 @@ def llama_server() -> Path:
     """Path of the CPU mainline llama-server, built once per machine in the same tree as llama-bench (the server's
     objects only: see docs/llamacpp.md section 12 for the cold time). Skips only without cmake or a compiler."""
     _skip_without_toolchain("llama.cpp")
-    from runtime.llamacpp_build import SERVER, ensure_built
-    return ensure_built((SERVER,))[SERVER]
+    from runtime.llamaserver import server_binary
+    return server_binary("mainline")
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +55,10 @@ def ik_server() -> Path:
     programs, from the pinned tarball and its server tarball (vendor/). Skips without cmake or a compiler, or
     without a copy of either tarball; a failed build fails."""
     _skip_without_toolchain("ik_llama.cpp")
-    from runtime.ik_build import SERVER, IkSourceMissing, ensure_built
+    from runtime.ik_build import IkSourceMissing
+    from runtime.llamaserver import server_binary
     try:
-        return ensure_built((SERVER,))[SERVER]
+        return server_binary("ik")
     except IkSourceMissing as e:
         pytest.skip(str(e))
 

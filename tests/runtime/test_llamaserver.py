@@ -108,6 +108,16 @@ def test_a_bench_workload_is_one_request_class(engine, inv):
     assert (row["prompt_n"], row["cached_n"], row["predicted_n"]) == (16, 32, 3)
 
 
+def test_a_hand_made_command_line_gets_the_model_the_workload_context_and_our_port(engine, inv):
+    m = engine().measure_args(inv, ["--port", "1", "-ub", "32"], BenchWorkload(8, 2, 0, 1))
+    assert m.ok, m.error
+    argv = m.raw["argv"]
+    # -m from the inventory, -c/-np from the workload (8 + 2 tokens, 1 slot); the given --port is replaced
+    assert argv[:2] == ["-m", inv.source] and argv[argv.index("-c") + 1] == "10" and "-np" in argv
+    assert "--port" not in argv and any("--port 1 replaced" in n for n in m.raw["notes"])
+    assert m.raw["port"] != 1 and m.raw["classes"][0]["prompt_n"] == 8
+
+
 # ---- failures --------------------------------------------------------------------------------------------------------
 
 def test_a_flag_the_server_refuses_is_a_failed_measurement_with_its_log(engine, inv):
