@@ -227,6 +227,43 @@ def _probe(path: str, mtime_ns: int, size: int) -> BinaryInfo:
     return BinaryInfo(Path(path), tool, dialect, flags, version, build, rule, source, formats)
 
 
+def list_devices(path: str | Path, flags: frozenset[str]) -> dict[str, dict[str, Any]] | None:
+    """`PROGRAM --list-devices` read into {"CUDA0": {"description", "total_bytes", "free_bytes"}} (mainline's
+    llama-bench, llama-server ...); None when the program has no such flag (`flags`: its --help) or says nothing."""
+    if "--list-devices" not in flags:
+        return None
+    rc, text = _capture([str(path), "--list-devices"])
+    if rc != 0 or "Available devices" not in text:
+        return None
+    return {m.group(1): {"description": m.group(2), "total_bytes": int(m.group(3)) << 20,
+                         "free_bytes": int(m.group(4)) << 20} for m in _DEVICE_LINE.finditer(text)}
+
+
+def check_devices(plan: Plan, have: Mapping[str, Any] | None, program: str) -> None:
+    """InputError when the plan names a GPU the program does not list (no check when it cannot list them)."""
+    if have is None:
+        return
+    missing = [d for d in plan.devices() if d != "CPU" and d not in have]
+    if missing:
+        listed = ", ".join(have) or "none"
+        raise InputError(f"the plan puts tensors on {missing[0]}, but {program} sees no such device "
+                         f"(it lists: {listed}{'; a CPU-only build?' if not have else ''})")
+
+
+def device_args(plan: Plan, have: Mapping[str, Any] | None, flags: frozenset[str]) -> list[str]:
+    """`-dev CUDA0[/CUDA1..]` when the plan uses fewer GPUs than the program sees (`have`, from list_devices): without
+    it llama.cpp splits the layers of a one-GPU plan's -ngl over every GPU by free memory (and takes a CUDA context
+    on each), so the run would not be the plan. [] when the plan uses them all, none, or the program lists no
+    devices or has no -dev."""
+    used = [gpu_index(d) for d in plan.devices() if is_gpu(d)]
+    if not have or not used:
+        return []
+    n = max(used) + 1
+    if n >= sum(1 for d in have if is_gpu(d)) or not ({"-dev", "--device"} & flags):
+        return []
+    return ["-dev", "/".join(f"CUDA{i}" for i in range(n))]
+
+
 # ---- running a process --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -253,11 +290,17 @@ except (OSError, AttributeError):
     _PRCTL = None
 
 
+def die_with_parent() -> None:
+    """In a child before exec (Linux): the kernel sends it SIGKILL when the thread that started it exits, so a
+    killed or crashed engine leaves no llama.cpp process behind. A no-op elsewhere."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
 def _child_setup() -> None:
     """In the child before exec: its own process group (we kill the group), and death with its parent."""
     os.setpgid(0, 0)
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    die_with_parent()
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -376,38 +419,14 @@ class LlamaCppEngine:
         """The devices this build sees ({"CUDA0": {"description", "total_bytes", "free_bytes"}}), from
         `--list-devices` (mainline; cached per engine), or None when the binary cannot list them (ik)."""
         if self._devices is _UNSET:
-            self._devices = None
-            if "--list-devices" in self.info.flags:
-                rc, text = _capture([str(self.path), "--list-devices"])
-                if rc == 0 and "Available devices" in text:
-                    self._devices = {m.group(1): {"description": m.group(2), "total_bytes": int(m.group(3)) << 20,
-                                                  "free_bytes": int(m.group(4)) << 20}
-                                     for m in _DEVICE_LINE.finditer(text)}
+            self._devices = list_devices(self.path, self.info.flags)
         return self._devices
 
     def _check_devices(self, plan: Plan) -> None:
-        have = self.devices()
-        if have is None:
-            return
-        want = [d for d in plan.devices() if d != "CPU"]
-        missing = [d for d in want if d not in have]
-        if missing:
-            listed = ", ".join(have) or "none"
-            raise InputError(f"the plan puts tensors on {missing[0]}, but {self.path.name} sees no such device "
-                             f"(it lists: {listed}{'; a CPU-only build?' if not have else ''})")
+        check_devices(plan, self.devices(), self.path.name)
 
     def _device_args(self, plan: Plan) -> list[str]:
-        """`-dev CUDA0[/CUDA1..]` when the plan uses fewer GPUs than the binary sees: without it llama.cpp splits
-        the layers of a one-GPU plan's -ngl over every GPU by free memory (and takes a CUDA context on each), so
-        the run would not be the plan. [] when the plan uses them all, none, or the binary lists no devices."""
-        have = self.devices()
-        used = [gpu_index(d) for d in plan.devices() if is_gpu(d)]
-        if not have or not used:
-            return []
-        n = max(used) + 1
-        if n >= sum(1 for d in have if is_gpu(d)) or not ({"-dev", "--device"} & self.info.flags):
-            return []
-        return ["-dev", "/".join(f"CUDA{i}" for i in range(n))]
+        return device_args(plan, self.devices(), self.info.flags)
 
     def _model(self, inv: ModelInventory) -> str:
         p = self.model_path if self.model_path is not None else inv.source

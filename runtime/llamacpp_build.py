@@ -1,4 +1,5 @@
-"""Build a CPU llama.cpp (llama-bench, llama-fit-params) from the llama-cpp-python sdist, once per machine.
+"""Build a CPU llama.cpp (llama-bench, llama-fit-params; llama-server on request) from the llama-cpp-python sdist,
+once per machine.
 
 The sdist vendors llama.cpp under vendor/llama.cpp (docs/llamacpp.md, section 10). We pin it by
 version and sha256 so every machine builds the same engine, and cache the result under
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 TARGETS = ("llama-bench", "llama-fit-params")
+SERVER = "llama-server"      # ensure_built((SERVER,)): the same configured tree, only the server's objects are new
 # ggml's AMX path segfaults on Q8_0/Q4_0 prompt processing on the CI CPUs (docs/llamacpp.md section 10).
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
@@ -86,10 +88,12 @@ def _extract_llama_cpp(tarball: Path, src: Path) -> None:
 
 
 def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], None], options: Sequence[str],
-                 what: str, error: type[Exception], log=sys.stderr) -> dict[str, Path]:
+                 what: str, error: type[Exception], log=sys.stderr,
+                 extend: Callable[[Path, Sequence[str]], None] | None = None) -> dict[str, Path]:
     """{target: root/build/bin/target}, configuring and building with CMake what is missing under a file lock (so
-    several processes can ask at once); `source(src)` writes the tree first when root/src has none. `error`
-    carries a failed step's output tail."""
+    several processes can ask at once); `source(src)` writes the tree first when root/src has none, and
+    `extend(src, missing)` may then add to an existing tree what the missing targets need. `error` carries a failed
+    step's output tail."""
     root.mkdir(parents=True, exist_ok=True)
     binaries = {t: root / "build" / "bin" / t for t in targets}
     with open(root / ".lock", "w") as lock:
@@ -99,6 +103,8 @@ def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], No
             src, bld = root / "src", root / "build"
             if not (src / "CMakeLists.txt").exists():
                 source(src)
+            if extend is not None:
+                extend(src, missing)
             print(f"offload-tuner: building {what} ({' '.join(missing)}), once per machine...", file=log)
             for cmd in (["cmake", "-S", str(src), "-B", str(bld), *options],
                         ["cmake", "--build", str(bld), "--config", "Release", "-j", str(os.cpu_count() or 2),
@@ -110,13 +116,18 @@ def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], No
 
 
 def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
-    """Return {target: path}, building what is missing. Safe to call from several processes at once."""
+    """Return {target: path}, building what is missing (`(SERVER,)`: llama-server). Safe to call from several
+    processes at once."""
+    # The server's web UI (tools/ui, scripts/ui-assets.cmake) is built with npm only with LLAMA_BUILD_UI and else
+    # downloaded from a Hugging Face bucket at build time unless LLAMA_USE_PREBUILT_UI=OFF: with both off the
+    # server embeds an empty asset table and the build needs no network. LLAMA_OPENSSL=OFF: no HTTPS (cpp-httplib).
     options = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF",
-               "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", f"-DCMAKE_C_FLAGS={_NO_AMX}",
-               f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
+               "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_UI=OFF",
+               "-DLLAMA_USE_PREBUILT_UI=OFF", f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
+    what = f"llama.cpp {SDIST_VERSION}" + (" (the server: ~8 min on 2 busy cores)" if SERVER in targets else "")
     return build_locked(build_dir(), targets, lambda src: _extract_llama_cpp(_fetch_sdist(cache_dir() / "sdist"), src),
-                        options, f"llama.cpp {SDIST_VERSION}", BuildError, log)
+                        options, what, BuildError, log)
 
 if __name__ == "__main__":
-    for name, path in ensure_built().items():
+    for name, path in ensure_built(tuple(sys.argv[1:]) or TARGETS).items():
         print(name, path)

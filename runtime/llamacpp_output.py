@@ -242,7 +242,8 @@ _UNKNOWN_BUFT = re.compile(r"(?:unrecognized|unknown) buffer type '([^']*)'")
 _AVAILABLE_BUFTS = re.compile(r"Available buffer types:\s*\n((?:[ \t]+\S+\s*\n?)+)")
 _BAD_ARG = (re.compile(r"invalid parameter for argument: (\S+)"),
             re.compile(r'error while handling argument "([^"]+)": ?(.*)'),
-            re.compile(r"(?:error: )?unknown argument: (\S+)"))
+            re.compile(r"(?:error: )?unknown argument: (\S+)"),
+            re.compile(r"error: invalid argument: (\S+)"))        # common/arg.cpp (llama-server, llama-cli)
 _OOM = (
     re.compile(r"allocating ([\d.]+) MiB on device (\d+): cudaMalloc failed: out of memory"),
     re.compile(r"failed to allocate (\S+) buffer of size (\d+)"),

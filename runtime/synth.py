@@ -229,12 +229,32 @@ def shard_path(path: Path, index: int, count: int) -> Path:
     return path.with_name(f"{prefix}-{index + 1:05d}-of-{count:05d}.gguf")
 
 
+# SentencePiece token types (llama.h enum llama_token_type): what an SPM vocabulary marks its tokens as
+_TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_BYTE = 1, 2, 3, 6
+
+
+def spm_vocab(n_vocab: int) -> dict[str, Any]:
+    """Metadata of a made-up SentencePiece vocabulary of n_vocab tokens, laid out as llama's: <unk>, <s>, </s>, the
+    256 byte tokens <0x00>..<0xFF>, then "▁t<i>" pieces. Enough for a program that turns generated ids into text
+    (llama-server streams each token's piece; with no vocabulary, llama-vocab.cpp has no pieces to give)."""
+    if n_vocab < 259:
+        raise InputError(f"an SPM vocabulary needs at least 259 tokens (3 special, 256 bytes); the model has {n_vocab}")
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tokens += [f"\u2581t{i}" for i in range(n_vocab - len(tokens))]
+    types = [_TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_CONTROL] + [_TOKEN_BYTE] * 256
+    types += [_TOKEN_NORMAL] * (n_vocab - len(types))
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [-float(i) for i in range(n_vocab)], "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+
+
 def write_gguf(path: str | Path, spec: ArchSpec, type_of: TypeOf, *, tied_output: bool = False,
                sparse: bool = False, seed: int = 0, split_max_bytes: int | None = None,
-               name: str = "synthetic", progress: Progress | None = None) -> list[Path]:
+               name: str = "synthetic", progress: Progress | None = None, vocab: bool = False) -> list[Path]:
     """Write a synthetic model; returns the files written (one, or the shards in order).
 
-    progress, if given, is called with the number of data bytes after each tensor.
+    progress, if given, is called with the number of data bytes after each tensor. vocab: a made-up SentencePiece
+    vocabulary (spm_vocab) instead of none, for programs that print tokens as text (llama-server).
     """
     path = Path(path)
     tensors = _plan(spec, type_of, tied_output)
@@ -245,7 +265,8 @@ def write_gguf(path: str | Path, spec: ArchSpec, type_of: TypeOf, *, tied_output
     model_meta: dict[str, Any] = {
         "general.architecture": arch, "general.name": name, "general.alignment": ALIGNMENT,
         **metadata_for(spec),
-        "tokenizer.ggml.model": "none",   # llama-vocab.cpp: no vocab, {arch}.vocab_size dummy tokens
+        # llama-vocab.cpp: "none" is no vocab, {arch}.vocab_size dummy tokens without text
+        **(spm_vocab(spec.hparams.n_vocab) if vocab else {"tokenizer.ggml.model": "none"}),
     }
     data = _RandomData(seed)
     written = []

@@ -24,16 +24,43 @@ def tiny_gguf(tmp_path: Path) -> TinyGGUF:
     return make
 
 
+def _skip_without_toolchain(what: str) -> None:
+    missing = [tool for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
+               if not any(shutil.which(n) for n in names)]
+    if missing:
+        pytest.skip(f"cannot build {what} here: no {' and no '.join(missing)}")
+
+
 @pytest.fixture(scope="session")
 def llama_bench() -> Path:
     """Path of the CPU llama-bench, built once per machine (minutes the first time). Skips only when the
     machine cannot build it at all (no cmake or no C++ compiler); CI has both, so CI builds it."""
-    missing = [tool for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
-               if not any(shutil.which(n) for n in names)]
-    if missing:
-        pytest.skip(f"cannot build llama.cpp here: no {' and no '.join(missing)}")
+    _skip_without_toolchain("llama.cpp")
     from runtime.llamacpp_build import ensure_built
     return ensure_built()["llama-bench"]
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """Path of the CPU mainline llama-server, built once per machine in the same tree as llama-bench (the server's
+    objects only: see docs/llamacpp.md section 12 for the cold time). Skips only without cmake or a compiler."""
+    _skip_without_toolchain("llama.cpp")
+    from runtime.llamaserver import server_binary
+    return server_binary("mainline")
+
+
+@pytest.fixture(scope="session")
+def ik_server() -> Path:
+    """Path of the CPU ik_llama.cpp 8337e4cd llama-server, built once per machine in the same tree as the other ik
+    programs, from the pinned tarball and its server tarball (vendor/). Skips without cmake or a compiler, or
+    without a copy of either tarball; a failed build fails."""
+    _skip_without_toolchain("ik_llama.cpp")
+    from runtime.ik_build import IkSourceMissing
+    from runtime.llamaserver import server_binary
+    try:
+        return server_binary("ik")
+    except IkSourceMissing as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="session")
@@ -41,10 +68,7 @@ def ik_binaries() -> dict[str, Path]:
     """{"llama-bench", "llama-sweep-bench", "llama-cli": path} of the CPU ik_llama.cpp 8337e4cd build, built once
     per machine from the pinned tarball (vendor/, else ../shared/vendor; ~13 min cold on 2 busy cores). Skips when
     the machine cannot build it (no cmake or compiler) or no copy of the tarball exists; a failed build fails."""
-    missing = [tool for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
-               if not any(shutil.which(n) for n in names)]
-    if missing:
-        pytest.skip(f"cannot build ik_llama.cpp here: no {' and no '.join(missing)}")
+    _skip_without_toolchain("ik_llama.cpp")
     from runtime.ik_build import IkSourceMissing, ensure_built
     try:
         return ensure_built()

@@ -1,6 +1,6 @@
 """The Engine contract (runtime/engine.py's docstring) as one suite run against every engine: sim, torch (logical
-GPUs on the CPU: the torch engine runs anywhere) and llamacpp (the real CPU llama-bench build; its plans keep every
-tensor on the CPU, the only device that build has).
+GPUs on the CPU: the torch engine runs anywhere), llamacpp (the real CPU llama-bench build; its plans keep every
+tensor on the CPU, the only device that build has) and llamaserver (the real CPU mainline llama-server, likewise).
 
 What each engine must do: measure a valid plan as ok with positive speeds over the workload and its peaks per
 device; turn a run that cannot succeed (out of memory, a model llama.cpp refuses) into Measurement(ok=False,
@@ -82,11 +82,28 @@ def _llamacpp(model: Path, request) -> Case:
                 lambda s: LlamaCppEngine(bench, timeout_s=s, model_path=model))
 
 
-ENGINES = {"sim": _sim, "torch": _torch, "llamacpp": _llamacpp}
+def _llamaserver(model: Path, request) -> Case:
+    from runtime.llamaserver import LlamaServerEngine
+    server = request.getfixturevalue("llama_server")
+    # the same model with a made-up vocabulary: the server turns each generated token into text
+    model = write_gguf(model.with_name("tiny-vocab.gguf"), tiny_spec("qwen3moe"), uniform_recipe("Q8_0"),
+                       vocab=True)[0]
+    inv = load_model(str(model))
+    plan = Plan("tiny", _assign(inv, None), Knobs(n_ctx=512, n_threads=1), "mainline")
+    truncated = model.with_name("truncated-vocab.gguf")
+    truncated.write_bytes(model.read_bytes()[: model.stat().st_size // 3])
+    bad_model = LlamaServerEngine(server, timeout_s=60, model_path=truncated)
+    return Case(LlamaServerEngine(server, timeout_s=60, model_path=model), inv, plan,
+                lambda: bad_model.measure(inv, plan, WL),
+                lambda s: LlamaServerEngine(server, timeout_s=s, model_path=model))
+
+
+ENGINES = {"sim": _sim, "torch": _torch, "llamacpp": _llamacpp, "llamaserver": _llamaserver}
 
 
 @pytest.fixture(params=[pytest.param("sim"), pytest.param("torch"),
-                        pytest.param("llamacpp", marks=pytest.mark.llamacpp)])
+                        pytest.param("llamacpp", marks=pytest.mark.llamacpp),
+                        pytest.param("llamaserver", marks=pytest.mark.llamacpp)])
 def case(request, model_file) -> Case:
     return ENGINES[request.param](model_file, request)
 

@@ -1,0 +1,832 @@
+"""The llamaserver engine: start the llama-server command a plan emits (mainline or ik_llama.cpp) on a loopback port,
+replay the user's Workload over HTTP, measure, stop the server.
+
+    engine = LlamaServerEngine()                   # binary=PATH, else $LLAMA_SERVER, else llama-server on PATH
+    m = engine.measure_workload(inv, plan, planner.workload.preset("chat"))
+    m.raw["mean_request_s"], m.raw["classes"]      # the workload's objective, one row per request class
+    engine.measure(inv, plan, BenchWorkload(512, 128, 4096))   # one request class: 512 new, 4096 cached, 128 out
+
+How a run goes (contract: planner/engine.py; the server facts it relies on: docs/llamacpp.md section 12):
+1. The command: the plan with -c = workload.ctx (slots x the longest request) and -np = workload.slots, rendered
+   for llama-server by planner.flags for the binary's build, plus --host 127.0.0.1 --port P (a free loopback port)
+   and no web UI. Nothing else is added: the server runs as the user would run it (prompt cache on by default).
+2. The server starts in its own session (so its process group can be killed whole, and a Ctrl-C at the terminal
+   reaches us, not it) and dies with us (PR_SET_PDEATHSIG); its output goes to a log file in a temporary folder,
+   also its working folder (ik writes llama.log there). We poll GET /health until it answers 200 while watching
+   that the process lives, then check (Linux) that the listening socket is the server's own.
+3. The replay: one untimed request first (`prime`: first-use costs out of the timings), then class by class:
+   `in_flight` threads, thread i on slot i (`id_slot`). A class with cached tokens first sends, untimed, its
+   prefix alone (n_predict 0) to each slot; once the slots are idle (GET /slots) the timed requests go out
+   together: the same prefix plus `new_tokens` fresh token ids, n_predict = gen_tokens, ignore_eos, temperature 0,
+   streamed. Prompts are token-id lists (exact counts); every fresh run of ids starts with an id that recent runs
+   did not start with, so it never continues what a slot holds. Per request: time to the first streamed event and
+   to the last on our clock; prompt_n/prompt_ms and predicted_n/predicted_ms from the server's `timings`. Each
+   class runs `repetitions` times (default 2); its row holds the medians.
+4. The server is always stopped (SIGTERM to its group, SIGKILL after `stop_grace_s`), also on KeyboardInterrupt.
+peak_bytes: GPU memory sampled during the run (runtime/gpumem.py, baseline subtracted; empty without a GPU);
+host_bytes: the server's VmHWM from /proc (its peak resident memory).
+Failures (Measurement.failed; raw["failure"], raw["log_reasons"], raw["log_tail"]): a server that exits before it is
+ready is args / oom / load / context / crash / error as its log says (runtime/llamacpp_output.py), or "port" (taken);
+then "health_timeout", "died" (mid-replay), "request" (an HTTP or server error), "timeout" (past `timeout_s`).
+"""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from planner.builds import Build
+from planner.errors import FlagError, InputError, OffloadTunerError
+from planner.flags import render
+from planner.flags.common import shell_join
+from planner.model import ModelInventory
+from planner.plan import Plan
+from planner.workload import RequestClass, Workload
+
+from . import gpumem
+from .engine import BenchWorkload, Measurement
+from .llamacpp import build_of_binary, check_devices, device_args, die_with_parent, list_devices
+from .llamacpp_output import classify_failure, tail
+
+ENV_BINARY = "LLAMA_SERVER"
+HOST = "127.0.0.1"
+PROBE_TIMEOUT_S = 30.0
+HEALTH_POLL_S = 0.05
+LOG_TAIL_CHARS = 3000
+PRIME_TOKENS = 512          # the untimed first request's prompt, at most
+IDLE_WAIT_S = 5.0           # before timed requests: how long to wait for their slots to be free
+DEATH_WAIT_S = 5.0          # a failed request waits this long for the server to exit before it is called the cause
+_FLAG_TOKEN = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+# mainline server-http.cpp "couldn't bind HTTP server socket"; ik server.cpp "couldn't bind to server socket"
+_BIND_FAILED = re.compile(r"couldn't bind[^\n]*")
+_REASON = re.compile(r"^\s*error\b|\berror:|\bfailed\b|couldn't|out of memory|GGML_ASSERT|\babort", re.I)
+# flags the engine sets itself in a hand-made command line (measure_args): value-taking, dropped with their value
+_OWN_FLAGS = frozenset({"--host", "--port"})
+
+
+class ReplayError(OffloadTunerError):
+    """A run that failed for a reason of the run itself; measure() turns it into Measurement.failed (kind ->
+    raw["failure"]), so it never leaves the engine."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+# ---- the binary ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a llama-server binary is (from its --help and --version)."""
+    path: Path
+    build: Build
+    flags: frozenset[str]             # every spelling its --help lists
+    devices: dict[str, Any] | None    # what --list-devices lists (mainline), None when it cannot list them (ik)
+
+    @property
+    def dialect(self) -> str:
+        return self.build.dialect
+
+    @property
+    def no_webui(self) -> tuple[str, ...]:
+        """The flags that turn the web UI off: mainline --no-webui (common/arg.cpp), ik --webui none
+        (common/common.cpp); () when the build has neither."""
+        if "--no-webui" in self.flags:
+            return ("--no-webui",)
+        if "--webui" in self.flags and self.dialect == "ik":
+            return ("--webui", "none")
+        return ()
+
+
+def find_server(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The llama-server to use: `explicit`, else $LLAMA_SERVER, else llama-server on PATH (InputError if none)."""
+    env = os.environ if env is None else env
+    for what, value in (("--llama-server", explicit), (f"${ENV_BINARY}", env.get(ENV_BINARY))):
+        if value:
+            p = Path(value).expanduser()
+            if not p.is_file():
+                raise InputError(f"{what} {value}: no such file (give the path of llama-server)")
+            if not os.access(p, os.X_OK):
+                raise InputError(f"{what} {value}: not executable")
+            return p
+    found = shutil.which("llama-server", path=env.get("PATH"))
+    if found is None:
+        raise InputError(f"no llama-server found: pass its path, set ${ENV_BINARY}, or put llama-server on PATH")
+    return Path(found)
+
+
+def server_info(path: str | Path) -> ServerInfo:
+    """Probe a llama-server (cached per path, mtime and size)."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from e
+    return _server_info(str(p), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=16)
+def _server_info(path: str, mtime_ns: int, size: int) -> ServerInfo:
+    try:
+        r = subprocess.run([path, "--help"], capture_output=True, text=True, errors="replace",
+                           timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InputError(f"cannot run {path} --help: {e}") from e
+    flags = frozenset(_FLAG_TOKEN.findall(r.stdout + "\n" + r.stderr))
+    if "--port" not in flags:
+        raise InputError(f"{path} does not look like llama-server (its --help lists no --port)")
+    return ServerInfo(Path(path), build_of_binary(path), flags, list_devices(path, flags))
+
+
+def server_binary(dialect: str) -> Path:
+    """The CPU llama-server the tests use, built once per machine: mainline from the pinned llama-cpp-python sdist
+    (runtime/llamacpp_build.py), ik from the pinned tarballs (runtime/ik_build.py)."""
+    if dialect == "mainline":
+        from .llamacpp_build import SERVER, ensure_built
+    elif dialect == "ik":
+        from .ik_build import SERVER, ensure_built      # type: ignore[assignment]
+    else:
+        raise InputError(f"unknown dialect {dialect!r}; expected mainline or ik")
+    return ensure_built((SERVER,))[SERVER]
+
+
+# ---- the server process ----------------------------------------------------------------------------------------------
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on now (the kernel's pick; another process could take it before the server binds:
+    the server then fails to bind and the run says so)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _vm_hwm_bytes(pid: int) -> int | None:
+    """A process's peak resident memory (VmHWM of /proc/PID/status), None when unreadable (gone, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the sockets listening on `port` (/proc/net/tcp and tcp6), None when /proc/net cannot be read."""
+    found, readable = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            cols = line.split()
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; column 9 the inode
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                found.add(cols[9])
+    return found if readable else None
+
+
+def owns_listener(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds a socket listening on `port` (Linux /proc); None when it cannot be told."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    return False
+
+
+class ServerProcess:
+    """One llama-server: started, watched, stopped. Its output goes to `log_path`; `stop()` always ends the whole
+    process group (SIGTERM, then SIGKILL after the grace period) and reaps it."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
+        self.argv, self.env, self.cwd, self.log_path = list(argv), dict(env), cwd, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.peak_rss = 0
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
+                                             start_new_session=True, preexec_fn=die_with_parent)
+            except OSError as e:
+                raise InputError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
+        self._watcher = threading.Thread(target=self._watch, name="llama-server-rss", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        # VmHWM is a high-water mark, but /proc/PID goes when the process does: keep the last value read
+        while not self._watch_stop.wait(0.2):
+            self._read_rss()
+
+    def _read_rss(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            hwm = _vm_hwm_bytes(self.proc.pid)
+            if hwm is not None:
+                self.peak_rss = max(self.peak_rss, hwm)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_healthy(self, port: int, timeout_s: float, run_deadline: float | None = None) -> None:
+        """Return once GET /health answers 200 (ReplayError: it exited, `timeout_s` passed ("health_timeout") or
+        the whole run's `run_deadline` did ("timeout"), or another process answers on the port)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                raise self.exit_error(mid_run=False)
+            if _health(port) == 200:
+                owner = owns_listener(self.pid, port)
+                if owner is False:
+                    raise ReplayError("port", f"port {port} answers /health, but not from this llama-server "
+                                              f"(pid {self.pid}): another process holds the port")
+                return
+            now = time.monotonic()
+            if run_deadline is not None and now >= run_deadline:
+                raise ReplayError("timeout", "the run passed the engine's time limit while llama-server was starting")
+            if now >= deadline:
+                raise ReplayError("health_timeout", f"llama-server did not answer GET /health with 200 within "
+                                                    f"{timeout_s:g} s")
+            time.sleep(HEALTH_POLL_S)
+
+    def exit_error(self, mid_run: bool) -> ReplayError:
+        """Why the server exited (it has): the port, or what its log says (runtime/llamacpp_output.py). Kind
+        "died" mid-run, else the log's kind (args, oom, load, context, crash, error)."""
+        rc = self.proc.wait() if self.proc is not None else -1
+        log = self.log_text()
+        what = "died during the replay" if mid_run else "exited before it was ready"
+        m = _BIND_FAILED.search(log)
+        if m is not None and not mid_run:
+            return ReplayError("port", f"llama-server {what}: {m.group(0).strip()} (the port is taken)")
+        f = classify_failure(log, "", rc, have_results=False)
+        kind, why = (f.kind, f.message) if f is not None else ("error", f"exit code {rc}")
+        line = next(iter(reason_lines(log)), "")
+        said = f" (its log: {line})" if line and line not in why else ""
+        return ReplayError("died" if mid_run else kind, f"llama-server {what}: {why}{said}")
+
+    def stop(self, grace_s: float) -> None:
+        """End the process group: SIGTERM, SIGKILL after grace_s; reap. Safe to call twice."""
+        self._watch_stop.set()
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            self._read_rss()
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_s)
+        finally:                                   # a second Ctrl-C during the grace period still ends it
+            _killpg(proc.pid, signal.SIGKILL)      # the server, or whatever it left in its group
+            proc.wait()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def reason_lines(log: str, limit: int = 10) -> list[str]:
+    """The log's lines that say what went wrong, first first: a refused flag is followed by pages of usage text
+    (ik) that would push it out of the log's tail."""
+    return [ln.strip()[:300] for ln in log.splitlines() if _REASON.search(ln)][:limit]
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _health(port: int) -> int | None:
+    """The status of GET /health (None: nothing answered)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=0.5)     # a miss is retried; a dead server is seen
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def slots_idle(port: int, slots: Sequence[int]) -> bool | None:
+    """Whether the slots are idle (GET /slots: mainline "is_processing", ik "state" 0), None when the server does not
+    say (the endpoint is off, or answers something else)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=5.0)
+    try:
+        conn.request("GET", "/slots")
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            return None
+        states = {s.get("id"): s for s in json.loads(body) if isinstance(s, dict)}
+    except (OSError, http.client.HTTPException, ValueError, TypeError):
+        return None
+    finally:
+        conn.close()
+    for i in slots:
+        s = states.get(i)
+        if s is None:
+            return None
+        busy = s["is_processing"] if "is_processing" in s else s.get("state", 0) != 0
+        if busy:
+            return False
+    return True
+
+
+def await_idle(port: int, slots: Sequence[int], deadline: float, limit_s: float = IDLE_WAIT_S) -> None:
+    """Wait (at most limit_s) until the slots are idle: a server sends a request's last event before it frees the
+    slot, and ik defers a request for a busy slot (examples/server/server-context.cpp process_single_task), so a
+    timed request sent right after the warm-up could wait on that instead of being served."""
+    end = min(deadline, time.monotonic() + limit_s)
+    while slots_idle(port, slots) is False and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+# ---- one request -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One timed /completion request: our clock, and the server's own timings (its `timings` object)."""
+    ttft_s: float                     # request sent -> first streamed event (the first token)
+    request_s: float                  # request sent -> the final event
+    prompt_n: int                     # prompt tokens the server processed (cached ones not counted)
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    tokens_cached: int                # tokens the slot holds afterwards (mainline: prompt + generated; ik: n_past)
+    cache_n: int | None               # prompt tokens taken from the cache (mainline timings.cache_n; ik: None)
+
+    @property
+    def pp_tps(self) -> float:
+        return self.prompt_n / self.prompt_ms * 1e3 if self.prompt_n > 0 and self.prompt_ms > 0 else 0.0
+
+    @property
+    def tg_tps(self) -> float:
+        """Generated tokens per second of generation time; 0.0 below 2 tokens: both builds charge the first token to
+        the prompt, so one token has (next to) no generation time of its own."""
+        return self.predicted_n / self.predicted_ms * 1e3 if self.predicted_n > 1 and self.predicted_ms > 0 else 0.0
+
+
+def completion(port: int, body: Mapping[str, Any], timeout_s: float) -> RequestResult:
+    """POST /completion with `"stream": true` and read the event stream to its final event (ReplayError on a
+    refused connection, an HTTP error, an error event, or a stream that ends without a final event)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=max(timeout_s, 0.1))
+    payload = json.dumps({**body, "stream": True}).encode()
+    t0 = time.monotonic()
+    first: float | None = None
+    try:
+        conn.request("POST", "/completion", payload, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise ReplayError("request", f"/completion answered HTTP {resp.status}: {_error_text(resp.read())}")
+        while True:
+            line = resp.readline()
+            if not line:
+                raise ReplayError("request", "/completion stream ended without a final event")
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                continue
+            event = json.loads(data)
+            if not isinstance(event, dict):
+                raise ReplayError("request", f"/completion sent an event that is not an object: {data[:200]!r}")
+            if "error" in event:
+                raise ReplayError("request", f"/completion: {_error_text(data)}")
+            now = time.monotonic()
+            if first is None:
+                first = now
+            if event.get("stop") is True:
+                return _result(event, first - t0, now - t0)
+    except TimeoutError as e:          # socket.timeout: nothing came
+        raise ReplayError("timeout", f"/completion sent nothing for {timeout_s:g} s") from e
+    except (OSError, http.client.HTTPException) as e:
+        raise ReplayError("request", f"/completion failed: {type(e).__name__}: {e}") from e
+    except (ValueError, TypeError, KeyError) as e:
+        raise ReplayError("request", f"/completion sent what we cannot read ({type(e).__name__}: {e})") from e
+    finally:
+        conn.close()
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        obj = json.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        return str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+    except ValueError:
+        return body.decode("utf-8", "replace")[:300]
+
+
+def _result(final: dict[str, Any], ttft_s: float, request_s: float) -> RequestResult:
+    t = final["timings"]
+    cache_n = t.get("cache_n")
+    return RequestResult(ttft_s, request_s, int(t["prompt_n"]), float(t["prompt_ms"]), int(t["predicted_n"]),
+                         float(t["predicted_ms"]), int(final.get("tokens_cached", 0)),
+                         None if cache_n is None else int(cache_n))
+
+
+# ---- the replay ------------------------------------------------------------------------------------------------------
+
+class TokenSource:
+    """Prompt token ids in [0, n_vocab). Each fresh run starts with the next id of a shuffled cycle over the
+    vocabulary, so it differs from the start of the last n_vocab runs: a fresh run never continues a prompt that a
+    slot (or mainline's RAM prompt cache) holds, and the server processes all of it."""
+
+    def __init__(self, n_vocab: int, seed: int = 0) -> None:
+        if n_vocab < 2:
+            raise InputError(f"the model's vocabulary has {n_vocab} tokens; token-id prompts need at least 2")
+        self.n_vocab = n_vocab
+        self._rng = random.Random(seed)
+        self._heads = itertools.cycle(self._rng.sample(range(n_vocab), n_vocab))
+
+    def fresh(self, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        return [next(self._heads)] + [self._rng.randrange(self.n_vocab) for _ in range(n - 1)]
+
+
+@dataclass(frozen=True)
+class ClassResult:
+    """A request class as replayed: its timed requests (in_flight x repetitions), and their medians."""
+    request: RequestClass
+    results: tuple[RequestResult, ...]
+
+    def _median(self, values: Sequence[float]) -> float:
+        return float(statistics.median(values)) if values else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return self._median([r.ttft_s for r in self.results])
+
+    @property
+    def request_s(self) -> float:
+        return self._median([r.request_s for r in self.results])
+
+    @property
+    def pp_tps(self) -> float:
+        return self._median([r.pp_tps for r in self.results if r.pp_tps > 0])
+
+    @property
+    def tg_tps(self) -> float:
+        return self._median([r.tg_tps for r in self.results if r.tg_tps > 0])
+
+    @property
+    def prompt_n(self) -> int:
+        return round(self._median([r.prompt_n for r in self.results]))
+
+    @property
+    def predicted_n(self) -> int:
+        return round(self._median([r.predicted_n for r in self.results]))
+
+    @property
+    def cached_n(self) -> int:
+        """Prompt tokens the server took from the cache: its cache_n (mainline), else the prompt minus prompt_n."""
+        return round(self._median([r.cache_n if r.cache_n is not None else self.request.prompt_tokens - r.prompt_n
+                                   for r in self.results]))
+
+    @property
+    def expected_prompt_n(self) -> int:
+        """What the server should process: the new tokens (a prompt that is all cached still evaluates its last
+        token for the logits, in both builds)."""
+        return self.request.new_tokens or 1
+
+    def row(self) -> dict[str, Any]:
+        c = self.request
+        return {"new_tokens": c.new_tokens, "cached_tokens": c.cached_tokens, "gen_tokens": c.gen_tokens,
+                "weight": c.weight, "in_flight": c.in_flight, "requests": len(self.results),
+                "ttft_s": round(self.ttft_s, 6), "request_s": round(self.request_s, 6),
+                "pp_tps": round(self.pp_tps, 3), "tg_tps": round(self.tg_tps, 3), "prompt_n": self.prompt_n,
+                "cached_n": self.cached_n, "predicted_n": self.predicted_n,
+                "samples": [asdict(r) for r in self.results]}
+
+
+def _gather(jobs: Sequence[Callable[[], RequestResult]], server: ServerProcess, deadline: float
+            ) -> list[RequestResult]:
+    """Run the jobs at once, one thread each; the server's death or the deadline ends the wait (the threads are
+    daemons and end when the server's sockets close)."""
+    out: list[RequestResult | BaseException | None] = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = jobs[i]()
+        except BaseException as e:           # handed to the caller's thread
+            out[i] = e
+    threads = [threading.Thread(target=run, args=(i,), name=f"replay-{i}", daemon=True) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    # until all are done, one fails (the run has failed: the others end when the server is stopped), the server
+    # dies, or the time is up
+    while (running := [t for t in threads if t.is_alive()]) and not any(isinstance(r, BaseException) for r in out):
+        running[0].join(0.05)
+        if not server.alive():
+            raise server.exit_error(mid_run=True)
+        if time.monotonic() > deadline:
+            raise ReplayError("timeout", "the replay ran past the engine's time limit")
+    errors = [r for r in out if isinstance(r, BaseException)]
+    if errors:
+        # a request cut off by a dying server often sees the closed socket before the process is gone (a crash
+        # handler still printing its backtrace): give it a moment, so the run says the server died, and why
+        end = time.monotonic() + DEATH_WAIT_S
+        while server.alive() and time.monotonic() < end and isinstance(errors[0], ReplayError) \
+                and errors[0].kind == "request":
+            time.sleep(0.05)
+        if not server.alive():
+            raise server.exit_error(mid_run=True)
+        raise errors[0]
+    return [r for r in out if isinstance(r, RequestResult)]
+
+
+# ---- the engine ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """The llama-server command a measurement starts, without --host/--port (added per run)."""
+    program: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def shell(self) -> str:
+        return shell_join([self.program, *self.argv], self.env)
+
+
+def as_workload(workload: Workload | BenchWorkload) -> tuple[Workload, int | None]:
+    """(the Workload to replay, its repetitions when the caller gave some): a BenchWorkload is one request class of
+    n_prompt new tokens after `depth` cached ones, n_gen generated (TG only, with no depth: after a 1-token cached
+    prompt, so no prompt is timed). TG then runs after depth + n_prompt tokens, as a server's would."""
+    if isinstance(workload, Workload):
+        return workload, None
+    if isinstance(workload, BenchWorkload):
+        cached = workload.depth if workload.n_prompt or workload.depth else 1
+        return Workload("bench", (RequestClass(workload.n_prompt, cached, workload.n_gen),)), workload.repetitions
+    raise InputError(f"the llamaserver engine replays a Workload or a BenchWorkload, not {type(workload).__name__}")
+
+
+@dataclass
+class LlamaServerEngine:
+    """Measures plans by running llama-server and replaying a workload over HTTP. See the module docstring."""
+    binary: str | Path | None = None
+    model_path: str | Path | None = None     # default: the inventory's source file
+    repetitions: int = 2                      # timed requests per class and slot (medians)
+    timeout_s: float = 1800.0                 # the whole run: start, replay
+    start_timeout_s: float = 600.0            # until /health answers 200 (loading a large model takes minutes)
+    stop_grace_s: float = 5.0                 # SIGTERM to SIGKILL
+    port: int = 0                             # 0: a free loopback port per run
+    sample_interval_s: float = 0.05
+    sample_vram: bool = True
+    prime: bool = True                        # one untimed request before the replay (first-use costs out)
+    progress: Callable[[str], None] | None = None   # hears "started pid N port P", "healthy", "class i/n rep r/R"
+    seed: int = 0
+    name: str = "llamaserver"
+    path: Path = field(init=False)
+    info: ServerInfo = field(init=False)
+    _sampler: Any = field(init=False, default=None, repr=False)
+    _sampler_checked: bool = field(init=False, default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for what, v in (("timeout_s", self.timeout_s), ("start_timeout_s", self.start_timeout_s)):
+            if v <= 0:
+                raise InputError(f"{what} must be positive, got {v}")
+        if isinstance(self.repetitions, bool) or not isinstance(self.repetitions, int) or self.repetitions < 1:
+            raise InputError(f"repetitions must be an integer >= 1, got {self.repetitions!r}")
+        if not 0 <= self.port < 65536:
+            raise InputError(f"port {self.port}: give 1-65535, or 0 for a free one")
+        self.path = find_server(self.binary)
+        self.info = server_info(self.path)
+
+    # -- pieces -------------------------------------------------------------------------------------------------------
+
+    def sampler(self) -> gpumem.MemorySampler | None:
+        if not self._sampler_checked:
+            self._sampler = gpumem.detect(self.sample_interval_s) if self.sample_vram else None
+            self._sampler_checked = True
+        return self._sampler
+
+    def _model(self, inv: ModelInventory) -> str:
+        p = self.model_path if self.model_path is not None else inv.source
+        if not p or not Path(p).is_file():
+            raise InputError(f"the llamaserver engine needs the model file; {p or inv.name!r} is not one "
+                             "(presets cannot run: write one with `offload-tuner synth`)")
+        return str(p)
+
+    def command(self, inv: ModelInventory, plan: Plan, workload: Workload) -> ServerCommand:
+        """The llama-server command for the plan serving `workload` (InputError if this binary cannot run it)."""
+        if plan.dialect != self.info.dialect:
+            raise InputError(f"the plan is for {plan.dialect}, but {self.path} is a {self.info.dialect} build; "
+                             f"re-plan with --dialect {self.info.dialect}")
+        check_devices(plan, self.info.devices, self.path.name)
+        p = replace(plan, knobs=replace(plan.knobs, n_ctx=workload.ctx, n_seq=workload.slots))
+        try:
+            rc = render(p, inv, "server", model_path=self._model(inv), build=self.info.build)
+        except FlagError as e:
+            raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
+        notes = (*rc.notes, f"-c {workload.ctx} = {workload.slots} slot(s) x {workload.slot_ctx} tokens "
+                            f"(workload {workload.name})")
+        extra = (*device_args(plan, self.info.devices, self.info.flags), *self.info.no_webui)
+        return ServerCommand(str(self.path), (*rc, *extra), dict(rc.env), notes)
+
+    # -- measuring -----------------------------------------------------------------------------------------------------
+
+    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload | BenchWorkload) -> Measurement:
+        """The Engine protocol's entry: a Workload is replayed as is, a BenchWorkload as one request class."""
+        wl, reps = as_workload(workload)
+        return self.measure_workload(inv, plan, wl, repetitions=reps)
+
+    def measure_workload(self, inv: ModelInventory, plan: Plan, workload: Workload,
+                         repetitions: int | None = None) -> Measurement:
+        """Start the plan's llama-server, replay `workload`, stop it (the module docstring says how)."""
+        return self.run(self.command(inv, plan, workload), inv, workload, repetitions)
+
+    def measure_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchWorkload,
+                     env: Mapping[str, str] | None = None) -> Measurement:
+        """Run a hand-made llama-server command line (`run -- <args>`, without the program) on the workload. Our
+        --host/--port replace any given; -m (the model), -c and -np (the workload's) are added when missing; a
+        given -np smaller than the workload's requests in flight is refused."""
+        wl, reps = as_workload(workload)
+        argv, notes, it = [], [], iter(args)
+        for a in it:
+            if a in _OWN_FLAGS:
+                notes.append(f"{a} {next(it, '')} replaced by the engine's loopback port")
+            else:
+                argv.append(a)
+        given = set(argv)
+        if not given & {"-m", "--model"}:
+            argv = ["-m", self._model(inv), *argv]
+        if not given & {"-c", "--ctx-size"}:
+            argv += ["-c", str(wl.ctx)]
+        np_at = next((i for i, a in enumerate(argv) if a in ("-np", "--parallel")), None)
+        if np_at is None:
+            argv += ["-np", str(wl.slots)]
+        else:
+            try:
+                n_slots = int(argv[np_at + 1])
+            except (IndexError, ValueError):
+                n_slots = wl.slots            # a bad value: the server's own parser says so
+            if 0 < n_slots < wl.slots:
+                raise InputError(f"-np {n_slots}: the workload has {wl.slots} requests in flight; give -np "
+                                 f"{wl.slots} or more")
+        argv += [a for a in self.info.no_webui if a not in given]
+        return self.run(ServerCommand(str(self.path), tuple(argv), dict(env or {}), tuple(notes)), inv, wl, reps)
+
+    def run(self, cmd: ServerCommand, inv: ModelInventory, workload: Workload, repetitions: int | None = None
+            ) -> Measurement:
+        """Start `cmd` on a loopback port, replay, stop; a failure of the run is a failed Measurement."""
+        reps = self.repetitions if repetitions is None else repetitions
+        tokens = TokenSource(inv.hparams.n_vocab, self.seed)
+        port = self.port or free_port()
+        argv = [cmd.program, *cmd.argv, "--host", HOST, "--port", str(port)]
+        env = {**os.environ, "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), **cmd.env}
+        sampler = self.sampler()
+        baseline = sampler.used() if sampler is not None else {}
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
+        results: list[ClassResult] = []
+        failure: ReplayError | None = None
+        ready_s = None
+        with tempfile.TemporaryDirectory(prefix="llamaserver-") as tmp:
+            server = ServerProcess(argv, env, Path(tmp), Path(tmp) / "server.log")
+            sampling = False
+            try:
+                if sampler is not None:
+                    sampler.start()
+                    sampling = True
+                server.start()
+                self._say(f"started pid {server.pid} port {port}")
+                try:
+                    server.wait_healthy(port, self.start_timeout_s, deadline)
+                    ready_s = time.monotonic() - t0
+                    self._say("healthy")
+                    self._replay(server, port, workload, reps, tokens, deadline, results)
+                except ReplayError as e:
+                    failure = e
+            finally:
+                server.stop(self.stop_grace_s)
+                peak, n_samples = sampler.stop() if sampling else ({}, 0)
+            log = server.log_text()
+            returncode = server.returncode
+        wall = time.monotonic() - t0
+        delta = {i: max(b - baseline.get(i, 0), 0) for i, b in peak.items()}
+        raw: dict[str, Any] = {
+            "engine": self.name, "binary": str(self.path), "dialect": self.info.dialect,
+            "build": self.info.build.describe(), "command": cmd.shell, "argv": list(cmd.argv), "env": dict(cmd.env),
+            "notes": list(cmd.notes), "port": port, "workload": workload.to_dict(), "repetitions": reps,
+            "ready_s": None if ready_s is None else round(ready_s, 3), "wall_s": round(wall, 3),
+            "returncode": returncode, "vram_source": sampler.source if sampler is not None else "none",
+            "vram_samples": n_samples, "vram_baseline_bytes": gpumem.per_cuda_device(baseline, env),
+            "classes": [r.row() for r in results], "log_tail": tail(log, LOG_TAIL_CHARS),
+        }
+        peak_bytes = gpumem.per_cuda_device(delta, env)
+        if failure is not None:
+            raw["failure"] = failure.kind
+            raw["log_reasons"] = reason_lines(log)
+            return Measurement.failed(failure.message, peak_bytes=peak_bytes, host_bytes=server.peak_rss, raw=raw)
+        return self._measurement(workload, results, peak_bytes, server.peak_rss, raw)
+
+    def _say(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(what)
+
+    def _replay(self, server: ServerProcess, port: int, workload: Workload, reps: int, tokens: TokenSource,
+                deadline: float, results: list[ClassResult]) -> None:
+        """Each class in turn (module docstring, step 3); appends one ClassResult per class to `results`."""
+        n = len(workload.classes)
+        if self.prime:
+            # the first real batch pays for first touches (mmapped weights paged in, thread pools and buffers set
+            # up): a first-class-sized prompt (up to PRIME_TOKENS) and two generated tokens take them out of the
+            # timings; its fresh ids match nothing later
+            first = workload.classes[0]
+            prime = tokens.fresh(min(max(first.new_tokens, 1), PRIME_TOKENS))
+            _gather([self._job(port, prime, 2, 0, deadline)], server, deadline)
+        for ci, c in enumerate(workload.classes):
+            prefixes = [tokens.fresh(c.cached_tokens) for _ in range(c.in_flight)]
+            timed: list[RequestResult] = []
+            for rep in range(reps):
+                if c.cached_tokens:
+                    warm = [self._job(port, prefixes[s], 0, s, deadline) for s in range(c.in_flight)]
+                    _gather(warm, server, deadline)
+                await_idle(port, range(c.in_flight), deadline)
+                self._say(f"class {ci + 1}/{n} rep {rep + 1}/{reps}")
+                jobs = [self._job(port, prefixes[s] + tokens.fresh(c.new_tokens), c.gen_tokens, s, deadline)
+                        for s in range(c.in_flight)]
+                timed += _gather(jobs, server, deadline)
+            results.append(ClassResult(c, tuple(timed)))
+
+    @staticmethod
+    def _job(port: int, prompt: list[int], n_predict: int, slot: int, deadline: float
+             ) -> Callable[[], RequestResult]:
+        body = {"prompt": prompt, "n_predict": n_predict, "id_slot": slot, "cache_prompt": True,
+                "ignore_eos": True, "temperature": 0.0}
+        return lambda: completion(port, body, deadline - time.monotonic())
+
+    def _measurement(self, workload: Workload, results: Sequence[ClassResult], peak_bytes: dict[str, int],
+                     host_bytes: int, raw: dict[str, Any]) -> Measurement:
+        by_class = {id(r.request): r for r in results}
+        mean_s = workload.mean_request_s(lambda c: by_class[id(c)].request_s)
+        notes = raw["notes"]
+        for i, r in enumerate(results):
+            if r.prompt_n != r.expected_prompt_n:
+                notes.append(f"class {i + 1}: the server processed {r.prompt_n} prompt tokens, not "
+                             f"{r.expected_prompt_n} (cached {r.cached_n} of {r.request.prompt_tokens})")
+            if r.predicted_n != r.request.gen_tokens:     # n_predict 0 still samples one token, in both builds
+                notes.append(f"class {i + 1}: the server generated {r.predicted_n} tokens, not "
+                             f"{r.request.gen_tokens}")
+        raw.update(mean_request_s=round(mean_s, 6),
+                   tokens_per_s=round(workload.tokens_per_request() / mean_s, 3) if mean_s > 0 else 0.0,
+                   ttft_s=round(_weighted(results, lambda r: r.ttft_s), 6))
+        pp = _weighted([r for r in results if r.request.new_tokens > 0], lambda r: r.pp_tps)
+        tg = _weighted([r for r in results if r.request.gen_tokens > 0], lambda r: r.tg_tps)
+        return Measurement(pp_tps=pp, tg_tps=tg, peak_bytes=peak_bytes, host_bytes=host_bytes, raw=raw)
+
+
+def _weighted(results: Sequence[ClassResult], value: Callable[[ClassResult], float]) -> float:
+    """The classes' weighted mean of `value` over those that have one (> 0); 0.0 when none has."""
+    have = [(r.request.weight, value(r)) for r in results if value(r) > 0]
+    total = sum(w for w, _ in have)
+    return sum(w * v for w, v in have) / total if total else 0.0
