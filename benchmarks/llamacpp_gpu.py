@@ -68,10 +68,11 @@ def log(msg: str) -> None:
 TINY_QWEN3 = {"arch": "qwen3moe", "n_layer": 8, "n_expert": 16, "n_expert_used": 4}
 
 
-def write_model(path: Path, tiny: bool, preset: str = PRESET, tiny_spec_args: dict[str, Any] | None = None) -> None:
+def write_model(path: Path, tiny: bool, preset: str = PRESET, tiny_spec_args: dict[str, Any] | None = None,
+                vocab: bool = False) -> None:
     """The synthetic model (the preset's shape, or with `tiny` runtime.synth.tiny_spec(**tiny_spec_args), default
     a small Qwen3 MoE), uniform Q4_0, written to a temporary name and renamed (a cut-off write is never mistaken
-    for one)."""
+    for one). `vocab`: with a made-up vocabulary (llama-server prints tokens as text; runtime.synth.spm_vocab)."""
     from runtime.synth import tiny_spec, uniform_recipe, write_gguf
     if path.exists():
         log(f"model: {path} exists ({path.stat().st_size / GiB:.2f} GiB), not rewritten")
@@ -93,7 +94,7 @@ def write_model(path: Path, tiny: bool, preset: str = PRESET, tiny_spec_args: di
             log(f"model: {done[0] / GiB:.1f} GiB written ({done[0] / GiB / (time.monotonic() - t0):.2f} GiB/s)")
 
     shape = f"tiny-{spec.hparams.arch}" if tiny else preset.split(":")[0]
-    write_gguf(tmp, spec, uniform_recipe(QUANT), name=f"synthetic-{shape}-{QUANT}", progress=progress)
+    write_gguf(tmp, spec, uniform_recipe(QUANT), name=f"synthetic-{shape}-{QUANT}", progress=progress, vocab=vocab)
     os.replace(tmp, path)
     log(f"model: wrote {path} ({path.stat().st_size / GiB:.2f} GiB) in {time.monotonic() - t0:.0f} s")
 

@@ -93,9 +93,9 @@ def model_path(args, workdir: Path) -> Path:
             from runtime.synth import uniform_recipe, write_gguf
             path.parent.mkdir(parents=True, exist_ok=True)
             write_gguf(path, load_preset(llamacpp_gpu.PRESET).spec, uniform_recipe(llamacpp_gpu.QUANT), sparse=True,
-                       name=f"synthetic-{llamacpp_gpu.PRESET.split(':')[0]}-{llamacpp_gpu.QUANT}")
+                       name=f"synthetic-{llamacpp_gpu.PRESET.split(':')[0]}-{llamacpp_gpu.QUANT}", vocab=True)
         else:
-            llamacpp_gpu.write_model(path, tiny=args.cpu)
+            llamacpp_gpu.write_model(path, tiny=args.cpu, vocab=True)
     return path
 
 
@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--series", default="")
     ap.add_argument("--time-budget", type=float, default=500.0)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per server run")
+    ap.add_argument("--repetitions", type=int, default=1, help="timed requests per class in one server run "
+                    "(default 1: the rounds give the spread)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log each server's progress")
     args = ap.parse_args(argv)
     deadline = time.monotonic() + args.time_budget
     cells = parse_cells(args.cells)
@@ -295,17 +298,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from runtime.llamaserver import LlamaServerEngine
     server = LlamaServerEngine(binary=args.server or _default_server(args), model_path=model,
-                               timeout_s=args.timeout, cpu_stand_in=args.cpu)
-    meta["gpu"] = getattr(server, "gpu_name", lambda: None)()
+                               timeout_s=args.timeout, repetitions=args.repetitions, cpu_stand_in=args.cpu,
+                               progress=lambda what: log(f"  server: {what}") if args.verbose else None)
+    meta["gpu"] = _gpu_name()
     finished = serve(args, inv, hw0, cells, deadline, server, bench_engine)
     rows = report(args, cells, meta, out)
     return 0 if finished and all(r["served"] for r in rows) and len(rows) == len(cells) else 3
 
 
+def _gpu_name() -> str | None:
+    import shutil
+    import subprocess
+    if not shutil.which("nvidia-smi"):
+        return None
+    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    names = [x.strip() for x in r.stdout.splitlines() if x.strip()]
+    return f"{len(names)}x {names[0]}" if names else None
+
+
 def _default_server(args) -> Path:
     if args.cpu:
-        from runtime.llamacpp_build import ensure_built
-        return ensure_built(("llama-server",))["llama-server"]
+        from runtime.llamaserver import server_binary
+        return server_binary("mainline")
     return ROOT / "benchmarks" / "results" / "llamacpp_gpu" / "llama.cpp-cuda" / "build" / "bin" / "llama-server"
 
 

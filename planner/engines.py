@@ -71,6 +71,10 @@ ENGINES: Final[dict[str, EngineSpec]] = {s.name: s for s in (
     EngineSpec("llamacpp", "runtime.llamacpp:from_options",
                EngineTraits(memory_error_prior=256 * MiB, binary="llama-bench", no_host_probe=True),
                "llama-bench (mainline) or llama-bench / llama-sweep-bench (ik)"),
+    EngineSpec("llamaserver", "runtime.llamaserver:from_options",
+               EngineTraits(memory_error_prior=256 * MiB, binary="llama-server", replays_requests=True,
+                            no_host_probe=True),
+               "llama-server as the user runs it, replaying the workload over HTTP (mainline or ik)"),
 )}
 
 # an engine object whose name is not registered (a test's stand-in) is taken for a measured one

@@ -624,6 +624,7 @@ class LlamaServerEngine:
     prime: bool = True                        # one untimed request before the replay (first-use costs out)
     progress: Callable[[str], None] | None = None   # hears "started pid N port P", "healthy", "class i/n rep r/R"
     seed: int = 0
+    cpu_stand_in: bool = False                # every plan's tensors on the CPU (a CPU-only dry run of GPU plans)
     name: str = "llamaserver"
     path: Path = field(init=False)
     info: ServerInfo = field(init=False)
@@ -682,6 +683,8 @@ class LlamaServerEngine:
     def measure_workload(self, inv: ModelInventory, plan: Plan, workload: Workload,
                          repetitions: int | None = None) -> Measurement:
         """Start the plan's llama-server, replay `workload`, stop it (the module docstring says how)."""
+        if self.cpu_stand_in:       # the same knobs, every tensor on the CPU: the pipeline runs, not the GPU plan
+            plan = replace(plan, assignment={n: "CPU" for n in plan.assignment})
         return self.run(self.command(inv, plan, workload), inv, workload, repetitions)
 
     def measure_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchWorkload,
@@ -714,6 +717,31 @@ class LlamaServerEngine:
                                  f"{wl.slots} or more")
         argv += [a for a in self.info.no_webui if a not in given]
         return self.run(ServerCommand(str(self.path), tuple(argv), dict(env or {}), tuple(notes)), inv, wl, reps)
+
+    def fit_reference(self, inv: ModelInventory, workload: Workload, budgets: Mapping[str, int],
+                      ubatch: int = 512) -> Measurement:
+        """llama-server's own fitting as a user runs it for this budget: `--fit on` (mainline; ik: `--fit`) at the
+        workload's context and slots, told to leave free on each GPU what is free now minus the budget (mainline
+        -fitt per GPU; ik --fit-margin, one value: the tightest GPU's), at `ubatch` (512 is the server's default;
+        larger ones with -b at least as large). The budget is the tuner's per-GPU one; the measured peaks say what
+        llama.cpp actually used. On a machine without GPUs the line runs without the fit (a CPU build's fit has
+        no device memory to fit)."""
+        sampler = self.sampler()
+        free = gpumem.per_cuda_device(sampler.free(), os.environ) if sampler is not None else {}
+        margins = {d: max((free[d] - b) >> 20, 1) for d, b in budgets.items() if d in free}
+        args: list[str] = []
+        if margins:
+            if self.info.dialect == "ik":
+                args += ["--fit", "--fit-margin", str(min(margins.values()))]
+            else:
+                args += ["--fit", "on", "-fitt", ",".join(str(margins[d]) for d in sorted(margins))]
+        elif self.info.dialect == "mainline":
+            args += ["--fit", "off"]
+        if ubatch != 512:
+            args += ["-ub", str(ubatch), "-b", str(max(ubatch, 2048))]
+        m = self.measure_args(inv, args, workload)
+        m.raw["fit_free_bytes"] = free
+        return m
 
     def run(self, cmd: ServerCommand, inv: ModelInventory, workload: Workload, repetitions: int | None = None
             ) -> Measurement:
@@ -830,3 +858,9 @@ def _weighted(results: Sequence[ClassResult], value: Callable[[ClassResult], flo
     have = [(r.request.weight, value(r)) for r in results if value(r) > 0]
     total = sum(w for w, _ in have)
     return sum(w * v for w, v in have) / total if total else 0.0
+
+
+def from_options(opts: Any, hw: Any) -> LlamaServerEngine:
+    """The registry's factory (planner/engines.py): llama-server from the options (else $LLAMA_SERVER, else PATH)."""
+    return LlamaServerEngine(binary=getattr(opts, "llama_server", None), model_path=opts.model_path,
+                             timeout_s=opts.timeout_s)

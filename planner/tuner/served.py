@@ -73,7 +73,7 @@ def _sample(tuner: Tuner, server: Any, c: Served) -> dict[str, Any]:
                 plan = TrialRecord.from_trial(tuner._trial(c.trial)).plan()
                 m = server.measure_workload(tuner.inv, plan, tuner.requests)
             else:
-                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, tuner.dialect)
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch)
     except InputError:
         raise
     except Exception as e:       # an engine bug is a failed sample, not the end of the study
@@ -81,7 +81,7 @@ def _sample(tuner: Tuner, server: Any, c: Served) -> dict[str, Any]:
     raw = m.raw or {}
     return {"ok": bool(m.ok), "error": m.error, "request_s": raw.get("mean_request_s"), "ttft_s": raw.get("ttft_s"),
             "pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "peak_bytes": dict(m.peak_bytes),
-            "command": raw.get("command"), "seconds": raw.get("seconds")}
+            "command": raw.get("command"), "seconds": raw.get("wall_s")}
 
 
 def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,

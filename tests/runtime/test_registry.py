@@ -39,7 +39,7 @@ def test_make_engine_builds_sim_with_its_traits():
 
 def test_unknown_and_unavailable_engines_are_one_line(monkeypatch):
     hw = resolve("rtx4090-ddr5", None)
-    with pytest.raises(InputError, match="unknown engine 'nope': give one of sim, torch, llamacpp"):
+    with pytest.raises(InputError, match="unknown engine 'nope': give one of sim, torch, llamacpp, llamaserver"):
         engines.make_engine(EngineOptions(engine="nope", model="m"), hw)
     monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"], factory="runtime.gone:make"))
     with pytest.raises(InputError, match="not available yet"):

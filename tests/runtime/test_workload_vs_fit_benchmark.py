@@ -1,0 +1,40 @@
+"""benchmarks/workload_vs_fit.py's whole pipeline on this machine (--cpu): a time-objective study explored by the
+sim engine, then the --fit references and a finalist served as the real CPU llama-server on a tiny workload, the
+verdict in the report, a second call resuming with nothing re-run, and no llama-server left behind."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _servers() -> list[str]:
+    r = subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True, text=True)
+    return r.stdout.split()
+
+
+def test_workload_vs_fit_dry_run(bench_script, llama_server, tmp_path):
+    bench = bench_script("workload_vs_fit")
+    argv = ["--cpu", "--cells", "6:rag", "--trials", "3", "--rounds", "1", "--finalists", "1",
+            "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "out"), "--server", str(llama_server)]
+    assert bench.main(argv) == 0
+    rep = json.loads((tmp_path / "out" / "workload_vs_fit.json").read_text())
+    (cell,) = rep["cells"]
+    assert cell["served"] and cell["workload"] == "rag" and cell["budget_gib"] == 6
+    # three --fit references and one finalist, one round each: four server runs
+    assert cell["served_runs"] == 4 and len(cell["results"]) == 4
+    assert {r["key"] for r in cell["results"]} >= {"fit:512", "fit:2048", "fit:4096"}
+    ref, pick = cell["reference"], cell["pick"]
+    assert ref["name"].startswith("--fit") and pick["request_s"]["median"] <= ref["request_s"]["median"]
+    assert "rag: " in cell["headline"]          # after what the pick gives up, when it gives anything up
+    assert "llama-server" in (ref["command"] or "") and "-c " in ref["command"]
+    md = (tmp_path / "out" / "workload_vs_fit.md").read_text()
+    assert "| 6 GiB | rag |" in md and (tmp_path / "out" / "workload_vs_fit.png").stat().st_size > 0
+    assert not _servers()
+    # a second call finds every cell served and runs nothing more
+    assert bench.main(argv) == 0
+    again = json.loads((tmp_path / "out" / "workload_vs_fit.json").read_text())["cells"][0]
+    assert again["served_runs"] == 4 and again["results"] == cell["results"]
