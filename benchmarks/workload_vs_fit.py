@@ -48,6 +48,7 @@ from planner.workload import RequestClass, Workload, preset  # noqa: E402
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
 H100_PROFILE = ROOT / "tests" / "planner" / "data" / "h100_calibrate_20261124.json"
 MODEL_REL = "model/qwen3-30b-a3b-shape-q4_0.gguf"     # under the workdir, the same relative path everywhere
+STATE_NAME = "workload_vs_fit_state.db.gz"
 GOALS = {"rag": 1.3, "agent": 1.15, "chat": 1.0, "batch": 1.0}
 EXPLORE_MARGIN = 256 * MiB       # llama-bench's memory-error prior (planner/engines.py), for a sim search
 # the dry run: request classes a tiny CPU model answers in well under a second each
@@ -124,7 +125,7 @@ def explore(args, inv, hw0, cells, bench_engine) -> None:
         log(f"{t.study_name}: explored ({res.measured} runs, {res.stopped or 'done'})")
 
 
-def serve(args, inv, hw0, cells, deadline: float, server, bench_engine) -> bool:
+def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoint=None) -> bool:
     finished = True
     for b, w in cells:
         t = tuner_for(args, inv, hw0, b, w, bench_engine)
@@ -134,12 +135,15 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine) -> bool:
             finished = False
             break
         log(f"{t.study_name}: serving the references and {args.finalists} finalists, {args.rounds} rounds")
-        rec = confirm_served(t, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline)
+        rec = confirm_served(t, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline,
+                             progress=(lambda done, total: checkpoint()) if checkpoint else None)
         if not rec:
             log(f"{t.study_name}: stopped before the deadline: run again")
             finished = False
             break
         log(headline(rec))
+        if checkpoint is not None:
+            checkpoint()
     return finished
 
 
@@ -240,13 +244,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """The report of the cells, and a gzipped copy of the study database beside it (STATE_NAME: the served samples
+    a later machine resumes from, `gunzip -c OUT/workload_vs_fit_state.db.gz > <workdir>/workload_vs_fit.db`)."""
     import optuna
-    from planner.tuner.search import make_storage
+    from planner.tuner.search import make_storage, sqlite_path
+    from tune_vs_fit import save_state
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
     rows = [cell_row(optuna.load_study(study_name=cell_name(b, w, args.series), storage=storage), b, w)
             for b, w in cells if cell_name(b, w, args.series) in names]
     write_report(rows, meta, out, args.name)
+    save_state(sqlite_path(args.storage), out / STATE_NAME)
     return rows
 
 
@@ -301,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                                timeout_s=args.timeout, repetitions=args.repetitions, cpu_stand_in=args.cpu,
                                progress=lambda what: log(f"  server: {what}") if args.verbose else None)
     meta["gpu"] = _gpu_name()
-    finished = serve(args, inv, hw0, cells, deadline, server, bench_engine)
+    finished = serve(args, inv, hw0, cells, deadline, server, bench_engine,
+                     checkpoint=lambda: report(args, cells, meta, out))
     rows = report(args, cells, meta, out)
     return 0 if finished and all(r["served"] for r in rows) and len(rows) == len(cells) else 3
 

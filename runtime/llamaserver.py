@@ -728,9 +728,12 @@ class LlamaServerEngine:
         no device memory to fit)."""
         sampler = self.sampler()
         free = gpumem.per_cuda_device(sampler.free(), os.environ) if sampler is not None else {}
-        margins = {d: max((free[d] - b) >> 20, 1) for d, b in budgets.items() if d in free}
+        if sampler is not None and (unknown := sorted(set(budgets) - set(free))):
+            raise InputError(f"--fit's budget names {unknown[0]}, but this machine's GPUs are "
+                             f"{', '.join(sorted(free)) or 'none'}")
+        margins = {d: max((free[d] - b) >> 20, 1) for d, b in budgets.items()}
         args: list[str] = []
-        if margins:
+        if margins and sampler is not None:
             if self.info.dialect == "ik":
                 args += ["--fit", "--fit-margin", str(min(margins.values()))]
             else:

@@ -27,6 +27,7 @@ from .confirm import Spread, compare, schedule
 from .records import TrialRecord
 
 if TYPE_CHECKING:
+    from ..hardware import HardwareProfile
     from .search import Tuner
 
 REFERENCE_UBATCHES = (512, 2048, 4096)     # --fit as llama-server defaults it, and the two a user tries next
@@ -45,6 +46,12 @@ class Served:
     roles: tuple[str, ...]             # "reference" or "finalist"
     trial: int | None = None
     ubatch: int | None = None
+
+
+def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
+    """{"CUDA0": bytes, ...}: each GPU's budget under the device name llama.cpp gives it (a GPU's own `name` is its
+    model, "H100", and two of them share it)."""
+    return {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}
 
 
 def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served]:
@@ -66,7 +73,7 @@ def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served
 def _sample(tuner: Tuner, server: Any, c: Served) -> dict[str, Any]:
     """One replay of the workload by one contender, as a stored row."""
     from .interrupt import SIGINT
-    budgets = {g.name: g.vram_bytes for g in tuner.hw.gpus}
+    budgets = gpu_budgets(tuner.hw)
     try:
         with SIGINT.engine_run():
             if c.trial is not None:
@@ -105,7 +112,7 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         tuner.study.set_user_attr("serving", {"keys": keys, "rounds": rounds, "rows": rows})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
-    budget = {g.name: g.vram_bytes for g in tuner.hw.gpus}
+    budget = gpu_budgets(tuner.hw)
     record = served_record(cs, rows, rounds, budget, tuner.requests.name, _bench_runs(tuner, cs))
     tuner.study.set_user_attr("served", record)
     return record
