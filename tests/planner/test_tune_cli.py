@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli
+from planner import app, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
@@ -117,7 +117,7 @@ def _err(capsys, argv: list[str]) -> str:
 
 def test_tune_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(cli.ENGINE_MODULES, "torch", "runtime.no_such_engine_here")
+    monkeypatch.setitem(app.ENGINE_MODULES, "torch", "runtime.no_such_engine_here")
     assert "engine torch is not available yet" in _err(capsys, ["tune", MODEL, "--engine", "torch", "--gpu", "16GiB"])
     assert "not allowed" in _err(capsys, ["tune", MODEL, "--gpu", "16GiB", "--objective", "__import__('os').getcwd()"])
     assert "--trials" in _err(capsys, ["tune", MODEL, "--gpu", "16GiB", "--trials", "0", "--no-report"])
