@@ -131,7 +131,7 @@ class Setup:
 
     def engine(self) -> TimedEngine:
         if self._engine is None:
-            from planner.cli import load_engine    # one line (InputError) for an engine this machine cannot run
+            from planner.app import load_engine    # one line (InputError) for an engine this machine cannot run
             from planner.options import EngineOptions
             opts = EngineOptions(engine=self.args.engine, model=self.args.model)
             self._engine = TimedEngine(load_engine(opts, self.hw), self.clock.ran)

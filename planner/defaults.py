@@ -1,5 +1,5 @@
-"""The command line's and the tuner's defaults in one place: the argparse help, TuneOptions, the study-spec loader
-and the `run` command read them from here instead of repeating the numbers.
+"""The command line's and the tuner's defaults in one place: the requests (planner/app/requests.py: their defaults
+and help), the study-spec loader and the `run` command read them from here instead of repeating the numbers.
 
 Defaults that belong to one module's own model stay there and are only named here: DEFAULT_CTX (planner.plan, the
 context emitted commands hold), DEFAULT_MARGIN (planner.propose, the planner's VRAM margin) and CONFIRM_ROUNDS

@@ -10,13 +10,14 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 Dialect = Literal["mainline", "ik"]
 DIALECTS: tuple[str, ...] = ("mainline", "ik")
 OpClass = Literal["dense_matmul", "moe_matmul", "moe_fused_up_gate", "output"]
 OP_CLASSES: tuple[str, ...] = ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output")
-KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+KV_TYPES: tuple[str, ...] = get_args(KvType)
 DEFAULT_MIN_BATCH = 32   # ggml-backend.cpp: GGML_OP_OFFLOAD_MIN_BATCH default
 
 

@@ -20,7 +20,8 @@
     kv_types = ["f16", "q8_0"]
     ubatch = [512, 1024, 2048]   # limits: any SpaceConfig choice list (planner/tuner/space.py)
 
-load_spec returns TuneOptions' fields; flags given on the command line override them (TuneOptions.from_args).
+load_spec returns TuneOptions' fields (planner/app/requests.py); flags given on the command line override them
+(TuneOptions.from_values).
 A key the file should not have, or a value that is not one, is one InputError naming the key and the file.
 """
 from __future__ import annotations

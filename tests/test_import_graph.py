@@ -1,6 +1,9 @@
 """The layers the tree shows, held by parsing the source (issue 13): planner/ never imports runtime/ (the engines
 and the CLI's runtime commands are named in planner/engines.py and imported by name) nor torch at module level;
 the tuner (planner/tuner/) imports neither runtime/ nor argparse, itself or through the planner modules it uses.
+The application layer (planner/app/) sits under the CLI and the service: nothing imports planner/cli; planner/cli
+and planner/service never import each other; the service and the app layer reach no argparse; the one import of
+planner/service from outside it is the app's serve use case, inside its function (planner/app/serve.py).
 Every import counts, at any depth (inside functions too), relative ones resolved to the module they name."""
 from __future__ import annotations
 
@@ -51,6 +54,9 @@ def names(name: str, root: str) -> bool:
     return name == root or name.startswith(root + ".")
 
 
+SERVE_USE_CASE = "planner.app.serve"     # starts the service: the one module outside it that imports it, lazily
+
+
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     """What breaks the layering in one module's source."""
     out = []
@@ -59,8 +65,16 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             out.append(f"{module}:{line} imports {name} (planner never imports runtime/: name it in planner/engines)")
         if top and names(name, "torch"):
             out.append(f"{module}:{line} imports torch at module level (only inside a function, and only in runtime/)")
-        if names(module, "planner.tuner") and names(name, "argparse"):
-            out.append(f"{module}:{line} imports argparse (the tuner takes typed options; the CLI parses)")
+        if any(names(module, m) for m in ("planner.tuner", "planner.app", "planner.service")) and \
+                names(name, "argparse"):
+            out.append(f"{module}:{line} imports argparse (only the CLI parses; the layers under it and the service "
+                       "take typed requests)")
+        if names(name, "planner.cli") and not names(module, "planner.cli"):
+            out.append(f"{module}:{line} imports {name} (nothing imports the CLI: the use cases are in planner/app)")
+        if names(name, "planner.service") and not names(module, "planner.service") and \
+                (module != SERVE_USE_CASE or top):
+            out.append(f"{module}:{line} imports {name} (nothing imports the service but planner/app/serve.py, inside "
+                       "run_server)")
     return out
 
 
@@ -91,12 +105,40 @@ def test_tuner_reaches_neither_runtime_nor_argparse_through_planner():
     assert "planner.tuner.search" in seen and "planner.plan" in seen     # the walk did follow the tuner's imports
 
 
+def test_the_service_reaches_neither_the_cli_nor_argparse_through_planner():
+    """The service's imports followed through planner's own modules (the app layer, the tuner, the core): none
+    imports argparse or the CLI, so a JSON body never goes through an argument parser."""
+    sources = planner_sources()
+    graph = {mod: {n for n, _, _ in imports(src, mod, p.name == "__init__.py")} for mod, (p, src) in sources.items()}
+    seen: dict[str, str] = {}
+    todo = [(m, m) for m in sources if names(m, "planner.service")]
+    while todo:
+        mod, via = todo.pop()
+        if mod in seen or mod not in graph:
+            continue
+        seen[mod] = via
+        todo += [(n, mod) for n in graph[mod]]
+    bad = [f"{mod} (reached from {via}) imports {n}" for mod, via in seen.items() for n in graph[mod]
+           if names(n, "argparse") or names(n, "planner.cli")]
+    assert not bad, "\n".join(bad)
+    assert "planner.app.requests" in seen and "planner.app.tune" in seen     # the walk did go through the app
+
+
 def test_importing_the_planner_loads_no_runtime_nor_torch():
     """The same, as Python sees it: the CLI and the tuner import without runtime/ or torch (a fresh interpreter)."""
     code = ("import sys, planner.cli, planner.tuner.search, planner.tuner.report, planner.service.app\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'runtime', 'torch'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", f"importing the planner loaded {out.stdout.strip()}"
+
+
+def test_the_cli_and_the_app_layer_load_no_service():
+    """The CLI reaches the service only when `serve` runs: importing it (and the app layer) loads neither
+    planner/service nor FastAPI."""
+    code = ("import sys, planner.cli, planner.app\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'fastapi' or m.startswith('planner.service')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"importing the CLI loaded {out.stdout.strip()}"
 
 
 def test_the_check_catches_each_kind_of_violation():
@@ -113,6 +155,22 @@ def test_the_check_catches_each_kind_of_violation():
     assert not violations("import argparse\n", "planner.cli")                               # the CLI parses
     assert not violations('ENGINES = {"sim": "runtime.sim:SimEngine"}\n', "planner.engines")  # a name, not an import
     assert not violations("from ..memory import estimate\n", "planner.tuner.search")
+    # the app layer, the CLI and the service
+    assert violations("import argparse\n", "planner.service.bodies")                      # the service parses no argv
+    assert violations("def f():\n    from argparse import Namespace\n", "planner.app.plan")
+    assert violations("from ..cli import main\n", "planner.service.app")                 # service -> CLI
+    assert violations("def f():\n    from ..cli.common import request\n", "planner.service.views")
+    assert violations("from planner.cli import build_parser\n", "planner.app.tune")        # nothing imports the CLI
+    assert violations("from ..service.app import serve\n", "planner.cli.serve")           # CLI -> service
+    assert violations("def f():\n    from ..service import app\n", "planner.cli.serve")
+    assert violations("from ..service.app import serve\n", "planner.app.serve")           # at module level: no
+    assert violations("def f():\n    from ..service.app import serve\n", "planner.app.plan")   # another use case
+    assert violations("from . import service\n", "planner", is_package=True)
+    assert not violations("def f():\n    from ..service.app import serve\n", "planner.app.serve")   # the one way
+    assert not violations("from ..app.requests import PlanRequest\n", "planner.service.bodies")
+    assert not violations("from ..app.plan import plan_outcome\n", "planner.cli.plan")
+    assert not violations("from .security import PathPolicy\n", "planner.service.app")    # within the service
+    assert not violations("from . import tune\n", "planner.cli", is_package=True)
 
 
 # runtime/ depends on planner's core and the engine protocol only: the engines never reach up into the tuner, the

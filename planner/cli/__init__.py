@@ -1,7 +1,9 @@
-"""offload-tuner command line: argparse entry point wiring the planner (and, lazily, the runtime).
+"""offload-tuner command line: argparse entry point over the use cases of planner/app (and, by name, the
+runtime's own commands).
 
 A thin layer, one module per command (inspect, plan, explain, runtime_cmds: run/synth/calibrate, tune, report,
-serve, demo), each with its cmd_* function and its add_parser; common.py holds what several share.
+serve, demo), each with its cmd_* function and its add_parser: the flags, made from the request's fields, parsed
+into the use case's request; its outcome printed. common.py holds what several share.
 Results go to stdout (tables, or JSON with --json); logs to stderr. Expected errors print one line and exit 2.
 """
 from __future__ import annotations
@@ -14,20 +16,17 @@ import threading
 
 from ..errors import InputError
 from . import demo, explain, inspect, plan, report, runtime_cmds, serve, tune
-from .common import layer_summary, load_engine
-from .demo import DEMO, cmd_demo
-from .explain import ExplainOutcome, cmd_explain, explain_outcome
-from .inspect import cmd_inspect, inspect_json
-from .plan import TOOLS, Commands, PlanOutcome, cmd_plan, commands_for, plan_outcome
+from .demo import cmd_demo
+from .explain import cmd_explain
+from .inspect import cmd_inspect
+from .plan import cmd_plan
 from .report import cmd_report
 from .runtime_cmds import cmd_calibrate, cmd_run, cmd_synth
 from .serve import cmd_serve
-from .tune import TuneInputs, cmd_tune, tune_inputs
+from .tune import cmd_tune, tune_options
 
-__all__ = ["DEMO", "TOOLS", "Commands", "ExplainOutcome", "PlanOutcome", "TuneInputs",
-           "build_parser", "cmd_calibrate", "cmd_demo", "cmd_explain", "cmd_inspect", "cmd_plan", "cmd_report",
-           "cmd_run", "cmd_serve", "cmd_synth", "cmd_tune", "commands_for", "explain_outcome", "inspect_json",
-           "layer_summary", "load_engine", "main", "plan_outcome", "tune_inputs"]
+__all__ = ["build_parser", "cmd_calibrate", "cmd_demo", "cmd_explain", "cmd_inspect", "cmd_plan", "cmd_report",
+           "cmd_run", "cmd_serve", "cmd_synth", "cmd_tune", "main", "tune_options"]
 
 COMMANDS = (inspect, plan, explain, runtime_cmds, tune, report, serve, demo)   # the order --help lists them in
 

@@ -3,39 +3,21 @@ from __future__ import annotations
 
 import argparse
 
+from ..app.inspect import inspect_model
+from ..app.requests import InspectRequest
 from ..hardware import fmt_bytes
-from .common import _emit_json
-
-
-def _per_layer(inv) -> list[dict]:
-    out = []
-    for il in range(inv.n_layer):
-        ts = inv.by_layer.get(il, ())
-        out.append({"layer": il, "bytes": sum(t.nbytes for t in ts),
-                    "expert_bytes": sum(t.nbytes for t in ts if t.is_expert),
-                    "nextn": any(t.role == "nextn" for t in ts)})
-    return out
-
-
-def inspect_json(inv) -> dict:
-    """What `inspect --json` prints (the service answers the same)."""
-    return {"model": inv.name, "source": inv.source, "arch": inv.arch,
-            "hparams": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(inv.hparams).items()},
-            "n_tensors": len(inv.tensors), "total_bytes": inv.total_bytes(),
-            "active_bytes_per_token": inv.active_bytes_per_token(), "tied_output": inv.tied_output,
-            "groups": inv.groups(), "layers": _per_layer(inv)}
+from .common import _emit_json, add_positional, request
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from ..loader import load_model
     from ..tables import inventory_summary, table
-    inv = load_model(args.model)
+    o = inspect_model(request(InspectRequest, args))
+    if args.json:
+        _emit_json(o.to_json())
+        return 0
+    inv = o.inv
     hp = inv.hparams
     groups = inv.groups()
-    per_layer = _per_layer(inv)
-    if args.json:
-        _emit_json(inspect_json(inv))
-        return 0
     print(inventory_summary(inv))
     print(f"tensors: {len(inv.tensors)}; weights read per token: {fmt_bytes(inv.active_bytes_per_token())}"
           + ("; output tied to token_embd" if inv.tied_output else ""))
@@ -48,7 +30,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(table(["group", "bytes"], [[g, fmt_bytes(b)] for g, b in sorted(groups.items(), key=lambda x: -x[1])]))
     print()
     runs: list[list[object]] = []
-    for row in per_layer:
+    for row in o.per_layer():
         desc = (fmt_bytes(row["bytes"]), fmt_bytes(row["expert_bytes"]), "nextn (not loaded)" if row["nextn"] else "")
         if runs and runs[-1][2:] == list(desc) and runs[-1][1] == row["layer"] - 1:
             runs[-1][1] = row["layer"]
@@ -62,6 +44,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     """Registers `inspect` and its options."""
     p = sub.add_parser("inspect", help="hparams, tensor groups, bytes per group and per layer")
-    p.add_argument("model", help="path to a .gguf (first shard of a split) or preset:NAME[:QUANT]")
+    add_positional(p, InspectRequest, "model")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)

@@ -1,6 +1,7 @@
-"""The routes: /api/* answers what the CLI's --json prints (the same functions make it), / and below are the web
-view (views.py). Every error is one line, `offload-tuner: error: ...` as the CLI prints it, with a 4xx status;
-an unexpected one is logged here and answered 500 with one line, never a traceback."""
+"""The routes: /api/* answers what the CLI's --json prints (the same use cases of planner/app make it, from the
+same requests: bodies.py), / and below are the web view (views.py). Every error is one line, `offload-tuner:
+error: ...` as the CLI prints it, with a 4xx status; an unexpected one is logged here and answered 500 with one
+line, never a traceback."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import logging
 import re
 import tempfile
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -19,13 +21,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..app import ServerConfig
+from ..app.serve import check_bind, is_loopback
 from ..engines import spec
 from ..errors import InputError
-from . import options
-from .config import ServerConfig
+from . import bodies
 from .jobs import Jobs
-from .security import (TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok,
-                       is_loopback, token_ok)
+from .security import TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok, token_ok
 from .studies import StudyStore, clean
 
 log = logging.getLogger("offload_tuner.service")
@@ -139,9 +141,9 @@ async def read_json(request: Request) -> Any:
 
 
 def _doc(command: str, summary: str) -> dict[str, Any]:
-    """OpenAPI for a body read by hand (so the CLI's parser, not pydantic, checks it and words the errors)."""
+    """OpenAPI for a body read by hand (bodies.py, not pydantic, checks it and words the errors as the CLI does)."""
     return {"summary": summary, "openapi_extra": {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": options.schema(command)}}}}}
+        "application/json": {"schema": bodies.schema(command)}}}}}
 
 
 def create_app(config: ServerConfig) -> FastAPI:
@@ -186,7 +188,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         body = await read_json(request)
 
         def work():
-            return result(options.to_namespace(command, body, paths))
+            return result(bodies.request(command, body, paths)).to_json()
         return as_json(await compute(work))
 
     @app.get("/api/health", summary="liveness, version, what this server allows")
@@ -198,19 +200,18 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"))
     async def inspect(request: Request):
-        from ..cli import inspect_json
-        from ..loader import load_model
-        return await run_command(request, "inspect", lambda a: inspect_json(load_model(a.model)))
+        from ..app import inspect_model
+        return await run_command(request, "inspect", inspect_model)
 
     @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"))
     async def plan(request: Request):
-        from ..cli import plan_outcome
-        return await run_command(request, "plan", lambda a: plan_outcome(a).to_json())
+        from ..app import plan_outcome
+        return await run_command(request, "plan", plan_outcome)
 
     @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"))
     async def explain(request: Request):
-        from ..cli import explain_outcome
-        return await run_command(request, "explain", lambda a: explain_outcome(a).to_json())
+        from ..app import explain_outcome
+        return await run_command(request, "explain", explain_outcome)
 
     @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds")
     async def studies():
@@ -232,13 +233,11 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.post("/api/tunes", status_code=202, **_doc("tune", "start offload-tuner tune ... --json in a worker"))
     async def start_tune(request: Request):
-        from ..cli import tune_inputs
+        from ..app import tune_inputs
         body = await read_json(request)
 
         def check():
-            from ..options import TuneOptions
-            args = options.to_namespace("tune", body, paths)
-            opts = TuneOptions.from_args(args)   # the defaults, as the CLI fills them
+            opts = bodies.request("tune", body, paths)     # TuneOptions, with the defaults the CLI's have
             if opts.engine not in config.engines:
                 raise InputError(f"engine {opts.engine} is not enabled on this server (engines here: "
                                  f"{', '.join(config.engines)}); the server's --engine says which run")
@@ -247,15 +246,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             inputs = tune_inputs(opts)       # tune's own checks, before a worker starts
             if not STUDY_NAME.match(inputs.study):
                 raise InputError(f"study name {inputs.study[:120]!r}: letters, digits, '.', '_' and '-' only")
-            return args, inputs.study, opts.engine
-        args, name, engine_name = await compute(check)
+            return opts, inputs.study
+        opts, name = await compute(check)
         storage = store.storage_for_new(name)
-        argv = [*args.argv, "--json", "--quiet", "--no-report", f"--storage={storage}"]
-        if not args.study:
-            argv.append(f"--study={name}")
-        if spec(engine_name).traits.binary == "llama-bench" and config.llama_bench:
-            argv.append(f"--llama-bench={config.llama_bench}")
-        job = jobs.start(argv, name, storage)
+        # the worker's own options: JSON out, no bar, no report; the study, its storage and binary the server's
+        worker = replace(opts, study=name, storage=storage, json=True, quiet=True, no_report=True,
+                         llama_bench=config.llama_bench if spec(opts.engine).traits.binary == "llama-bench" else None)
+        job = jobs.start(worker, name, storage)
         return as_json(job.to_json(), 202)
 
     @app.get("/api/tunes", summary="tunes this server started")
@@ -314,9 +311,8 @@ def _version() -> str:
 
 
 def serve(config: ServerConfig) -> None:
-    """Run uvicorn on the app (blocking); the CLI's `serve` calls this."""
+    """Run uvicorn on the app (blocking); planner/app/serve.py's run_server calls this (the CLI's `serve`)."""
     import uvicorn
-    from .security import check_bind
     check_bind(config.host, config.token)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",

@@ -1,6 +1,7 @@
-"""Tune workers: each tune the server starts is `offload-tuner tune ... --json` in its own process (the CLI's
-code path, its own session), so a worker that is killed or crashes costs only that job: the server notes how it
-ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it left running)."""
+"""Tune workers: each tune the server starts is `offload-tuner tune ... --json` in its own process (the command line
+TuneOptions.to_argv renders, run by the CLI; its own session), so a worker that is killed or crashes costs only that
+job: the server notes how it ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it
+left running)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ServerConfig
+from ..app.requests import ServerConfig, TuneOptions
 from .security import Busy, Conflict, NotFound
 
 STOP_GRACE_S = 15        # SIGINT first (tune saves and says so), SIGKILL after this
@@ -107,7 +108,9 @@ class Jobs:
     def for_study(self, study: str) -> Job | None:
         return next((j for j in reversed(self.running()) if j.study == study), None)
 
-    def start(self, argv: list[str], study: str, storage: str) -> Job:
+    def start(self, opts: TuneOptions, study: str, storage: str) -> Job:
+        """A worker running `offload-tuner tune` with OPTS (SIGINT stops it, resumable: stop())."""
+        argv = opts.to_argv()
         with self._lock:               # the bound and the one-job-per-study rule hold under concurrent requests
             running = self.running()
             if len(running) >= self.config.max_tunes:

@@ -1,17 +1,17 @@
 """Safe by default: loopback without a token, a token anywhere else; model and profile paths only under the
 folders the server was started with; bounded request bodies; Host and Content-Type checks so a web page in the
-user's browser cannot drive a loopback server (DNS rebinding, cross-site form posts)."""
+user's browser cannot drive a loopback server (DNS rebinding, cross-site form posts). Which binds need a token is
+checked where the configuration is (planner/app/serve.py: check_bind, is_loopback)."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 from pathlib import Path
 
+from ..app.serve import is_loopback
 from ..errors import InputError
 
 TOKEN_COOKIE = "offload_tuner_token"
-LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
 
 class ServiceError(InputError):
@@ -41,26 +41,6 @@ class Busy(ServiceError):
 
 class Unauthorized(ServiceError):
     status = 401
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Any bind but loopback needs a token (else anyone on the network could start tunes)."""
-    if not is_loopback(host) and not token:
-        raise InputError(f"--host {host} is reachable from other machines: give --token SECRET (or set "
-                         "OFFLOAD_TUNER_TOKEN); without one the server binds to loopback only")
-    if token is not None and len(token) < 16:
-        raise InputError("--token: use at least 16 characters (e.g. python3 -c 'import secrets; "
-                         "print(secrets.token_urlsafe())')")
 
 
 def token_ok(expected: str, given: str | None) -> bool:

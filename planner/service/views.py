@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 
 from ..errors import InputError
 from ..hardware import fmt_bytes
-from . import options
+from . import bodies
 from .app import one_line
 from .security import NotFound
 
@@ -120,10 +120,10 @@ async def explain_page(request: Request, model: str = "", gpu: str = "", hardwar
         body["gpu"] = gpu.strip()
     if hardware.strip():
         body["hardware"] = hardware.strip()
-    from ..cli import explain_outcome
+    from ..app import explain_outcome
     paths, compute = request.app.state.paths, request.app.state.compute
     try:
-        o = await compute(lambda: explain_outcome(options.to_namespace("explain", body, paths)))
+        o = await compute(lambda: explain_outcome(bodies.request("explain", body, paths)))
     except InputError as err:
         return page("explain", "<h1>Explain a command line</h1>" + form +
                     f"<p class=error id=explain-error>{e(one_line(str(err)))}</p>")
@@ -143,7 +143,7 @@ def _explain_form(model: str, gpu: str, hardware: str, dialect: str, cmd: str) -
 
 
 def _explain_result(o) -> str:
-    from ..cli import layer_summary
+    from ..app import layer_summary
     a = o.plan.assignment
     out_dev = a.get("output.weight", a.get("output_norm.weight", "CPU"))
     rows = [("token_embd", a.get("token_embd.weight", "CPU"), "-"), ("output", out_dev, "-")]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from planner.builds import PINNED, Build, Feature, from_version, parse_build
-from planner.cli import commands_for
+from planner.app import commands_for
 from planner.errors import InputError
 from planner.flags import parse, render
 from planner.flags.ik_split import ncmoe_spread, split_slots, tensor_split_for

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner import cli
-from planner.options import TuneOptions
+from planner.app import DEMO, TuneOptions
 from planner.studyspec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ FLAGS = ["preset:Qwen3-30B-A3B:Q4_K_M", "--engine", "sim", "--gpu", "16GiB", "--
 
 
 def _options(argv: list[str]) -> TuneOptions:
-    return TuneOptions.from_args(cli.build_parser().parse_args(["tune", *argv]))
+    return cli.tune_options(cli.build_parser().parse_args(["tune", *argv]))
 
 
 def _tune(argv: list[str]) -> dict:
@@ -109,7 +109,7 @@ def test_shipped_specs_load_and_demo_toml_is_what_demo_runs():
     for p in specs:
         assert load_spec(p)["study"] == p.stem
     demo = TuneOptions(**load_spec(ROOT / "studies" / "demo.toml"))
-    assert replace(demo, spec=None) == cli.DEMO
+    assert replace(demo, spec=None) == DEMO
     assert "demo --spec studies/demo.toml" in (ROOT / "Makefile").read_text()
 
 

@@ -1,0 +1,113 @@
+"""plan: the best predicted placement, its flags per program, memory per device, predicted PP/TG."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..builds import Build
+from ..errors import InputError
+from ..hardware import HardwareProfile, parse_size
+from ..model import ModelInventory
+from ..plan import Knobs, Plan
+from ..validate import check_dialect
+from .common import hardware, positive, target_build
+from .requests import PlanRequest
+
+TOOLS = ("server", "cli", "bench")
+
+
+def _knobs(req: PlanRequest) -> Knobs:
+    k = Knobs()
+    if req.ctx is not None:
+        k = replace(k, n_ctx=positive(req.ctx, "--ctx"))
+    if req.ubatch is not None:
+        ub = positive(req.ubatch, "--ubatch")
+        k = replace(k, n_ubatch=ub, n_batch=max(k.n_batch, ub))
+    if req.batch is not None:
+        k = replace(k, n_batch=positive(req.batch, "--batch"))
+    if req.kv_type:
+        k = replace(k, type_k=req.kv_type, type_v=req.kv_type)
+    if req.threads is not None:
+        k = replace(k, n_threads=positive(req.threads, "--threads"))
+    return k
+
+
+def _model_path(model: str) -> str:
+    return "MODEL.gguf" if model.startswith("preset:") else model
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Ready-to-paste lines per program, and per program that cannot express the plan, why (one line)."""
+    lines: dict[str, str]
+    cannot: dict[str, str]
+
+
+def commands_for(plan: Plan, inv: ModelInventory, model: str, build: Build | None = None) -> Commands:
+    """Shell-quoted lines for llama-server, llama-cli and llama-bench (with -m and any environment prefix).
+
+    A tool that cannot express the plan (ik's llama-bench has no -op) costs only its own line: the others are
+    still printed, the reason is kept, and for ik the plan is measured with llama-sweep-bench instead, which
+    reads the server's flags (examples/sweep-bench uses the common parser)."""
+    from ..errors import FlagError
+    from ..flags import render
+    lines: dict[str, str] = {}
+    cannot: dict[str, str] = {}
+    for tool in TOOLS:
+        name = f"llama-{tool}"
+        try:
+            lines[name] = render(plan, inv, tool, build=build, model_path=_model_path(model)).shell()
+        except FlagError as e:
+            cannot[name] = str(e)
+    if "llama-bench" in cannot and plan.dialect == "ik" and "llama-server" in lines:
+        lines["llama-sweep-bench"] = lines["llama-server"].replace("llama-server", "llama-sweep-bench", 1)
+    return Commands(lines, cannot)
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """Everything `plan` reports: the text printer and `--json` (and the service) read the same object."""
+    model: str
+    objective: str
+    inv: ModelInventory
+    hw: HardwareProfile
+    build: Build
+    ranked: list
+    budget: object
+    cmds: Commands
+    top: int                  # candidates the text lists
+
+    def to_json(self) -> dict:
+        from ..memory import estimate
+        best, inv, hw = self.ranked[0], self.inv, self.hw
+        return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
+                "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
+                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
+                "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
+                "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
+                                  "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
+                                  "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
+                                 for s in self.ranked[1:]]}
+
+
+def plan_outcome(req: PlanRequest) -> PlanOutcome:
+    from ..loader import load_model
+    from ..propose import Budget, best_plans
+    inv = load_model(req.model)
+    check_dialect(inv, req.dialect)
+    hw = hardware(req.hardware, req.gpu)
+    knobs = _knobs(req)
+    margin = parse_size(req.margin, allow_zero=True)
+    if req.top < 1:
+        raise InputError(f"--top {req.top}: list at least 1 candidate")
+    build = target_build(req.build, req.dialect)
+    from ..builds import Feature
+    if req.dialect == "ik" and not build.has(Feature.ONLY_ACTIVE_EXPERTS):
+        knobs = replace(knobs, only_active_experts=False)   # before ik PR 698 every expert is uploaded
+    if req.dialect == "ik" and inv.hparams.is_mla and req.amb is None:
+        knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
+    elif req.dialect == "ik" and req.amb is not None:
+        knobs = replace(knobs, amb=req.amb)
+    objective = "balanced" if req.objective == "both" else req.objective
+    ranked = best_plans(inv, hw, knobs, req.dialect, objective, margin)
+    return PlanOutcome(req.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
+                       commands_for(ranked[0].plan, inv, req.model, build), req.top)

@@ -1,0 +1,167 @@
+"""tune: start or resume an Optuna study of placements and knobs (planner/tuner) from TuneOptions: the inputs
+checked, the storage locked, the engine made, the space configured, the search run and confirmed, the report
+written. The CLI's `tune`, the service's workers (which run the CLI) and the benchmarks call start_tune."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import engines
+from ..errors import BudgetError, InputError
+from ..hardware import HardwareProfile, fmt_bytes, parse_size
+from ..model import ModelInventory
+from ..options import EngineOptions
+from ..tuner.confirm import CONFIRM_ROUNDS
+from ..tuner.interrupt import SIGINT
+from ..validate import check_dialect
+from .common import hardware, nonneg, positive
+from .report import write_report
+from .requests import TuneOptions
+
+if TYPE_CHECKING:
+    from ..bench_workload import BenchWorkload
+    from ..tuner.objectives import Objective
+    from ..tuner.report import StudySummary
+    from ..tuner.search import TuneResult
+
+
+@dataclass(frozen=True)
+class TuneInputs:
+    """tune's options checked (before any storage or engine is touched): the service checks a tune request
+    with the same function before it starts a worker."""
+    inv: ModelInventory
+    hw: HardwareProfile
+    objective: Objective
+    workload: BenchWorkload
+    margin: int | None
+    study: str
+
+
+def tune_inputs(args: TuneOptions) -> TuneInputs:
+    from ..loader import load_model
+    from ..tuner.objectives import parse_objective
+    from ..tuner.search import slug
+    from ..bench_workload import BenchWorkload
+    positive(args.trials, "--trials")
+    nonneg(args.pool, "--pool")
+    inv = load_model(args.model)
+    hw = hardware(args.hardware, args.gpu)
+    objective = parse_objective(args.objective)
+    if args.n_prompt == 0 and args.n_gen == 0:
+        raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
+    workload = BenchWorkload(n_prompt=nonneg(args.n_prompt, "--n-prompt"), n_gen=nonneg(args.n_gen, "--n-gen"),
+                             depth=nonneg(args.depth, "--depth"), repetitions=positive(args.reps, "--reps"))
+    margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
+    _check_budget(hw, margin or 0)
+    name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
+    return TuneInputs(inv, hw, objective, workload, margin, name)
+
+
+def _check_budget(hw: HardwareProfile, margin: int) -> None:
+    """Nothing can fit when a GPU's VRAM minus the margin does not even hold the CUDA context."""
+    for i, g in enumerate(hw.gpus):
+        free = g.vram_bytes - margin
+        if free <= g.overhead_bytes:
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the "
+                              f"{fmt_bytes(margin)} margin "
+                              f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
+                              "give more --gpu memory or a smaller --margin")
+
+
+def load_engine(opts: EngineOptions, hw: HardwareProfile):
+    """The Engine `opts` names, made through planner.engines' registry (one line and exit 2 for an engine this
+    install or machine cannot run)."""
+    return engines.make_engine(opts, hw)
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT: how the service stops a worker) stopped the study at a safe point; every finished trial
+    is saved and the same options resume it."""
+
+    def __init__(self, finished: int, storage: str):
+        super().__init__(f"{finished} finished trials are saved in {storage}")
+        self.finished, self.storage = finished, storage
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """A tune session's result: the study's summary (the report's, when one was written), this session's run,
+    where the study lives and where its report went (None with no_report)."""
+    summary: StudySummary
+    run: TuneResult
+    storage: str
+    out: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.run
+        return dict(self.summary.to_dict(), storage=self.storage,
+                    run={"measured": r.measured, "trials": r.trials, "engine_runs": self.summary.engine_runs.to_dict(),
+                         "elapsed_s": round(r.elapsed_s, 3), "stopped": r.stopped})
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
+               progress: Callable[[Any, Any], None] | None = None) -> TuneOutcome:
+    """Start or resume the study ARGS describe and run ARGS.trials more engine runs, then the confirmation rounds
+    and the report. `note` gets a line as the study starts and as the confirmation starts (the CLI writes them to
+    stderr); `progress(tuner, trial)` is called after each trial (the CLI's progress bar). InputError for bad
+    options (before any storage or engine is touched where it can be told then), BudgetError when no config
+    fitted, TuneInterrupted on SIGINT (every finished trial saved)."""
+    from ..tuner.search import Tuner, default_storage
+    from ..tuner.space import SpaceConfig
+    from ..studyspec import storage_beside
+    t = tune_inputs(args)
+    inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
+    storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
+    out = Path(args.out) if args.out else Path("reports") / name
+    if not args.no_report:                        # checked now, not after a study of minutes
+        from ..tuner.storage import check_output_folder
+        check_output_folder(out, "--out")
+    engine = load_engine(args.engine_options(), hw)
+    from ..tuner.search import STUDIES_DIR, make_storage, sqlite_path
+    if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
+        from ..tuner.storage import check_sqlite_folder, lock_sqlite
+        check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
+        lock_sqlite(sqlite_path(storage))
+    make_storage(storage)                         # the driver, the folder, the database answer
+    info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
+    dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    check_dialect(inv, dialect)
+    config = SpaceConfig(kv_types=args.kv_types)
+    measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm
+    if (args.space or ("settled" if measured else "full")) == "settled":
+        config = config.settled(hw.host.n_threads, dialect)
+    config = config.for_engine(engine, dialect)        # --no-host (and its probe run), ik bench's one -op switch
+    config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
+    rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
+    nonneg(rounds, "--confirm")
+    tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=dialect,
+                  n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=margin,
+                  config=config, study_name=name, storage=storage, fresh=args.fresh,
+                  seed=args.seed, pool_size=args.pool)
+    note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
+         f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
+         f"{args.trials} runs")
+    try:
+        with SIGINT.guard():            # Ctrl-C stops at a safe point (planner/tuner/interrupt.py)
+            result = tuner.run(args.trials, progress=progress)
+            if rounds:
+                note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
+                tuner.confirm(rounds)
+            SIGINT.check()
+    except KeyboardInterrupt as e:
+        n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
+        raise TuneInterrupted(n, storage) from e
+    from optuna.trial import TrialState
+    if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
+                          f"minus the {fmt_bytes(tuner.margin)} margin ({result.trials} trials, none complete); give "
+                          "more --gpu memory or a smaller --margin")
+    from ..tuner.report import study_summary
+    summary = None if args.no_report else write_report(tuner.study, out)
+    return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)

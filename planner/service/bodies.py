@@ -1,0 +1,125 @@
+"""A JSON body -> the use case's request dataclass (planner/app/requests.py), checked field by field with the
+types the dataclass declares and worded as the CLI words the same mistake; and the OpenAPI schema of each body,
+made from the same fields and their help.
+
+Keys are the request's field names; the CLI's spelling (dashes: `n-prompt`, `kv-types`) and a few old names
+(ALIASES) are taken too. Fields that name a binary, a storage or an output folder are the server's, never a
+request's (DENIED); output format and progress bars are the service's business."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..app.fields import Option, options
+from ..app.requests import ExplainRequest, InspectRequest, PlanRequest, TuneOptions
+from ..errors import InputError
+from .security import PathPolicy
+
+REQUESTS: dict[str, type] = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest,
+                             "tune": TuneOptions}
+# never from a request: binaries and output/storage locations are the server's configuration; output format and
+# progress bars are the service's business
+DENIED = {"oracle", "llama_bench", "storage", "out", "no_report", "quiet", "json", "help", "spec"}
+ALIASES = {"n_trials": "trials", "study_name": "study", "timeout": "timeout_s"}
+LIST_JOIN = {"gpu"}                       # a comma list on the command line; JSON may give a list
+MAX_STRING = 4096
+MAX_ARG = 4096
+MODEL = "preset:NAME[:QUANT] or a .gguf under the server's --models folders"
+
+
+def _text(key: str, v: Any) -> str:
+    if isinstance(v, bool) or v is None or isinstance(v, (dict, list)):
+        raise InputError(f"{key}: expected a string or a number, got {type(v).__name__}")
+    s = str(v)
+    if len(s) > MAX_STRING or "\x00" in s:
+        raise InputError(f"{key}: value too long or not text")
+    return s
+
+
+def _fields(command: str) -> dict[str, Option]:
+    """The fields a request for COMMAND may set: the dataclass's, less the server's and those with no JSON form."""
+    return {n: o for n, o in options(REQUESTS[command]).items() if n not in DENIED and o.kind != "other"}
+
+
+def allowed(command: str) -> list[str]:
+    """The keys a request may use for COMMAND (the schema's properties)."""
+    return list(_fields(command))
+
+
+def _key(key: str) -> str:
+    k = key.replace("-", "_")
+    return ALIASES.get(k, k)
+
+
+def _value(command: str, o: Option, key: str, value: Any, paths: PathPolicy) -> Any:
+    if o.kind == "bool":
+        if not isinstance(value, bool):
+            raise InputError(f"{key}: expected true or false")
+        return value
+    if o.name == "args":                 # explain's llama.cpp arguments
+        if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+            raise InputError("args: a list of strings (the llama.cpp arguments, one per item; never a shell string)")
+        if len(value) > MAX_ARG or any(len(a) > MAX_STRING for a in value):
+            raise InputError(f"args: at most {MAX_ARG} arguments of {MAX_STRING} characters each")
+        return tuple(value)
+    if (o.name in LIST_JOIN or o.kind == "list") and isinstance(value, list):
+        value = ",".join(_text(key, x) for x in value)
+    text = _text(key, value)
+    if o.name == "model":
+        return paths.model(text)
+    if o.name == "hardware":
+        return paths.hardware(text)
+    if o.name == "build" and ("/" in text or text.startswith(".")):
+        raise InputError("build: give DIALECT:N (e.g. ik:4840); a program path is the server's, not a request's")
+    if o.name == "kv_types":
+        from ..app.requests import parse_kv_types
+        return parse_kv_types(text, "--kv-types")
+    try:
+        return o.parse(text)
+    except InputError as e:               # as the CLI's parser says it
+        raise InputError(f"offload-tuner {command}: argument {o.flag}: {e}") from None
+
+
+def request(command: str, body: Any, paths: PathPolicy) -> Any:
+    """BODY (a JSON object) as COMMAND's request: the same dataclass `offload-tuner COMMAND ...` builds from its
+    flags, with the same defaults and the same messages for a bad value."""
+    if not isinstance(body, dict):
+        raise InputError(f"{command}: the request body must be a JSON object of option names, e.g. "
+                         '{"model": "preset:Qwen3-30B-A3B", "gpu": "16GiB"}')
+    if not any(_key(k) == "model" for k in body):
+        raise InputError(f"{command}: give model (a preset:NAME[:QUANT] or a .gguf under the server's folders)")
+    fields = _fields(command)
+    values: dict[str, Any] = {}
+    for key, value in body.items():
+        name = _key(key)
+        if name in DENIED or name not in fields:
+            why = "is the server's configuration, not a request's" if name in DENIED else "is not an option"
+            raise InputError(f"{command}: {key!r} {why}; options: {', '.join(allowed(command))}")
+        values[name] = _value(command, fields[name], key, value, paths)
+    cls = REQUESTS[command]
+    return cls.from_values(values) if cls is TuneOptions else cls(**values)
+
+
+def _type(o: Option) -> dict[str, Any]:
+    if o.kind == "bool":
+        return {"type": "boolean"}
+    if o.kind == "int":
+        return {"type": "integer"}
+    if o.kind == "float":
+        return {"type": "number"}
+    if o.kind == "choice":
+        return {"type": "string", "enum": list(o.choices)}
+    if o.name == "args":
+        return {"type": "array", "items": {"type": "string"}}
+    if o.kind == "list" or o.name in LIST_JOIN:
+        return {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    return {"type": "string"}
+
+
+def schema(command: str) -> dict[str, Any]:
+    """A JSON schema of COMMAND's body for the OpenAPI document: the request's fields, typed, with their help."""
+    props: dict[str, Any] = {}
+    for name, o in _fields(command).items():
+        help_text = MODEL if name == "model" else o.help
+        props[name] = {**_type(o), **({"description": help_text} if help_text else {})}
+    required = [n for n, o in _fields(command).items() if o.required] + (["args"] if command == "explain" else [])
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}

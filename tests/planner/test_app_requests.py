@@ -1,0 +1,98 @@
+"""The app layer's requests (planner/app/requests.py): TuneOptions renders the `tune` command line that the CLI
+parses back into the same options (how the service starts a tune worker), and every field of every request is an
+option of its command with the request's own help text."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import get_args
+
+import pytest
+
+from planner import cli
+from planner import defaults as D
+from planner.app import (DemoRequest, ExplainRequest, InspectRequest, PlanRequest, ReportRequest, ServerConfig,
+                         TuneOptions)
+from planner.app.fields import options
+from planner.app.requests import SpaceMode
+from planner.errors import InputError
+from planner.options import EngineName
+
+M = "preset:Qwen3-30B-A3B"
+SPEC = """\
+model = "preset:Qwen3-30B-A3B:Q4_K_M"
+engine = "sim"
+budget = "16GiB"
+n_trials = 3
+pool = 0
+cpu_stand_in = true
+
+[space]
+kv_types = ["f16", "q8_0"]
+ubatch = [256, 512]
+"""
+
+ROUND_TRIP = {
+    "defaults": TuneOptions(model=M),
+    "every field": TuneOptions(
+        model="/models/q.gguf", engine="llamacpp", gpu="24GiB,16GiB", hardware="rtx4090-ddr5", trials=7, study="s1",
+        storage="sqlite:////tmp/x y.db", objective="tg + 0.1*pp", n_prompt=0, n_gen=64, depth=4096, reps=1,
+        ctx=16384, dialect="ik", llama_bench="/opt/ik/llama-sweep-bench", margin="0", cpu_stand_in=True, confirm=0,
+        space="full", kv_types=("q8_0", "q4_0"), seed=3, pool=0, timeout_s=12.5, fresh=True, out="rep dir",
+        no_report=True, quiet=True, json=True),
+    "values that start with a dash": TuneOptions(model=M, objective="-pp", storage="--weird", study="-s",
+                                                 out="-o"),
+    "a service worker's": replace(TuneOptions(model=M, trials=5), study="api", storage="sqlite:////srv/api.db",
+                                  json=True, quiet=True, no_report=True),
+}
+
+
+def _parsed(argv: list[str]) -> TuneOptions:
+    return cli.tune_options(cli.build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("opts", ROUND_TRIP.values(), ids=ROUND_TRIP)
+def test_tune_options_round_trip_through_the_command_line(opts):
+    argv = opts.to_argv()
+    assert argv[:2] == ["tune", opts.model]
+    assert _parsed(argv) == opts
+
+
+def test_a_specd_study_round_trips_with_every_value_written(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    # a flag back at the default over the spec's value (pool 200 over 0), and the spec's switch on
+    opts = _parsed(["tune", "--spec", str(spec), "--pool", str(D.TUNE_POOL), "--trials", "9"])
+    assert (opts.pool, opts.trials, opts.cpu_stand_in, opts.space_limits) == (D.TUNE_POOL, 9, True,
+                                                                              {"ubatch": (256, 512)})
+    argv = opts.to_argv()
+    assert f"--spec={spec}" in argv and f"--pool={D.TUNE_POOL}" in argv
+    assert _parsed(argv) == opts
+
+
+def test_what_no_flag_carries_is_refused_or_respelled():
+    with pytest.raises(InputError, match="space limits"):
+        TuneOptions(model=M, space_limits={"ubatch": (512,)}).to_argv()
+    argv = TuneOptions(model="-odd.gguf").to_argv()        # a positional that starts with '-' reads as a flag
+    assert _parsed(argv).model == "./-odd.gguf"
+
+
+def test_the_literal_types_are_the_listed_choices():
+    assert get_args(EngineName) == D.ENGINES and get_args(SpaceMode) == D.SPACE_MODES
+
+
+COMMANDS = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest, "tune": TuneOptions,
+            "report": ReportRequest, "demo": DemoRequest, "serve": ServerConfig}
+POSITIONAL = {"model", "study"}
+NO_FLAG = {"args", "space_limits", "workdir", "max_body", "max_args", "compute_threads", "max_waiting"}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_request_field_is_an_option_of_its_command_with_its_help(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = "".join(capsys.readouterr().out.split())     # argparse wraps the help: compare without whitespace
+    for name, o in options(COMMANDS[command]).items():
+        if name in NO_FLAG:
+            continue
+        assert (name if name in POSITIONAL else o.flag) in text, (command, name)
+        assert o.help and "".join(o.help.split()) in text, (command, name)

@@ -1,0 +1,76 @@
+"""A JSON body -> the use case's request (planner/service/bodies.py), without a server: the same dataclass the
+CLI's flags make, the same message for a bad value, the server's keys refused, the schema from the fields."""
+from __future__ import annotations
+
+import pytest
+
+from planner import cli
+from planner.app import PlanRequest, TuneOptions
+from planner.app.fields import options
+from planner.errors import InputError
+from planner.service import bodies
+from planner.service.security import PathPolicy
+
+M = "preset:Qwen3-30B-A3B"
+PATHS = PathPolicy(())
+
+
+def test_a_body_is_the_request_the_flags_make():
+    body = {"model": M, "gpu": ["24GiB", "16GiB"], "ctx": 16384, "kv_type": "q8_0", "objective": "both", "top": "3",
+            "dialect": "ik", "build": "ik:4840", "hardware": "rtx4090-ddr5"}
+    ns = cli.build_parser().parse_args(["plan", M, "--gpu", "24GiB,16GiB", "--ctx", "16384", "--kv-type", "q8_0",
+                                        "--objective", "both", "--top", "3", "--dialect", "ik", "--build", "ik:4840",
+                                        "--hardware", "rtx4090-ddr5"])
+    assert bodies.request("plan", body, PATHS) == PlanRequest(**cli.common.given(PlanRequest, ns))
+    assert bodies.request("plan", {"model": M}, PATHS) == PlanRequest(model=M)       # the request's defaults
+
+
+def test_keys_in_the_clis_spelling_and_the_old_names():
+    body = {"model": M, "n-prompt": 64, "kv-types": ["f16"], "n-trials": 3, "study-name": "x", "timeout": 5,
+            "cpu_stand_in": True, "space": "full"}
+    assert bodies.request("tune", body, PATHS) == TuneOptions(model=M, n_prompt=64, kv_types=("f16",), trials=3,
+                                                              study="x", timeout_s=5.0, cpu_stand_in=True,
+                                                              space="full")
+
+
+@pytest.mark.parametrize("command", ["plan", "explain", "tune"])
+def test_a_bad_value_reads_as_the_command_line_says_it(command, capsys):
+    """Every typed field (int, float, one of a list): the service's message is the CLI's line, word for word."""
+    checked = 0
+    for name, o in options(bodies.REQUESTS[command]).items():
+        if o.kind not in ("int", "float", "choice") or name in bodies.DENIED:
+            continue
+        assert cli.main([command, M, f"{o.flag}=bogus"]) == 2
+        err = capsys.readouterr().err.strip()
+        with pytest.raises(InputError) as e:
+            bodies.request(command, {"model": M, name: "bogus"}, PATHS)
+        assert err == f"offload-tuner: error: {e.value}", name
+        checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("key", ["llama-bench", "llama_bench", "storage", "out", "no-report", "quiet", "json", "spec",
+                                 "oracle"])
+def test_the_servers_keys_are_refused(key):
+    command = "explain" if key == "oracle" else "tune"
+    with pytest.raises(InputError, match="server's configuration"):
+        bodies.request(command, {"model": M, key: "x"}, PATHS)
+
+
+def test_a_field_without_a_json_form_is_not_an_option():
+    with pytest.raises(InputError, match="is not an option"):
+        bodies.request("tune", {"model": M, "space_limits": {"ubatch": [512]}}, PATHS)
+
+
+@pytest.mark.parametrize("command", sorted(bodies.REQUESTS))
+def test_the_schema_is_the_requests_fields_with_their_help(command):
+    s = bodies.schema(command)
+    assert list(s["properties"]) == bodies.allowed(command)
+    assert not set(s["properties"]) & bodies.DENIED
+    for name, prop in s["properties"].items():
+        assert prop.get("description"), (command, name)
+    assert s["required"] == (["model", "args"] if command == "explain" else ["model"])
+    if command == "tune":
+        assert s["properties"]["n_prompt"] == {"type": "integer",
+                                               "description": options(TuneOptions)["n_prompt"].help}
+        assert s["properties"]["engine"]["enum"] == ["sim", "torch", "llamacpp"]
