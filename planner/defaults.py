@@ -15,8 +15,10 @@ SPACE_MODES: Final = ("settled", "full")
 
 TUNE_ENGINE: Final = "sim"
 TUNE_TRIALS: Final = 40                 # engine runs a `tune` session adds
-TUNE_OBJECTIVE: Final = "tg"
-# the workload a study measures: a 2048-token prompt (PP) and 128 generated tokens (TG) at depth 0, 3 repetitions
+TUNE_OBJECTIVE: Final = "time"          # the workload's mean request time (planner/tuner/objectives.py)
+TUNE_REQUESTS: Final = "chat"           # the user's workload (planner/workload.py's presets, a TOML or JSONL file)
+# the benchmark run of a study under tg/pp/both/an expression: a 2048-token prompt (PP) and 128 generated tokens
+# (TG) at depth 0, 3 repetitions (under time it is the workload's mean request, objectives.bench_for)
 TUNE_WORKLOAD: Final = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=3)
 TUNE_MARGIN: Final = "auto"             # learnt from the runs (docs/tuning.md)
 TUNE_KV_TYPES: Final = ("f16", "q8_0")  # KV cache types the search may use
@@ -28,6 +30,6 @@ RUN_WORKLOAD: Final = BenchWorkload()        # `run` without -p/-n: llama-bench'
 PLAN_MARGIN: Final = "512MiB"           # `plan --margin` (planner.propose.DEFAULT_MARGIN in bytes)
 PLAN_TOP: Final = 8
 
-__all__ = ["DEFAULT_CTX", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_WORKLOAD",
-           "TUNE_MARGIN", "TUNE_KV_TYPES", "TUNE_SEED", "TUNE_POOL", "RUN_TIMEOUT_S", "RUN_WORKLOAD", "PLAN_MARGIN",
-           "PLAN_TOP"]
+__all__ = ["DEFAULT_CTX", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_REQUESTS",
+           "TUNE_WORKLOAD", "TUNE_MARGIN", "TUNE_KV_TYPES", "TUNE_SEED", "TUNE_POOL", "RUN_TIMEOUT_S", "RUN_WORKLOAD",
+           "PLAN_MARGIN", "PLAN_TOP"]

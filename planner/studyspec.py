@@ -4,12 +4,14 @@
     engine = "sim"                           # sim, torch, llamacpp
     hardware = "rtx4090-ddr5"                # preset or calibrated JSON (optional with budget)
     budget = "16GiB"                         # VRAM per GPU: "24GiB" or ["24GiB", "24GiB"] (tune --gpu)
-    objective = "both"
+    objective = "both"                       # time (the default), tg, pp, both or an expression
     ctx = 8192
     n_trials = 60
     # study = "NAME"  (default: the file's stem); storage = "sqlite:///x.db" (default: NAME.db beside the spec)
+    # with objective "time": workload = "agent", the requests it answers (a preset, a .toml or a .jsonl request
+    # log; tune --workload; relative paths from the spec's folder), in place of the [workload] table below
 
-    [workload]
+    [workload]                   # the benchmark run itself (tune --n-prompt ...)
     n_prompt = 2048
     n_gen = 128
     depth = 0
@@ -198,7 +200,9 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {"spec": str(p), "study": p.stem}
     limits: dict[str, tuple[Any, ...]] = {}
     for key, value in doc.items():
-        if key in TABLES:
+        if key == "workload" and isinstance(value, str):      # the user's requests (tune --workload)
+            out["workload"] = _checked(p, key, _str, value)
+        elif key in TABLES:
             if not isinstance(value, dict):
                 raise InputError(f"{p}: {key} must be a table ([{key}]), got {value!r}")
             for sub, v in value.items():

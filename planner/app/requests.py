@@ -88,16 +88,22 @@ class TuneOptions:
                                        "engine, objective); resumes it")
     storage: str | None = opt(None, help="SQLAlchemy URL (default sqlite:///studies/STUDY.db, or STUDY.db beside "
                                          "the spec; postgresql://... for several workers)")
-    objective: str = opt(D.TUNE_OBJECTIVE, help="tg, pp, both (Pareto) or an expression such as 'tg + 0.1*pp' "
+    objective: str = opt(D.TUNE_OBJECTIVE, help="time (the workload's mean request time), tg, pp, both (Pareto) or "
+                                                "an expression such as 'tg + 0.1*pp' "
                                                 f"(default {D.TUNE_OBJECTIVE})")
-    n_prompt: int = opt(D.TUNE_WORKLOAD.n_prompt,
-                        help=f"prompt tokens of the workload (default {D.TUNE_WORKLOAD.n_prompt})")
-    n_gen: int = opt(D.TUNE_WORKLOAD.n_gen, help=f"generated tokens of the workload (default {D.TUNE_WORKLOAD.n_gen})")
-    depth: int = opt(D.TUNE_WORKLOAD.depth, help=f"context depth before the workload (default {D.TUNE_WORKLOAD.depth})")
+    workload: str = opt(D.TUNE_REQUESTS, help="the requests the time objective answers: chat, agent, rag, batch, a "
+                                              ".toml of [[request]] tables or a .jsonl log of OpenAI usage lines "
+                                              f"(default {D.TUNE_REQUESTS})")
+    n_prompt: int | None = opt(None, help="prompt tokens of each benchmark run (default: the workload's mean new "
+                                          f"tokens under time, else {D.TUNE_WORKLOAD.n_prompt})")
+    n_gen: int | None = opt(None, help="generated tokens of each benchmark run (default: the workload's mean, at most "
+                                       f"128, under time, else {D.TUNE_WORKLOAD.n_gen})")
+    depth: int | None = opt(None, help="context depth of each benchmark run (default: the workload's mean cached "
+                                       f"tokens under time, else {D.TUNE_WORKLOAD.depth})")
     reps: int = opt(D.TUNE_WORKLOAD.repetitions,
                     help=f"repetitions per measurement (default {D.TUNE_WORKLOAD.repetitions})")
-    ctx: int | None = opt(None, help=f"context the emitted commands reserve (default max({DEFAULT_CTX}, "
-                                     "depth+prompt+gen))")
+    ctx: int | None = opt(None, help=f"context the emitted commands reserve (default max({DEFAULT_CTX}, the "
+                                     "workload's longest request, depth+prompt+gen))")
     dialect: Dialect | None = opt(None, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
     llama_bench: str | None = opt(None, help="llamacpp engine: llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
                                              "else llama-bench on PATH)")

@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import engines
+from .. import defaults as D, engines
 from ..errors import BudgetError, InputError
 from ..hardware import HardwareProfile, fmt_bytes, parse_size
 from ..model import ModelInventory
 from ..options import EngineOptions
+from ..plan import DEFAULT_CTX
 from ..tuner.confirm import CONFIRM_ROUNDS
 from ..tuner.interrupt import SIGINT
 from ..validate import check_dialect
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from ..tuner.objectives import Objective
     from ..tuner.report import StudySummary
     from ..tuner.search import TuneResult
+    from ..workload import Workload
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,15 @@ class TuneInputs:
     workload: BenchWorkload
     margin: int | None
     study: str
+    requests: Workload | None = None     # the user's workload, under the time objective
+
+    @property
+    def n_ctx(self) -> int | None:
+        """The context the emitted commands hold when --ctx is not given: under the time objective the workload's
+        (its slots x its longest request, in whole 256-token steps, at least DEFAULT_CTX); else the Tuner's."""
+        if self.requests is None:
+            return None
+        return max(DEFAULT_CTX, -(-self.requests.ctx // 256) * 256)
 
 
 def tune_inputs(args: TuneOptions) -> TuneInputs:
@@ -44,19 +55,28 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     from ..tuner.objectives import parse_objective
     from ..tuner.search import slug
     from ..bench_workload import BenchWorkload
+    from ..tuner.objectives import bench_for
+    from ..workload import load as load_workload
     positive(args.trials, "--trials")
     nonneg(args.pool, "--pool")
     inv = load_model(args.model)
     hw = hardware(args.hardware, args.gpu)
     objective = parse_objective(args.objective)
-    if args.n_prompt == 0 and args.n_gen == 0:
+    requests = load_workload(args.workload, Path(args.spec).parent if args.spec else None) \
+        if objective.kind == "time" else None
+    base = bench_for(requests, positive(args.reps, "--reps")) if requests is not None else D.TUNE_WORKLOAD
+
+    def pick(v: int | None, default: int, flag: str) -> int:
+        return default if v is None else nonneg(v, flag)
+    n_prompt, n_gen = pick(args.n_prompt, base.n_prompt, "--n-prompt"), pick(args.n_gen, base.n_gen, "--n-gen")
+    if n_prompt == 0 and n_gen == 0:
         raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
-    workload = BenchWorkload(n_prompt=nonneg(args.n_prompt, "--n-prompt"), n_gen=nonneg(args.n_gen, "--n-gen"),
-                             depth=nonneg(args.depth, "--depth"), repetitions=positive(args.reps, "--reps"))
+    workload = BenchWorkload(n_prompt=n_prompt, n_gen=n_gen, depth=pick(args.depth, base.depth, "--depth"),
+                             repetitions=positive(args.reps, "--reps"))
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
-    return TuneInputs(inv, hw, objective, workload, margin, name)
+    return TuneInputs(inv, hw, objective, workload, margin, name, requests)
 
 
 def _check_budget(hw: HardwareProfile, margin: int) -> None:
@@ -141,9 +161,9 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
     rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
     nonneg(rounds, "--confirm")
     tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=dialect,
-                  n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else None, margin=margin,
+                  n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
                   config=config, study_name=name, storage=storage, fresh=args.fresh,
-                  seed=args.seed, pool_size=args.pool)
+                  seed=args.seed, pool_size=args.pool, requests=t.requests)
     note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
          f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
          f"{args.trials} runs")

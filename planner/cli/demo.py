@@ -21,7 +21,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print()
         print("# a CUDA GPU is here: the same study measured on the bundled PyTorch runtime:")
         print(f"offload-tuner tune {opts.model} --engine torch --gpu {opts.gpu} --objective {opts.objective} "
-              f"--trials 40 --study {opts.study}-torch --n-prompt {opts.n_prompt} --n-gen {opts.n_gen}")
+              f"--trials 40 --study {opts.study}-torch"
+              + "".join(f" --{k.replace('_', '-')} {v}" for k in ("n_prompt", "n_gen") if (v := getattr(opts, k))
+                        is not None))
     return rc
 
 

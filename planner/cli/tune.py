@@ -80,6 +80,8 @@ def _print_tune(o: TuneOutcome) -> None:
     from ..tuner.cost_fit import CostFit
     s, result = o.summary, o.run
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))
+    if s.headline:               # a time-objective study says what it recommends first
+        print(s.headline)
     print(f"study {s.study}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s.n_trials} trials in all ({counts}); storage {o.storage}")
     if result.stopped:
@@ -125,7 +127,8 @@ def add_parser(sub) -> None:
     add_option(p, TuneOptions, "spec", metavar="FILE")
     add_option(p, TuneOptions, "engine")
     _add_hw(p, TuneOptions)
-    for name in ("trials", "study", "storage", "objective", "n_prompt", "n_gen", "depth", "reps", "ctx", "dialect"):
+    for name in ("trials", "study", "storage", "objective", "workload", "n_prompt", "n_gen", "depth", "reps", "ctx",
+                 "dialect"):
         add_option(p, TuneOptions, name)
     add_option(p, TuneOptions, "llama_bench", metavar="PATH")
     for name in ("margin", "cpu_stand_in", "confirm", "space", "kv_types", "seed", "pool", "timeout_s", "fresh", "out",

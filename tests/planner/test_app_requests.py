@@ -15,7 +15,6 @@ from planner.app import (DemoRequest, ExplainRequest, InspectRequest, PlanReques
 from planner.app.fields import options
 from planner.app.requests import SpaceMode
 from planner.errors import InputError
-from planner.options import EngineName
 
 M = "preset:Qwen3-30B-A3B"
 SPEC = """\
@@ -76,8 +75,12 @@ def test_what_no_flag_carries_is_refused_or_respelled():
     assert _parsed(argv).model == "./-odd.gguf"
 
 
-def test_the_literal_types_are_the_listed_choices():
-    assert get_args(EngineName) == D.ENGINES and get_args(SpaceMode) == D.SPACE_MODES
+def test_the_choices_are_the_listed_ones():
+    """The space modes are a Literal of the defaults' list; the engines are the registry's names."""
+    from planner.app.fields import options
+    from planner.engines import names
+    assert get_args(SpaceMode) == D.SPACE_MODES
+    assert options(TuneOptions)["engine"].choices == names()
 
 
 COMMANDS = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest, "tune": TuneOptions,

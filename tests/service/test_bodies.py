@@ -73,4 +73,4 @@ def test_the_schema_is_the_requests_fields_with_their_help(command):
     if command == "tune":
         assert s["properties"]["n_prompt"] == {"type": "integer",
                                                "description": options(TuneOptions)["n_prompt"].help}
-        assert s["properties"]["engine"]["enum"] == ["sim", "torch", "llamacpp"]
+        assert s["properties"]["engine"]["enum"] == ["sim", "torch", "llamacpp", "llamaserver"]   # the registry
