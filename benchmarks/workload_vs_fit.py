@@ -48,7 +48,6 @@ from planner.workload import RequestClass, Workload, preset  # noqa: E402
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
 H100_PROFILE = ROOT / "tests" / "planner" / "data" / "h100_calibrate_20261124.json"
 MODEL_REL = "model/qwen3-30b-a3b-shape-q4_0.gguf"     # under the workdir, the same relative path everywhere
-STATE_NAME = "workload_vs_fit_state.db.gz"
 GOALS = {"rag": 1.3, "agent": 1.15, "chat": 1.0, "batch": 1.0}
 EXPLORE_MARGIN = 256 * MiB       # llama-bench's memory-error prior (planner/engines.py), for a sim search
 # the dry run: request classes a tiny CPU model answers in well under a second each
@@ -148,7 +147,8 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
 
 
 def cell_row(study, budget_gib: int, wname: str) -> dict[str, Any]:
-    rec = study.user_attrs.get("served") or {}
+    from planner.tuner.served import partial_record
+    rec = study.user_attrs.get("served") or partial_record(study.user_attrs, {"CUDA0": budget_gib * GiB}) or {}
     res = {r["key"]: r for r in rec.get("results", [])}
     ref, pick = res.get(rec.get("reference") or ""), res.get(rec.get("pick") or "")
     serving = study.user_attrs.get("serving") or {}
@@ -161,7 +161,8 @@ def cell_row(study, budget_gib: int, wname: str) -> dict[str, Any]:
                 "vram_mib": {d: b / MiB for d, b in r["vram_device_bytes"].items()},
                 "bench": r.get("bench"), "bench_vs_server": r.get("bench_vs_server", [])}
     speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick else None
-    return {"budget_gib": budget_gib, "workload": wname, "study": study.study_name, "served": bool(rec),
+    return {"budget_gib": budget_gib, "workload": wname, "study": study.study_name,
+            "served": bool(rec) and not rec.get("partial"), "partial": bool(rec.get("partial")),
             "explore_runs": sum(1 for t in study.trials if t.state.name == "COMPLETE"),
             "served_runs": len(serving.get("rows", [])), "reference": side(ref), "pick": side(pick),
             "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[wname],
@@ -191,6 +192,8 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
                      f"{r['goal']}x | - | - | {r['explore_runs']} + {r['served_runs']} |")
             continue
         met = "met" if r["speedup"] >= r["goal"] else f"short by {r['goal'] - r['speedup']:.2f}"
+        if r["partial"]:
+            met += f" (partial: {r['served_runs']} of the rounds' runs)"
         L.append(f"| {r['budget_gib']} GiB | {r['workload']} | {ref['name']} | {t(ref['request_s'])} | "
                  f"{pick['name']} | {t(pick['request_s'])} | {r['speedup']:.2f}x {r['verdict']} | "
                  f"{r['goal']}x: {met} | "
@@ -218,6 +221,8 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
                    if rs["samples"] else "no sample")
             failed = f"; failed: {x['errors'][0][:160]}" if x["errors"] else ""
             L.append(f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {got}{failed}")
+    if meta.get("note"):
+        L += ["", meta["note"]]
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
     plot(rows, out / f"{name}.png")
 
@@ -244,8 +249,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """The report of the cells, and a gzipped copy of the study database beside it (STATE_NAME: the served samples
-    a later machine resumes from, `gunzip -c OUT/workload_vs_fit_state.db.gz > <workdir>/workload_vs_fit.db`)."""
+    """The report of the cells, and a gzipped copy of the study database beside it (NAME_state.db.gz: the served
+    samples a later machine resumes from, `gunzip -c OUT/NAME_state.db.gz > <workdir>/workload_vs_fit.db`)."""
     import optuna
     from planner.tuner.search import make_storage, sqlite_path
     from tune_vs_fit import save_state
@@ -254,7 +259,7 @@ def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]
     rows = [cell_row(optuna.load_study(study_name=cell_name(b, w, args.series), storage=storage), b, w)
             for b, w in cells if cell_name(b, w, args.series) in names]
     write_report(rows, meta, out, args.name)
-    save_state(sqlite_path(args.storage), out / STATE_NAME)
+    save_state(sqlite_path(args.storage), out / f"{args.name}_state.db.gz")
     return rows
 
 
@@ -277,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--name", default="workload_vs_fit")
     ap.add_argument("--series", default="")
+    ap.add_argument("--report-only", type=Path, metavar="JSON", help="rewrite the report from <workdir>'s studies, "
+                    "running nothing, with the meta of this earlier workload_vs_fit.json")
+    ap.add_argument("--note", type=Path, help="with --report-only: a Markdown file of notes for the report")
     ap.add_argument("--time-budget", type=float, default=500.0)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per server run")
     ap.add_argument("--repetitions", type=int, default=1, help="timed requests per class in one server run "
@@ -289,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     args.storage = f"sqlite:///{workdir / 'workload_vs_fit.db'}"
+    if args.report_only:
+        meta = json.loads(args.report_only.read_text())["meta"]
+        if args.note:
+            meta["note"] = args.note.read_text()
+        report(args, cells, meta, out)
+        return 0
     os.chdir(ROOT)              # the model's path is relative to the repository: the same study on every machine
     model = model_path(args, workdir)
     inv = load_inventory(Path(os.path.relpath(model, ROOT)))

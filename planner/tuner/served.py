@@ -54,11 +54,30 @@ def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
     return {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}
 
 
+def served_of(key: str) -> Served:
+    """The contender a stored key stands for: "fit:UB" a reference, "trial:N" a finalist."""
+    kind, _, n = key.partition(":")
+    if kind == "fit":
+        ub = int(n)
+        return Served(key, "--fit" + (f" -ub {ub}" if ub != 512 else ""), ("reference",), ubatch=ub)
+    return Served(key, f"trial {n}", ("finalist",), trial=int(n))
+
+
+def partial_record(attrs: dict[str, Any], budget: dict[str, int]) -> dict[str, Any] | None:
+    """A confirmation cut off before its last sample, judged on the samples it has (marked "partial"), so a report
+    can show it; None when none was started."""
+    serving = attrs.get("serving") or {}
+    if not serving.get("rows"):
+        return None
+    rec = served_record([served_of(k) for k in serving["keys"]], serving["rows"], serving.get("rounds", 0), budget,
+                        (attrs.get("request_time") or {}).get("workload", "workload"))
+    return dict(rec, partial=True)
+
+
 def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served]:
     """The references, then the study's best trials by its objective (distinct plans, measured ok)."""
     from optuna.trial import TrialState
-    out = [Served(f"fit:{ub}", "--fit" + (f" -ub {ub}" if ub != 512 else ""), ("reference",), ubatch=ub)
-           for ub in REFERENCE_UBATCHES]
+    out = [served_of(f"fit:{ub}") for ub in REFERENCE_UBATCHES]
     ranked = []
     for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         r = TrialRecord.from_trial(t)
@@ -66,7 +85,7 @@ def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served
                 and t.values:
             ranked.append((tuner.objective.scalar(r.measured.tg_tps, r.measured.pp_tps), t.number))
     for _, number in sorted(ranked, reverse=True)[:n_finalists]:
-        out.append(Served(f"trial:{number}", f"trial {number}", ("finalist",), trial=number))
+        out.append(served_of(f"trial:{number}"))
     return out
 
 
