@@ -16,6 +16,7 @@ class EngineOptions:
     engine: EngineName
     model: str
     llama_bench: str | None = None
+    llama_server: str | None = None          # the llamaserver engine's program (None: $LLAMA_SERVER, else PATH)
     timeout_s: float = D.RUN_TIMEOUT_S
     cpu_stand_in: bool = False
 

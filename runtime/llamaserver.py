@@ -731,9 +731,9 @@ class LlamaServerEngine:
         if sampler is not None and (unknown := sorted(set(budgets) - set(free))):
             raise InputError(f"--fit's budget names {unknown[0]}, but this machine's GPUs are "
                              f"{', '.join(sorted(free)) or 'none'}")
-        margins = {d: max((free[d] - b) >> 20, 1) for d, b in budgets.items()}
+        margins = {d: max((free[d] - b) >> 20, 1) for d, b in budgets.items()} if sampler is not None else {}
         args: list[str] = []
-        if margins and sampler is not None:
+        if margins:
             if self.info.dialect == "ik":
                 args += ["--fit", "--fit-margin", str(min(margins.values()))]
             else:
@@ -865,5 +865,5 @@ def _weighted(results: Sequence[ClassResult], value: Callable[[ClassResult], flo
 
 def from_options(opts: Any, hw: Any) -> LlamaServerEngine:
     """The registry's factory (planner/engines.py): llama-server from the options (else $LLAMA_SERVER, else PATH)."""
-    return LlamaServerEngine(binary=getattr(opts, "llama_server", None), model_path=opts.model_path,
-                             timeout_s=opts.timeout_s)
+    return LlamaServerEngine(binary=opts.llama_server, model_path=opts.model_path, timeout_s=opts.timeout_s,
+                             cpu_stand_in=opts.cpu_stand_in)

@@ -107,6 +107,9 @@ class TuneOptions:
     dialect: Dialect | None = opt(None, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
     llama_bench: str | None = opt(None, help="llamacpp engine: llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
                                              "else llama-bench on PATH)")
+    llama_server: str | None = opt(None, help="after the search, serve the finalists and llama-server's own --fit "
+                                              "(-ub 512, 2048, 4096) on the workload with this llama-server, "
+                                              "interleaved, and recommend the fastest (time objective)")
     margin: str = opt(D.TUNE_MARGIN, help="VRAM kept free per GPU for the memory model's error: auto (default: "
                                           "learnt from the runs, starting at the engine's known error) or a size, 0 "
                                           "allowed (kept, raised only by an out-of-memory or a run over the budget)")
@@ -136,7 +139,7 @@ class TuneOptions:
     def engine_options(self) -> EngineOptions:
         return EngineOptions(engine=self.engine, model=self.model, llama_bench=self.llama_bench,
                              timeout_s=self.timeout_s if self.timeout_s is not None else D.RUN_TIMEOUT_S,
-                             cpu_stand_in=self.cpu_stand_in)
+                             cpu_stand_in=self.cpu_stand_in, llama_server=self.llama_server)
 
     @classmethod
     def from_values(cls, given: Mapping[str, Any]) -> TuneOptions:

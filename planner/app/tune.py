@@ -62,6 +62,8 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     inv = load_model(args.model)
     hw = hardware(args.hardware, args.gpu)
     objective = parse_objective(args.objective)
+    if args.llama_server and objective.kind != "time":       # said now, not after a study of minutes
+        raise InputError("--llama-server serves the workload: it needs the time objective (--objective time)")
     requests = load_workload(args.workload, Path(args.spec).parent if args.spec else None) \
         if objective.kind == "time" else None
     base = bench_for(requests, positive(args.reps, "--reps")) if requests is not None else D.TUNE_WORKLOAD
@@ -94,6 +96,16 @@ def load_engine(opts: EngineOptions, hw: HardwareProfile):
     """The Engine `opts` names, made through planner.engines' registry (one line and exit 2 for an engine this
     install or machine cannot run)."""
     return engines.make_engine(opts, hw)
+
+
+def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[str], None]) -> None:
+    """The finalists and llama-server's own --fit served on the workload (planner/tuner/served.py)."""
+    from ..tuner.served import SERVED_ROUNDS, confirm_served, headline
+    server = engines.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
+    note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds")
+    rec = confirm_served(tuner, server, SERVED_ROUNDS)
+    if rec:
+        note(f"# {headline(rec)}")
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -173,6 +185,8 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
             if rounds:
                 note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
                 tuner.confirm(rounds)
+            if args.llama_server:
+                _serve(args, tuner, hw, note)
             SIGINT.check()
     except KeyboardInterrupt as e:
         n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])

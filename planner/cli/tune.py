@@ -131,6 +131,7 @@ def add_parser(sub) -> None:
                  "dialect"):
         add_option(p, TuneOptions, name)
     add_option(p, TuneOptions, "llama_bench", metavar="PATH")
+    add_option(p, TuneOptions, "llama_server", metavar="PATH")
     for name in ("margin", "cpu_stand_in", "confirm", "space", "kv_types", "seed", "pool", "timeout_s", "fresh", "out",
                  "no_report", "quiet", "json"):
         add_option(p, TuneOptions, name)

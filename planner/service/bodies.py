@@ -18,7 +18,7 @@ REQUESTS: dict[str, type] = {"inspect": InspectRequest, "plan": PlanRequest, "ex
                              "tune": TuneOptions}
 # never from a request: binaries and output/storage locations are the server's configuration; output format and
 # progress bars are the service's business
-DENIED = {"oracle", "llama_bench", "storage", "out", "no_report", "quiet", "json", "help", "spec"}
+DENIED = {"oracle", "llama_bench", "llama_server", "storage", "out", "no_report", "quiet", "json", "help", "spec"}
 ALIASES = {"n_trials": "trials", "study_name": "study", "timeout": "timeout_s"}
 LIST_JOIN = {"gpu"}                       # a comma list on the command line; JSON may give a list
 MAX_STRING = 4096

@@ -171,6 +171,40 @@ def test_ctrl_c_during_the_replay_stops_the_server(engine, inv, server):
     assert len(seen) == 1 and not servers_of(server)
 
 
+def test_kill_9_of_the_caller_takes_its_server_down(engine, model, server, tmp_path):
+    """A tuner killed with SIGKILL runs no finally: the server dies with it all the same (PR_SET_PDEATHSIG)."""
+    import subprocess
+    import sys
+    started = tmp_path / "started"
+    code = (f"import pathlib, time\n"
+            f"from planner.gguf_header import load_inventory\n"
+            f"from planner.plan import Knobs, Plan\n"
+            f"from planner.workload import RequestClass, Workload\n"
+            f"from runtime.llamaserver import LlamaServerEngine\n"
+            f"inv = load_inventory({str(model)!r})\n"
+            f"e = LlamaServerEngine({str(server)!r}, progress=lambda s: pathlib.Path({str(started)!r}).touch()\n"
+            f"                      if s == 'healthy' else None)\n"
+            f"plan = Plan(inv.name, {{t.name: 'CPU' for t in inv.allocated()}}, Knobs(n_ubatch=64, n_batch=64), "
+            f"e.info.dialect)\n"
+            f"e.measure_workload(inv, plan, Workload('long', (RequestClass(16, 0, 100000),)))\n")
+    root = Path(__file__).resolve().parents[2]
+    tuner = subprocess.Popen([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline and tuner.poll() is None:
+            time.sleep(0.05)
+        assert started.exists() and len(servers_of(server)) == 1
+        tuner.kill()
+        tuner.wait(10)
+        deadline = time.monotonic() + 10
+        while servers_of(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not servers_of(server)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+
+
 def test_input_no_run_could_succeed_with_is_an_input_error(engine, inv):
     e = engine()
     other = "ik" if e.info.dialect == "mainline" else "mainline"
