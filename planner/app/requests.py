@@ -187,7 +187,8 @@ def parse_kv_types(text: str, where: str) -> tuple[str, ...]:
 # the demo's study: what studies/demo.toml spells out (a test holds the two equal), built in so that `demo` runs
 # from any folder. Qwen3-30B-A3B Q4_K_M on a 16 GiB RTX 4090 with dual-channel DDR5, sim engine, objective both.
 DEMO = TuneOptions(model="preset:Qwen3-30B-A3B:Q4_K_M", engine="sim", hardware="rtx4090-ddr5", gpu="16GiB",
-                   trials=60, study="demo", objective="both", reps=1, ctx=DEFAULT_CTX, pool=120)
+                   trials=60, study="demo", objective="both", n_prompt=2048, n_gen=128, depth=0, reps=1,
+                   ctx=DEFAULT_CTX, pool=120)
 
 
 @dataclass(frozen=True)

@@ -373,8 +373,12 @@ class Tuner:
                     self._keep_old_space(old)
                 diff = self.settings.differences(old) if old else []   # none yet: another worker is creating it
                 if diff:
+                    # the objective's default changed (tg, then time): name the stored one, the usual cause
+                    was = (f" (it was made with --objective {old['objective']})" if "objective" in diff
+                           and isinstance(old.get("objective"), str) else "")
                     raise InputError(f"study {self.study_name!r} in {self.storage_url} was made with other "
-                                     f"{', '.join(diff)}; pick another --study name, or --fresh to start it over")
+                                     f"{', '.join(diff)}{was}; pick another --study name, or --fresh to start it "
+                                     "over")
                 return study
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler),
                                     directions=self.objective.directions, load_if_exists=True)   # race-free

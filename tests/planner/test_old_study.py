@@ -26,7 +26,7 @@ def test_old_study_resumes_and_reports(tmp_path, monkeypatch, capsys):
     # the same study as it was made (a different setting would be refused as another study), two more runs
     assert cli.main(["tune", "preset:Qwen3-30B-A3B", "--engine", "sim", "--hardware", "rtx4090-ddr5", "--gpu", "16GiB",
                      "--trials", "2", "--pool", "20", "--storage", url, "--study", "old", "--no-report",
-                     "--quiet"]) == 0
+                     "--quiet", "--objective", "tg"]) == 0
     capsys.readouterr()
     out = tmp_path / "report"
     assert cli.main(["report", "old", "--storage", url, "--out", str(out), "--json"]) == 0

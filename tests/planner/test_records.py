@@ -101,7 +101,7 @@ def test_a_resumed_old_study_writes_version_2_records_and_leaves_the_old_ones(tm
               if t.state.name == "COMPLETE"}
     assert cli.main(["tune", "preset:Qwen3-30B-A3B", "--engine", "sim", "--hardware", "rtx4090-ddr5", "--gpu",
                      "16GiB", "--trials", "1", "--pool", "20", "--storage", url, "--study", "old", "--no-report",
-                     "--quiet"]) == 0
+                     "--quiet", "--objective", "tg"]) == 0
     capsys.readouterr()
     trials = optuna.load_study(study_name="old", storage=url).trials
     assert {t.number: dict(t.user_attrs) for t in trials if t.number in before} == before
