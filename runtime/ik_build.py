@@ -2,8 +2,8 @@
 source, once per machine.
 
 The source is ik_llama.cpp at commit 8337e4cd (2026-08-15), pruned to what these three programs need
-(vendor/README.md says what is inside). It is looked up in this order: $OFFLOAD_TUNER_IK_TARBALL, the copy
-committed under vendor/, and ../shared/vendor beside the repository; none of them is needed at run time, only by
+(vendor/README.md says what is inside). It is looked up in this order: $OFFLOAD_TUNER_IK_TARBALL, then the copy
+committed under vendor/ (the product looks nowhere outside its own tree); neither is needed at run time, only by
 the tests and by `python -m runtime.ik_build`. The build is cached under ~/.cache/offload-tuner/ (override with
 $OFFLOAD_TUNER_CACHE) behind a file lock, like runtime/llamacpp_build.py for mainline.
 
@@ -92,11 +92,11 @@ def binary(name: str) -> Path:
 
 
 def tarball_candidates(name: str = TARBALL_NAME) -> list[Path]:
-    """Where a pinned tarball is looked for: $OFFLOAD_TUNER_IK_TARBALL (the server tarball: beside it), vendor/,
-    ../shared/vendor."""
+    """Where a pinned tarball is looked for: $OFFLOAD_TUNER_IK_TARBALL (the server tarball: beside it), then
+    vendor/."""
     env = os.environ.get(ENV_TARBALL)
     first = [] if not env else [Path(env) if name == TARBALL_NAME else Path(env).with_name(name)]
-    return first + [_REPO / "vendor" / name, _REPO.parent / "shared" / "vendor" / name]
+    return first + [_REPO / "vendor" / name]
 
 
 def find_tarball(name: str = TARBALL_NAME) -> Path:

@@ -16,7 +16,8 @@ def test_a_missing_tarball_names_every_place_looked(tmp_path, monkeypatch):
         ik_build.find_tarball()
     msg = str(e.value)
     assert str(tmp_path / "repo" / "vendor" / ik_build.TARBALL_NAME) in msg
-    assert str(tmp_path / "shared" / "vendor" / ik_build.TARBALL_NAME) in msg and ik_build.ENV_TARBALL in msg
+    assert ik_build.ENV_TARBALL in msg
+    assert "shared" not in msg          # the product looks only in its own vendor/ (users have no ../shared)
 
 
 def test_the_environment_wins_then_the_repository_copy(tmp_path, monkeypatch):
