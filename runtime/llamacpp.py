@@ -138,21 +138,29 @@ class BinaryInfo:
                 "output_formats": list(self.output_formats), "abilities": self.abilities}
 
 
-def find_binary(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
-    """The llama-bench to use: `explicit`, else $LLAMA_BENCH, else `llama-bench` on PATH (InputError if none)."""
+def find_program(program: str, flag: str, env_var: str, explicit: str | Path | None = None,
+                 env: Mapping[str, str] | None = None, what: str | None = None) -> Path:
+    """The `program` to run: `explicit` (given as `flag`), else $`env_var`, else `program` on PATH; an InputError
+    naming where it looked when none is there (`what`: how the message names the program)."""
     env = os.environ if env is None else env
-    for what, value in (("--llama-bench", explicit), ("$LLAMA_BENCH", env.get("LLAMA_BENCH"))):
+    for given, value in ((flag, explicit), (f"${env_var}", env.get(env_var))):
         if value:
             p = Path(value).expanduser()
             if not p.is_file():
-                raise InputError(f"{what} {value}: no such file (give the path of llama-bench or llama-sweep-bench)")
+                raise InputError(f"{given} {value}: no such file (give the path of {what or program})")
             if not os.access(p, os.X_OK):
-                raise InputError(f"{what} {value}: not executable")
+                raise InputError(f"{given} {value}: not executable")
             return p
-    found = shutil.which("llama-bench", path=env.get("PATH"))
+    found = shutil.which(program, path=env.get("PATH"))
     if found is None:
-        raise InputError("no llama-bench found: pass --llama-bench PATH, set $LLAMA_BENCH, or put llama-bench on PATH")
+        raise InputError(f"no {program} found: pass {flag} PATH, set ${env_var}, or put {program} on PATH")
     return Path(found)
+
+
+def find_binary(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The llama-bench to use: `explicit`, else $LLAMA_BENCH, else `llama-bench` on PATH (InputError if none)."""
+    return find_program("llama-bench", "--llama-bench", "LLAMA_BENCH", explicit, env,
+                        what="llama-bench or llama-sweep-bench")
 
 
 def _capture(argv: Sequence[str]) -> tuple[int, str]:

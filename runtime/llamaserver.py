@@ -38,7 +38,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import statistics
@@ -62,7 +61,7 @@ from planner.workload import RequestClass, Workload
 
 from . import gpumem
 from .engine import BenchWorkload, Measurement
-from .llamacpp import build_of_binary, check_devices, device_args, die_with_parent, list_devices
+from .llamacpp import build_of_binary, check_devices, device_args, die_with_parent, find_program, list_devices
 from .llamacpp_output import classify_failure, tail
 
 ENV_BINARY = "LLAMA_SERVER"
@@ -118,19 +117,7 @@ class ServerInfo:
 
 def find_server(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
     """The llama-server to use: `explicit`, else $LLAMA_SERVER, else llama-server on PATH (InputError if none)."""
-    env = os.environ if env is None else env
-    for what, value in (("--llama-server", explicit), (f"${ENV_BINARY}", env.get(ENV_BINARY))):
-        if value:
-            p = Path(value).expanduser()
-            if not p.is_file():
-                raise InputError(f"{what} {value}: no such file (give the path of llama-server)")
-            if not os.access(p, os.X_OK):
-                raise InputError(f"{what} {value}: not executable")
-            return p
-    found = shutil.which("llama-server", path=env.get("PATH"))
-    if found is None:
-        raise InputError(f"no llama-server found: pass its path, set ${ENV_BINARY}, or put llama-server on PATH")
-    return Path(found)
+    return find_program("llama-server", "--llama-server", ENV_BINARY, explicit, env)
 
 
 def server_info(path: str | Path) -> ServerInfo:
