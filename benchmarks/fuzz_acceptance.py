@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "planner"))
+sys.path.insert(0, str(ROOT / "tests" / "planner"))     # gguf_fuzz, loader_verdict
+sys.path.insert(0, str(ROOT / "tests"))                 # cli_outcome (shared with tests/cli)
 sys.path.insert(0, str(ROOT))
 
 import gguf_fuzz as gf            # noqa: E402

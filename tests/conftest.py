@@ -1,4 +1,8 @@
-"""Fixtures shared by every test folder: tiny synthetic GGUF files and the CPU llama.cpp build."""
+"""Fixtures shared by every test folder: tiny synthetic GGUF files and the CPU llama.cpp build.
+
+pytest (import mode "prepend") puts this folder on sys.path when it imports this file, so the helpers beside it
+(bench_scripts.py, cli_outcome.py) import by bare name from any test folder; a helper one folder uses stays in
+that folder (tests/planner/tiny.py, gguf_fuzz.py, loader_verdict.py)."""
 from __future__ import annotations
 
 import shutil

@@ -10,7 +10,7 @@ measured (MeasuredRun.to_dict) and terms (cost_fit.Terms.to_dict). A key is abse
 
 Versions (RECORD_VERSION is the one written):
   1  the attrs as tuners wrote them before this module: the keys above without record_version (a trial without
-     that key is version 1, e.g. tests/planner/data/old_study_v1.db.gz);
+     that key is version 1, e.g. tests/tuner/data/old_study_v1.db.gz);
   2  the same keys plus record_version.
 A record of a version above RECORD_VERSION comes from a newer offload-tuner: reading it raises RecordError (one
 line; the CLI exits 2) instead of guessing at keys this version does not know. A record that cannot be read
