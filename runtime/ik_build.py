@@ -137,8 +137,8 @@ def has_server_source(src: Path) -> bool:
 
 
 def add_server_source(tarball: Path, src: Path) -> None:
-    """Merge the server tarball into an extracted tree `src` (files it has stay, it has none of these), write the
-    stand-in web pages, and the examples/CMakeLists.txt that adds the server."""
+    """Add the server tarball's files to an extracted tree `src` (none of them is in the first tarball), the stand-in
+    web pages, and the examples/CMakeLists.txt that adds the server."""
     _check_sha(tarball, SERVER_TARBALL_SHA256)
     tmp = src.with_name(src.name + ".server.tmp")
     extract_prefix(tarball, "ik_llama.cpp/", tmp)
