@@ -87,18 +87,25 @@ def test_planner_never_imports_runtime_nor_torch_at_module_level():
     assert not bad, "\n".join(bad)
 
 
-def test_tuner_reaches_neither_runtime_nor_argparse_through_planner():
-    """The tuner's imports followed through planner's own modules: none of those imports runtime or argparse."""
+def reached_from(root: str) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """(planner's import graph, {module: the module it was reached from}) for everything `root`'s modules import,
+    followed through planner's own modules."""
     sources = planner_sources()
     graph = {mod: {n for n, _, _ in imports(src, mod, p.name == "__init__.py")} for mod, (p, src) in sources.items()}
     seen: dict[str, str] = {}
-    todo = [(m, m) for m in sources if names(m, "planner.tuner")]
+    todo = [(m, m) for m in sources if names(m, root)]
     while todo:
         mod, via = todo.pop()
         if mod in seen or mod not in graph:
             continue
         seen[mod] = via
         todo += [(n, mod) for n in graph[mod]]
+    return graph, seen
+
+
+def test_tuner_reaches_neither_runtime_nor_argparse_through_planner():
+    """The tuner's imports followed through planner's own modules: none of those imports runtime or argparse."""
+    graph, seen = reached_from("planner.tuner")
     bad = [f"{mod} (reached from {via}) imports {n}" for mod, via in seen.items() for n in graph[mod]
            if names(n, "runtime") or names(n, "argparse")]
     assert not bad, "\n".join(bad)
@@ -108,16 +115,7 @@ def test_tuner_reaches_neither_runtime_nor_argparse_through_planner():
 def test_the_service_reaches_neither_the_cli_nor_argparse_through_planner():
     """The service's imports followed through planner's own modules (the app layer, the tuner, the core): none
     imports argparse or the CLI, so a JSON body never goes through an argument parser."""
-    sources = planner_sources()
-    graph = {mod: {n for n, _, _ in imports(src, mod, p.name == "__init__.py")} for mod, (p, src) in sources.items()}
-    seen: dict[str, str] = {}
-    todo = [(m, m) for m in sources if names(m, "planner.service")]
-    while todo:
-        mod, via = todo.pop()
-        if mod in seen or mod not in graph:
-            continue
-        seen[mod] = via
-        todo += [(n, mod) for n in graph[mod]]
+    graph, seen = reached_from("planner.service")
     bad = [f"{mod} (reached from {via}) imports {n}" for mod, via in seen.items() for n in graph[mod]
            if names(n, "argparse") or names(n, "planner.cli")]
     assert not bad, "\n".join(bad)
