@@ -128,12 +128,12 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
     finished = True
     for b, w in cells:
         t = tuner_for(args, inv, hw0, b, w, bench_engine)
-        if t.study.user_attrs.get("served"):
-            continue
         if time.monotonic() >= deadline:
             finished = False
             break
-        log(f"{t.study_name}: serving the references and {args.finalists} finalists, {args.rounds} rounds")
+        # a cell served before the finalists had filled twins gets them now (the rows it has are kept)
+        log(f"{t.study_name}: serving the references, {args.finalists} finalists and their filled twins, "
+            f"{args.rounds} rounds")
         rec = confirm_served(t, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline,
                              progress=(lambda done, total: checkpoint()) if checkpoint else None)
         if not rec:
@@ -176,9 +176,11 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
     L = ["# What the user runs: llama-server on the workload, against the best --fit", "",
          f"{meta['date']}; {meta.get('gpu') or 'no GPU (CPU dry run)'}; model {meta['model']}; explored with the "
          f"{meta['explore']} engine ({meta['trials']} runs a cell), then the references (llama-server --fit on at -ub "
-         f"512, 2048, 4096) and {meta['finalists']} finalists served on the workload, {meta['rounds']} interleaved "
-         "rounds in one device call. Times are medians [min-max] of the workload's mean request time; the speedup "
-         "is the reference's over ours, 'tie' when inside the spreads of the request rates.", "",
+         f"512, 2048, 4096) and {meta['finalists']} finalists with their filled twins (a finalist's plan with experts "
+         "moved onto the GPU up to what its server left of the budget) served on the workload, "
+         f"{meta['rounds']} interleaved rounds in one device call. Times are medians [min-max] of the workload's mean "
+         "request time; the speedup is the reference's over ours, 'tie' when inside the spreads of the request "
+         "rates.", "",
          "| budget | workload | reference | its time s | ours | our time s | speedup | goal | TTFT ref / ours s "
          "| VRAM MiB ref / ours | runs (explore + served) |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -12,17 +12,25 @@ with `-ub 2048` and with `-ub 4096` (ik: its own --fit likewise): the fastest of
 It is itself a candidate, so what is recommended is never slower than what the user would have run: when no
 finalist beats it, the recommendation is that --fit line.
 
+A finalist's first served run also says how much of the budget the server left unused: the study judged its plans
+on llama-bench's memory and a margin, and llama-server at the workload's context uses another amount (the 6 GiB
+rag finalists of the H100 benchmark peaked 0.3-1.0 GiB under the budget, where --fit's experts filled it). So each
+finalist gets a filled twin ("fill:N"): its plan with experts moved from RAM onto its GPUs until the memory model,
+shifted by what the server measured against it, reaches the budget less FILL_LEFT. It is served like the others.
+
     # C contenders (references + finalists), R rounds: R x C server runs, each replaying the whole workload
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from ..hardware import fmt_bytes
+from ..hardware import MiB, fmt_bytes
+from ..plan import Plan
+from ..propose import Budget, fill_experts
 from .confirm import Spread, compare, schedule
 from .records import TrialRecord
 
@@ -36,16 +44,18 @@ SERVED_FINALISTS = 3
 PP_GIVE_UP = 0.5          # a pick under half the reference's PP says so in its first line
 TG_GIVE_UP = 0.95         # ... and one more than 5% under its TG
 BENCH_SERVER_GAP = 0.05   # llama-bench and llama-server further apart than this: a warning in the report
+FILL_LEFT = 128 * MiB     # a filled twin aims its server peak this far under the budget (run-to-run peaks vary less)
 
 
 @dataclass(frozen=True)
 class Served:
     """One config to serve: a reference (--fit at an ubatch) or a trial's plan."""
-    key: str                           # "fit:512", "fit:2048", "fit:4096" or "trial:N"
+    key: str                           # "fit:512", "fit:2048", "fit:4096", "trial:N" or "fill:N"
     name: str
     roles: tuple[str, ...]             # "reference" or "finalist"
     trial: int | None = None
     ubatch: int | None = None
+    filled: bool = False               # trial N's plan with experts moved onto the GPU up to the budget
 
 
 def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
@@ -55,12 +65,41 @@ def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
 
 
 def served_of(key: str) -> Served:
-    """The contender a stored key stands for: "fit:UB" a reference, "trial:N" a finalist."""
+    """The contender a stored key stands for: "fit:UB" a reference, "trial:N" a finalist, "fill:N" its twin."""
     kind, _, n = key.partition(":")
     if kind == "fit":
         ub = int(n)
         return Served(key, "--fit" + (f" -ub {ub}" if ub != 512 else ""), ("reference",), ubatch=ub)
+    if kind == "fill":
+        return Served(key, f"trial {n} filled", ("finalist",), trial=int(n), filled=True)
     return Served(key, f"trial {n}", ("finalist",), trial=int(n))
+
+
+def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
+    """`plan` with experts moved from RAM onto its GPUs, as far as the server's measured `peaks` leave room under
+    each GPU's budget less FILL_LEFT: the memory model's prediction for the served plan is shifted by what the
+    server measured (the model's error at this plan), and planner.propose.fill_experts fills up to it, in the
+    order the plan already has (first layers first when those are the ones on the GPU). None when no expert
+    moves (no room for one, no measured peak: a CPU-only run)."""
+    wl = tuner.requests
+    if wl is None or not peaks:
+        return None
+    served = replace(plan, knobs=replace(plan.knobs, n_ctx=wl.ctx, n_seq=wl.slots))
+    pred = tuner.estimate(tuner.inv, served, tuner.hw).devices
+    room = {}
+    for d, budget in gpu_budgets(tuner.hw).items():
+        if d in pred and d not in peaks:
+            return None
+        if d in pred:
+            room[d] = pred[d].total + budget - FILL_LEFT - peaks[d]
+    on_gpu = sorted({t.layer for t in tuner.inv.allocated()
+                     if t.is_expert and t.layer is not None and plan.assignment.get(t.name, "CPU") != "CPU"})
+    order = "first" if on_gpu and on_gpu[0] == min(tuner.inv.moe_layers()) else "last"
+    out = fill_experts(tuner.inv, served, Budget(room, tuner.hw.host.ram_bytes), tuner.hw, order=order,
+                       estimate=tuner.estimate)
+    if out.assignment == served.assignment:
+        return None
+    return replace(out, knobs=plan.knobs, label=f"{plan.label} filled to the served budget".strip())
 
 
 def partial_record(attrs: dict[str, Any], budget: dict[str, int]) -> dict[str, Any] | None:
@@ -69,7 +108,8 @@ def partial_record(attrs: dict[str, Any], budget: dict[str, int]) -> dict[str, A
     serving = attrs.get("serving") or {}
     if not serving.get("rows"):
         return None
-    rec = served_record([served_of(k) for k in serving["keys"]], serving["rows"], serving.get("rounds", 0), budget,
+    keys = [*serving["keys"], *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
+    rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
                         (attrs.get("request_time") or {}).get("workload", "workload"))
     return dict(rec, partial=True)
 
@@ -89,14 +129,22 @@ def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served
     return out
 
 
-def _sample(tuner: Tuner, server: Any, c: Served) -> dict[str, Any]:
+def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | None:
+    """The plan a contender serves: its trial's, or its filled twin's (stored); None for a --fit reference."""
+    if c.filled:
+        return Plan.from_json(fills[c.key] or "")
+    if c.trial is not None:
+        return TrialRecord.from_trial(tuner._trial(c.trial)).plan()
+    return None
+
+
+def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str, Any]:
     """One replay of the workload by one contender, as a stored row."""
     from .interrupt import SIGINT
     budgets = gpu_budgets(tuner.hw)
     try:
         with SIGINT.engine_run():
-            if c.trial is not None:
-                plan = TrialRecord.from_trial(tuner._trial(c.trial)).plan()
+            if plan is not None:
                 m = server.measure_workload(tuner.inv, plan, tuner.requests)
             else:
                 m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch)
@@ -111,30 +159,54 @@ def _sample(tuner: Tuner, server: Any, c: Served) -> dict[str, Any]:
 
 
 def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
-                   deadline: float | None = None, progress: Any = None) -> dict[str, Any]:
-    """Serve the references and the finalists interleaved for `rounds` rounds; each sample is stored as it comes
-    (the study attr "served"), so a killed confirmation resumes. Returns the record (served_record), or {} when a
-    sample was left because it would not end before `deadline` (call again to go on)."""
+                   deadline: float | None = None, progress: Any = None, fill: bool = True) -> dict[str, Any]:
+    """Serve the references and the finalists interleaved for `rounds` rounds, and (`fill`) each finalist's filled
+    twin from its first good run on (filled_plan; it joins the round under way and the rounds after it). Each
+    sample is stored as it comes (the study attr "serving"), so a killed confirmation resumes. Returns the record
+    (served_record, also stored as "served"), or {} when a sample was left because it would not end before
+    `deadline` (call again to go on)."""
     if tuner.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
-    cs = contenders(tuner, n_finalists)
-    keys = [c.key for c in cs]
+    base = contenders(tuner, n_finalists)
+    keys = [c.key for c in base]
     stored = tuner.study.user_attrs.get("serving") or {}
-    rows = list(stored.get("rows", [])) if stored.get("keys") == keys else []
-    for rnd, c in schedule(cs, rounds):
-        if any(r["round"] == rnd and r["key"] == c.key for r in rows):
-            continue
-        took = [r.get("seconds") or 0 for r in rows if r["key"] == c.key]
+    same = stored.get("keys") == keys
+    rows = list(stored.get("rows", [])) if same else []
+    fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
+    while True:
+        if fill:
+            _add_twins(tuner, base, rows, fills)
+        cs = base + [served_of(k) for k, p in fills.items() if p is not None]
+        todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
+                if not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
+        if not todo:
+            break
+        rnd, c = todo[0]
+        # how long this one will take: its own longest run so far, a twin's first its parent's
+        took = [r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")]
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
-        rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c)})
-        tuner.study.set_user_attr("serving", {"keys": keys, "rounds": rounds, "rows": rows})
+        plan = _plan_of(tuner, c, fills)
+        rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c, plan)})
+        tuner.study.set_user_attr("serving", {"keys": keys, "rounds": rounds, "rows": rows, "fills": fills})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
-    budget = gpu_budgets(tuner.hw)
-    record = served_record(cs, rows, rounds, budget, tuner.requests.name, _bench_runs(tuner, cs))
+    cs = base + [served_of(k) for k, p in fills.items() if p is not None]
+    record = served_record(cs, rows, rounds, gpu_budgets(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs))
     tuner.study.set_user_attr("served", record)
     return record
+
+
+def _add_twins(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None]) -> None:
+    """Each finalist's filled twin, from its first good run with measured peaks (once: None when nothing moves)."""
+    for c in base:
+        twin = f"fill:{c.trial}"
+        if c.trial is None or twin in fills:
+            continue
+        first = next((r for r in rows if r["key"] == c.key and r.get("ok") and r.get("peak_bytes")), None)
+        if first is not None:
+            new = filled_plan(tuner, _plan_of(tuner, c, fills), first["peak_bytes"])
+            fills[twin] = new.to_json() if new is not None else None
 
 
 def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
@@ -142,7 +214,7 @@ def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
     moved to the emitted context, to set beside the server's."""
     out = {}
     for c in cs:
-        if c.trial is not None:
+        if c.trial is not None and not c.filled:
             m = TrialRecord.from_trial(tuner._trial(c.trial)).measured
             if m is not None:
                 out[c.key] = {"pp_tps": m.pp_tps, "tg_tps": m.tg_tps,

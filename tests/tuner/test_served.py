@@ -111,3 +111,93 @@ def test_budgets_are_keyed_by_device_name():
     r = rows("fit:512", [9.0, 9.0], 3000, 50, 6000) + rows("trial:1", [5.0, 5.0], 3000, 50, 6200)
     # 6200 MiB on CUDA0 is over its 6 GiB: the faster trial is not eligible
     assert served_record(cs, r, 2, gpu_budgets(hw), "rag")["pick"] == "fit:512"
+
+
+class GpuStandIn:
+    """llama-server on a GPU, which this machine lacks (the real CPU server's runs carry no VRAM peaks, so no twin
+    is ever made there: tests/runtime/test_tune_served.py): its peak is the memory model's prediction for the
+    served plan less SERVER_LESS (the H100 finalists' servers used 0.3-1.0 GiB less than llama-bench), its request
+    time falls as expert bytes move onto the GPU, and --fit fills the budget."""
+    SERVER_LESS = 700 * MiB
+
+    def __init__(self, tuner):
+        self.t, self.runs = tuner, []
+
+    def measure_workload(self, inv, plan, workload):
+        from dataclasses import replace
+
+        from planner.engine import Measurement
+        served = replace(plan, knobs=replace(plan.knobs, n_ctx=workload.ctx, n_seq=workload.slots))
+        peak = self.t.estimate(inv, served, self.t.hw).devices["CUDA0"].total - self.SERVER_LESS
+        on_gpu = sum(t.nbytes for t in inv.allocated() if t.is_expert and plan.assignment[t.name] != "CPU")
+        secs = 10.0 - on_gpu / (1 << 30)
+        self.runs.append(("plan", plan.id))
+        return Measurement(1000.0, 40.0, {"CUDA0": peak}, raw={"mean_request_s": secs, "ttft_s": 1.0,
+                                                                "command": "llama-server ...", "wall_s": 1.0})
+
+    def fit_reference(self, inv, workload, budgets, ubatch):
+        from planner.engine import Measurement
+        self.runs.append(("fit", ubatch))
+        return Measurement(900.0, 41.0, {"CUDA0": budgets["CUDA0"] + 100 * MiB},
+                           raw={"mean_request_s": 9.0 + ubatch / 4096, "ttft_s": 2.0, "wall_s": 1.0})
+
+
+def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_path):
+    """The server peaked under the budget: the twin moves experts onto the GPU up to the budget less FILL_LEFT
+    (by the model shifted by the server's own peak), is served in every round, and can be the pick."""
+    import time
+
+    from planner.hardware import resolve
+    from planner.loader import load_model
+    from planner.tuner.objectives import bench_for
+    from planner.tuner.search import Tuner
+    from planner.tuner.served import FILL_LEFT, confirm_served, filled_plan
+    from planner.workload import preset
+    from runtime.sim import SimEngine
+    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
+    w = preset("rag")
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+
+    def tuner():
+        return Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), requests=w, n_ctx=16640,
+                     margin=1 << 30, pool_size=20, study_name="s", storage=storage)
+    t = tuner()
+    t.run(4)
+    server = GpuStandIn(t)
+    budget = 8 << 30
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_4(done, total):
+        if done == 4:
+            raise Killed
+    # killed after 4 samples, then resumed by a new process's tuner: nothing runs twice, nothing is lost
+    with pytest.raises(Killed):
+        confirm_served(t, server, rounds=2, n_finalists=1, progress=kill_at_4)
+    assert len(server.runs) == 4
+    rec = confirm_served(tuner(), server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600)
+    assert len(server.runs) == 10
+    keys = [r["key"] for r in rec["results"]]
+    twin = next(k for k in keys if k.startswith("fill:"))
+    parent = "trial:" + twin.split(":")[1]
+    assert keys == ["fit:512", "fit:2048", "fit:4096", parent, twin]
+    serving = t.study.user_attrs["serving"]
+    assert sorted(r["key"] for r in serving["rows"]) == sorted(keys * 2)      # every contender, both rounds
+    from planner.plan import Plan
+    p_plan = Plan.from_json(t.study.user_attrs["serving"]["fills"][twin])
+    gpu_exps = [n for n, d in p_plan.assignment.items() if d != "CPU" and ".ffn_" in n and "_exps" in n]
+    parent_plan = next(r for r in rec["results"] if r["key"] == parent)
+    twin_res = next(r for r in rec["results"] if r["key"] == twin)
+    assert len(gpu_exps) > 0
+    # the twin's server peak is at the budget less FILL_LEFT, within one expert layer (its 48 layers: ~360 MiB)
+    assert budget - FILL_LEFT - 400 * MiB <= twin_res["vram_device_bytes"]["CUDA0"] <= budget - FILL_LEFT
+    assert twin_res["vram_device_bytes"]["CUDA0"] > parent_plan["vram_device_bytes"]["CUDA0"]
+    assert rec["pick"] == twin and rec["results"][4]["name"].endswith("filled")
+    # nothing left to fill: the twin of the twin is the twin itself; a CPU run (no peaks) makes none
+    assert filled_plan(t, p_plan, {"CUDA0": budget - FILL_LEFT}) is None
+    assert filled_plan(t, p_plan, {}) is None
+    # resumed: the stored samples and twin are taken, nothing runs again
+    n = len(server.runs)
+    again = confirm_served(tuner(), server, rounds=2, n_finalists=1)
+    assert len(server.runs) == n and again["pick"] == twin
