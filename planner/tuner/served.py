@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 from ..hardware import fmt_bytes
 from .confirm import Spread, compare, schedule
-from .records import TrialRecord
+from .records import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     from ..hardware import HardwareProfile
@@ -63,14 +63,14 @@ def served_of(key: str) -> Served:
     return Served(key, f"trial {n}", ("finalist",), trial=int(n))
 
 
-def partial_record(attrs: dict[str, Any], budget: dict[str, int]) -> dict[str, Any] | None:
+def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any] | None:
     """A confirmation cut off before its last sample, judged on the samples it has (marked "partial"), so a report
     can show it; None when none was started."""
-    serving = attrs.get("serving") or {}
+    serving = study.serving or {}
     if not serving.get("rows"):
         return None
     rec = served_record([served_of(k) for k in serving["keys"]], serving["rows"], serving.get("rounds", 0), budget,
-                        (attrs.get("request_time") or {}).get("workload", "workload"))
+                        (study.request_time or {}).get("workload", "workload"))
     return dict(rec, partial=True)
 
 
@@ -119,7 +119,7 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     cs = contenders(tuner, n_finalists)
     keys = [c.key for c in cs]
-    stored = tuner.study.user_attrs.get("serving") or {}
+    stored = StudyRecord.of(tuner.study).serving or {}
     rows = list(stored.get("rows", [])) if stored.get("keys") == keys else []
     for rnd, c in schedule(cs, rounds):
         if any(r["round"] == rnd and r["key"] == c.key for r in rows):
@@ -128,12 +128,12 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c)})
-        tuner.study.set_user_attr("serving", {"keys": keys, "rounds": rounds, "rows": rows})
+        StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     budget = gpu_budgets(tuner.hw)
     record = served_record(cs, rows, rounds, budget, tuner.requests.name, _bench_runs(tuner, cs))
-    tuner.study.set_user_attr("served", record)
+    StudyRecord.save(tuner.study, served=record)
     return record
 
 

@@ -75,13 +75,14 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     from planner.loader import load_model
     from planner.tuner.objectives import bench_for
     from planner.tuner.report import study_summary, summary_markdown
-    from planner.tuner.search import Tuner
+    from planner.tuner.search import Tuner, TunerOptions
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
     w = preset("rag")
-    t = Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), requests=w, n_ctx=16640,
-              pool_size=20, study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
+    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        objective="time", workload=bench_for(w), requests=w, n_ctx=16640, pool_size=20, study_name="s",
+        storage=f"sqlite:///{tmp_path / 's.db'}"))
     t.run(3)
     s = study_summary(t.study)
     assert list(s.to_dict())[0] == "headline" and s.headline.startswith("rag: trial ")
@@ -96,7 +97,7 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     md = summary_markdown(s)
     assert "## Served on llama-server: the `rag` workload, 2 interleaved rounds" in md and "**pick**" in md
     # any other objective: no headline, the JSON as before
-    t2 = Tuner(inv, hw, SimEngine(hw), objective="tg", pool_size=20, study_name="s2")
+    t2 = Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="tg", pool_size=20, study_name="s2"))
     t2.run(2)
     assert study_summary(t2.study).headline is None and "headline" not in study_summary(t2.study).to_dict()
 
