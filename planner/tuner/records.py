@@ -288,7 +288,7 @@ class StudyRecord:
     # the search
     cost_fit: dict[str, Any] | None = None              # cost_fit.CostFit.to_dict() of the last refit
     seeded: bool = False                                # the seed trials were enqueued
-    probed_no_host: dict[str, Any] | None = None        # the repack probes' outcomes (search.REPACK_PROBES)
+    probed_no_host: dict[str, Any] | None = None        # the repack probes' outcomes (seeds.REPACK_PROBES)
     probed_rtr: dict[str, Any] | None = None
     # the baselines: `baselines` is set once all ran (None: not yet), `baselines_partial` as each one does
     baselines: list[dict[str, Any]] | None = None

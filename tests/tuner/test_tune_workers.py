@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from planner import cli
-from planner.tuner import search
+from planner.tuner import search, storage as storage_module
 from planner.tuner.storage import make_storage
 from planner.tuner.records import TrialRecord
 from planner.hardware import GiB, load_hardware
@@ -107,8 +107,8 @@ def test_a_killed_workers_running_trial_is_failed_and_retried(tmp_path, monkeypa
     next worker fails it and queues it again (one retry, run in its turn among the queued trials)."""
     import optuna
     from optuna.storages import RetryFailedTrialCallback
-    monkeypatch.setattr(search, "GRACE_S", 1)
-    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage_module, "GRACE_S", 1)
+    monkeypatch.setattr(storage_module, "HEARTBEAT_S", 1)
     url = f"sqlite:///{tmp_path / 'k.db'}"
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
