@@ -342,18 +342,33 @@ def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
     return near / len(runs)
 
 
+MARKERS = ["X", "D", "*", "P", "s"]       # one per baseline in the plots
+
+
 def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
+    """The study's plots (PLOTS), each saved as PNG and SVG; the file names written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from ..hardware import GiB
-    files: list[str] = []
     settings = summary.settings
     ok = df[df["ok"] & df["vram_bytes"].notna() & df["duplicate_of"].isna()] if not df.empty else df
     base = [b for b in summary.baselines if b.get("ok")]
-    markers = ["X", "D", "*", "P", "s"]
     title = f"{settings.get('model_id', '')} on {settings.get('hardware', {}).get('name', '')}"
+    files: list[str] = []
+    for name, draw in (("throughput_vs_vram", lambda: _plot_vs_vram(plt, ok, base, summary, title)),
+                       ("pareto", lambda: _plot_pareto(plt, ok, base, summary, title)),
+                       ("history", lambda: _plot_history(plt, df, settings))):
+        fig = draw()          # one figure open at a time
+        files += _save(fig, out / name)
+        plt.close(fig)
+    return files
 
+
+def _plot_vs_vram(plt: Any, ok: Any, base: list[dict[str, Any]], summary: StudySummary, title: str) -> Any:
+    """TG and PP against peak VRAM: the trials, their VRAM-Pareto front, the baselines, the confirmed medians."""
+    from ..hardware import GiB
+    settings = summary.settings
+    markers = MARKERS
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for ax, col, name in ((axes[0], "tg_tps", "TG"), (axes[1], "pp_tps", "PP")):
         if not ok.empty:
@@ -382,9 +397,12 @@ def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
     axes[0].legend(fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    files += _save(fig, out / "throughput_vs_vram")
-    plt.close(fig)
+    return fig
 
+
+def _plot_pareto(plt: Any, ok: Any, base: list[dict[str, Any]], summary: StudySummary, title: str) -> Any:
+    """TG against PP: the trials, their front, the baselines."""
+    markers = MARKERS
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     if not ok.empty:
         both = ok[ok["tg_tps"].notna() & ok["pp_tps"].notna()]
@@ -400,9 +418,11 @@ def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    files += _save(fig, out / "pareto")
-    plt.close(fig)
+    return fig
 
+
+def _plot_history(plt: Any, df: Any, settings: dict[str, Any]) -> Any:
+    """The objective per trial (TG and PP for "both"), the best so far, failed and pruned trials at the bottom."""
     names = ["TG (t/s)", "PP (t/s)"] if settings.get("objective") == "both" else [settings.get("objective", "value")]
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names)), squeeze=False)
     for i, name in enumerate(names):
@@ -423,9 +443,7 @@ def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
             ax.legend(fontsize=8, loc="lower right")
     axes[-1][0].set_xlabel("trial")
     fig.tight_layout()
-    files += _save(fig, out / "history")
-    plt.close(fig)
-    return files
+    return fig
 
 
 def _save(fig: Any, stem: Path) -> list[str]:
@@ -446,6 +464,8 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
         f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram
 
 
+# one piece: the report's sections top to bottom, in the order a reader meets them (the confirmed and served ones
+# are their own functions)
 def summary_markdown(s: StudySummary) -> str:
     from ..hardware import fmt_bytes
     st = s.settings

@@ -38,7 +38,6 @@ measured PP/TG and peak bytes per device (user attrs), so reports need neither t
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import random
 import re
@@ -56,15 +55,15 @@ from ..errors import InputError, OffloadTunerError
 from ..hardware import HardwareProfile
 from ..memory import MemoryReport
 from ..model import ModelInventory
-from ..plan import DEFAULT_CTX, Dialect, Plan
+from ..plan import DEFAULT_CTX, Plan
 from ..propose import best_plans
-from ..workload import Workload
 from . import baselines as _baselines, confirm as _confirm, seeds as _seeds
 from .confirm import CONFIRM_ROUNDS, Contender
 from .cost_fit import CostFit, Terms, fit
 from .interrupt import SIGINT
 from .margin import Margins
-from .objectives import Objective, RequestTime, parse_objective, request_time
+from .objectives import RequestTime, parse_objective, request_time
+from .options import LATER_SPACE_OPTIONS, Settings, TunerOptions, hardware_key
 from .pool import Pool, Scorer
 from .records import CandidateInfo, MeasuredRun, RecordWriter, StudyRecord, TrialRecord, measured_dict
 from .space import Space, SpaceConfig
@@ -82,78 +81,11 @@ class NotBeforeDeadline(OffloadTunerError):
     """A run not started because it would end past run()'s deadline: the trial is FAIL, its plan queued again."""
 
 
-# ---- settings ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a study was made for; a resumed study must match (else it would mix incomparable trials)."""
-    model: str
-    model_id: str
-    engine: str
-    hardware: dict[str, Any]
-    dialect: str
-    objective: str
-    workload: dict[str, int]
-    n_ctx: int
-    space: dict[str, Any]
-    requests: dict[str, Any] | None = None     # the user's workload the time objective serves (None: other ones)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def differences(self, other: dict[str, Any]) -> list[str]:
-        """The settings that make `other` (a stored study's) another study. A space option added after the
-        study was made is absent from it: the study ran with that option's default, so the default matches."""
-        mine = self.to_dict()
-        out = []
-        for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space", "requests"):
-            theirs = other.get(k)
-            if k == "space" and isinstance(theirs, dict):
-                defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
-                theirs = {f: theirs.get(f, defaults.get(f)) for f in mine[k]}
-            if theirs != mine[k]:
-                out.append(k)
-        return out
-
-
-# SpaceConfig options that only widen the space, added after studies were stored: a study without one keeps its
-# default (Tuner._keep_old_space). Not op_per_class: an old ik llama-bench study cannot go on without it.
-LATER_SPACE_OPTIONS = ("no_host",)
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "study"
 
 
 # ---- the tuner ------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TunerOptions:
-    """How a study is made and searched (Tuner's options); the defaults are `tune`'s where it has one. Switching
-    prescreen, surrogate and seed_trials off (and sampler="random") gives the plain baselines the benchmark
-    compares with."""
-    model: str = ""                          # the model as named (the settings' model; default: the inventory's)
-    objective: Objective | str = "tg"
-    workload: BenchWorkload = BenchWorkload(n_prompt=2048)
-    dialect: Dialect = "mainline"
-    n_ctx: int | None = None                 # the emitted --ctx (None: the workload's, at least DEFAULT_CTX)
-    margin: int | None = None                # bytes under each GPU's VRAM; None: learnt (planner.tuner.margin)
-    config: SpaceConfig = SpaceConfig()
-    requests: Workload | None = None         # the user's workload, which objective "time" serves
-    study_name: str = "study"
-    storage: str | None = None               # an SQLAlchemy URL; None keeps the study in memory
-    fresh: bool = False                      # delete a stored study of that name first
-    seed: int = 0
-    prescreen: bool | None = None            # skip poor sampler candidates (None: when the engine is not sim)
-    surrogate: bool = True                   # enqueue the pool's best candidate every other trial
-    seed_trials: bool = True                 # enqueue proposals, the predicted front, the best per budget
-    sampler: str = "tpe"                     # or "random"
-    pool_size: int = 200
-    baselines: bool = True
-    commands: bool = True                    # render each trial's command lines
-    space: Space | None = None               # a prepared Space (benchmarks share a cached grid between methods)
-
 
 @dataclass
 class TuneResult:
@@ -203,7 +135,7 @@ class Tuner:
             raise InputError(f"--margin must be >= 0, got {o.margin}")
         prior = o.margin if o.margin is not None else traits.memory_error_prior
         self.settings = Settings(model=o.model or inv.source or inv.name, model_id=inv.source or inv.name,
-                                 engine=getattr(engine, "name", type(engine).__name__), hardware=_hw_key(hw),
+                                 engine=getattr(engine, "name", type(engine).__name__), hardware=hardware_key(hw),
                                  dialect=o.dialect, objective=self.objective.text, workload=asdict(o.workload),
                                  n_ctx=self.n_ctx, space=o.config.to_dict(),
                                  requests=self.requests.to_dict() if self.requests is not None else None)
@@ -719,10 +651,6 @@ class Tuner:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
-
-def _hw_key(hw: HardwareProfile) -> dict[str, Any]:
-    return {"name": hw.name, "gpus": [[g.name, g.vram_bytes] for g in hw.gpus], "host_ram": hw.host.ram_bytes}
-
 
 def _waiting(study) -> bool:
     from optuna.trial import TrialState
