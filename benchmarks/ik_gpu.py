@@ -75,7 +75,7 @@ from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E
 from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan  # noqa: E402
-from planner.tuner.records import TrialRecord  # noqa: E402
+from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from runtime.engine import BenchWorkload  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
 
@@ -370,7 +370,7 @@ def step_study(c: Ctx) -> bool:
 def load_study(storage_url: str, name: str):
     """The Optuna study of that name in that storage, or None."""
     import optuna
-    from planner.tuner.search import make_storage
+    from planner.tuner.storage import make_storage
     storage = make_storage(storage_url)
     if name not in {s.study_name for s in storage.get_all_studies()}:
         return None
@@ -384,7 +384,7 @@ def study_rows(c: Ctx) -> list[dict[str, Any]]:
         st = load_study(c.args.storage, cell_name(b))
         if st is not None:
             row = tvf.cell_row(st, b, 0)
-            fit = next((x for x in st.user_attrs.get("baselines", []) if x.get("kind") == "engine-fit"), {})
+            fit = next((x for x in StudyRecord.of(st).baselines or [] if x.get("kind") == "engine-fit"), {})
             row["ik_fit_note"], row["ik_fit_chosen"] = fit.get("note", ""), " ".join(fit.get("chosen_args", []))
             rows.append(row)
     return rows
@@ -401,13 +401,13 @@ def mainline_study(c: Ctx, budget_gib: int):
     if c.args.mainline_series is not None:
         return load_study(url, tvf.cell_name(budget_gib, 0, c.args.mainline_series))
     import optuna
-    from planner.tuner.search import make_storage
+    from planner.tuner.storage import make_storage
     first = tvf.cell_name(budget_gib, 0)
     found = [s for s in make_storage(url).get_all_studies()
-             if (s.study_name == first or s.study_name.startswith(first + "-")) and s.user_attrs.get("confirmed")]
+             if (s.study_name == first or s.study_name.startswith(first + "-")) and StudyRecord.of(s).confirmed]
     if not found:
         return None
-    newest = max(found, key=lambda s: str(s.user_attrs.get("created", "")))
+    newest = max(found, key=lambda s: StudyRecord.of(s).created)
     return optuna.load_study(study_name=newest.study_name, storage=url)
 
 
@@ -435,7 +435,7 @@ def ik_contenders(c: Ctx, b: int, wl: BenchWorkload) -> list[Contender]:
     if st is None:
         return []
     out = []
-    fit = next((x for x in st.user_attrs.get("baselines", []) if x.get("kind") == "engine-fit"), None)
+    fit = next((x for x in StudyRecord.of(st).baselines or [] if x.get("kind") == "engine-fit"), None)
     if fit is not None:
         out.append(Contender("ik-fit", "ik --fit (llama-sweep-bench)",
                              lambda: c.engine.measure_args(fit["argv"], wl, fit.get("env") or {})))
@@ -446,7 +446,7 @@ def ik_contenders(c: Ctx, b: int, wl: BenchWorkload) -> list[Contender]:
 
 
 def _best_plan(study) -> Plan | None:
-    key = ((study.user_attrs.get("confirmed") or {}).get("picks") or {}).get("best_tg")
+    key = ((StudyRecord.of(study).confirmed or {}).get("picks") or {}).get("best_tg")
     if not key or not key.startswith("trial:"):
         return None
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == int(key.split(":")[1])), None)

@@ -570,11 +570,12 @@ def run_tune(args, engine: Any, inv: ModelInventory, hw0: HardwareProfile, t_sta
 
 
 def _confirmed(storage: str, name: str) -> bool:
-    from planner.tuner.search import make_storage
+    from planner.tuner.records import StudyRecord
+    from planner.tuner.storage import make_storage
     st = make_storage(storage)
     for s in st.get_all_studies():
         if s.study_name == name:
-            return bool(s.user_attrs.get("confirmed"))
+            return bool(StudyRecord.of(s).confirmed)
     return False
 
 
@@ -583,7 +584,7 @@ def budget_rows(storage: str, budgets: list[int]) -> list[dict[str, Any]]:
     import optuna
 
     import tune_vs_fit as tvf
-    from planner.tuner.search import make_storage
+    from planner.tuner.storage import make_storage
     st = make_storage(storage)
     names = {s.study_name for s in st.get_all_studies()}
     rows = []

@@ -59,7 +59,7 @@ from planner.engine import MemoryModel, TimedEngine, memory_model, memory_model_
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Budget, model_id  # noqa: E402
-from planner.tuner.records import TrialRecord  # noqa: E402
+from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from planner.tuner.search import slug  # noqa: E402
 from planner.bench_workload import BenchWorkload  # noqa: E402
 from planner.tuner.space import Space, SpaceConfig  # noqa: E402
@@ -280,11 +280,12 @@ def _checkpoint(storage_url: str, study: Any) -> None:
 
 
 def run_study(s: Setup) -> None:
-    from planner.tuner.search import Tuner, load_study, make_storage, study_exists
+    from planner.tuner.search import Tuner, TunerOptions
+    from planner.tuner.storage import load_study, make_storage, study_exists
     done, have_baselines = 0, False
     if study_exists(make_storage(s.storage), s.study_name):
         old = load_study(s.study_name, s.storage)
-        done, have_baselines = engine_runs(old), "baselines" in old.user_attrs
+        done, have_baselines = engine_runs(old), StudyRecord.of(old).baselines is not None
     left = s.args.trials - done
     if left <= 0:
         log(f"study {s.study_name}: {done} runs made, {s.args.trials} asked: nothing to do")
@@ -294,9 +295,9 @@ def run_study(s: Setup) -> None:
             "the next call starts it")
         return
     engine = s.engine()
-    tuner = Tuner(s.inv, s.hw, engine, model=s.args.model, objective="both", workload=s.workload,
-                  dialect="mainline", n_ctx=s.n_ctx, margin=s.margin, config=s.config, study_name=s.study_name,
-                  storage=s.storage, seed=s.args.seed, pool_size=s.args.pool)
+    tuner = Tuner(s.inv, s.hw, engine, TunerOptions(
+        model=s.args.model, objective="both", workload=s.workload, dialect="mainline", n_ctx=s.n_ctx, margin=s.margin,
+        config=s.config, study_name=s.study_name, storage=s.storage, seed=s.args.seed, pool_size=s.args.pool))
     log(f"study {s.study_name} in {s.storage}: {done} runs made, {left} to go")
     stop = {"why": ""}
 
@@ -369,19 +370,20 @@ def study_points(study: Any, budget_bytes: int) -> dict[str, Any]:
         trials.append(row)
         if not row["ok"]:
             failed.append({"trial": t.number, "label": row["label"], "error": row["error"] or t.state.name.lower()})
-    attrs = study.user_attrs
+    record = StudyRecord.of(study)
+    baselines_run = record.baselines or []
     baselines = [{"name": b["name"], "ok": bool(b.get("ok")), "error": b.get("error", ""),
                   "tg_tps": (b.get("measured") or {}).get("tg_tps"), "pp_tps": (b.get("measured") or {}).get("pp_tps"),
                   "peak_bytes": sum(((b.get("measured") or {}).get("peak_bytes") or {}).values())}
-                 for b in attrs.get("baselines", [])]
+                 for b in baselines_run]
     runs_trials = sum(1 for r in trials if not r["reused_baseline_run"])
-    runs_baselines = sum(1 for b in attrs.get("baselines", []) if b.get("measured"))
+    runs_baselines = sum(1 for b in baselines_run if b.get("measured"))
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
         counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
     return {"name": study.study_name, "n_trials": sum(counts.values()), "counts": counts,
             "measured_trials": len(trials), "engine_runs": {"trials": runs_trials, "baselines": runs_baselines},
-            "margin_bytes": attrs.get("margin_bytes"), "margin_events": attrs.get("margin_events", []),
+            "margin_bytes": record.margin_bytes, "margin_events": record.margin_events,
             "front": _front([r for r in trials if r["ok"] and r["peak_bytes"] <= budget_bytes]),
             "trials": trials, "failed": failed,
             "baselines": baselines}
@@ -392,7 +394,7 @@ def _best(points: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def compare(s: Setup) -> dict[str, Any]:
-    from planner.tuner.search import load_study, make_storage, study_exists
+    from planner.tuner.storage import load_study, make_storage, study_exists
     grid = load_grid(s)
     gpts = [{"n_gpu_layers": p["n_gpu_layers"], "ubatch": p["ubatch"], "label": p["label"], "flags": p["flags"],
              "ok": p["measured"]["ok"], "within_budget": p["within_budget"], "tg_tps": p["measured"]["tg_tps"],

@@ -44,9 +44,9 @@ import device_options as opts  # noqa: E402
 from planner.engine import TimedEngine  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
-from planner.tuner.records import TrialRecord  # noqa: E402
+from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from planner.tuner.report import study_summary, trials_frame  # noqa: E402
-from planner.tuner.search import Tuner  # noqa: E402
+from planner.tuner.search import Tuner, TunerOptions  # noqa: E402
 from planner.tuner.space import SpaceConfig  # noqa: E402
 from planner.bench_workload import BenchWorkload  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
@@ -92,19 +92,19 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
     ctx = depth + args.n_prompt + args.n_gen
     config = SpaceConfig().settled(hw.host.n_threads, dialect).for_engine(engine, dialect)   # as `tune` has it
-    tuner = Tuner(inv, hw, engine, model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None,
-                  config=config, dialect=dialect,
-                  study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),
-                  storage=args.storage, seed=args.seed, pool_size=args.pool)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None, config=config, dialect=dialect,
+        study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),
+        storage=args.storage, seed=args.seed, pool_size=args.pool))
     if getattr(args, "reconfirm", False) and tuner.redo_references():
         log(f"{tuner.study_name}: references re-measured; confirmation again")
-    if tuner.study.user_attrs.get("confirmed"):
+    if StudyRecord.of(tuner.study).confirmed:
         return True
-    if "baselines" not in tuner.study.user_attrs:
+    if StudyRecord.of(tuner.study).baselines is None:
         log(f"{tuner.study_name}: baselines")
         tuner.baselines(deadline)        # no new one starts past the deadline; the next call goes on
         save()
-        if "baselines" not in tuner.study.user_attrs:
+        if StudyRecord.of(tuner.study).baselines is None:
             log(f"{tuner.study_name}: baselines unfinished at the deadline")
             return False
     # the search gets what the baselines and the confirmation leave of --runs
@@ -125,14 +125,13 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     if reps != wl.repetitions:
         log(f"{tuner.study_name}: confirmation at -r {reps} (not {wl.repetitions}): {args.confirm} rounds at "
             f"-r {wl.repetitions} need ~{need_whole:.0f} s, more than 0.8 of a whole call")
-    earlier = tuner.study.user_attrs.get("confirmation") or {}
+    earlier = StudyRecord.of(tuner.study).confirmation or {}
     if earlier.get("rows") and (0 < need <= call_s or earlier.get("repetitions", wl.repetitions) != reps):
         # samples of an earlier call (this one never re-enters a cell): a ratio must come from one call, so a
         # confirmation that fits in one starts again whole; the earlier rows are kept beside it
         log(f"{tuner.study_name}: {len(earlier['rows'])} confirmation runs of an earlier call set aside")
-        tuner.study.set_user_attr("confirmation_earlier_call", earlier)
-        tuner.study.set_user_attr("confirmation", None)
-    started = bool((tuner.study.user_attrs.get("confirmation") or {}).get("rows"))
+        StudyRecord.save(tuner.study, confirmation_earlier_call=earlier, confirmation=None)
+    started = bool((StudyRecord.of(tuner.study).confirmation or {}).get("rows"))
     if not started and deadline - time.monotonic() < need <= call_s:
         log(f"{tuner.study_name}: confirmation ({args.confirm} rounds, ~{need:.0f} s) not started with "
             f"{deadline - time.monotonic():.0f} s left: the next call runs it whole")
@@ -438,7 +437,7 @@ def report(args, budgets: list[int], depths: list[int], meta: dict[str, Any], ou
     """The report of the cells of this series, and (with a real run) a gzipped copy of the study database beside
     it, STATE_NAME, to carry into the next machine's workdir (`gunzip -c ... > <workdir>/tune_vs_fit.db`)."""
     import optuna
-    from planner.tuner.search import make_storage
+    from planner.tuner.storage import make_storage
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
     cells = [(b, d) for d in depths for b in budgets if cell_name(b, d, args.series) in names]

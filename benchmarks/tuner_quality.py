@@ -46,7 +46,7 @@ from planner.hardware import GiB, HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.presets import load_preset  # noqa: E402
-from planner.tuner.search import Tuner, BenchWorkload  # noqa: E402
+from planner.tuner.search import Tuner, TunerOptions, BenchWorkload  # noqa: E402
 from planner.tuner.space import Space, SpaceConfig  # noqa: E402
 from runtime.engine import Measurement  # noqa: E402
 from runtime.sim import SimEngine  # noqa: E402
@@ -134,9 +134,9 @@ def run_tuner(kind: str, inv, prior, truth_engine: TruthEngine, space: Space, cf
         opts = dict(prescreen=False, surrogate=False, seed_trials=False,
                     sampler="tpe" if kind == "tpe" else "random", pool_size=0)
     t0 = time.perf_counter()
-    tuner = Tuner(inv, prior, truth_engine, objective="both", workload=WORKLOAD, n_ctx=N_CTX, config=cfg,
-                  storage=None, study_name=f"{kind}-{seed}", seed=seed, baselines=False, commands=False, space=space,
-                  **opts)
+    tuner = Tuner(inv, prior, truth_engine, TunerOptions(
+        objective="both", workload=WORKLOAD, n_ctx=N_CTX, config=cfg, storage=None, study_name=f"{kind}-{seed}",
+        seed=seed, baselines=False, commands=False, space=space, **opts))
     runs0 = truth_engine.runs
     res = tuner.run(budget, max_trials=30 * budget)
     pts = [(tg, pp) for _, tg, pp in tuner.samples]

@@ -41,7 +41,8 @@ from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
 from planner.tuner.objectives import bench_for  # noqa: E402
 from planner.tuner.served import confirm_served, headline  # noqa: E402
-from planner.tuner.search import Tuner  # noqa: E402
+from planner.tuner.records import StudyRecord  # noqa: E402
+from planner.tuner.search import Tuner, TunerOptions  # noqa: E402
 from planner.tuner.space import SpaceConfig  # noqa: E402
 from planner.workload import RequestClass, Workload, preset  # noqa: E402
 
@@ -108,19 +109,20 @@ def tuner_for(args, inv, hw0, budget_gib: int, wname: str, bench_engine) -> Tune
     bench = bench_for(w, repetitions=1 if args.cpu else 3)
     ctx = -(-w.ctx // 256) * 256
     config = SpaceConfig().settled(hw.host.n_threads, "mainline").for_engine(explore_engine, "mainline")
-    return Tuner(inv, hw, explore_engine, model=str(inv.source), objective="time", workload=bench, requests=w,
-                 n_ctx=ctx, margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
-                 study_name=cell_name(budget_gib, wname, args.series), storage=args.storage, seed=0, pool_size=60)
+    return Tuner(inv, hw, explore_engine, TunerOptions(
+        model=str(inv.source), objective="time", workload=bench, requests=w, n_ctx=ctx,
+        margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
+        study_name=cell_name(budget_gib, wname, args.series), storage=args.storage, seed=0, pool_size=60))
 
 
 def explore(args, inv, hw0, cells, bench_engine) -> None:
     for b, w in cells:
         t = tuner_for(args, inv, hw0, b, w, bench_engine)
-        if t.study.user_attrs.get("explored"):
+        if StudyRecord.of(t.study).explored:
             continue
         log(f"{t.study_name}: exploring with the {args.explore} engine, {args.trials} runs")
         res = t.run(args.trials)
-        t.study.set_user_attr("explored", True)
+        StudyRecord.save(t.study, explored=True)
         log(f"{t.study_name}: explored ({res.measured} runs, {res.stopped or 'done'})")
 
 
@@ -148,10 +150,11 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
 
 def cell_row(study, budget_gib: int, wname: str) -> dict[str, Any]:
     from planner.tuner.served import partial_record
-    rec = study.user_attrs.get("served") or partial_record(study.user_attrs, {"CUDA0": budget_gib * GiB}) or {}
+    attrs = StudyRecord.of(study)
+    rec = attrs.served or partial_record(attrs, {"CUDA0": budget_gib * GiB}) or {}
     res = {r["key"]: r for r in rec.get("results", [])}
     ref, pick = res.get(rec.get("reference") or ""), res.get(rec.get("pick") or "")
-    serving = study.user_attrs.get("serving") or {}
+    serving = attrs.serving or {}
 
     def side(r: dict[str, Any] | None) -> dict[str, Any] | None:
         if r is None:
@@ -254,7 +257,7 @@ def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]
     """The report of the cells, and a gzipped copy of the study database beside it (NAME_state.db.gz: the served
     samples a later machine resumes from, `gunzip -c OUT/NAME_state.db.gz > <workdir>/workload_vs_fit.db`)."""
     import optuna
-    from planner.tuner.search import make_storage, sqlite_path
+    from planner.tuner.storage import make_storage, sqlite_path
     from tune_vs_fit import save_state
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}

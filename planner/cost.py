@@ -168,6 +168,8 @@ def _round_trips(seq: list[str]) -> int:
     return trips
 
 
+# one piece: the terms of one forward pass, accumulated section by section (weights in graph order, attention over
+# the KV cache, fixed costs) from the same per-plan quantities (devices, ubatch, bandwidths) every section reads
 def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int = 512, depth: int = 0,
             facts: EngineFacts = LLAMACPP) -> Prediction:
     hp, knobs, ov = inv.hparams, plan.knobs, hw.overheads

@@ -20,7 +20,7 @@ def clear_demo_study(opts: TuneOptions) -> None:
     """Deletes the demo study's SQLite files, so repeated demos agree, after checking that the folders it writes
     into are folders."""
     from ..studyspec import storage_beside
-    from ..tuner.search import default_storage, sqlite_path
+    from ..tuner.storage import default_storage, sqlite_path
     storage = opts.storage or (storage_beside(opts.spec, opts.study) if opts.spec else default_storage(opts.study))
     db = sqlite_path(storage)
     for folder in ({db.parent} if db else set()) | {Path("reports")}:

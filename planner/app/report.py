@@ -36,7 +36,7 @@ def write_report(study: Any, out: Path) -> StudySummary:
 
 
 def report_study(req: ReportRequest) -> ReportOutcome:
-    from ..tuner.search import default_storage, load_study
+    from ..tuner.storage import default_storage, load_study
     from ..tuner.storage import check_output_folder
     storage = req.storage or default_storage(req.study)
     out = Path(req.out) if req.out else Path("reports") / req.study

@@ -234,5 +234,5 @@ class ServerConfig:
 
     @property
     def studies_dir(self) -> Path:
-        from ..tuner.search import STUDIES_DIR
+        from ..tuner.storage import STUDIES_DIR
         return self.workdir / STUDIES_DIR

@@ -144,7 +144,8 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
     stderr); `progress(tuner, trial)` is called after each trial (the CLI's progress bar). InputError for bad
     options (before any storage or engine is touched where it can be told then), BudgetError when no config
     fitted, TuneInterrupted on SIGINT (every finished trial saved)."""
-    from ..tuner.search import Tuner, default_storage
+    from ..tuner.search import Tuner, TunerOptions
+    from ..tuner.storage import default_storage
     from ..tuner.space import SpaceConfig
     from ..studyspec import storage_beside
     t = tune_inputs(args)
@@ -155,7 +156,7 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
         from ..tuner.storage import check_output_folder
         check_output_folder(out, "--out")
     engine = load_engine(args.engine_options(), hw)
-    from ..tuner.search import STUDIES_DIR, make_storage, sqlite_path
+    from ..tuner.storage import STUDIES_DIR, make_storage, sqlite_path
     if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
         from ..tuner.storage import check_sqlite_folder, lock_sqlite
         check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
@@ -172,10 +173,10 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
     config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
     rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
     nonneg(rounds, "--confirm")
-    tuner = Tuner(inv, hw, engine, model=args.model, objective=objective, workload=workload, dialect=dialect,
-                  n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
-                  config=config, study_name=name, storage=storage, fresh=args.fresh,
-                  seed=args.seed, pool_size=args.pool, requests=t.requests)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        model=args.model, objective=objective, workload=workload, dialect=dialect,
+        n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin, config=config,
+        study_name=name, storage=storage, fresh=args.fresh, seed=args.seed, pool_size=args.pool, requests=t.requests))
     note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
          f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
          f"{args.trials} runs")

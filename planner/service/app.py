@@ -146,6 +146,7 @@ def _doc(command: str, summary: str) -> dict[str, Any]:
         "application/json": {"schema": bodies.schema(command)}}}}}
 
 
+# one piece: FastAPI's routes are closures over the one app's state (store, jobs, paths); each is a few lines
 def create_app(config: ServerConfig) -> FastAPI:
     config.studies_dir.mkdir(parents=True, exist_ok=True)
     state_dir = Path(tempfile.mkdtemp(prefix="offload-tuner-serve-"))

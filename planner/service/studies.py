@@ -51,7 +51,7 @@ class StudyStore:
         """One RDBStorage per URL for the server's life (opening one costs a schema check)."""
         with self._lock:
             if url not in self._storages:
-                from ..tuner.search import make_storage
+                from ..tuner.storage import make_storage
                 self._storages[url] = make_storage(url)
             return self._storages[url]
 
@@ -112,9 +112,11 @@ class StudyStore:
 
     def brief(self, r: StudyRef) -> dict[str, Any]:
         import optuna
+
+        from ..tuner.records import StudyRecord
         study = optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
         p = progress(study)
-        s = study.user_attrs.get("settings", {})
+        s = StudyRecord.of(study).settings
         return {"study": r.name, "storage": r.storage, "model": s.get("model"), "engine": s.get("engine"),
                 "hardware": hardware_words(s), "objective": s.get("objective"), **p}
 

@@ -15,10 +15,17 @@ Versions (RECORD_VERSION is the one written):
 A record of a version above RECORD_VERSION comes from a newer offload-tuner: reading it raises RecordError (one
 line; the CLI exits 2) instead of guessing at keys this version does not know. A record that cannot be read
 (a key of the wrong shape) raises RecordError too, naming the trial and the key.
+
+A study's record: StudyRecord, the study's own attrs (Optuna study user attrs: settings, margins, baselines,
+confirmation, cost fit, ...), read with StudyRecord.of(study) and written with StudyRecord.save(study, field=...):
+the one place that names them. Versions (STUDY_RECORD_VERSION is the one written, when a study is created):
+  1  the attrs as tuners wrote them before StudyRecord: the same keys without study_record_version (an older
+     study, e.g. tests/tuner/data/old_study_v1.db.gz, stays version 1 when it resumes);
+  2  the same keys plus study_record_version.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from collections.abc import Callable, Mapping
 
@@ -229,6 +236,11 @@ def _text(value: Any) -> str:
     return value
 
 
+def measured_dict(m: Measurement) -> dict[str, Any]:
+    """A Measurement as stored on a trial or a baseline (MeasuredRun.to_dict: the engine's `raw` stays out)."""
+    return MeasuredRun.from_measurement(m).to_dict()
+
+
 class RecordWriter:
     """Stores a running trial's record as it grows. Each `update` sets only the attrs that changed: every
     set_user_attr is a commit, and a trial killed midway keeps what was known by then (a resumed study reads it)."""
@@ -245,3 +257,117 @@ class RecordWriter:
                 self.trial.set_user_attr(key, value)
                 self._stored[key] = value
         return self.record
+
+
+# ---- the study's record ------------------------------------------------------------------------------------------
+
+STUDY_RECORD_VERSION = 2
+STUDY_VERSION_KEY = "study_record_version"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyRecord:
+    """A study's own attrs, typed. Each field is stored under its own name (the keys tuners have always written);
+    a field absent from the study, or stored as None, reads as its default. The records inside (baselines,
+    confirmation rows, served) stay dicts: their shapes are their modules' (planner.tuner.baselines, .confirm,
+    .served)."""
+    version: int = STUDY_RECORD_VERSION
+    # what the study was made for, written when it is created (a resumed study must match: search.Settings)
+    settings: dict[str, Any] = field(default_factory=dict)
+    objective_names: list[str] = field(default_factory=list)
+    created: str = ""                                   # "%Y-%m-%d %H:%M:%S"
+    request_time: dict[str, Any] | None = None          # objectives.RequestTime.to_dict() of a time objective
+    # the memory margin (planner.tuner.margin)
+    margin_rule: str = "learnt"                         # "learnt" or "fixed"
+    margin_bytes: int | None = None                     # an unmeasured ubatch's margin, or the fixed one
+    margin_floor: int = 0                               # what out-of-memory errors raised a learnt margin to
+    margin_by_ubatch: dict[int, int] = field(default_factory=dict)
+    margin_events: list[dict[str, Any]] = field(default_factory=list)   # each change: from, to, plan_id, error
+    memory_errors: list[int] = field(default_factory=list)              # measured - predicted peak, every run
+    memory_errors_by_ubatch: dict[int, list[int]] = field(default_factory=dict)
+    # the search
+    cost_fit: dict[str, Any] | None = None              # cost_fit.CostFit.to_dict() of the last refit
+    seeded: bool = False                                # the seed trials were enqueued
+    probed_no_host: dict[str, Any] | None = None        # the repack probes' outcomes (seeds.REPACK_PROBES)
+    probed_rtr: dict[str, Any] | None = None
+    # the baselines: `baselines` is set once all ran (None: not yet), `baselines_partial` as each one does
+    baselines: list[dict[str, Any]] | None = None
+    baselines_partial: list[dict[str, Any]] = field(default_factory=list)
+    # the llama-bench confirmation (planner.tuner.confirm): its samples as they come, then the verdict
+    confirmation: dict[str, Any] | None = None
+    confirmed: dict[str, Any] | None = None
+    confirmation_before_redo: dict[str, Any] | None = None    # set aside when references were re-measured
+    confirmed_before_redo: dict[str, Any] | None = None
+    confirmation_earlier_call: dict[str, Any] | None = None   # benchmarks/tune_vs_fit.py: another call's samples
+    # the llama-server confirmation (planner.tuner.served): its samples as they come, then the verdict
+    serving: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None
+    explored: bool = False                              # benchmarks/workload_vs_fit.py: the search is done
+
+    @classmethod
+    def of(cls, study: Any) -> StudyRecord:
+        """The record of an Optuna study (Study or FrozenStudy): any version up to STUDY_RECORD_VERSION."""
+        return cls.from_attrs(study.user_attrs, getattr(study, "study_name", None))
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any], study: str | None = None) -> StudyRecord:
+        which = "a study" if study is None else f"study {study!r}"
+        version = attrs.get(STUDY_VERSION_KEY, 1)    # no version key: made before study records had versions
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise RecordError(f"{which} has record version {version!r}, which no offload-tuner writes: the study "
+                              "database is damaged")
+        if version > STUDY_RECORD_VERSION:
+            raise RecordError(f"{which} was stored by a newer offload-tuner (study record version {version}; this "
+                              f"one reads versions 1 to {STUDY_RECORD_VERSION}): update offload-tuner to read it")
+        values: dict[str, Any] = {"version": version}
+        for name in _STUDY_KEYS:
+            if attrs.get(name) is None:
+                continue
+            try:
+                values[name] = _LOAD.get(name, _same)(attrs[name])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise RecordError(f"{which} has a damaged record: {name!r} cannot be read "
+                                  f"({type(e).__name__}: {e})") from e
+        return cls(**values)
+
+    @staticmethod
+    def save(study: Any, **changes: Any) -> None:
+        """Store the named fields (one set_user_attr, a commit, each: name only what changed)."""
+        for name, value in changes.items():
+            if name not in _STUDY_KEYS:
+                raise TypeError(f"StudyRecord has no field {name!r}")
+            study.set_user_attr(name, None if value is None else _DUMP.get(name, _same)(value))
+
+    @staticmethod
+    def create(study: Any, **values: Any) -> None:
+        """Store a new study's first fields, with the version this offload-tuner writes."""
+        study.set_user_attr(STUDY_VERSION_KEY, STUDY_RECORD_VERSION)
+        StudyRecord.save(study, **values)
+
+    def probed(self, knob: str) -> dict[str, Any] | None:
+        """The outcome of a repack knob's probe (probed_no_host, probed_rtr)."""
+        return getattr(self, f"probed_{knob}")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _int_keys(parse: Callable[[Any], Any]) -> Callable[[Any], dict[int, Any]]:
+    return lambda d: {int(k): parse(v) for k, v in d.items()}
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values]
+
+
+_STUDY_KEYS = tuple(f.name for f in fields(StudyRecord) if f.name != "version")
+# how a field is read from its stored JSON (absent: as it is) and written to it: ubatches are JSON object keys
+_LOAD: dict[str, Callable[[Any], Any]] = {
+    "settings": dict, "objective_names": list, "created": str, "margin_rule": str, "margin_bytes": int,
+    "margin_floor": int, "margin_by_ubatch": _int_keys(int), "memory_errors": _ints,
+    "memory_errors_by_ubatch": _int_keys(_ints), "margin_events": list, "seeded": bool, "explored": bool,
+    "baselines": list, "baselines_partial": list}
+_DUMP: dict[str, Callable[[Any], Any]] = {
+    "margin_by_ubatch": lambda d: {str(k): int(v) for k, v in d.items()},
+    "memory_errors_by_ubatch": lambda d: {str(k): _ints(v) for k, v in d.items()}}

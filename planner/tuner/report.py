@@ -6,9 +6,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .confirm import BALANCED_PP, NOISY_CV, vram_of
+from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
 from .cost_fit import CostFit
-from .records import TrialRecord
+from .records import StudyRecord, TrialRecord
 from ..hardware import fmt_bytes
 
 
@@ -28,6 +28,7 @@ def trials_frame(study: Any) -> Any:
     """One row per trial (pandas DataFrame): state, source, plan, measured and predicted speeds, peak bytes."""
     import pandas as pd
     rows = []
+    names = StudyRecord.of(study).objective_names
     for t in study.get_trials(deepcopy=False):
         rec = TrialRecord.from_trial(t)
         m = rec.measured
@@ -54,7 +55,6 @@ def trials_frame(study: Any) -> Any:
         if t.state.name == "COMPLETE" and rec.duplicate_of is not None:
             row["ok"] = True
             vals = t.values or []
-            names = study.user_attrs.get("objective_names", [])
             if names == ["tg_tps", "pp_tps"] and len(vals) == 2:
                 row["tg_tps"], row["pp_tps"] = vals
         for d, v in sorted(peak.items()):
@@ -213,10 +213,10 @@ class StudySummary:
 
 def study_summary(study: Any, df: Any | None = None) -> StudySummary:
     """A study's report: settings, counts, best config per objective and per VRAM budget, baselines."""
-    from .search import budget_levels
+    from .pool import budget_levels
     df = trials_frame(study) if df is None else df
-    attrs = study.user_attrs
-    settings = attrs.get("settings", {})
+    record = StudyRecord.of(study)
+    settings = record.settings
     total_vram = sum(v for _, v in settings.get("hardware", {}).get("gpus", [])) or 0
     counts = df["state"].value_counts().to_dict() if not df.empty else {}
     best: dict[str, Any] = {}
@@ -241,9 +241,9 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         for r in by_number[t.number]:
             r["devices"] = memory.get("devices", {})
             r["measurement"] = rec.measured.to_dict() if rec.measured is not None else {}
-    baselines = attrs.get("baselines", [])
-    ref = next((b for b in baselines if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok")), None)
-    budget = _budget_bytes(settings, attrs)
+    baselines = record.baselines or []
+    ref = reference(baselines)
+    budget = _budget_bytes(settings, record)
     front = _front_rows(df) if not df.empty else []
     for r in [*front, *best.values(), *(x for b in per_budget for x in (b.tg, b.pp))]:
         if r:
@@ -254,20 +254,20 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
                               "vram_bytes": vram_of(b["measured"])}, ref, budget))
     runs = EngineRuns(baselines=int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
                       trials=int(df["engine_run"].sum()) if not df.empty else 0,
-                      confirmation=len((attrs.get("confirmation") or {}).get("rows", [])))
+                      confirmation=len((record.confirmation or {}).get("rows", [])))
     return StudySummary(
         study=study.study_name, settings=settings, engine_runs=runs, budget_bytes=budget,
-        reference=ref["name"] if ref else None, confirmed=attrs.get("confirmed"),
+        reference=ref["name"] if ref else None, confirmed=record.confirmed,
         front_share=_front_share(df, ref) if not df.empty else None,
         counts={str(k): int(v) for k, v in counts.items()}, n_trials=int(len(df)),
-        margin_bytes=attrs.get("margin_bytes"), margin_events=attrs.get("margin_events", []),
-        margin_by_ubatch=dict(attrs.get("margin_by_ubatch", {})), cost_fit=attrs.get("cost_fit"), best=best,
+        margin_bytes=record.margin_bytes, margin_events=record.margin_events,
+        margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
         pareto=front, per_budget=per_budget, baselines=baselines,
         failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
-        if not df.empty else [], headline=_headline(settings, attrs, best, ref), served=attrs.get("served"))
+        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served)
 
 
-def _headline(settings: dict[str, Any], attrs: dict[str, Any], best: dict[str, Any], ref: dict[str, Any] | None
+def _headline(settings: dict[str, Any], rec: StudyRecord, best: dict[str, Any], ref: dict[str, Any] | None
               ) -> str | None:
     """A time-objective study's first line: the served verdict when its finalists were served
     (planner.tuner.served.headline), else its best trial's mean request time from the benchmark runs, with what it
@@ -275,10 +275,10 @@ def _headline(settings: dict[str, Any], attrs: dict[str, Any], best: dict[str, A
     if settings.get("objective") != "time":
         return None
     from .served import PP_GIVE_UP, TG_GIVE_UP, headline
-    if attrs.get("served"):
-        return headline(attrs["served"])
+    if rec.served:
+        return headline(rec.served)
     row = best.get("objective")
-    rt = attrs.get("request_time")
+    rt = rec.request_time
     if row is None or rt is None:
         return f"{(rt or {}).get('workload', 'workload')}: no config measured yet"
     from .objectives import RequestTime
@@ -305,13 +305,13 @@ def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
     return f"safety margin {fmt_bytes(int(margin))}" if margin else ""
 
 
-def _budget_bytes(settings: dict[str, Any], attrs: dict[str, Any]) -> int | None:
+def _budget_bytes(settings: dict[str, Any], rec: StudyRecord) -> int | None:
     """All GPUs' VRAM less the margin asked for (none when it is learnt): what a config may use."""
     total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
     if not total:
         return None
     n = len(settings.get("hardware", {}).get("gpus", []))
-    asked = 0 if attrs.get("margin_rule", "learnt") == "learnt" else int(attrs.get("margin_bytes") or 0)
+    asked = 0 if rec.margin_rule == "learnt" else int(rec.margin_bytes or 0)
     return total - n * asked
 
 
@@ -342,18 +342,33 @@ def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
     return near / len(runs)
 
 
+MARKERS = ["X", "D", "*", "P", "s"]       # one per baseline in the plots
+
+
 def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
+    """The study's plots (PLOTS), each saved as PNG and SVG; the file names written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from ..hardware import GiB
-    files: list[str] = []
     settings = summary.settings
     ok = df[df["ok"] & df["vram_bytes"].notna() & df["duplicate_of"].isna()] if not df.empty else df
     base = [b for b in summary.baselines if b.get("ok")]
-    markers = ["X", "D", "*", "P", "s"]
     title = f"{settings.get('model_id', '')} on {settings.get('hardware', {}).get('name', '')}"
+    files: list[str] = []
+    for name, draw in (("throughput_vs_vram", lambda: _plot_vs_vram(plt, ok, base, summary, title)),
+                       ("pareto", lambda: _plot_pareto(plt, ok, base, summary, title)),
+                       ("history", lambda: _plot_history(plt, df, settings))):
+        fig = draw()          # one figure open at a time
+        files += _save(fig, out / name)
+        plt.close(fig)
+    return files
 
+
+def _plot_vs_vram(plt: Any, ok: Any, base: list[dict[str, Any]], summary: StudySummary, title: str) -> Any:
+    """TG and PP against peak VRAM: the trials, their VRAM-Pareto front, the baselines, the confirmed medians."""
+    from ..hardware import GiB
+    settings = summary.settings
+    markers = MARKERS
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for ax, col, name in ((axes[0], "tg_tps", "TG"), (axes[1], "pp_tps", "PP")):
         if not ok.empty:
@@ -382,9 +397,12 @@ def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
     axes[0].legend(fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    files += _save(fig, out / "throughput_vs_vram")
-    plt.close(fig)
+    return fig
 
+
+def _plot_pareto(plt: Any, ok: Any, base: list[dict[str, Any]], summary: StudySummary, title: str) -> Any:
+    """TG against PP: the trials, their front, the baselines."""
+    markers = MARKERS
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     if not ok.empty:
         both = ok[ok["tg_tps"].notna() & ok["pp_tps"].notna()]
@@ -400,9 +418,11 @@ def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    files += _save(fig, out / "pareto")
-    plt.close(fig)
+    return fig
 
+
+def _plot_history(plt: Any, df: Any, settings: dict[str, Any]) -> Any:
+    """The objective per trial (TG and PP for "both"), the best so far, failed and pruned trials at the bottom."""
     names = ["TG (t/s)", "PP (t/s)"] if settings.get("objective") == "both" else [settings.get("objective", "value")]
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names)), squeeze=False)
     for i, name in enumerate(names):
@@ -423,9 +443,7 @@ def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
             ax.legend(fontsize=8, loc="lower right")
     axes[-1][0].set_xlabel("trial")
     fig.tight_layout()
-    files += _save(fig, out / "history")
-    plt.close(fig)
-    return files
+    return fig
 
 
 def _save(fig: Any, stem: Path) -> list[str]:
@@ -446,6 +464,8 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
         f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram
 
 
+# one piece: the report's sections top to bottom, in the order a reader meets them (the confirmed and served ones
+# are their own functions)
 def summary_markdown(s: StudySummary) -> str:
     from ..hardware import fmt_bytes
     st = s.settings

@@ -27,7 +27,8 @@ a fixed margin is kept as given.
 
 Baselines (planner.tuner.baselines): the engine's own `--fit` where it has one, `-ngl 99 -cmoe` and the best
 `-ncmoe N`. Confirmation (planner.tuner.confirm, `Tuner.confirm`): the finalists and `--fit` re-measured interleaved,
-judged by the median and its spread.
+judged by the median and its spread. The margin is planner.tuner.margin's, the candidate pool and its Pareto
+helpers planner.tuner.pool's; the study-level attrs are read and written through records.StudyRecord.
 
 Storage is Optuna's RDBStorage (SQLite under studies/ by default, any SQLAlchemy URL): every finished trial is
 committed when it ends, so Ctrl-C or kill -9 loses none; a heartbeat lets a resumed study fail (and retry once)
@@ -37,49 +38,38 @@ measured PP/TG and peak bytes per device (user attrs), so reports need neither t
 from __future__ import annotations
 
 import inspect
-import json
-import logging
 import math
-import statistics
 import random
 import re
+import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from ..bench_workload import BenchWorkload
 from ..cost import predict
-from .confirm import BALANCED_PP, CONFIRM_ROUNDS, Contender, SampleLog, confirmed_record, schedule, vram_of
-from .baselines import NCMOE_TRIES, flag_plan, ncmoe_split, smallest_ncmoe
-from .cost_fit import CostFit, Terms, fit
-from .interrupt import SIGINT
-from ..engine import EngineFit, memory_model
+from ..engine import memory_model
+from ..engines import traits_of
 from ..errors import InputError, OffloadTunerError
-from ..hardware import GiB, MiB, HardwareProfile
+from ..hardware import HardwareProfile
 from ..memory import MemoryReport
 from ..model import ModelInventory
-from .objectives import Objective, RequestTime, parse_objective, request_time
-from .records import CandidateInfo, MeasuredRun, RecordWriter, TrialRecord
-from ..plan import DEFAULT_CTX, Dialect, Plan, gpu_index, is_gpu
-from ..engines import traits_of
-from ..propose import Budget, best_plans, proposals
-from .space import Candidate, Space, SpaceConfig
-from ..bench_workload import BenchWorkload
-from ..workload import Workload
+from ..plan import DEFAULT_CTX, Plan
+from ..propose import best_plans
+from . import baselines as _baselines, confirm as _confirm, seeds as _seeds
+from .confirm import CONFIRM_ROUNDS, Contender
+from .cost_fit import CostFit, Terms, fit
+from .interrupt import SIGINT
+from .margin import Margins
+from .objectives import RequestTime, parse_objective, request_time
+from .options import LATER_SPACE_OPTIONS, Settings, TunerOptions, hardware_key
+from .pool import Pool, Scorer
+from .records import CandidateInfo, MeasuredRun, RecordWriter, StudyRecord, TrialRecord, measured_dict
+from .space import Space, SpaceConfig
+from .storage import make_storage, sqlite_path, study_exists
 
-log = logging.getLogger(__name__)
-
-STUDIES_DIR = Path("studies")
-HEARTBEAT_S = 10
-GRACE_S = 30
-SCHEMA_RETRIES = 5        # opening a storage that other workers are creating at the same moment
 PATIENCE = 60              # trials in a row without a run before a session stops as converged
-SCREEN_RATIO = 0.85        # measure a sampler candidate only if predicted >= this x the best measured
-OOM_STEP = 256 * MiB       # an OOM raises the margin by at least this much
-MARGIN_SLACK = 64 * MiB    # learnt margin = the memory model's worst under-prediction so far + this
-SERVER_FIT = "--fit's placement in a server"   # llama-fit-params' pick for the whole workload, run as a plan
-MAX_MARGIN_SHARE = 0.5     # ... but never above half of the smallest GPU
 _OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
 
 
@@ -91,151 +81,11 @@ class NotBeforeDeadline(OffloadTunerError):
     """A run not started because it would end past run()'s deadline: the trial is FAIL, its plan queued again."""
 
 
-# ---- settings and storage -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a study was made for; a resumed study must match (else it would mix incomparable trials)."""
-    model: str
-    model_id: str
-    engine: str
-    hardware: dict[str, Any]
-    dialect: str
-    objective: str
-    workload: dict[str, int]
-    n_ctx: int
-    space: dict[str, Any]
-    requests: dict[str, Any] | None = None     # the user's workload the time objective serves (None: other ones)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def differences(self, other: dict[str, Any]) -> list[str]:
-        """The settings that make `other` (a stored study's) another study. A space option added after the
-        study was made is absent from it: the study ran with that option's default, so the default matches."""
-        mine = self.to_dict()
-        out = []
-        for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space", "requests"):
-            theirs = other.get(k)
-            if k == "space" and isinstance(theirs, dict):
-                defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
-                theirs = {f: theirs.get(f, defaults.get(f)) for f in mine[k]}
-            if theirs != mine[k]:
-                out.append(k)
-        return out
-
-
-BUDGET_SHARES = (0.25, 0.5, 0.75, 1.0)
-# SpaceConfig options that only widen the space, added after studies were stored: a study without one keeps its
-# default (Tuner._keep_old_space). Not op_per_class: an old ik llama-bench study cannot go on without it.
-LATER_SPACE_OPTIONS = ("no_host",)
-# The knobs that repack the weights kept in RAM for the CPU's matmuls (TG up; those weights are never op-offloaded,
-# so PP with experts in RAM falls): mainline's --no-host, ik's -rtr. Each has one probe per study, the best-TG run
-# again with it on; the value is the probe trial's source (and the study attr is probed_<knob>).
-REPACK_PROBES = {"no_host": "probe:no-host", "rtr": "probe:rtr"}
-PROBE_NO_HOST, PROBE_RTR = REPACK_PROBES["no_host"], REPACK_PROBES["rtr"]
-
-
-def budget_levels(total_vram: int) -> list[int]:
-    """VRAM budgets the report lists a best config for: shares of all VRAM, rounded to whole GiB."""
-    levels = sorted({max(GiB, int(round(total_vram * f / GiB)) * GiB) for f in BUDGET_SHARES})
-    return [lv for lv in levels if lv <= max(total_vram, GiB)] or [total_vram]
-
-
-def default_storage(study: str) -> str:
-    return f"sqlite:///{STUDIES_DIR / (study + '.db')}"
-
-
-def sqlite_path(url: str) -> Path | None:
-    if url.startswith("sqlite:///"):
-        p = url[len("sqlite:///"):]
-        return None if p in ("", ":memory:") else Path(p)
-    return None
-
-
-def make_storage(url: str | None):
-    """RDBStorage with heartbeat (stale RUNNING trials of a killed worker are failed and retried once);
-    None: in-memory (benchmarks, tests)."""
-    import optuna
-    if url is None:
-        return optuna.storages.InMemoryStorage()
-    from .storage import check_sqlite_folder, resolve_url
-    path = sqlite_path(url)
-    kwargs: dict[str, Any] = {}
-    if path is not None:
-        check_sqlite_folder(path, create=path.parent == STUDIES_DIR)
-        kwargs = {"connect_args": {"timeout": 60}}
-    else:
-        url = resolve_url(url)
-    for attempt in range(SCHEMA_RETRIES + 1):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                storage = optuna.storages.RDBStorage(
-                    url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
-            break
-        except Exception as e:   # sqlalchemy.exc.ArgumentError, OperationalError, ImportError of a DB driver
-            # workers started together on an empty database race to create Optuna's tables; the losers see
-            # "duplicate key" / "already exists" and find the tables there on a second try
-            text = str(e).lower()
-            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text
-                                             or "unique constraint" in text):
-                time.sleep(0.5 * (attempt + 1))
-                continue
-            raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
-    if path is not None:
-        _sqlite_wal(storage.engine)
-    return storage
-
-
-def _sqlite_wal(engine) -> None:
-    """WAL journal with synchronous=NORMAL: a commit no longer waits for fsync (a trial costs ~15 commits), and a
-    killed process still loses no committed trial (only a power cut could lose the last ones)."""
-    import sqlalchemy
-
-    def pragmas(dbapi_conn, _record) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-    sqlalchemy.event.listen(engine, "connect", pragmas)
-    engine.dispose()          # connections opened while creating the tables predate the listener
-
-
-def study_exists(storage, name: str) -> bool:
-    return any(s.study_name == name for s in storage.get_all_studies())
-
-
-def load_study(name: str, url: str | None):
-    """An existing study (for `report`); InputError naming the studies there when it is missing."""
-    import optuna
-    path = sqlite_path(url) if url else None
-    if path is not None and not path.exists():
-        raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
-    storage = make_storage(url)
-    names = [s.study_name for s in storage.get_all_studies()]
-    if name not in names:
-        raise InputError(f"no study {name!r} in {url}; studies there: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=name, storage=storage)
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "study"
 
 
 # ---- the tuner ------------------------------------------------------------------------------------------------
-
-@dataclass
-class _PoolEntry:
-    params: dict[str, Any]
-    plan_id: str
-    terms: Terms
-    gpu_bytes: dict[str, int]
-    host_need: int
-    n_ubatch: int
-
 
 @dataclass
 class TuneResult:
@@ -251,87 +101,61 @@ class TuneResult:
 
 
 class Tuner:
-    """One study: `Tuner(...).run(n)` measures n more candidates (screened and duplicate trials do not count).
+    """One study: `Tuner(inv, hw, engine, TunerOptions(...)).run(n)` measures n more candidates (screened and
+    duplicate trials do not count).
 
     `engine` is anything with the planner.engine.Engine protocol; `hw` the machine as the memory model and the
-    cost model see it (the cost model's prior; for sim it is the engine's own). `prescreen` (default: the engine
-    is not sim) skips sampler candidates the refitted cost model predicts to be poor; `surrogate` enqueues the
-    pool's best candidate every other trial; `seed_trials` enqueues proposals, the predicted front and the
-    best-per-budget candidates. Switching those three off (and sampler="random") gives the plain baselines the
-    benchmark compares with. `storage` None keeps the study in memory."""
+    cost model see it (the cost model's prior; for sim it is the engine's own). The measuring methods
+    (_measure, _judge_peak, _plan_record, _trial) serve planner.tuner.baselines, .confirm and .served too."""
 
-    def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any, *, model: str = "",
-                 objective: Objective | str = "tg", workload: BenchWorkload = BenchWorkload(n_prompt=2048),
-                 dialect: Dialect = "mainline",
-                 n_ctx: int | None = None, margin: int | None = None, config: SpaceConfig = SpaceConfig(),
-                 study_name: str = "study", storage: str | None = None, fresh: bool = False, seed: int = 0,
-                 prescreen: bool | None = None, surrogate: bool = True, seed_trials: bool = True,
-                 sampler: str = "tpe", pool_size: int = 200, baselines: bool = True, commands: bool = True,
-                 space: Space | None = None, requests: Workload | None = None) -> None:
+    def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Any,
+                 options: TunerOptions = TunerOptions()) -> None:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        o = self.options = options
         self.inv, self.hw, self.engine = inv, hw, engine
         # the memory model that judges this engine's plans: its own prediction where it has one (the torch engine),
         # else planner.memory's (llama.cpp's memory; the sim engine's own)
-        self.estimate = memory_model(engine, workload)
-        self.objective = parse_objective(objective) if isinstance(objective, str) else objective
-        self.workload, self.dialect = workload, dialect
-        if self.objective.kind == "time" and requests is None:
+        self.estimate = memory_model(engine, o.workload)
+        self.objective = parse_objective(o.objective) if isinstance(o.objective, str) else o.objective
+        self.workload, self.dialect = o.workload, o.dialect
+        if self.objective.kind == "time" and o.requests is None:
             raise InputError("objective time needs the workload's request classes: say --workload (chat, agent, rag, "
                              "batch, or a file)")
-        self.requests = requests if self.objective.kind == "time" else None
-        need = workload.depth + workload.n_prompt + workload.n_gen
-        self.n_ctx = n_ctx if n_ctx is not None else max(DEFAULT_CTX, -(-need // 256) * 256)
-        if self.n_ctx < need:
-            raise InputError(f"--ctx {self.n_ctx} is smaller than the workload's depth + n_prompt + n_gen = {need}")
-        self.config, self.seed, self.rng = config, seed, random.Random(seed)
+        self.requests = o.requests if self.objective.kind == "time" else None
+        self._contexts(o.n_ctx)
+        self.config, self.seed, self.rng = o.config, o.seed, random.Random(o.seed)
         traits = traits_of(engine)
-        self.prescreen = traits.measured if prescreen is None else prescreen
-        self.surrogate, self.seed_trials = surrogate, seed_trials
-        self.pool_size, self.want_baselines = pool_size, baselines
-        self.study_name, self.storage_url = study_name, storage
-        if margin is not None and margin < 0:
-            raise InputError(f"--margin must be >= 0, got {margin}")
-        # the budget runs are judged against: VRAM minus the margin asked for (none when the margin is learnt)
-        self.margin_asked = margin
-        self.margin_initial = margin if margin is not None else 0
-        prior = margin if margin is not None else traits.memory_error_prior
-        # the context the engine's run holds (llama-bench: the prompt test's); the emitted commands hold n_ctx.
-        # An engine without run_context (sim: the memory model at n_ctx) measures at n_ctx itself.
-        run_context = getattr(engine, "run_context", None)
-        self.run_ctx = min(run_context(workload), self.n_ctx) if run_context else self.n_ctx
-        # llama-sweep-bench's context follows the plan's ubatch (one row of it): such engines take the plan
-        self._run_ctx_of_plan = run_context if run_context and "plan" in inspect.signature(run_context).parameters \
-            else None
-        self.settings = Settings(model=model or inv.source or inv.name, model_id=inv.source or inv.name,
-                                 engine=getattr(engine, "name", type(engine).__name__), hardware=_hw_key(hw),
-                                 dialect=dialect, objective=self.objective.text, workload=asdict(workload),
-                                 n_ctx=self.n_ctx, space=config.to_dict(),
+        self.prescreen = traits.measured if o.prescreen is None else o.prescreen
+        self.surrogate, self.seed_trials = o.surrogate, o.seed_trials
+        self.pool_size, self.want_baselines, self.want_commands = o.pool_size, o.baselines, o.commands
+        self.study_name, self.storage_url = o.study_name, o.storage
+        if o.margin is not None and o.margin < 0:
+            raise InputError(f"--margin must be >= 0, got {o.margin}")
+        prior = o.margin if o.margin is not None else traits.memory_error_prior
+        self.settings = Settings(model=o.model or inv.source or inv.name, model_id=inv.source or inv.name,
+                                 engine=getattr(engine, "name", type(engine).__name__), hardware=hardware_key(hw),
+                                 dialect=o.dialect, objective=self.objective.text, workload=asdict(o.workload),
+                                 n_ctx=self.n_ctx, space=o.config.to_dict(),
                                  requests=self.requests.to_dict() if self.requests is not None else None)
-        self._margin_prior = prior
-        self.study = self._open(fresh, sampler)
-        attrs = self.study.user_attrs
-        # a learnt margin is per ubatch (`ubatch_margins`, from the runs at that ubatch); an ubatch without runs
-        # yet is held to the prior (or what an out-of-memory raised the floor to); a fixed margin is one number
-        if margin is None:
-            self.margin = max(prior, int(attrs.get("margin_floor", 0)))
-            self.ubatch_margins = {int(k): int(v) for k, v in attrs.get("margin_by_ubatch", {}).items()}
-        else:
-            self.margin, self.ubatch_margins = max(margin, int(attrs.get("margin_bytes", margin))), {}
-        self.want_commands = commands
+        self.study = self._open(o.fresh, o.sampler, prior)
+        self.margins = Margins(self.study, hw, o.margin, prior)
         self.max_seeds: int | None = None      # run() caps the seed trials of an expensive engine
-        config = self.config        # _open may have kept a resumed study's space (LATER_SPACE_OPTIONS)
+        space = o.space     # self.config: _open may have kept a resumed study's space (LATER_SPACE_OPTIONS)
         if space is not None and (space.margin, space.ubatch_margins, space.config, space.n_ctx, space.dialect) == \
-                (self.margin, self.ubatch_margins, config, self.n_ctx, dialect) and space.estimate is self.estimate:
-            self.space = space          # a prepared one (benchmarks share a cached grid between methods)
+                (self.margin, self.ubatch_margins, self.config, self.n_ctx, o.dialect) and \
+                space.estimate is self.estimate:
+            self._space = space          # a prepared one
         else:
-            self.space = Space(inv, hw, dialect=dialect, n_ctx=self.n_ctx, margin=self.margin, config=config,
-                               memory=self.estimate, ubatch_margins=self.ubatch_margins)
+            self._space = self._new_space()
+        self._space_changes = self.margins.changes
+        rec = StudyRecord.of(self.study)
         if self.requests is not None:
-            self.objective = self.objective.with_request(self._request_time(attrs))
-        self.fit = CostFit.from_dict(attrs.get("cost_fit"))
-        self.pool: dict[str, _PoolEntry] = {}
+            self.objective = self.objective.with_request(self._request_time(rec))
+        self.scorer = Scorer(self.objective, self.workload)
+        self.fit = CostFit.from_dict(rec.cost_fit)
+        self.pool = Pool(self.terms, self.rng)
         self.measured: dict[str, tuple[int, tuple[float, ...] | None]] = {}   # plan id -> (trial, values)
         self.samples: list[tuple[Terms, float, float]] = []
         self.n_measured = 0
@@ -341,9 +165,49 @@ class Tuner:
         self._deadline_stop = ""
         self._queued_ids: set[str] = set()
         # baseline runs by plan id: a trial of the same plan takes its measurement instead of running it again
-        self._baseline_runs = {b["plan_id"]: MeasuredRun.from_dict(b["measured"]) for b in attrs.get("baselines", [])
+        self._baseline_runs = {b["plan_id"]: MeasuredRun.from_dict(b["measured"]) for b in rec.baselines or []
                                if b.get("plan_id") and b.get("measured")}
         self._load_history()
+
+    def _contexts(self, n_ctx: int | None) -> None:
+        """The emitted context (n_ctx) and the one the engine's run holds (llama-bench: the prompt test's). An
+        engine without run_context (sim: the memory model at n_ctx) measures at n_ctx itself."""
+        w = self.workload
+        need = w.depth + w.n_prompt + w.n_gen
+        self.n_ctx = n_ctx if n_ctx is not None else max(DEFAULT_CTX, -(-need // 256) * 256)
+        if self.n_ctx < need:
+            raise InputError(f"--ctx {self.n_ctx} is smaller than the workload's depth + n_prompt + n_gen = {need}")
+        run_context = getattr(self.engine, "run_context", None)
+        self.run_ctx = min(run_context(w), self.n_ctx) if run_context else self.n_ctx
+        # llama-sweep-bench's context follows the plan's ubatch (one row of it): such engines take the plan
+        self._run_ctx_of_plan = run_context if run_context and "plan" in inspect.signature(run_context).parameters \
+            else None
+
+    # ---- the margin (planner.tuner.margin) and the space it bounds --------------------------------------------
+
+    @property
+    def margin(self) -> int:
+        """The margin of an ubatch without runs (learnt), or the fixed one."""
+        return self.margins.default
+
+    @property
+    def ubatch_margins(self) -> dict[int, int]:
+        return self.margins.by_ubatch
+
+    @property
+    def margin_initial(self) -> int:
+        return self.margins.initial
+
+    @property
+    def space(self) -> Space:
+        """The search space under the current margins: built again whenever they move."""
+        if self._space_changes != self.margins.changes:
+            self._space, self._space_changes = self._new_space(), self.margins.changes
+        return self._space
+
+    def _new_space(self) -> Space:
+        return Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=self.margin,
+                     config=self.config, memory=self.estimate, ubatch_margins=self.ubatch_margins)
 
     # ---- study ----------------------------------------------------------------------------------------------
 
@@ -356,7 +220,7 @@ class Tuner:
         return optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True, n_startup_trials=10,
                                           constant_liar=True)
 
-    def _open(self, fresh: bool, sampler: str):
+    def _open(self, fresh: bool, sampler: str, margin_prior: int):
         import optuna
         storage = make_storage(self.storage_url)
         path = sqlite_path(self.storage_url) if self.storage_url else None
@@ -368,7 +232,7 @@ class Tuner:
                 optuna.delete_study(study_name=self.study_name, storage=storage)
             else:
                 study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler))
-                old = study.user_attrs.get("settings")
+                old = StudyRecord.of(study).settings
                 if old:
                     self._keep_old_space(old)
                 diff = self.settings.differences(old) if old else []   # none yet: another worker is creating it
@@ -382,14 +246,13 @@ class Tuner:
                 return study
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler),
                                     directions=self.objective.directions, load_if_exists=True)   # race-free
-        study.set_user_attr("settings", self.settings.to_dict())
-        study.set_user_attr("objective_names", self.objective.names)
+        StudyRecord.create(study, settings=self.settings.to_dict(), objective_names=list(self.objective.names))
         with warnings.catch_warnings():      # experimental in Optuna; optuna-dashboard titles its plots with them
             warnings.simplefilter("ignore")
             study.set_metric_names(list(self.objective.names))
-        study.set_user_attr("margin_bytes", self._margin_prior)
-        study.set_user_attr("margin_rule", "learnt" if self.margin_asked is None else "fixed")
-        study.set_user_attr("created", time.strftime("%Y-%m-%d %H:%M:%S"))
+        StudyRecord.save(study, margin_bytes=margin_prior,
+                         margin_rule="learnt" if self.options.margin is None else "fixed",
+                         created=time.strftime("%Y-%m-%d %H:%M:%S"))
         return study
 
     def _keep_old_space(self, old: dict[str, Any]) -> None:
@@ -429,113 +292,23 @@ class Tuner:
             out[t.state.name.lower()] = out.get(t.state.name.lower(), 0) + 1
         return out
 
-    # ---- predictions and the pool ---------------------------------------------------------------------------
+    def _trial(self, number: int):
+        return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
+
+    # ---- predictions ----------------------------------------------------------------------------------------
 
     def terms(self, plan: Plan) -> Terms:
         w = self.workload
         return Terms.of(predict(self.inv, plan, self.hw, n_prompt=max(w.n_prompt, 1), depth=w.depth))
 
-    def _score(self, tg: float, pp: float) -> float:
-        """One number per point (the objective; the geometric mean for "both"); a speed the workload does not
-        measure (n_gen or n_prompt 0) counts as 0."""
-        return self.objective.scalar(tg if self.workload.n_gen else 0.0, pp if self.workload.n_prompt else 0.0)
-
-    def _add_pool(self, cand: Candidate) -> None:
-        if not cand.fits or cand.key in self.pool or cand.memory is None:
-            return
-        cpu = cand.memory.devices.get("CPU")
-        host = cand.memory.host_pinned + (cpu.kv + cpu.compute + cpu.overhead if cpu else 0)
-        self.pool[cand.key] = _PoolEntry(dict(cand.params), cand.key, self.terms(cand.plan), cand.gpu_bytes(), host,
-                                         cand.plan.knobs.n_ubatch)
-
-    def _fits_now(self, e: _PoolEntry) -> bool:
-        b = self.space.budget_for(e.n_ubatch)
-        return e.host_need <= b.host and all(v <= b.gpus.get(d, 0) for d, v in e.gpu_bytes.items())
-
-    def build_pool(self) -> None:
-        for _ in range(self.pool_size):
-            self._add_pool(self.space.decode(self.space.random(self.rng)))
-
-    def _add_neighbours(self, params: dict[str, Any], limit: int = 40) -> None:
-        nb = self.space.neighbours(params)
-        self.rng.shuffle(nb)
-        for p in nb[:limit]:
-            self._add_pool(self.space.decode(self.space.fixed(p, default=lambda d: d.values[0])))
-
     def _measured_points(self) -> list[tuple[float, float]]:
         return [(tg, pp) for _, tg, pp in self.samples]
 
-    def _pick(self, k: int = 1, optimism: float = 1.03) -> list[_PoolEntry]:
-        """The pool's best unmeasured, not yet queued candidates under the refitted cost model: by predicted
-        objective, or (for "both") by predicted hypervolume improvement over the measured front."""
-        cands = [e for e in self.pool.values() if e.plan_id not in self.measured and e.plan_id not in self._queued_ids
-                 and self._fits_now(e)]
-        if not cands:
-            return []
-        tg, pp = self.fit.predict_many([e.terms for e in cands])
-        # candidates the model cannot tell apart from a measured plan (knobs it does not price) wait for the sampler
-        mtg, mpp = self.fit.predict_many([t for t, _, _ in self.samples])
-        seen = {_bin(a, b) for a, b in zip(mtg, mpp)}
-        keep = [i for i in range(len(cands)) if _bin(tg[i], pp[i]) not in seen]
-        cands, tg, pp = [cands[i] for i in keep], tg[keep], pp[keep]
-        if not cands:
-            return []
-        if self.objective.kind == "both":
-            front = _front(self._measured_points())
-            scale = (max([p[0] for p in front] + [float(tg.max()), 1e-9]),
-                     max([p[1] for p in front] + [float(pp.max()), 1e-9]))
-            scaled_front = [(x / scale[0], y / scale[1]) for x, y in front]
-            scores = [_hvi((a * optimism / scale[0], b * optimism / scale[1]), scaled_front)
-                      for a, b in zip(tg, pp)]
-        else:
-            scores = [self._score(a, b) for a, b in zip(tg, pp)]
-        order = sorted(range(len(cands)), key=lambda i: -scores[i])
-        if self.samples:
-            if self.objective.kind == "both" and scores[order[0]] <= 0:
-                return []     # the model expects nothing of the pool to extend the measured front
-            if self.objective.kind != "both" and not self._promising(tg[order[0]], pp[order[0]])[0]:
-                return []
-        return [cands[i] for i in order[:k]]
-
-    def _front_seeds(self, k: int) -> list[_PoolEntry]:
-        """The cost model's predicted Pareto front (or top-k) of the pool, spread along the front."""
-        cands = [e for e in self.pool.values() if self._fits_now(e)]
-        if not cands:
-            return []
-        tg, pp = self.fit.predict_many([e.terms for e in cands])
-        if self.objective.kind != "both":
-            order = sorted(range(len(cands)), key=lambda i: -self._score(tg[i], pp[i]))
-            return [cands[i] for i in order[:k]]
-        idx = _front_indices(list(zip(tg.tolist(), pp.tolist())))
-        idx.sort(key=lambda i: tg[i])
-        if len(idx) <= k:
-            return [cands[i] for i in idx]
-        picks = sorted({round(j * (len(idx) - 1) / (k - 1)) for j in range(k)})
-        return [cands[idx[j]] for j in picks]
-
-    def _budget_seeds(self) -> list[tuple[int, _PoolEntry]]:
-        """For each smaller VRAM budget of the report (a quarter, half, three quarters of all VRAM), the pool's
-        best predicted candidate that stays under it: the report's best-per-budget rows get measured points."""
-        total = sum(g.vram_bytes for g in self.hw.gpus)
-        out = []
-        for level in budget_levels(total)[:-1]:
-            cands = [e for e in self.pool.values() if self._fits_now(e) and sum(e.gpu_bytes.values()) <= level]
-            if not cands:
-                continue
-            tg, pp = self.fit.predict_many([e.terms for e in cands])
-            if self.objective.kind == "both":     # the report lists the best TG and the best PP per budget
-                keys = [lambda j, tg=tg, pp=pp: (tg[j], pp[j]), lambda j, tg=tg, pp=pp: (pp[j], tg[j])]
-            else:
-                keys = [lambda j, tg=tg, pp=pp: self._score(tg[j], pp[j])]
-            for key in keys:
-                out.append((level, cands[max(range(len(cands)), key=key)]))
-        return out
-
-    def _request_time(self, attrs: dict[str, Any]) -> RequestTime:
+    def _request_time(self, rec: StudyRecord) -> RequestTime:
         """The time objective's per-class speeds (objectives.request_time), computed once per study on the
         planner's pick for the budget and stored, so a resumed study scores its trials as before."""
-        if "request_time" in attrs:
-            return RequestTime.from_dict(attrs["request_time"])
+        if rec.request_time is not None:
+            return RequestTime.from_dict(rec.request_time)
         knobs = self._default_knobs()
         try:
             plan = best_plans(self.inv, self.hw, knobs, self.dialect, "balanced", self.space.margin_for(knobs.n_ubatch),
@@ -544,70 +317,22 @@ class Tuner:
             plan = Plan(self.inv.source or self.inv.name, {t.name: "CPU" for t in self.inv.allocated()}, knobs,
                         self.dialect)
         rt = request_time(self.inv, self.hw, plan, self.requests, self.workload)
-        self.study.set_user_attr("request_time", rt.to_dict())
+        StudyRecord.save(self.study, request_time=rt.to_dict())
         return rt
 
     # ---- seeding and baselines ------------------------------------------------------------------------------
-
-    def _objective_for_planner(self) -> str:
-        return {"tg": "tg", "pp": "pp"}.get(self.objective.kind, "balanced")
 
     def _default_knobs(self):
         return self.space.knobs(self.space.fixed(self.space.default_params()))
 
     def enqueue_seeds(self) -> int:
-        """Enqueue the planner's proposals and the cost model's predicted front (once per study)."""
-        if self.study.user_attrs.get("seeded"):
-            return 0
-        seeds: list[tuple[dict[str, Any], str]] = self._fill_max_seeds()
-        try:
-            knobs = self._default_knobs()
-            ranked = best_plans(self.inv, self.hw, knobs, self.dialect, self._objective_for_planner(),
-                                self.space.margin_for(knobs.n_ubatch), n_prompt=max(self.workload.n_prompt, 1))
-        except InputError:
-            ranked = []
-        for s in ranked[:6]:
-            seeds.append((self.space.proposal_params(s.proposal), f"proposal:{s.proposal.label}"))
-        seeds.append((self.space.default_params(), "default"))
-        for e in self._front_seeds(6):
-            seeds.append((e.params, "cost-front"))
-        for level, e in self._budget_seeds():
-            seeds.append((e.params, f"budget:{level / GiB:.0f}GiB"))
-        n, seen = 0, set(self._queued_ids)
-        for params, source in seeds:
-            if self.max_seeds is not None and n >= self.max_seeds:
-                break
-            cand = self.space.decode(self.space.fixed(self.space.legal(params), default=lambda d: d.values[0]))
-            self._add_pool(cand)
-            if not cand.fits or cand.key in seen:
-                continue
-            seen.add(cand.key)
-            self._enqueue(cand.params, cand.key, source)
-            n += 1
-        self.study.set_user_attr("seeded", True)
-        return n
+        """Enqueue the planner's proposals and the cost model's predicted front (once per study;
+        planner.tuner.seeds.enqueue_seeds)."""
+        return _seeds.enqueue_seeds(self)
 
-    def _fill_max_seeds(self) -> list[tuple[dict[str, Any], str]]:
-        """Every GPU filled with experts as far as the budget goes: for TG at the smallest ubatch (the least
-        compute buffer, so the most experts; llama-bench's generation test caps its ubatch at its context anyway)
-        and at 512; for PP at the largest two ubatches. TG rises with every expert tensor moved to VRAM, so these
-        are where a TG study ends up."""
-        d = self.space.dims
-        if not any(name.startswith("fill.") for name in d):
-            return []
-        # the default (full-precision) KV: on the H100 runs of issue 10 a q8_0 cache cost ~10% TG at the same
-        # placement (flash-attention decode over a quantized cache), more than the experts its room bought
-        kv = self.space.default_params()["kv"]
-        ubs = list(d["ubatch_log2"].values)
-        wanted = [(ubs[0], "tg"), (d["ubatch_log2"].snap(9), "tg"), (ubs[-1], "pp"), (ubs[max(len(ubs) - 2, 0)], "pp")]
-        if self.objective.kind == "pp":
-            wanted.reverse()
-        out = []
-        for ub, why in dict.fromkeys(wanted):
-            p = self.space.default_params()
-            p.update({f"fill.{g}": 1.0 for g in self.space.gpus}, kv=kv, ubatch_log2=ub, order="last", partial=True)
-            out.append((p, f"fill-max:{why}"))
-        return out
+    def probe_repack(self) -> bool:
+        """Once per study, the best-TG run again with a repacking knob on (planner.tuner.seeds.probe_repack)."""
+        return _seeds.probe_repack(self)
 
     def _enqueue(self, params: dict[str, Any], plan_id: str, source: str, again: bool = False) -> None:
         """Queue a candidate (once: a trial of the same params skips it, unless `again`, for one not run)."""
@@ -616,88 +341,13 @@ class Tuner:
         self._queued_ids.add(plan_id)
 
     def baselines(self, deadline: float | None = None) -> list[dict[str, Any]]:
-        """Measure the reference points once per study (planner.tuner.baselines): the engine's own --fit (or, for an
-        engine without one, the --fit-like fill, labelled an imitation), -ngl 99 -cmoe, and the best -ngl 99
-        -ncmoe N that fits. Each record is stored as it is made (a killed study resumes after the last one); once
-        time.monotonic() passes `deadline` no further one starts (the list comes back unfinished, the study attr
-        `baselines` unset: the next call goes on where this one stopped)."""
-        if "baselines" in self.study.user_attrs or not self.want_baselines:
-            return self.study.user_attrs.get("baselines", [])
-        out: list[dict[str, Any]] = list(self.study.user_attrs.get("baselines_partial", []))
-        done = {b["name"] for b in out}
-
-        def keep(rec: dict[str, Any]) -> None:
-            out.append(rec)
-            self.study.set_user_attr("baselines_partial", out)
-
-        def late() -> bool:
-            return deadline is not None and time.monotonic() >= deadline
-
-        knobs = self._default_knobs()
-        own_fit = getattr(self.engine, "own_fit", None)
-        if own_fit is not None and "--fit" not in done and "--fit-like fill (imitation)" not in done:
-            fit = own_fit(self.inv, self.workload, Budget.from_hardware(self.hw, self.margin_initial).gpus)
-            if fit is not None:
-                keep(self._fit_record(fit))
-                done.add("--fit")
-                if fit.chosen_args:
-                    try:
-                        plan = flag_plan(self.inv, list(fit.chosen_args), knobs, self.dialect, self.settings.model_id,
-                                         self._n_gpus)
-                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False))
-                    except InputError as e:
-                        keep(self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e)))
-        if late():
-            return out
-        if "--fit" not in done and "--fit-like fill (imitation)" not in done:
-            try:
-                margin = self.space.margin_for(knobs.n_ubatch)
-                fitlike = next((p.plan for p in proposals(self.inv, self.hw, knobs, self.dialect, margin)
-                                if p.strategy == "experts-cpu+fill" and p.order == "last"), None)
-                keep(self._plan_record("--fit-like fill (imitation)", "fit-like", fitlike,
-                                       "" if fitlike else "no experts-cpu proposal"))
-            except InputError as e:
-                keep(self._plan_record("--fit-like fill (imitation)", "fit-like", None, str(e)))
-        if late():
-            return out
-        if "-ngl 99 -cmoe" not in done:
-            try:
-                plan = flag_plan(self.inv, ["-ngl", "99", "-cmoe"], knobs, self.dialect, self.settings.model_id,
-                                 self._n_gpus)
-                keep(self._plan_record("-ngl 99 -cmoe", "cmoe", plan))
-            except InputError as e:
-                keep(self._plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
-        if late():
-            return out
-        if not any(b.get("kind") == "ncmoe" for b in out):
-            keep(self._ncmoe_record(knobs))
-        self.study.set_user_attr("baselines", out)
-        self._refit()
-        return out
+        """Measure the reference points once per study (planner.tuner.baselines.measure_baselines; until
+        `deadline`)."""
+        return _baselines.measure_baselines(self, deadline)
 
     def redo_references(self) -> list[str]:
-        """Measure again the reference baselines that never ran (llama.cpp's placement in a server refused by a
-        budget check that studies before this one applied to it), and drop the confirmation so the next
-        `confirm` interleaves them. Returns the names re-measured."""
-        base = list(self.study.user_attrs.get("baselines", []))
-        fit = next((b for b in base if b.get("kind") == "engine-fit" and b.get("chosen_args")), None)
-        redone = []
-        for i, b in enumerate(base):
-            if b.get("kind") == "engine-fit-server" and not b.get("ok") and fit is not None:
-                try:
-                    plan = flag_plan(self.inv, list(fit["chosen_args"]), self._default_knobs(), self.dialect,
-                                     self.settings.model_id, self._n_gpus)
-                    base[i] = self._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False)
-                except InputError as e:
-                    base[i] = self._plan_record(SERVER_FIT, "engine-fit-server", None, str(e))
-                redone.append(SERVER_FIT)
-        if redone:
-            self.study.set_user_attr("baselines", base)
-            for key in ("confirmed", "confirmation"):
-                if key in self.study.user_attrs:
-                    self.study.set_user_attr(f"{key}_before_redo", self.study.user_attrs[key])
-                    self.study.set_user_attr(key, None)
-        return redone
+        """Measure again the reference baselines that never ran (planner.tuner.baselines.redo_references)."""
+        return _baselines.redo_references(self)
 
     def _plan_record(self, name: str, kind: str, plan: Plan | None, err: str = "", judged: bool = True
                      ) -> dict[str, Any]:
@@ -716,12 +366,12 @@ class Tuner:
         if judged:
             m = self._judge_peak(plan, m)
         elif m.ok:
-            rec["over_budget"] = self._over(dict(m.peak_bytes))
-        rec.update(measured=_mdict(m), ok=bool(m.ok), error=m.error, runs=1, plan=plan.to_json())
+            rec["over_budget"] = self.margins.over(dict(m.peak_bytes))
+        rec.update(measured=measured_dict(m), ok=bool(m.ok), error=m.error, runs=1, plan=plan.to_json())
         if not m.ok and _OOM.search(m.error or ""):
             self._raise_margin(plan, m.error)
         if judged:     # a trial of the same plan takes this run (an unjudged one may be over the budget)
-            self._baseline_runs[plan.id] = MeasuredRun.from_dict(_mdict(m))
+            self._baseline_runs[plan.id] = MeasuredRun.from_dict(measured_dict(m))
         if m.ok:
             self.samples.append((self.terms(plan), m.tg_tps, m.pp_tps))
         return rec
@@ -730,85 +380,10 @@ class Tuner:
         """'' when the memory model keeps `plan` within the budget its ubatch is held to; else why not."""
         return self.space.over_budget(mem or self.estimate(self.inv, plan, self.hw), n_ubatch=plan.knobs.n_ubatch)
 
-    def _over(self, peaks: dict[str, int]) -> str:
-        """Which GPUs a reference run's peaks put over the budget ('' when none)."""
-        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
-        return "; ".join(f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
-                         if d in budget and v > budget[d])
-
     @property
     def _n_gpus(self) -> int | None:
         """The GPUs a baseline's command line spreads over when it has no -ts (None: one GPU, as the line says)."""
         return len(self.hw.gpus) if len(self.hw.gpus) > 1 else None
-
-    def _ncmoe_record(self, knobs) -> dict[str, Any]:
-        """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
-        over the budget (NCMOE_TRIES runs at most). Several GPUs: the best hand -ncmoe N -ts a,b
-        (baselines.ncmoe_split)."""
-        if self._n_gpus:
-            return self._ncmoe_split_record(knobs)
-
-        def fits(plan: Plan) -> bool:
-            return not self._over_budget(plan)
-        n = smallest_ncmoe(self.inv, knobs, self.dialect, self.settings.model_id, fits)
-        if n is None:
-            return {"name": "best -ncmoe", "kind": "ncmoe", "ok": False, "runs": 0,
-                    "error": "not run: not even -ncmoe with every layer fits the budget"}
-        runs, rec = 0, {}
-        for k in range(n, min(n + NCMOE_TRIES, self.inv.n_layer + 1)):
-            plan = flag_plan(self.inv, ["-ngl", "99", "-ncmoe", str(k)], knobs, self.dialect, self.settings.model_id)
-            rec = self._plan_record(f"-ngl 99 -ncmoe {k}", "ncmoe", plan)
-            runs += rec.get("runs", 0)
-            rec.update(runs=runs, ncmoe=k)
-            if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
-                break
-        return rec
-
-    def _ncmoe_split_record(self, knobs) -> dict[str, Any]:
-        """Several GPUs: -ngl 99 -ncmoe N -ts a,b with the smallest N that fits and the -ts that leaves the most
-        room on the fuller GPU, then the next N (its own -ts) while runs measure over the budget."""
-
-        def headroom(plan: Plan) -> int | None:
-            mem = self.estimate(self.inv, plan, self.hw)
-            if self._over_budget(plan, mem).startswith("host"):
-                return -1
-            budget = self.space.budget_for(plan.knobs.n_ubatch).gpus
-            return min(budget[g] - mem.gpu_total(g) for g in budget)
-        runs, rec, start = 0, {}, 0
-        for _ in range(NCMOE_TRIES):
-            found = ncmoe_split(self.inv, knobs, self.dialect, self.settings.model_id, headroom, len(self.hw.gpus),
-                                start)
-            if found is None:
-                if not rec:
-                    return {"name": "best -ncmoe -ts", "kind": "ncmoe", "ok": False, "runs": 0,
-                            "error": "not run: not even -ncmoe with every layer fits the budget"}
-                break
-            n, ts = found
-            args = ["-ngl", "99", "-ncmoe", str(n)] + (["-ts", ",".join(map(str, ts))] if ts else [])
-            plan = flag_plan(self.inv, args, knobs, self.dialect, self.settings.model_id, self._n_gpus)
-            rec = self._plan_record(" ".join(args), "ncmoe", plan)
-            runs += rec.get("runs", 0)
-            rec.update(runs=runs, ncmoe=n, ts=list(ts) if ts else None)
-            if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
-                break
-            start = n + 1
-        return rec
-
-    def _fit_record(self, fit: EngineFit) -> dict[str, Any]:
-        """The engine's own --fit: its run (kept as measured; judged against the budget only to say so) and the
-        arguments to run it again."""
-        from ..flags.common import shell_join
-        m = fit.measurement
-        rec: dict[str, Any] = {
-            "name": "--fit", "kind": "engine-fit", "ok": bool(m.ok), "error": str(m.error or ""), "runs": 1,
-            "measured": _mdict(m), "argv": list(fit.argv), "env": dict(fit.env), "target_bytes": fit.target_bytes,
-            "chosen_args": list(fit.chosen_args), "note": fit.note, "over_budget": self._over(dict(m.peak_bytes)),
-            # keyed "llama-bench" (the benchmark's line) whatever the program: ik's is llama-sweep-bench
-            "commands": {"llama-bench": shell_join([fit.program, *fit.argv], fit.env)},
-            "label": "llama.cpp's own --fit" + (f" ({fit.note})" if fit.note else "")}
-        if fit.chosen_args:
-            rec["commands"]["llama-server"] = shell_join(["llama-server", "-m", "MODEL.gguf", *fit.chosen_args])
-        return rec
 
     def _describe(self, plan: Plan, terms: Terms | None = None, memory: Any = None) -> dict[str, Any]:
         from ..flags import render_shell
@@ -858,138 +433,40 @@ class Tuner:
 
     def _judge_peak(self, plan: Plan, m: Any) -> Any:
         """`m` with its GPU peaks moved to the emitted context (`peaks_at_ctx`), or, when such a peak exceeds that
-        GPU's budget, a failed result that keeps the measured speeds and peaks. Every successful run teaches the
-        learnt margin the memory model's error; with a fixed margin an over-budget run raises it by at least the
-        excess (as an out-of-memory does). The worst GPU (largest excess) names the error.
-
-        The budget here is VRAM minus the margin the study was asked for (none when the margin is learnt), not
-        the current one: the current margin is the memory model's allowance for its own error, and judging runs
-        against it would ratchet (an engine that holds a constant X bytes more than predicted would exceed every
-        budget the margin moves to, by X, until the margin reached its cap)."""
+        GPU's budget (Margins.judge: VRAM minus the margin asked for), a failed result that keeps the measured
+        speeds and peaks. Every successful run teaches the learnt margin the memory model's error; with a fixed
+        margin an over-budget run raises it by at least the excess (as an out-of-memory does)."""
         if not m.ok:
             return m
         measured = {k: int(v) for k, v in dict(m.peak_bytes).items()}
         peaks = self.peaks_at_ctx(plan, measured)
-        predicted = self.estimate(self.inv, plan, self.hw).devices
-        gap = max((p - predicted[d].total for d, p in peaks.items() if d in predicted), default=None)
-        if gap is not None and self.margin_asked is None:
-            self._learn_margin(plan, gap)
-        budget = Budget.from_hardware(self.hw, self.margin_initial).gpus
-        worst: tuple[int, str, int, int] | None = None
-        for dev, peak in sorted(peaks.items()):
-            have = budget.get(dev)
-            if have is not None and peak > have and (worst is None or peak - have > worst[0]):
-                worst = (peak - have, dev, int(peak), have)
+        raw = dict(getattr(m, "raw", {}) or {})
         result = MeasuredRun(error="", ok=True, pp_tps=float(m.pp_tps), tg_tps=float(m.tg_tps), peak_bytes=measured,
-                         host_bytes=int(m.host_bytes), peak_at_ctx=peaks if peaks != measured else {},
-                         cv=dict(getattr(m, "raw", {}) or {}).get("cv"),
-                         seen=str(dict(getattr(m, "raw", {}) or {}).get("seen", "")),
-                         seconds=MeasuredRun.from_measurement(m).seconds)
-        if worst is None:
-            return result
-        excess, dev, peak, have = worst
-        vram = self.hw.gpu(dev).vram_bytes
-        at = f" at -c {self.n_ctx}" if peaks != measured else ""
-        error = (f"measured peak {peak / GiB:.2f} GiB{at} on {dev} over the budget {have / GiB:.2f} GiB "
-                 f"(VRAM {vram / GiB:.2f} GiB - margin {(vram - have) / MiB:.0f} MiB)")
-        # later candidates are held to VRAM - (the asked margin + the model's error on this run), which this plan
-        # no longer fits (a learnt margin has just taken that error in)
-        if self.margin_asked is not None:
-            self._raise_margin(plan, error, at_least=self.margin_initial + max(gap or 0, 0))
-        return replace(result, ok=False, error=error)
-
-    def _learn_margin(self, plan: Plan, gap: int) -> None:
-        """The learnt margin of the plan's ubatch: the worst under-prediction (measured - predicted peak, worst
-        GPU) seen at that ubatch in this study plus MARGIN_SLACK, never below what an out-of-memory raised the
-        floor to. It moves both ways: a memory model exact at some ubatch frees its prior allowance for experts
-        there. Per ubatch because the error is the compute buffer's: on the H100 (tune_vs_fit, 327 runs) the
-        model never under-predicted by more than 4 MiB at ubatch <= 1024, by up to 29 MiB at 2048 and by up to
-        92 MiB at 4096 with a deep context, so one margin learnt at 512 put a first 4096 run over its budget."""
-        attrs = self.study.user_attrs
-        ub = plan.knobs.n_ubatch
-        self.study.set_user_attr("memory_errors", [*attrs.get("memory_errors", []), int(gap)])
-        by_ub = {k: list(v) for k, v in attrs.get("memory_errors_by_ubatch", {}).items()}
-        errors = by_ub.setdefault(str(ub), [])
-        errors.append(int(gap))
-        self.study.set_user_attr("memory_errors_by_ubatch", by_ub)
-        cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else 0
-        worst = max(errors)
-        # an engine the model never under-predicts (sim) needs no slack either
-        new = min(max(worst + MARGIN_SLACK if worst > 0 else 0, int(attrs.get("margin_floor", 0))), cap)
-        if new != self.ubatch_margins.get(ub):
-            self._set_margin(new, plan, f"ubatch {ub}: memory model error {gap / MiB:+.0f} MiB (worst at this "
-                                        f"ubatch {worst / MiB:+.0f} MiB) + {MARGIN_SLACK // MiB} MiB", ubatch=ub)
-
-    def _set_margin(self, new: int, plan: Plan, why: str, ubatch: int | None = None) -> None:
-        """The margin of one ubatch (learnt), or the default one (an unmeasured ubatch's, or a fixed margin)."""
-        events = list(self.study.user_attrs.get("margin_events", []))
-        before = self.margin if ubatch is None else self.ubatch_margins.get(ubatch, self.margin)
-        events.append({"from": before, "to": new, "plan_id": plan.id, "error": why[:200], "ubatch": ubatch})
-        if ubatch is None:
-            self.margin = new
-        else:
-            self.ubatch_margins[ubatch] = new
-        # both, always: _raise_margin may have floored other ubatches' margins before calling this
-        self.study.set_user_attr("margin_bytes", self.margin)
-        self.study.set_user_attr("margin_by_ubatch", {str(k): v for k, v in sorted(self.ubatch_margins.items())})
-        self.study.set_user_attr("margin_events", events)
-        self.space = Space(self.inv, self.hw, dialect=self.dialect, n_ctx=self.n_ctx, margin=self.margin,
-                           config=self.config, memory=self.estimate, ubatch_margins=self.ubatch_margins)
+                             host_bytes=int(m.host_bytes), peak_at_ctx=peaks if peaks != measured else {},
+                             cv=raw.get("cv"), seen=str(raw.get("seen", "")),
+                             seconds=MeasuredRun.from_measurement(m).seconds)
+        error = self.margins.judge(plan, peaks, self.estimate(self.inv, plan, self.hw).devices,
+                                   f" at -c {self.n_ctx}" if peaks != measured else "")
+        return replace(result, ok=False, error=error) if error else result
 
     def _raise_margin(self, plan: Plan, error: str, at_least: int = 0) -> None:
-        """Raise the margin (for every later trial) so that `plan` no longer fits any GPU it failed on: by the
-        predicted shortfall plus OOM_STEP, by at least OOM_STEP, and to at least `at_least` bytes; capped at
-        MAX_MARGIN_SHARE of the smallest GPU. A learnt margin keeps it as the floor of every ubatch's."""
-        mem = self.estimate(self.inv, plan, self.hw)
-        step = OOM_STEP
-        for dev, m in mem.devices.items():
-            if is_gpu(dev) and gpu_index(dev) < len(self.hw.gpus):
-                step = max(step, self.hw.gpu(dev).vram_bytes - m.total + OOM_STEP)
-        current = self.space.margin_for(plan.knobs.n_ubatch)
-        cap = int(MAX_MARGIN_SHARE * min(g.vram_bytes for g in self.hw.gpus)) if self.hw.gpus else current
-        new = min(max(current + OOM_STEP, step, at_least), max(cap, current))
-        if new <= current:
-            return
-        ub = plan.knobs.n_ubatch
-        if self.margin_asked is None:
-            self.study.set_user_attr("margin_floor", new)
-            for k, m in list(self.ubatch_margins.items()):
-                if m < new and k != ub:       # the plan's own: _set_margin below, with its event
-                    self.ubatch_margins[k] = new
-            if ub in self.ubatch_margins:
-                self._set_margin(new, plan, error, ubatch=ub)
-        if new > self.margin:                 # a fixed margin, or the floor now above an unmeasured ubatch's
-            self._set_margin(new, plan, error)
+        """Raise the margin so that `plan` no longer fits any GPU it failed on (Margins.raise_for)."""
+        self.margins.raise_for(plan, self.estimate(self.inv, plan, self.hw).devices, error, at_least)
 
     def _refit(self) -> None:
         if self.samples:
             self.fit = fit(self.samples)
-            self.study.set_user_attr("cost_fit", self.fit.to_dict())
+            StudyRecord.save(self.study, cost_fit=self.fit.to_dict())
 
-    def _promising(self, tg: float, pp: float) -> tuple[bool, str]:
-        pts = self._measured_points()
-        if not pts:
-            return True, ""
-        if self.objective.kind == "both":
-            for mt, mp in pts:
-                if tg <= SCREEN_RATIO * mt and pp <= SCREEN_RATIO * mp:
-                    return False, (f"screened: predicted TG {tg:.2f} / PP {pp:.1f} t/s is dominated by measured "
-                                   f"{mt:.2f} / {mp:.1f} with a {1 - SCREEN_RATIO:.0%} allowance")
-            return True, ""
-        best = max(self._score(a, b) for a, b in pts)
-        s = self._score(tg, pp)
-        if best > 0 and s < SCREEN_RATIO * best:
-            return False, (f"screened: predicted {self.objective.text} {s:.4g} < {SCREEN_RATIO} x best measured "
-                           f"{best:.4g}")
-        return True, ""
-
+    # Optuna's objective: one piece because each early exit (over budget, duplicate, screened, failed) stores
+    # why on the trial as it goes, in the order a reader of the trial sees them
     def objective_fn(self, trial) -> float | tuple[float, ...]:
         import optuna
         self.n_trials_session += 1
         rec = RecordWriter(trial)       # an enqueued trial's record holds its source; the sampler's says "sampler"
         source = rec.update().source
         cand = self.space.decode(lambda dim: dim.suggest(trial))
-        self._add_pool(cand)
+        self.pool.add(cand)
         plan = cand.plan
         pooled = self.pool.get(plan.id)
         info = self._describe(plan, pooled.terms if pooled else None, cand.memory) if cand.memory is not None \
@@ -1007,7 +484,7 @@ class Tuner:
             return prev[1] if self.objective.n_values > 1 else prev[1][0]
         pred = info["predicted"]
         if self.prescreen and source == "sampler":
-            ok, why = self._promising(pred["tg_tps"], pred["pp_tps"])
+            ok, why = self.scorer.promising(pred["tg_tps"], pred["pp_tps"], self._measured_points())
             if not ok:
                 rec.update(pruned_reason=why)
                 raise optuna.TrialPruned(why)
@@ -1035,13 +512,13 @@ class Tuner:
             self.measured[plan.id] = (trial.number, None)
             raise MeasurementFailed(f"objective {self.objective.text!r} is undefined at TG {m.tg_tps:.3g}, "
                                     f"PP {m.pp_tps:.3g}")
-        improved = self._improves(m.tg_tps, m.pp_tps)
+        improved = self.scorer.improves(m.tg_tps, m.pp_tps, self._measured_points())
         self.measured[plan.id] = (trial.number, values)
         if reused is None:            # the baseline's run is in the samples already
             self.samples.append((terms, m.tg_tps, m.pp_tps))
         self._refit()
         if improved and self.surrogate:
-            self._add_neighbours(cand.params, 40 if self.prescreen else 12)
+            self.pool.add_neighbours(self.space, cand.params, 40 if self.prescreen else 12)
         return values if self.objective.n_values > 1 else values[0]
 
     def run_seconds(self, tg_tps: float, pp_tps: float) -> float:
@@ -1057,7 +534,7 @@ class Tuner:
                 rest.append(m.seconds - self.workload.token_seconds(m.pp_tps, m.tg_tps))
         rest += [float(b["measured"]["seconds"]) - self.workload.token_seconds(
                      float(b["measured"].get("pp_tps") or 0), float(b["measured"].get("tg_tps") or 0))
-                 for b in self.study.user_attrs.get("baselines", [])
+                 for b in StudyRecord.of(self.study).baselines or []
                  if (b.get("measured") or {}).get("seconds") and b["measured"].get("ok", True)]
         fixed = max(0.0, statistics.median(rest)) if rest else 0.0
         return 1.2 * (fixed + self.workload.token_seconds(pp_tps, tg_tps))
@@ -1076,56 +553,6 @@ class Tuner:
         trial.study.stop()
         raise NotBeforeDeadline(self._deadline_stop)
 
-    def probe_repack(self) -> bool:
-        """Once per study, when the space has a repacking dim (REPACK_PROBES: mainline's no_host, ik's rtr):
-        enqueue the best-TG run so far again with it on (source REPACK_PROBES[knob]), so the knob gets one engine
-        run on the plan where it could matter most (the sampler alone may never pair it with a good placement;
-        --no-host configs were the confirmed best TG in most of the H100's tune_vs_fit cells, and ik's best 8 GiB
-        config was an -rtr one that the sampler found in one study of two). Where that twin does not fit or ran
-        already, the next-best TG run's twin. The outcome is kept in the study attr `probed_<knob>` (the trial it
-        copies and the plan, or why none was queued), so a study without a probe says why. True when it enqueued
-        one."""
-        from optuna.trial import TrialState
-        knob = next((k for k in REPACK_PROBES if k in self.space.dims), None)
-        if knob is None:
-            return False
-        dim, attr = self.space.dims[knob], f"probed_{knob}"
-        if True not in dim.values or not self.workload.n_gen or self.study.user_attrs.get(attr):
-            return False
-        runs: list[tuple[float, int, dict[str, Any]]] = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            m = TrialRecord.from_trial(t).measured
-            if m is not None and m.ok and not t.params.get(knob):
-                runs.append((m.tg_tps, t.number, dict(t.params)))
-        if not runs:
-            return False
-        tried = set(self._queued_ids) | {t.user_attrs.get("plan_id") for t in self.study.get_trials(deepcopy=False)}
-        outcome: dict[str, Any] = {"queued": False, "why": f"no run's {knob} twin fits and is new"}
-        for tg, number, params in sorted(runs, key=lambda r: -r[0]):
-            cand = self.space.decode(self.space.fixed(self.space.legal({**params, knob: True}),
-                                                      default=lambda d: d.values[0]))
-            if not cand.fits or cand.key in self.measured or cand.key in tried:
-                continue
-            self._add_pool(cand)
-            # enqueued before the mark: a study killed in between finds it waiting, not lost; not skipped where
-            # an earlier trial (a screened one, say) had the same params
-            self.study.enqueue_trial(cand.params, user_attrs=TrialRecord(source=REPACK_PROBES[knob],
-                                                                         plan_id=cand.key).to_attrs())
-            self._queued_ids.add(cand.key)
-            outcome = {"queued": True, "trial": number, "tg_tps": tg, "plan_id": cand.key}
-            break
-        self.study.set_user_attr(attr, outcome)
-        log.info("%s probe: %s", knob, outcome)
-        return outcome["queued"]
-
-    def _improves(self, tg: float, pp: float) -> bool:
-        pts = self._measured_points()
-        if not pts:
-            return True
-        if self.objective.kind == "both":
-            return not any(a >= tg and b >= pp for a, b in pts)
-        return self._score(tg, pp) > max(self._score(a, b) for a, b in pts)
-
     # ---- the loop ---------------------------------------------------------------------------------------------
 
     def run(self, n_trials: int, progress: Any = None, max_trials: int | None = None,
@@ -1143,10 +570,10 @@ class Tuner:
         start_measured = self.n_measured
         self.idle = 0
         if self.surrogate or self.seed_trials:
-            self.build_pool()
+            self.pool.build(self.space, self.pool_size)
         if self.want_baselines:
             self.baselines(deadline)
-            if "baselines" not in self.study.user_attrs:
+            if StudyRecord.of(self.study).baselines is None:
                 return TuneResult(self.study_name, self.storage_url, 0, 0, time.perf_counter() - t0, self.margin,
                                   self.fit, "stopped at the deadline during the baselines", self.counts)
         if self.seed_trials:
@@ -1187,7 +614,8 @@ class Tuner:
             if not _waiting(study) and self.probe_repack():
                 return
             if self.surrogate and (self.n_trials_session % 2 == 0) and not _waiting(study):
-                for e in self._pick():
+                skip = self.measured.keys() | self._queued_ids
+                for e in self.pool.pick(self.space, self.fit, self.scorer, self.samples, skip):
                     self._enqueue(e.params, e.plan_id, "surrogate")
 
         try:
@@ -1199,217 +627,34 @@ class Tuner:
         return TuneResult(self.study_name, self.storage_url, self.n_measured - start_measured, self.n_trials_session,
                           time.perf_counter() - t0, self.margin, self.fit, stop["why"], self.counts)
 
-
-    # ---- confirmation -------------------------------------------------------------------------------------------
+    # ---- confirmation (planner.tuner.confirm) -------------------------------------------------------------------
 
     def reference(self) -> dict[str, Any] | None:
-        """The baseline the study is judged against: the engine's own --fit, else the --fit-like imitation (when
-        it ran)."""
-        for b in self.study.user_attrs.get("baselines", []):
-            if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok"):
-                return b
-        return None
+        """The baseline the study is judged against: the engine's own --fit, else the --fit-like imitation."""
+        return _confirm.reference(StudyRecord.of(self.study).baselines or [])
 
     def finalists(self, n_tg: int = 2, ncmoe: bool = False) -> list[Contender]:
-        """What confirmation re-measures: the reference (--fit), the n_tg fastest-TG trials that use no more VRAM
-        than it measured, the best TG among trials with >= BALANCED_PP x its PP ("balanced"), and for a PP
-        objective the fastest PP; a trial in several roles is one contender. `ncmoe`: the best -ncmoe baseline
-        too (when it ran), measured beside --fit for its ratios, never picked."""
-        from optuna.trial import TrialState
-        ref = self.reference()
-        rows = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            r = TrialRecord.from_trial(t)
-            m = r.measured
-            if m is not None and m.ok and r.duplicate_of is None and r.plan_json is not None:
-                rows.append((t.number, m.tg_tps, m.pp_tps, m.vram_bytes))
-        roles: dict[int, list[str]] = {}
-        cap = vram_of(ref["measured"]) if ref and vram_of(ref["measured"]) else math.inf
-        under = [r for r in rows if r[3] <= cap] or rows     # none at its VRAM: the fastest still, to show the gap
-        for i, r in enumerate(sorted(under, key=lambda r: -r[1])[:n_tg]):
-            roles.setdefault(r[0], []).append("best_tg" if i == 0 else "runner_up")
-        pp_floor = BALANCED_PP * ref["measured"]["pp_tps"] if ref else 0.0
-        balanced = [r for r in rows if r[2] >= pp_floor]
-        if balanced:
-            key = (lambda r: r[1]) if ref else (lambda r: math.sqrt(max(r[1], 0) * max(r[2], 0)))
-            roles.setdefault(max(balanced, key=key)[0], []).append("balanced")
-        if self.objective.kind == "pp" and rows:
-            roles.setdefault(max(rows, key=lambda r: r[2])[0], []).append("best_pp")
-        out = [Contender("fit", ref["name"], ("fit",))] if ref else []
-        server = next((b for b in self.study.user_attrs.get("baselines", [])
-                       if b.get("kind") == "engine-fit-server" and b.get("ok")), None)
-        if server is not None:
-            out.append(Contender("fit-server", server["name"], ("fit_server",)))
-        nc = next((b for b in self.study.user_attrs.get("baselines", [])
-                   if b.get("kind") == "ncmoe" and b.get("ok") and b.get("plan")), None)
-        if ncmoe and nc is not None:
-            out.append(Contender("ncmoe", nc["name"], ("ncmoe",)))
-        out += [Contender(f"trial:{n}", f"trial {n}", tuple(rs), n) for n, rs in sorted(roles.items())]
-        return out
+        """What confirmation re-measures (planner.tuner.confirm.finalists)."""
+        return _confirm.finalists(self, n_tg, ncmoe)
 
     def confirm_seconds(self, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
                         repetitions: int | None = None) -> float:
-        """How long confirm(rounds, n_tg, ncmoe, repetitions) runs, from each contender's own run (its wall time
-        at this workload, taken to `repetitions` by BenchWorkload.seconds_at), `default` seconds for one whose time is
-        not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
-        8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
-        reps = repetitions or self.workload.repetitions
-        return rounds * sum(self._contender_seconds(c, reps) or default for c in self.finalists(n_tg, ncmoe))
-
-    def _trial(self, number: int):
-        return next(t for t in self.study.get_trials(deepcopy=False) if t.number == number)
-
-    def _contender_record(self, c: Contender) -> dict[str, Any]:
-        """What a reference contender stands for as stored: --fit's record (the reference), else its baseline."""
-        if c.key == "fit":
-            return self.reference() or {}
-        kind = {"fit-server": "engine-fit-server", "ncmoe": "ncmoe"}[c.key]
-        return next((b for b in self.study.user_attrs.get("baselines", []) if b.get("kind") == kind), {})
-
-    def _contender_seconds(self, c: Contender, repetitions: int) -> float:
-        """A contender's run time at `repetitions` (0: not known), from its stored run. A trial stored before runs
-        were timed has Optuna's own start and end, unless its run was a baseline's (reused, so the trial itself
-        took no time)."""
-        if c.trial is not None:
-            trial = self._trial(c.trial)
-            rec = TrialRecord.from_trial(trial)
-            m = rec.measured
-            if m is not None and m.seconds:
-                seconds = m.seconds
-            elif rec.reused_baseline_run or trial.datetime_start is None or trial.datetime_complete is None:
-                return 0.0
-            else:
-                seconds = (trial.datetime_complete - trial.datetime_start).total_seconds()
-            pp, tg = (m.pp_tps, m.tg_tps) if m is not None else (0.0, 0.0)
-        else:
-            m = self._contender_record(c).get("measured") or {}
-            seconds, pp, tg = float(m.get("seconds") or 0.0), float(m.get("pp_tps") or 0), float(m.get("tg_tps") or 0)
-        return self.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
-
-    def _measure_contender(self, c: Contender, workload: BenchWorkload) -> dict[str, Any]:
-        if c.trial is not None:
-            trial = self._trial(c.trial)
-            plan = TrialRecord.from_trial(trial).plan()
-            m = self._judge_peak(plan, self._measure(plan, workload))
-        elif c.key == "fit" and self._contender_record(c).get("argv"):
-            ref = self._contender_record(c)
-            m = self._measure_args(with_repetitions(ref["argv"], workload.repetitions), ref.get("env") or {},
-                                   workload)
-        else:       # references, like --fit: measured, never failed for their peak
-            plan = Plan.from_json(self._contender_record(c)["plan"])
-            m = self._measure(plan, workload)
-            if m.ok:
-                m = replace(MeasuredRun.from_dict(_mdict(m)), peak_at_ctx=self.peaks_at_ctx(plan, dict(m.peak_bytes)))
-        d = _mdict(m)
-        row = {k: d[k] for k in ("ok", "tg_tps", "pp_tps", "error")}
-        row.update(peak_bytes=d.get("peak_at_ctx") or d["peak_bytes"], cv=d.get("cv"), seen=d.get("seen", ""))
-        return row
-
-    def _measure_args(self, argv: list[str], env: dict[str, str], workload: BenchWorkload):
-        try:
-            with SIGINT.engine_run():
-                return self.engine.measure_args(argv, workload, env)
-        except InputError:
-            raise
-        except Exception as e:   # as _measure: an engine bug is a failed sample, not the end of the study
-            return MeasuredRun.failed(f"engine raised {type(e).__name__}: {e}")
+        """How long confirm(rounds, n_tg, ncmoe, repetitions) runs (planner.tuner.confirm.confirm_seconds)."""
+        return _confirm.confirm_seconds(self, rounds, n_tg, ncmoe, default, repetitions)
 
     def confirm(self, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
                 deadline: float | None = None, ncmoe: bool = False, repetitions: int | None = None
                 ) -> dict[str, Any]:
-        """Re-measure the finalists and the reference interleaved for `rounds` rounds (planner.tuner.confirm) and
-        judge by the medians: stored as the study's "confirmed" attr, each sample as it comes (a killed
-        confirmation resumes). Returns that record (one with no results when there is nothing to confirm; {}
-        when a sample was left because it would not end before `deadline` (its contender's stored run time says
-        how long it takes): call again to go on). `ncmoe`: the best -ncmoe baseline
-        is re-measured with them (finalists). `repetitions`: each run's repetitions when not the workload's
-        (fewer, so that every sample fits in one device call; stored in the record)."""
-        contenders = self.finalists(n_tg, ncmoe)
-        if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
-            return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
-        keys = [c.key for c in contenders]
-        reps = repetitions or self.workload.repetitions
-        stored = self.study.user_attrs.get("confirmation") or {}
-        same = stored.get("keys") == keys and stored.get("repetitions", self.workload.repetitions) == reps
-        log = SampleLog(list(stored.get("rows", [])) if same else [])
-        workload = replace(self.workload, repetitions=reps)
-        for rnd, c in schedule(contenders, rounds):
-            if log.done(rnd, c.key):
-                continue
-            # a device call cut off mid-run loses the sample and whatever the caller had not saved yet
-            if deadline is not None and time.monotonic() + self._contender_seconds(c, reps) >= deadline:
-                return {}
-            log.add(rnd, c.key, self._measure_contender(c, workload))
-            self.study.set_user_attr("confirmation", {"keys": keys, "rounds": rounds, "repetitions": reps,
-                                                      "rows": log.rows})
-            if progress is not None:
-                progress(len(log.rows), rounds * len(contenders))
-        results = [log.summarise(c) for c in contenders]
-        record = confirmed_record(results, rounds)
-        if reps != self.workload.repetitions:
-            record["repetitions"] = reps
-        self.study.set_user_attr("confirmed", record)
-        return record
+        """Re-measure the finalists and the reference interleaved and judge by the medians, stored as the study's
+        "confirmed" attr (planner.tuner.confirm.confirm: {} when stopped before `deadline`)."""
+        return _confirm.confirm(self, rounds, n_tg, progress, deadline, ncmoe, repetitions)
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
-
-def with_repetitions(argv: list[str], reps: int) -> list[str]:
-    """A benchmark's arguments with their repetitions set to `reps` (llama-bench -r, llama-sweep-bench -nrep)."""
-    out = list(argv)
-    for i, a in enumerate(out[:-1]):
-        if a in ("-r", "--repetitions", "-nrep"):
-            out[i + 1] = str(reps)
-    return out
-
-
-def _mdict(m: Any) -> dict[str, Any]:
-    """A Measurement as stored on a trial or a baseline (MeasuredRun.to_dict: the engine's `raw` stays out)."""
-    return MeasuredRun.from_measurement(m).to_dict()
-
-
-def _hw_key(hw: HardwareProfile) -> dict[str, Any]:
-    return {"name": hw.name, "gpus": [[g.name, g.vram_bytes] for g in hw.gpus], "host_ram": hw.host.ram_bytes}
-
 
 def _waiting(study) -> bool:
     from optuna.trial import TrialState
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
-def _bin(tg: float, pp: float) -> tuple[int, int]:
-    """Predicted speeds equal to 0.1%."""
-    return (round(math.log(max(tg, 1e-12)) * 1000), round(math.log(max(pp, 1e-12)) * 1000))
-
-
-def _front_indices(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the non-dominated points (both coordinates maximised)."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
-    out, best_pp = [], -math.inf
-    for i in order:
-        if points[i][1] > best_pp:
-            out.append(i)
-            best_pp = points[i][1]
-    return out
-
-
-def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    return [points[i] for i in _front_indices(points)]
-
-
-def _hvi(p: tuple[float, float], front: list[tuple[float, float]]) -> float:
-    """Hypervolume (reference 0,0) that point p adds to `front` (both maximised)."""
-    def hv(pts: list[tuple[float, float]]) -> float:
-        pts = _front(pts)
-        pts.sort(key=lambda x: -x[0])
-        area, prev_y = 0.0, 0.0
-        for x, y in pts:
-            if y > prev_y:
-                area += x * (y - prev_y)
-                prev_y = y
-        return area
-    return hv(front + [p]) - hv(front)
-
-
-__all__ = ["Tuner", "TuneResult", "BenchWorkload", "Settings", "MeasurementFailed", "default_storage", "make_storage",
-           "load_study", "slug", "budget_levels"]
+__all__ = ["Tuner", "TunerOptions", "TuneResult", "BenchWorkload", "Settings", "MeasurementFailed", "slug"]

@@ -32,7 +32,7 @@ from ..hardware import MiB, fmt_bytes
 from ..plan import Plan
 from ..propose import Budget, fill_experts
 from .confirm import Spread, compare, schedule
-from .records import TrialRecord
+from .records import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     from ..hardware import HardwareProfile
@@ -102,15 +102,15 @@ def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
     return replace(out, knobs=plan.knobs, label=f"{plan.label} filled to the served budget".strip())
 
 
-def partial_record(attrs: dict[str, Any], budget: dict[str, int]) -> dict[str, Any] | None:
+def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any] | None:
     """A confirmation cut off before its last sample, judged on the samples it has (marked "partial"), so a report
     can show it; None when none was started."""
-    serving = attrs.get("serving") or {}
+    serving = study.serving or {}
     if not serving.get("rows"):
         return None
     keys = [*serving["keys"], *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
     rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
-                        (attrs.get("request_time") or {}).get("workload", "workload"))
+                        (study.request_time or {}).get("workload", "workload"))
     return dict(rec, partial=True)
 
 
@@ -169,7 +169,7 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     base = contenders(tuner, n_finalists)
     keys = [c.key for c in base]
-    stored = tuner.study.user_attrs.get("serving") or {}
+    stored = StudyRecord.of(tuner.study).serving or {}
     same = stored.get("keys") == keys
     rows = list(stored.get("rows", [])) if same else []
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
@@ -188,12 +188,12 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
             return {}
         plan = _plan_of(tuner, c, fills)
         rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c, plan)})
-        tuner.study.set_user_attr("serving", {"keys": keys, "rounds": rounds, "rows": rows, "fills": fills})
+        StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k, p in fills.items() if p is not None]
     record = served_record(cs, rows, rounds, gpu_budgets(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs))
-    tuner.study.set_user_attr("served", record)
+    StudyRecord.save(tuner.study, served=record)
     return record
 
 

@@ -5,17 +5,25 @@ Facts: SQLAlchemy 2.1 maps `postgresql://` to psycopg (version 3; `postgresql+ps
 driver); `pip install 'offload-tuner[postgres]'` installs psycopg 3. SQLite serialises writers with a file lock
 and Optuna's RDB storage on it is not safe for two processes enqueueing and telling trials at once (two workers
 on one file lost trials and died in 2 of 4 rounds), so a second worker on the same file is refused at start.
+
+Opening one: make_storage (Optuna's RDBStorage with a heartbeat, SQLite in WAL mode), load_study (for `report`).
 """
 from __future__ import annotations
 
 import fcntl
 import importlib.util
 import os
+import time
+import warnings
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..errors import InputError
 
+STUDIES_DIR = Path("studies")
+HEARTBEAT_S = 10
+GRACE_S = 30
+SCHEMA_RETRIES = 5        # opening a storage that other workers are creating at the same moment
 INSTALL_HINT = "pip install 'offload-tuner[postgres]'"
 # URL scheme -> (module, package that provides it). Plain postgresql:// is psycopg 3 in SQLAlchemy 2.1.
 DRIVERS: dict[str, tuple[str, str]] = {
@@ -105,3 +113,82 @@ def check_output_folder(folder: Path, flag: str) -> None:
         raise InputError(f"{flag} {folder}: {probe} is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {folder}: no permission to write in {probe}")
+
+
+# ---- opening a study's storage ---------------------------------------------------------------------------------
+
+def default_storage(study: str) -> str:
+    return f"sqlite:///{STUDIES_DIR / (study + '.db')}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        p = url[len("sqlite:///"):]
+        return None if p in ("", ":memory:") else Path(p)
+    return None
+
+
+def make_storage(url: str | None):
+    """RDBStorage with heartbeat (stale RUNNING trials of a killed worker are failed and retried once);
+    None: in-memory (benchmarks, tests)."""
+    import optuna
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    path = sqlite_path(url)
+    kwargs: dict[str, Any] = {}
+    if path is not None:
+        check_sqlite_folder(path, create=path.parent == STUDIES_DIR)
+        kwargs = {"connect_args": {"timeout": 60}}
+    else:
+        url = resolve_url(url)
+    for attempt in range(SCHEMA_RETRIES + 1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+            break
+        except Exception as e:   # sqlalchemy.exc.ArgumentError, OperationalError, ImportError of a DB driver
+            # workers started together on an empty database race to create Optuna's tables; the losers see
+            # "duplicate key" / "already exists" and find the tables there on a second try
+            text = str(e).lower()
+            if attempt < SCHEMA_RETRIES and ("duplicate" in text or "already exists" in text
+                                             or "unique constraint" in text):
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
+    if path is not None:
+        _sqlite_wal(storage.engine)
+    return storage
+
+
+def _sqlite_wal(engine) -> None:
+    """WAL journal with synchronous=NORMAL: a commit no longer waits for fsync (a trial costs ~15 commits), and a
+    killed process still loses no committed trial (only a power cut could lose the last ones)."""
+    import sqlalchemy
+
+    def pragmas(dbapi_conn, _record) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+    sqlalchemy.event.listen(engine, "connect", pragmas)
+    engine.dispose()          # connections opened while creating the tables predate the listener
+
+
+def study_exists(storage, name: str) -> bool:
+    return any(s.study_name == name for s in storage.get_all_studies())
+
+
+def load_study(name: str, url: str | None):
+    """An existing study (for `report`); InputError naming the studies there when it is missing."""
+    import optuna
+    path = sqlite_path(url) if url else None
+    if path is not None and not path.exists():
+        raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
+    storage = make_storage(url)
+    names = [s.study_name for s in storage.get_all_studies()]
+    if name not in names:
+        raise InputError(f"no study {name!r} in {url}; studies there: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=name, storage=storage)

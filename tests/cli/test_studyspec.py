@@ -54,7 +54,7 @@ def _tune(argv: list[str]) -> dict:
 
 def _trials(url: str, name: str) -> tuple[dict, list[tuple[dict, tuple[float, ...]]]]:
     import optuna
-    from planner.tuner.search import make_storage
+    from planner.tuner.storage import make_storage
     study = optuna.load_study(study_name=name, storage=make_storage(url))
     done = [(t.params, tuple(t.values)) for t in study.get_trials(deepcopy=False) if t.values]
     return study.user_attrs["settings"], done

@@ -38,7 +38,7 @@ def _complete(db: Path) -> int:
 
 def _finished(url: str) -> tuple[dict[int, tuple[str, tuple[float, ...] | None]], float]:
     import optuna
-    from planner.tuner.search import make_storage
+    from planner.tuner.storage import make_storage
     study = optuna.load_study(study_name="k", storage=make_storage(url))
     trials = {t.number: (t.state.name, tuple(t.values) if t.values else None)
               for t in study.get_trials(deepcopy=False) if t.state.is_finished()}

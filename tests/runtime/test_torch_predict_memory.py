@@ -109,13 +109,14 @@ def test_a_torch_study_judges_its_candidates_with_the_engines_prediction():
     """The tuner asks the torch engine (not planner.memory) whether a candidate fits: a candidate's memory is the
     engine's prediction at the study's workload, and the budget check reads it."""
     from planner.hardware import MiB, load_hardware
-    from planner.tuner.search import Tuner
+    from planner.tuner.search import Tuner, TunerOptions
     inv = tiny_inventory("qwen3moe")
     hw = load_hardware("rtx4090-ddr5")
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)
     wl = BenchWorkload(16, 2, 0, 1)
-    tuner = Tuner(inv, hw, engine, workload=wl, n_ctx=512, margin=256 * MiB, storage=None, pool_size=3,
-                  baselines=False, seed_trials=False, surrogate=False)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        workload=wl, n_ctx=512, margin=256 * MiB, storage=None, pool_size=3, baselines=False, seed_trials=False,
+        surrogate=False))
     params = {**tuner.space.default_params(), "fill.CUDA0": 0.5, "order": "last", "partial": True, "offload": True}
     cand = tuner.space.decode(tuner.space.fixed(params))
     assert cand.memory == engine.predict_memory(inv, cand.plan, hw, wl)

@@ -15,7 +15,8 @@ from planner.hardware import GiB, MiB, load_hardware, parse_size
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import MARGIN_SLACK, OOM_STEP, Tuner, BenchWorkload
+from planner.tuner.margin import MARGIN_SLACK, OOM_STEP
+from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
 from planner.tuner.space import SpaceConfig
 from runtime.sim import SimEngine
 
@@ -52,8 +53,8 @@ class BenchLikeEngine:
 def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
     inv, hw = _setup()
     engine = BenchLikeEngine(hw, extra=400 * MiB)      # the model under-predicts by 400 MiB
-    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=8192, margin=0, storage=None, pool_size=30,
-                  seed=3, baselines=False)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="tg", workload=WL, n_ctx=8192, margin=0, storage=None, pool_size=30, seed=3, baselines=False))
     assert tuner.run_ctx == 2048 and tuner.n_ctx == 8192
     tuner.run(8)
     trials = [t for t in tuner.study.get_trials(deepcopy=False) if TrialRecord.from_trial(t).measured is not None]
@@ -85,8 +86,9 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp
     db = f"sqlite:///{tmp_path / 'm.db'}"
 
     def tuner(n_ctx=2112):
-        return Tuner(inv, hw, engine, objective="both", workload=WL, n_ctx=n_ctx, storage=db, pool_size=30, seed=4,
-                     baselines=False, study_name="per-ub", config=SpaceConfig(ubatch=(512, 4096)))
+        return Tuner(inv, hw, engine, TunerOptions(
+            objective="both", workload=WL, n_ctx=n_ctx, storage=db, pool_size=30, seed=4, baselines=False,
+            study_name="per-ub", config=SpaceConfig(ubatch=(512, 4096))))
     t = tuner()
     assert t.margin == 512 * MiB and t.ubatch_margins == {}   # no llamacpp prior for this engine: the default
     assert t.margin_initial == 0          # runs are judged against the whole VRAM: the budget is --gpu
@@ -127,8 +129,8 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp
     assert again.margin == floor and set(again.ubatch_margins.values()) == {floor}
     assert tuner().ubatch_margins == again.ubatch_margins and tuner().margin == floor
     # the sim engine is the model: a learnt margin stays 0
-    sim_tuner = Tuner(inv, hw, SimEngine(hw), objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20,
-                      seed=4, baselines=False)
+    sim_tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20, seed=4, baselines=False))
     assert sim_tuner.margin == 0
     sim_tuner.run(3)
     assert sim_tuner.margin == 0 and set(sim_tuner.ubatch_margins.values()) <= {0}
@@ -167,7 +169,8 @@ class NoisyEngine:
 def test_confirmation_interleaves_and_picks_by_the_median():
     inv, hw = _setup()
     engine = NoisyEngine(hw)
-    tuner = Tuner(inv, hw, engine, objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(6)
     contenders = tuner.finalists(n_tg=2)
     assert contenders[0].key == "fit" and len(contenders) >= 2
@@ -235,15 +238,15 @@ def test_a_study_made_before_a_space_option_existed_still_resumes(tmp_path):
     inv, hw = _setup()
     url = f"sqlite:///{tmp_path / 's.db'}"
     kw = dict(objective="tg", workload=WL, n_ctx=2112, storage=url, pool_size=10, study_name="old")
-    study = Tuner(inv, hw, SimEngine(hw), **kw).study
+    study = Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw)).study
     settings = study.user_attrs["settings"]
     del settings["space"]["op_per_class"]
     study.set_user_attr("settings", settings)
-    Tuner(inv, hw, SimEngine(hw), **kw)                       # resumes: the default is what it ran with
+    Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw))                       # resumes: the default is what it ran with
     settings["space"]["op_per_class"] = False
     study.set_user_attr("settings", settings)
     with pytest.raises(InputError, match="made with other space"):
-        Tuner(inv, hw, SimEngine(hw), **kw)
+        Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw))
 
 
 class SweepLikeEngine(BenchLikeEngine):
@@ -266,7 +269,8 @@ def _sweep_run(n_ubatch: int):
     from planner.tuner.baselines import flag_plan
     inv, hw = _setup()
     engine = SweepLikeEngine(hw)
-    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1))
     plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=n_ubatch, n_ubatch=n_ubatch),
                      "mainline", "m")
     m = engine.measure(inv, plan, WL)
@@ -308,14 +312,14 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monk
     engine = BenchLikeEngine(hw)
     kw = dict(objective="both", workload=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
               study_name="cell")
-    first = Tuner(inv, hw, engine, **kw)
+    first = Tuner(inv, hw, engine, TunerOptions(**kw))
     res = first.run(4, deadline=time.monotonic() - 1)
     assert res.stopped == "stopped at the deadline during the baselines" and res.measured == 0
     assert "baselines" not in first.study.user_attrs and not first.study.trials and not engine.plans
     # the deadline passes while the first baseline runs: it is kept, no second one starts
     now = [1000.0]
     monkeypatch.setattr(search.time, "monotonic", lambda: now[0])
-    second = Tuner(inv, hw, engine, **kw)
+    second = Tuner(inv, hw, engine, TunerOptions(**kw))
     real = second._plan_record
 
     def slow(*a, **k):
@@ -329,7 +333,7 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monk
     assert "baselines" not in second.study.user_attrs and second.study.user_attrs["baselines_partial"] == out
     monkeypatch.undo()
     # the next call measures the rest only and stores the list whole
-    third = Tuner(inv, hw, engine, **kw)
+    third = Tuner(inv, hw, engine, TunerOptions(**kw))
     whole = third.baselines(deadline=time.monotonic() + 3600)
     assert whole[0] == out[0] and len(whole) > 1 and third.study.user_attrs["baselines"] == whole
     assert len(engine.plans) - ran == sum(b["runs"] for b in whole[1:])   # the first one did not run again
@@ -364,12 +368,13 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     another call); when a whole call cannot hold it, tune_vs_fit confirms at the most repetitions per run that
     fit, stored with the record."""
     from planner.plan import Plan
-    from planner.tuner.search import with_repetitions
+    from planner.tuner.confirm import with_repetitions
     inv, hw = _setup()
     engine = TimedSimEngine(hw)
     wl = replace(WL, repetitions=3)
-    tuner = Tuner(inv, hw, engine, objective="both", workload=wl, n_ctx=2112, storage=None, pool_size=30, seed=5,
-                  config=SpaceConfig(ubatch=(128, 512)))
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="both", workload=wl, n_ctx=2112, storage=None, pool_size=30, seed=5,
+        config=SpaceConfig(ubatch=(128, 512))))
     tuner.run(6)
     contenders = tuner.finalists(n_tg=1)
     plans = [Plan.from_json(tuner.reference()["plan"]) if c.key == "fit" else
@@ -408,8 +413,8 @@ def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_defa
     """Studies from before runs were timed: a trial's time is Optuna's start to end (unless its run was a
     baseline's), a reference's is the caller's default."""
     inv, hw = _setup()
-    tuner = Tuner(inv, hw, SimEngine(hw), objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30,
-                  seed=5)
+    tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(4)
     contenders = tuner.finalists(n_tg=1)
     assert contenders[0].key == "fit" and not tuner.reference()["measured"].get("seconds")
@@ -442,8 +447,9 @@ def test_a_run_that_would_end_past_the_deadline_is_not_started_and_is_queued_for
     its plan is queued again (behind those queued before it) and a later call measures it."""
     inv, hw = _setup()
     engine = TimedSimEngine(hw)        # says each run took 10-90 s (it returns at once)
-    tuner = Tuner(inv, hw, engine, objective="both", workload=replace(WL, repetitions=3), n_ctx=2112, storage=None,
-                  pool_size=30, seed=5, config=SpaceConfig(ubatch=(128, 512)))
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="both", workload=replace(WL, repetitions=3), n_ctx=2112, storage=None, pool_size=30, seed=5,
+        config=SpaceConfig(ubatch=(128, 512))))
     tuner.baselines()
     wl = tuner.workload
     fit = tuner.reference()["measured"]

@@ -10,7 +10,7 @@ from planner.engine import memory_model, memory_model_name
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.tuner.search import Tuner, BenchWorkload
+from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.sim import SimEngine
 
 WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
@@ -47,8 +47,8 @@ def test_engines_without_a_prediction_keep_planner_memory_itself():
     inv, hw = _setup()
     assert memory_model(SimEngine(hw), WL) is estimate
     assert memory_model_name(estimate) == "planner.memory"
-    tuner = Tuner(inv, hw, SimEngine(hw), workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5,
-                  baselines=False, seed_trials=False)
+    tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
     assert tuner.estimate is estimate and tuner.space.estimate is estimate
 
 
@@ -57,13 +57,14 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
     engine = OwnMemoryEngine(hw)
     model = memory_model(engine, WL)
     assert memory_model_name(model) == "own-memory engine"
-    tuner = Tuner(inv, hw, engine, workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5,
-                  baselines=False, seed_trials=False, surrogate=False)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False,
+        surrogate=False))
     assert tuner.space.estimate is tuner.estimate
     # a fill of CUDA0 that planner.memory fits (budget 16 GiB - 512 MiB), but the engine's own model does not
     params = {**tuner.space.default_params(), "fill.CUDA0": 0.9, "order": "last", "partial": True}
-    sim_space = Tuner(inv, hw, SimEngine(hw), workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5,
-                      baselines=False, seed_trials=False).space
+    sim_space = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False)).space
     cand_sim = sim_space.decode(sim_space.fixed(params))
     assert cand_sim.fits
     assert sim_space.over_budget(engine.predict_memory(inv, cand_sim.plan, hw, WL)).startswith("CUDA0")
@@ -82,8 +83,8 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
 
 def test_a_plan_the_engine_does_not_predict_is_judged_by_planner_memory():
     inv, hw = _setup()
-    tuner = Tuner(inv, hw, OwnMemoryEngine(hw, none=True), workload=WL, n_ctx=8192, margin=512 * MiB, storage=None,
-                  pool_size=5, baselines=False, seed_trials=False)
+    tuner = Tuner(inv, hw, OwnMemoryEngine(hw, none=True), TunerOptions(
+        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
     params = {**tuner.space.default_params(), "fill.CUDA0": 1.0, "order": "last", "partial": True}
     cand = tuner.space.decode(tuner.space.fixed(params))
     assert cand.fits and cand.memory == estimate(inv, cand.plan, hw)

@@ -1,5 +1,5 @@
 """A study database written by an older tuner still resumes and reports (issue 13): the trials' stored shape
-(planner.tuner.search's _mdict / _Result.of, the study's user attrs) is a format other code has on disk.
+(planner.tuner.records' measured_dict / TrialRecord, the study's StudyRecord) is a format other code has on disk.
 data/old_study_v1.db.gz was written at commit 1d60553, before the tuner moved to planner/tuner/ (data/README.md)."""
 from __future__ import annotations
 

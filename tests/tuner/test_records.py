@@ -19,7 +19,7 @@ from planner.tuner.cost_fit import Terms
 from planner.tuner.records import (
     RECORD_VERSION, CandidateInfo, MeasuredRun, PredictedSpeeds, RecordWriter, TrialRecord,
 )
-from planner.tuner.search import _mdict
+from planner.tuner.records import measured_dict as _mdict
 
 DATA = Path(__file__).resolve().parent / "data" / "old_study_v1.db.gz"
 V1_KEYS = {"source", "plan_id", "plan", "candidate", "pruned_reason", "duplicate_of", "reused_baseline_run",

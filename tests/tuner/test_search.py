@@ -11,7 +11,7 @@ from planner.plan import Knobs
 from planner.presets import load_preset
 from planner.propose import best_plans
 from planner.tuner.records import RECORD_VERSION, TrialRecord
-from planner.tuner.search import Tuner, BenchWorkload
+from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 
@@ -41,8 +41,8 @@ class RecordingEngine:
 def test_study_on_sim_beats_the_planners_first_proposal_and_never_runs_over_budget():
     inv, hw = _setup()
     engine = RecordingEngine(hw)
-    tuner = Tuner(inv, hw, engine, objective="tg", workload=WL, n_ctx=8192, margin=512 * MiB, storage=None,
-                  pool_size=40, seed=1)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="tg", workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=1))
     res = tuner.run(20)
     assert res.measured <= 20 and res.counts.get("complete", 0) >= 10
     first = best_plans(inv, hw, Knobs(n_ctx=8192), "mainline", "tg", 512 * MiB, n_prompt=2048)[0]
@@ -82,8 +82,8 @@ class FlakyEngine(RecordingEngine):
 def test_failures_are_recorded_and_the_study_goes_on_with_a_larger_margin():
     inv, hw = _setup()
     engine = FlakyEngine(hw)
-    tuner = Tuner(inv, hw, engine, objective="pp", workload=WL, n_ctx=8192, margin=512 * MiB, storage=None,
-                  pool_size=40, seed=2)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective="pp", workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=2))
     engine.margin_now = lambda: tuner.margin
     tuner.run(24)
     trials = tuner.study.get_trials(deepcopy=False)

@@ -13,7 +13,7 @@ from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
-from planner.tuner.search import Tuner, BenchWorkload
+from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 
@@ -42,8 +42,8 @@ def _tuner(**kw):
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     engine = BigPeakEngine(hw)
     # a fixed margin (the learnt one, the default, is tested in test_budget_confirm.py)
-    return inv, hw, engine, Tuner(inv, hw, engine, workload=WL, n_ctx=8192, margin=512 * MiB, storage=None,
-                                  pool_size=40, **kw)
+    return inv, hw, engine, Tuner(inv, hw, engine, TunerOptions(
+        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, **kw))
 
 
 def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the_margin():

@@ -75,13 +75,14 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     from planner.loader import load_model
     from planner.tuner.objectives import bench_for
     from planner.tuner.report import study_summary, summary_markdown
-    from planner.tuner.search import Tuner
+    from planner.tuner.search import Tuner, TunerOptions
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
     w = preset("rag")
-    t = Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), requests=w, n_ctx=16640,
-              pool_size=20, study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
+    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        objective="time", workload=bench_for(w), requests=w, n_ctx=16640, pool_size=20, study_name="s",
+        storage=f"sqlite:///{tmp_path / 's.db'}"))
     t.run(3)
     s = study_summary(t.study)
     assert list(s.to_dict())[0] == "headline" and s.headline.startswith("rag: trial ")
@@ -96,7 +97,7 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     md = summary_markdown(s)
     assert "## Served on llama-server: the `rag` workload, 2 interleaved rounds" in md and "**pick**" in md
     # any other objective: no headline, the JSON as before
-    t2 = Tuner(inv, hw, SimEngine(hw), objective="tg", pool_size=20, study_name="s2")
+    t2 = Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="tg", pool_size=20, study_name="s2"))
     t2.run(2)
     assert study_summary(t2.study).headline is None and "headline" not in study_summary(t2.study).to_dict()
 
@@ -150,6 +151,9 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     from planner.hardware import resolve
     from planner.loader import load_model
     from planner.tuner.objectives import bench_for
+    from planner.plan import Plan
+    from planner.tuner.options import TunerOptions
+    from planner.tuner.records import StudyRecord
     from planner.tuner.search import Tuner
     from planner.tuner.served import FILL_LEFT, confirm_served, filled_plan
     from planner.workload import preset
@@ -159,8 +163,9 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     storage = f"sqlite:///{tmp_path / 's.db'}"
 
     def tuner():
-        return Tuner(inv, hw, SimEngine(hw), objective="time", workload=bench_for(w), requests=w, n_ctx=16640,
-                     margin=1 << 30, pool_size=20, study_name="s", storage=storage)
+        return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
+                                                          n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
+                                                          storage=storage))
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
@@ -182,10 +187,9 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     twin = next(k for k in keys if k.startswith("fill:"))
     parent = "trial:" + twin.split(":")[1]
     assert keys == ["fit:512", "fit:2048", "fit:4096", parent, twin]
-    serving = t.study.user_attrs["serving"]
+    serving = StudyRecord.of(t.study).serving
     assert sorted(r["key"] for r in serving["rows"]) == sorted(keys * 2)      # every contender, both rounds
-    from planner.plan import Plan
-    p_plan = Plan.from_json(t.study.user_attrs["serving"]["fills"][twin])
+    p_plan = Plan.from_json(serving["fills"][twin])
     gpu_exps = [n for n, d in p_plan.assignment.items() if d != "CPU" and ".ffn_" in n and "_exps" in n]
     parent_plan = next(r for r in rec["results"] if r["key"] == parent)
     twin_res = next(r for r in rec["results"] if r["key"] == twin)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from planner import cli
-from planner.tuner import search
+from planner.tuner import search, storage as storage_module
+from planner.tuner.storage import make_storage
 from planner.tuner.records import TrialRecord
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
@@ -83,7 +84,7 @@ def test_two_workers_share_one_postgresql_study(postgres_url, tmp_path):
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    study = optuna.load_study(study_name="shared", storage=search.make_storage(postgres_url))
+    study = optuna.load_study(study_name="shared", storage=make_storage(postgres_url))
     trials = study.get_trials(deepcopy=False)
     assert len({t.number for t in trials}) == len(trials)
     assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
@@ -106,26 +107,26 @@ def test_a_killed_workers_running_trial_is_failed_and_retried(tmp_path, monkeypa
     next worker fails it and queues it again (one retry, run in its turn among the queued trials)."""
     import optuna
     from optuna.storages import RetryFailedTrialCallback
-    monkeypatch.setattr(search, "GRACE_S", 1)
-    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage_module, "GRACE_S", 1)
+    monkeypatch.setattr(storage_module, "HEARTBEAT_S", 1)
     url = f"sqlite:///{tmp_path / 'k.db'}"
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     wl = search.BenchWorkload(n_prompt=512, n_gen=64, depth=0, repetitions=1)
 
     def tuner() -> search.Tuner:
-        return search.Tuner(inv, hw, SimEngine(hw), workload=wl, n_ctx=8192, storage=url, study_name="k",
-                            pool_size=40, baselines=False, objective="tg")
+        return search.Tuner(inv, hw, SimEngine(hw), search.TunerOptions(
+            workload=wl, n_ctx=8192, storage=url, study_name="k", pool_size=40, baselines=False, objective="tg"))
     tuner().run(3)
     # what a killed worker leaves: a trial RUNNING with a heartbeat that stopped
-    storage = search.make_storage(url)
+    storage = make_storage(url)
     study = optuna.load_study(study_name="k", storage=storage)
     with pytest.warns(UserWarning, match="Heartbeat"):     # optuna: ask() is not optimize()
         dead = study.ask()
     storage.record_heartbeat(dead._trial_id)
     time.sleep(2.5)
     tuner().run(2)
-    trials = optuna.load_study(study_name="k", storage=search.make_storage(url)).get_trials(deepcopy=False)
+    trials = optuna.load_study(study_name="k", storage=make_storage(url)).get_trials(deepcopy=False)
     by_number = {t.number: t for t in trials}
     assert by_number[dead.number].state == optuna.trial.TrialState.FAIL
     retries = [t for t in trials if RetryFailedTrialCallback.retried_trial_number(t) == dead.number]

@@ -55,7 +55,7 @@ def test_a_cell_saves_after_each_phase_and_starts_no_sample_that_would_end_past_
     the cell's baselines and search, never saved: a cell checkpoints after its baselines, its search and each
     confirmation sample, and a sample whose contender's stored run would end past the deadline is not started."""
     tvf = bench_script("tune_vs_fit")
-    from planner.tuner.search import Tuner
+    from planner.tuner import confirm
     inv, hw, engine, args = _cell(tmp_path)
     saves = []
     far = time.monotonic() + 3600
@@ -68,7 +68,7 @@ def test_a_cell_saves_after_each_phase_and_starts_no_sample_that_would_end_past_
     # a confirmation spanning calls, its next sample ~100 s, 50 s left: nothing starts, the call says so
     study.set_user_attr("confirmation", {**study.user_attrs["confirmation"], "rows": rows[:2]})
     study.set_user_attr("confirmed", None)
-    monkeypatch.setattr(Tuner, "_contender_seconds", lambda self, c, reps: 100.0)
+    monkeypatch.setattr(confirm, "contender_seconds", lambda tuner, c, reps: 100.0)
     assert not tvf.run_cell(args, engine, inv, hw, 16, 0, time.monotonic() + 50, confirm_run_s=100.0, call_s=300)
     assert study.user_attrs["confirmation"]["rows"] == rows[:2] and not study.user_attrs["confirmed"]
     # with the time for it, the same call goes on from there
