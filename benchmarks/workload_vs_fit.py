@@ -181,9 +181,9 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
          f"{meta['explore']} engine ({meta['trials']} runs a cell), then the references (llama-server --fit on at -ub "
          f"512, 2048, 4096) and {meta['finalists']} finalists with their filled twins (a finalist's plan with experts "
          "moved onto the GPU up to what its server left of the budget) served on the workload, "
-         f"{meta['rounds']} interleaved rounds in one device call. Times are medians [min-max] of the workload's mean "
-         "request time; the speedup is the reference's over ours, 'tie' when inside the spreads of the request "
-         "rates.", "",
+         f"{meta['rounds']} interleaved rounds (the note says which machine ran which rows). Times are medians "
+         "[min-max] of the workload's mean request time; the speedup is the reference's over ours, 'tie' when inside "
+         "the spreads of the request rates.", "",
          "| budget | workload | reference | its time s | ours | our time s | speedup | goal | TTFT ref / ours s "
          "| VRAM MiB ref / ours | runs (explore + served) |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -214,9 +214,14 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
                 L.append(f"- {r['budget_gib']} GiB {r['workload']}, {role}: `{r[role]['command']}`")
     warn = [(r, x) for r in rows for x in r["results"] if x.get("bench_vs_server")]
     if warn:
-        L += ["", "llama-bench against llama-server (more than 5% apart; the budget is judged on the server's):", ""]
-        L += [f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {'; '.join(x['bench_vs_server'])}"
-              for r, x in warn]
+        study_engine = "the sim engine: the calibrated models" if meta["explore"] == "sim" else "llama-bench"
+        L += ["", f"The study's runs ({study_engine}) against llama-server (more than 5% apart; the budget is judged "
+              "on the server's):", ""]
+        for r, x in warn:
+            line = "; ".join(x["bench_vs_server"])
+            if meta["explore"] == "sim":       # records served before 2026-11-27 17:00 call any study run llama-bench
+                line = line.replace("llama-bench ", "sim ")
+            L.append(f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {line}")
     L += ["", "Every contender (median mean request time s, TTFT s, PP / TG t/s, VRAM MiB, failures):", ""]
     for r in rows:
         for x in r["results"]:

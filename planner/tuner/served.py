@@ -210,14 +210,16 @@ def _add_twins(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], fil
 
 
 def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
-    """Each finalist's benchmark run (llama-bench, at the study's benchmark workload): its speeds and its peaks
-    moved to the emitted context, to set beside the server's."""
+    """Each finalist's run in the study (its engine's: llama-bench, or the sim engine's prediction, at the study's
+    benchmark workload): its speeds and its peaks moved to the emitted context, to set beside the server's."""
+    from ..engines import traits_of
+    engine = traits_of(tuner.engine).binary or f"the {getattr(tuner.engine, 'name', 'study')} engine"
     out = {}
     for c in cs:
         if c.trial is not None and not c.filled:
             m = TrialRecord.from_trial(tuner._trial(c.trial)).measured
             if m is not None:
-                out[c.key] = {"pp_tps": m.pp_tps, "tg_tps": m.tg_tps,
+                out[c.key] = {"pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "engine": engine,
                               "peak_bytes": dict(m.peak_at_ctx or m.peak_bytes)}
     return out
 
@@ -225,15 +227,15 @@ def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
 def bench_vs_server(bench: dict[str, Any], served: dict[str, Any]) -> list[str]:
     """Where llama-bench and llama-server disagree by more than BENCH_SERVER_GAP: peak VRAM per GPU (the budget
     is judged on the server's), PP and TG (the benchmark measures at the workload's mean, the server per class)."""
-    out = []
+    out, engine = [], bench.get("engine", "llama-bench")
     for d, b in bench.get("peak_bytes", {}).items():
         s = served["vram_device_bytes"].get(d)
         if s and abs(s - b) > BENCH_SERVER_GAP * s:
-            out.append(f"{d}: llama-bench {fmt_bytes(b)}, llama-server {fmt_bytes(s)}")
+            out.append(f"{d}: {engine} {fmt_bytes(b)}, llama-server {fmt_bytes(s)}")
     for name, key in (("PP", "pp"), ("TG", "tg")):
         b, s = bench.get(f"{key}_tps") or 0.0, served[key].median
         if s > 0 and abs(b - s) > BENCH_SERVER_GAP * s:
-            out.append(f"{name}: llama-bench {b:.1f}, llama-server {s:.1f} t/s")
+            out.append(f"{name}: {engine} {b:.1f}, llama-server {s:.1f} t/s")
     return out
 
 
