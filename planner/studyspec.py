@@ -151,6 +151,7 @@ TOP: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "hardware": ("hardware", _str),
     "budget": ("gpu", _budget),
     "objective": ("objective", _wrap(_objective)),
+    "ttft": ("ttft", _str),
     "ctx": ("ctx", _int(1)),
     "n_trials": ("trials", _int(1)),
     "study": ("study", _str),

@@ -81,10 +81,14 @@ class Workload:
     """A named list of request classes (planner/workload.py's docstring says where they come from)."""
     name: str
     classes: tuple[RequestClass, ...]
+    ttft_limit_s: float | None = None     # the longest time to first token a request may take (tune --ttft)
 
     def __post_init__(self) -> None:
         if not self.classes:
             raise InputError(f"workload {self.name!r} has no request classes")
+        if self.ttft_limit_s is not None and not (0 < self.ttft_limit_s < 86400):
+            raise InputError(f"workload {self.name!r}: a time-to-first-token limit is a positive duration under a "
+                             f"day, got {self.ttft_limit_s!r} s")
 
     @property
     def slots(self) -> int:
@@ -112,7 +116,10 @@ class Workload:
         return sum(c.weight * (c.new_tokens + c.gen_tokens) for c in self.classes) / total
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "classes": [asdict(c) for c in self.classes]}
+        d: dict[str, Any] = {"name": self.name, "classes": [asdict(c) for c in self.classes]}
+        if self.ttft_limit_s is not None:         # written only when set: studies before the limit compare equal
+            d["ttft_limit_s"] = self.ttft_limit_s
+        return d
 
     def describe(self) -> str:
         """One line: `agent: 3 classes, new 2048-6144, cached 16384-32768, out 300, ctx 39068`."""
@@ -121,9 +128,10 @@ class Workload:
             return str(lo) if lo == hi else f"{lo}-{hi}"
         cs = self.classes
         flight = f", {self.slots} in flight" if self.slots > 1 else ""
+        limit = f", TTFT <= {self.ttft_limit_s:g} s" if self.ttft_limit_s is not None else ""
         return (f"{self.name}: {len(cs)} class{'es' if len(cs) > 1 else ''}, new {span(c.new_tokens for c in cs)}, "
                 f"cached {span(c.cached_tokens for c in cs)}, out {span(c.gen_tokens for c in cs)}{flight}, "
-                f"ctx {self.ctx}")
+                f"ctx {self.ctx}{limit}")
 
 
 def _chat() -> Workload:

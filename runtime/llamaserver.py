@@ -837,7 +837,8 @@ class LlamaServerEngine:
                              f"{r.request.gen_tokens}")
         raw.update(mean_request_s=round(mean_s, 6),
                    tokens_per_s=round(workload.tokens_per_request() / mean_s, 3) if mean_s > 0 else 0.0,
-                   ttft_s=round(_weighted(results, lambda r: r.ttft_s), 6))
+                   ttft_s=round(_weighted(results, lambda r: r.ttft_s), 6),
+                   ttft_max_s=round(max((r.ttft_s for r in results), default=0.0), 6))
         pp = _weighted([r for r in results if r.request.new_tokens > 0], lambda r: r.pp_tps)
         tg = _weighted([r for r in results if r.request.gen_tokens > 0], lambda r: r.tg_tps)
         return Measurement(pp_tps=pp, tg_tps=tg, peak_bytes=peak_bytes, host_bytes=host_bytes, raw=raw)

@@ -19,6 +19,18 @@ def nonneg(v: int, flag: str) -> int:
     return v
 
 
+def parse_seconds(text: str, flag: str) -> float:
+    """A duration: a number with s, ms or m ("3s", "500ms", "1.5m"; a bare number is seconds)."""
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*", str(text))
+    if m is None:
+        raise InputError(f"{flag} {text!r}: give a duration such as 3s, 500ms or 1.5m")
+    value = float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+    if value <= 0:
+        raise InputError(f"{flag} {text!r}: a duration above zero")
+    return value
+
+
 def hardware(preset: str | None, gpu: str | None, required: bool = True) -> HardwareProfile | None:
     """The machine a request names (--hardware PROFILE, --gpu SIZES, or both); None when it names none and
     none is required."""

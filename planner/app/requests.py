@@ -94,6 +94,9 @@ class TuneOptions:
     workload: str = opt(D.TUNE_REQUESTS, help="the requests the time objective answers: chat, agent, rag, batch, a "
                                               ".toml of [[request]] tables or a .jsonl log of OpenAI usage lines "
                                               f"(default {D.TUNE_REQUESTS})")
+    ttft: str | None = opt(None, help="time objective: the longest time to first token a request may take (e.g. 3s, "
+                                      "500ms): configs over it rank below every config within it, and the served "
+                                      "pick meets it where any contender does")
     n_prompt: int | None = opt(None, help="prompt tokens of each benchmark run (default: the workload's mean new "
                                           f"tokens under time, else {D.TUNE_WORKLOAD.n_prompt})")
     n_gen: int | None = opt(None, help="generated tokens of each benchmark run (default: the workload's mean, at most "

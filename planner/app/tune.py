@@ -17,7 +17,7 @@ from ..plan import DEFAULT_CTX
 from ..tuner.confirm import CONFIRM_ROUNDS
 from ..tuner.interrupt import SIGINT
 from ..validate import check_dialect
-from .common import hardware, nonneg, positive
+from .common import hardware, nonneg, parse_seconds, positive
 from .report import write_report
 from .requests import TuneOptions
 
@@ -64,8 +64,12 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     objective = parse_objective(args.objective)
     if args.llama_server and objective.kind != "time":       # said now, not after a study of minutes
         raise InputError("--llama-server serves the workload: it needs the time objective (--objective time)")
+    if args.ttft is not None and objective.kind != "time":
+        raise InputError("--ttft limits the workload's requests: it needs the time objective (--objective time)")
     requests = load_workload(args.workload, Path(args.spec).parent if args.spec else None) \
         if objective.kind == "time" else None
+    if requests is not None and args.ttft is not None:
+        requests = replace(requests, ttft_limit_s=parse_seconds(args.ttft, "--ttft"))
     base = bench_for(requests, positive(args.reps, "--reps")) if requests is not None else D.TUNE_WORKLOAD
 
     def pick(v: int | None, default: int, flag: str) -> int:

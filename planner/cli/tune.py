@@ -127,8 +127,8 @@ def add_parser(sub) -> None:
     add_option(p, TuneOptions, "spec", metavar="FILE")
     add_option(p, TuneOptions, "engine")
     _add_hw(p, TuneOptions)
-    for name in ("trials", "study", "storage", "objective", "workload", "n_prompt", "n_gen", "depth", "reps", "ctx",
-                 "dialect"):
+    for name in ("trials", "study", "storage", "objective", "workload", "ttft", "n_prompt", "n_gen", "depth", "reps",
+                 "ctx", "dialect"):
         add_option(p, TuneOptions, name)
     add_option(p, TuneOptions, "llama_bench", metavar="PATH")
     add_option(p, TuneOptions, "llama_server", metavar="PATH")

@@ -86,11 +86,25 @@ class ClassSpeeds:
     tg_scale: float
 
 
+TTFT_MISS = 1e-3     # a config over the TTFT limit scores under this (t/s): below any config within it
+
+
 @dataclass(frozen=True)
 class RequestTime:
-    """A workload's mean request time as a function of the benchmark run's TG and PP."""
+    """A workload's mean request time as a function of the benchmark run's TG and PP, and its limit on the time
+    to first token (tune --ttft), if any."""
     workload: str
     classes: tuple[ClassSpeeds, ...]
+    ttft_limit_s: float | None = None
+
+    def ttft_s(self, pp_tps: float) -> float:
+        """The slowest class's time to first token: its new tokens at its PP (inf when PP is 0)."""
+        worst = 0.0
+        for c in self.classes:
+            if c.new_tokens:
+                pp = pp_tps * c.pp_scale
+                worst = max(worst, c.new_tokens / pp if pp > 0 else math.inf)
+        return worst
 
     def mean_s(self, tg_tps: float, pp_tps: float) -> float:
         """Seconds a request takes on average (inf when a speed the workload needs is 0)."""
@@ -108,16 +122,25 @@ class RequestTime:
                                                                                          self.classes)
 
     def tps(self, tg_tps: float, pp_tps: float) -> float:
-        """The workload's tokens per second: what the time objective maximises (0 when it cannot be served)."""
+        """The workload's tokens per second: what the time objective maximises (0 when it cannot be served). Over
+        the TTFT limit: TTFT_MISS x limit / TTFT, so every config within the limit ranks above it, and among those
+        over it the quicker first token ranks first (the search is led toward the limit)."""
         s = self.mean_s(tg_tps, pp_tps)
-        return 0.0 if not math.isfinite(s) or s <= 0 else self.tokens_per_request() / s
+        if not math.isfinite(s) or s <= 0:
+            return 0.0
+        if self.ttft_limit_s is not None and (first := self.ttft_s(pp_tps)) > self.ttft_limit_s:
+            return TTFT_MISS * self.ttft_limit_s / first
+        return self.tokens_per_request() / s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workload": self.workload, "classes": [vars(c).copy() for c in self.classes]}
+        d: dict[str, Any] = {"workload": self.workload, "classes": [vars(c).copy() for c in self.classes]}
+        if self.ttft_limit_s is not None:
+            d["ttft_limit_s"] = self.ttft_limit_s
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestTime:
-        return cls(str(d["workload"]), tuple(ClassSpeeds(**c) for c in d["classes"]))
+        return cls(str(d["workload"]), tuple(ClassSpeeds(**c) for c in d["classes"]), d.get("ttft_limit_s"))
 
 
 def bench_for(workload: Workload, repetitions: int = 3) -> BenchWorkload:
@@ -147,7 +170,7 @@ def request_time(inv: ModelInventory, hw: HardwareProfile, plan: Plan, workload:
         classes.append(ClassSpeeds(float(c.weight), c.new_tokens, c.gen_tokens,
                                    pp / base.pp_tps if base.pp_tps > 0 else 0.0,
                                    tg / base.tg_tps if base.tg_tps > 0 else 0.0))
-    return RequestTime(workload.name, tuple(classes))
+    return RequestTime(workload.name, tuple(classes), workload.ttft_limit_s)
 
 
 @dataclass(frozen=True)

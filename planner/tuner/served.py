@@ -109,8 +109,9 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
     if not serving.get("rows"):
         return None
     keys = [*serving["keys"], *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
+    rt = study.request_time or {}
     rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
-                        (study.request_time or {}).get("workload", "workload"))
+                        rt.get("workload", "workload"), ttft_limit_s=rt.get("ttft_limit_s"))
     return dict(rec, partial=True)
 
 
@@ -154,6 +155,7 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str
         return {"ok": False, "error": f"engine raised {type(e).__name__}: {e}"}
     raw = m.raw or {}
     return {"ok": bool(m.ok), "error": m.error, "request_s": raw.get("mean_request_s"), "ttft_s": raw.get("ttft_s"),
+            "ttft_max_s": raw.get("ttft_max_s"),
             "pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "peak_bytes": dict(m.peak_bytes),
             "command": raw.get("command"), "seconds": raw.get("wall_s")}
 
@@ -192,7 +194,8 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k, p in fills.items() if p is not None]
-    record = served_record(cs, rows, rounds, gpu_budgets(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs))
+    record = served_record(cs, rows, rounds, gpu_budgets(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
+                           tuner.requests.ttft_limit_s)
     StudyRecord.save(tuner.study, served=record)
     return record
 
@@ -250,39 +253,55 @@ def _summary(c: Served, rows: list[dict[str, Any]]) -> dict[str, Any]:
         for d, b in (r.get("peak_bytes") or {}).items():
             peaks[d] = max(peaks.get(d, 0), int(b))
     return {"key": c.key, "name": c.name, "roles": list(c.roles), "trial": c.trial, "ubatch": c.ubatch,
-            "request_s": spread("request_s"), "ttft_s": spread("ttft_s"), "pp": spread("pp_tps"),
+            "request_s": spread("request_s"), "ttft_s": spread("ttft_s"),
+            # the slowest class's TTFT (what --ttft limits); rows before it was recorded: the mean's
+            "ttft_max_s": spread("ttft_max_s") if all(r.get("ttft_max_s") is not None for r in good)
+            else spread("ttft_s"), "pp": spread("pp_tps"),
             "tg": spread("tg_tps"), "vram_device_bytes": dict(sorted(peaks.items())),
             "command": next((r.get("command") for r in good if r.get("command")), None),
             "errors": [r.get("error", "") for r in mine if not r.get("ok")]}
 
 
 def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, budget: dict[str, int],
-                  workload: str, bench: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                  workload: str, bench: dict[str, dict[str, Any]] | None = None,
+                  ttft_limit_s: float | None = None) -> dict[str, Any]:
     """Medians and spreads per contender; the reference (the fastest --fit variant); the pick: the fastest of all,
     references included, among the finalists within the budget on every GPU (a reference is what the user would
     run, so its own VRAM never rules it out); its speedup over the reference with a verdict (win / tie / loss by
-    the spreads of the request rates); and what the pick gives up, if anything."""
+    the spreads of the request rates); and what the pick gives up, if anything. With a TTFT limit (tune --ttft),
+    the reference and the pick are taken among the contenders whose slowest class's median TTFT meets it, where
+    any does (else among all, and the headline says the limit was missed)."""
     s = [_summary(c, rows) for c in cs]
     for x in s:
         if bench and x["key"] in bench:
             x["bench"] = bench[x["key"]]
             x["bench_vs_server"] = bench_vs_server(bench[x["key"]], x) if x["request_s"].samples else []
     ok = [x for x in s if x["request_s"].samples]
-    refs = [x for x in ok if "reference" in x["roles"]]
+
+    def meets(x: dict[str, Any]) -> bool:
+        return ttft_limit_s is None or x["ttft_max_s"].median <= ttft_limit_s
+
+    def first_that_meet(xs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [x for x in xs if meets(x)] or xs
+    refs = first_that_meet([x for x in ok if "reference" in x["roles"]])
     ref = min(refs, key=lambda x: x["request_s"].median, default=None)
 
     def within(x: dict[str, Any]) -> bool:
         return all(b <= budget.get(d, math.inf) for d, b in x["vram_device_bytes"].items())
-    eligible = [x for x in ok if "reference" in x["roles"] or within(x)]
+    eligible = first_that_meet([x for x in ok if "reference" in x["roles"] or within(x)])
     pick = min(eligible, key=lambda x: x["request_s"].median, default=None)
     out: dict[str, Any] = {"workload": workload, "rounds": rounds, "budget_bytes": budget,
                            "reference": ref["key"] if ref else None, "pick": pick["key"] if pick else None}
+    if ttft_limit_s is not None:
+        out["ttft_limit_s"] = ttft_limit_s
+        out["pick_meets_ttft"] = pick is not None and meets(pick)
     if ref is not None and pick is not None:
         rate = compare(Spread(tuple(1 / v for v in pick["request_s"].samples)),
                        Spread(tuple(1 / v for v in ref["request_s"].samples)))
         out["speedup"] = rate.to_dict() if rate else None
         out["gives_up"] = gives_up(pick, ref)
-    out["results"] = [dict(x, **{k: x[k].to_dict() for k in ("request_s", "ttft_s", "pp", "tg")}) for x in s]
+    out["results"] = [dict(x, **{k: x[k].to_dict() for k in ("request_s", "ttft_s", "ttft_max_s", "pp", "tg")})
+                      for x in s]
     return out
 
 
@@ -307,12 +326,19 @@ def headline(record: dict[str, Any]) -> str:
     t_ref, t_pick = ref["request_s"]["median"], pick["request_s"]["median"]
     vram = sum(pick["vram_device_bytes"].values())
     if pick is ref:
-        text = (f"{record['workload']}: keep {ref['name']}: no finalist answered faster than its {t_ref:.2f} s mean "
-                f"request ({fmt_bytes(vram)} VRAM)")
+        within = f" within the {record['ttft_limit_s']:g} s TTFT limit" if record.get("pick_meets_ttft") else ""
+        text = (f"{record['workload']}: keep {ref['name']}: no finalist{within} answered faster than its {t_ref:.2f} s "
+                f"mean request ({fmt_bytes(vram)} VRAM)")
     else:
         sp = record.get("speedup") or {}
         text = (f"{record['workload']}: {pick['name']} answers in {t_pick:.2f} s mean, {ref['name']} in {t_ref:.2f} s: "
                 f"{t_ref / t_pick:.2f}x ({sp.get('verdict', '?')}), at {fmt_bytes(vram)} VRAM "
                 f"(reference {fmt_bytes(sum(ref['vram_device_bytes'].values()))})")
-    given = record.get("gives_up") or []
-    return (f"gives up {'; '.join(given)}: " + text) if given else text
+    first = []
+    if record.get("pick_meets_ttft") is False:
+        worst = (pick.get("ttft_max_s") or pick["ttft_s"])["median"]
+        first.append(f"misses the {record['ttft_limit_s']:g} s TTFT limit (no contender met it; slowest class "
+                     f"{worst:.2f} s)")
+    if record.get("gives_up"):
+        first.append(f"gives up {'; '.join(record['gives_up'])}")
+    return "; ".join(first) + ": " + text if first else text

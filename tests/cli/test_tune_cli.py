@@ -126,3 +126,20 @@ def test_tune_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     assert "--kv-types" in _err(capsys, ["tune", MODEL, "--gpu", "16GiB", "--kv-types", "q9_9"])
     assert "no study" in _err(capsys, ["report", "nope", "--storage", f"sqlite:///{tmp_path / 'none.db'}"])
     assert not (tmp_path / "none.db").exists()
+
+
+def test_tune_ttft_limit_is_the_workloads_and_stays_with_the_study(tmp_path, capsys):
+    """--ttft 2.5s: stored with the study's workload and its request time (a resume scores the same); a bad value
+    or another objective is one line, exit 2."""
+    import optuna
+
+    from planner.tuner.records import StudyRecord
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    argv = ["tune", MODEL, "--gpu", "12GiB", "--workload", "rag", "--ttft", "2.5s", "--trials", "4", "--pool", "20",
+            "--storage", storage, "--study", "s", "--no-report", "--quiet"]
+    assert cli.main(argv) == 0
+    rec = StudyRecord.of(optuna.load_study(study_name="s", storage=storage))
+    assert rec.request_time["ttft_limit_s"] == 2.5
+    capsys.readouterr()
+    assert "--ttft 'soon'" in _err(capsys, [*argv[:6], "--ttft", "soon", "--study", "t", "--no-report"])
+    assert "needs the time objective" in _err(capsys, [*argv, "--objective", "tg", "--study", "u"])

@@ -96,6 +96,8 @@ def test_a_two_class_replay_reuses_the_cached_prefix(engine, inv, server):
     assert m.tg_tps == pytest.approx((first["tg_tps"] + 3 * second["tg_tps"]) / 4, rel=1e-3)
     assert m.raw["mean_request_s"] == pytest.approx((first["request_s"] + 3 * second["request_s"]) / 4, rel=1e-3)
     assert m.raw["tokens_per_s"] > 0 and not any("processed" in n for n in m.raw["notes"])
+    # the slowest class's TTFT (what tune --ttft limits)
+    assert m.raw["ttft_max_s"] == pytest.approx(max(first["ttft_s"], second["ttft_s"]), abs=1e-6)
     assert m.peak_bytes == {} and m.host_bytes > 1 << 20          # no GPU here; the server's VmHWM
 
 

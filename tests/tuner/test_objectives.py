@@ -118,3 +118,22 @@ def test_time_never_prefers_a_no_host_config_that_starves_the_prompt(name):
     # ... and the 5.9x of the issue (2048 in, 128 out): 17 s against 2.9 s
     one = RequestTime("p2048", (ClassSpeeds(1.0, 2048, 128, 1.0, 1.0),))
     assert one.mean_s(56.3, 130.0) / one.mean_s(54.1, 3000.0) == pytest.approx(5.9, abs=0.3)
+
+
+def test_a_ttft_limit_ranks_every_config_within_it_first():
+    """tune --ttft: a config whose slowest class takes longer than the limit to its first token scores below any
+    config within it, however fast its requests end; among those over it the quicker first token ranks first."""
+    from planner.tuner.objectives import TTFT_MISS, ClassSpeeds, RequestTime
+    # 8000 new tokens at the bench PP (a 0.5 s limit), 500 out: PP decides the first token, TG the rest
+    rt = RequestTime("w", (ClassSpeeds(1.0, 8000, 500, 1.0, 1.0),), ttft_limit_s=2.0)
+    within = rt.tps(20.0, 4000.0)          # TTFT 2.0 s: on the limit; 2 + 25 s
+    over_fast = rt.tps(60.0, 3000.0)       # TTFT 2.67 s, but 2.67 + 8.3 s: finishes far sooner
+    over_slow = rt.tps(60.0, 1000.0)       # TTFT 8 s
+    assert rt.ttft_s(3000.0) == pytest.approx(8000 / 3000)
+    assert within == pytest.approx(8500 / 27.0) and within > TTFT_MISS
+    assert TTFT_MISS > over_fast > over_slow > 0
+    assert over_fast == pytest.approx(TTFT_MISS * 2.0 / (8000 / 3000))
+    # without the limit the faster-ending config wins, and the limit round-trips with the study
+    assert RequestTime("w", rt.classes).tps(60.0, 3000.0) > RequestTime("w", rt.classes).tps(20.0, 4000.0)
+    assert RequestTime.from_dict(rt.to_dict()) == rt
+    assert RequestTime.from_dict(RequestTime("w", rt.classes).to_dict()).ttft_limit_s is None

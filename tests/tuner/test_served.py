@@ -205,3 +205,26 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     n = len(server.runs)
     again = confirm_served(tuner(), server, rounds=2, n_finalists=1)
     assert len(server.runs) == n and again["pick"] == twin
+
+
+def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
+    cs = REFS + [Served("trial:3", "trial 3", ("finalist",), trial=3), Served("trial:5", "trial 5", ("finalist",),
+                                                                              trial=5)]
+
+    def with_ttft(rs: list[dict], worst: float) -> list[dict]:
+        return [dict(r, ttft_max_s=worst) for r in rs]
+    r = (with_ttft(rows("fit:512", [10.0, 10.4], 3000, 50, 6000), 2.5)
+         + with_ttft(rows("fit:2048", [8.0, 8.2], 5000, 50, 6000), 3.5)      # the fastest --fit misses 3 s
+         + with_ttft(rows("trial:3", [7.0, 7.1], 9000, 49, 6000), 2.0)
+         + with_ttft(rows("trial:5", [5.0, 5.1], 4000, 55, 6000), 4.0))      # fastest of all, misses 3 s
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag", ttft_limit_s=3.0)
+    assert rec["reference"] == "fit:512" and rec["pick"] == "trial:3" and rec["pick_meets_ttft"]
+    assert rec["results"][2]["ttft_max_s"]["median"] == 2.0
+    assert headline(rec).startswith("rag: trial 3 answers in 7.05 s mean, --fit in 10.20 s")
+    # without the limit: the fastest of all
+    assert served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag")["pick"] == "trial:5"
+    # nobody meets 1 s: the fastest, and the first line says the limit was missed
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag", ttft_limit_s=1.0)
+    assert rec["pick"] == "trial:5" and rec["pick_meets_ttft"] is False
+    assert headline(rec).startswith("misses the 1 s TTFT limit (no contender met it; slowest class 4.00 s): rag: "
+                                    "trial 5 answers in 5.05 s mean")
