@@ -56,6 +56,7 @@ class Served:
     trial: int | None = None
     ubatch: int | None = None
     filled: bool = False               # trial N's plan with experts moved onto the GPU up to the budget
+    kv_type: str | None = None         # a reference at the KV type a finalist uses ("fit:UB:TYPE")
 
 
 def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
@@ -65,11 +66,14 @@ def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
 
 
 def served_of(key: str) -> Served:
-    """The contender a stored key stands for: "fit:UB" a reference, "trial:N" a finalist, "fill:N" its twin."""
+    """The contender a stored key stands for: "fit:UB" a reference ("fit:UB:TYPE" at that KV type), "trial:N" a
+    finalist, "fill:N" its twin."""
     kind, _, n = key.partition(":")
     if kind == "fit":
-        ub = int(n)
-        return Served(key, "--fit" + (f" -ub {ub}" if ub != 512 else ""), ("reference",), ubatch=ub)
+        ub_text, _, kv = n.partition(":")
+        ub = int(ub_text)
+        name = "--fit" + (f" -ub {ub}" if ub != 512 else "") + (f" -ctk/-ctv {kv}" if kv else "")
+        return Served(key, name, ("reference",), ubatch=ub, kv_type=kv or None)
     if kind == "fill":
         return Served(key, f"trial {n} filled", ("finalist",), trial=int(n), filled=True)
     return Served(key, f"trial {n}", ("finalist",), trial=int(n))
@@ -108,7 +112,8 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
     serving = study.serving or {}
     if not serving.get("rows"):
         return None
-    keys = [*serving["keys"], *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
+    keys = [*serving["keys"], *serving.get("kv_refs", []),
+            *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
     rt = study.request_time or {}
     rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
                         rt.get("workload", "workload"), ttft_limit_s=rt.get("ttft_limit_s"))
@@ -147,6 +152,8 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str
         with SIGINT.engine_run():
             if plan is not None:
                 m = server.measure_workload(tuner.inv, plan, tuner.requests)
+            elif c.kv_type is not None:
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type)
             else:
                 m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch)
     except InputError:
@@ -175,10 +182,12 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
     same = stored.get("keys") == keys
     rows = list(stored.get("rows", [])) if same else []
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
+    kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
     while True:
         if fill:
             _add_twins(tuner, base, rows, fills)
-        cs = base + [served_of(k) for k, p in fills.items() if p is not None]
+        _add_kv_references(tuner, base, rows, kv_refs)
+        cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
         todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
                 if not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
         if not todo:
@@ -190,14 +199,35 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
             return {}
         plan = _plan_of(tuner, c, fills)
         rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c, plan)})
-        StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills})
+        StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
+                                               "kv_refs": kv_refs})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
-    cs = base + [served_of(k) for k, p in fills.items() if p is not None]
+    cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
     record = served_record(cs, rows, rounds, gpu_budgets(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
                            tuner.requests.ttft_limit_s)
     StudyRecord.save(tuner.study, served=record)
     return record
+
+
+def _add_kv_references(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], kv_refs: list[str]) -> None:
+    """--fit at a KV type a finalist uses (K and V alike, not f16): once every reference's first round is in, at the
+    ubatch of the fastest of them, so the reference a user would run with that KV type is served too."""
+    refs = [c for c in base if "reference" in c.roles]
+    firsts = [next((r for r in rows if r["key"] == c.key and r["round"] == 0), None) for c in refs]
+    if kv_refs or not refs or any(r is None for r in firsts):
+        return
+    good = [(r["request_s"], c) for r, c in zip(firsts, refs) if r and r.get("ok") and r.get("request_s")]
+    if not good:
+        return
+    ub = min(good, key=lambda x: x[0])[1].ubatch
+    kinds = []
+    for c in base:
+        if c.trial is not None:
+            k = TrialRecord.from_trial(tuner._trial(c.trial)).plan().knobs
+            if k.type_k == k.type_v and k.type_k != "f16" and k.type_k not in kinds:
+                kinds.append(k.type_k)
+    kv_refs += [f"fit:{ub}:{kv}" for kv in kinds]
 
 
 def _add_twins(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None]) -> None:

@@ -238,3 +238,14 @@ def test_find_server_says_where_it_looked(tmp_path):
         find_server(env={"PATH": str(tmp_path)})
     with pytest.raises(InputError, match="no such file"):
         find_server(tmp_path / "nope")
+
+
+def test_a_fit_reference_at_a_kv_type_runs_with_that_cache(engine, inv):
+    """--fit as a user runs it after seeing the pick use q8_0 KV: -ctk/-ctv q8_0 with flash attention (a quantized
+    V cache needs it), at the ubatch asked; on this CPU-only machine without the fit (no device memory to fit)."""
+    e = engine()
+    m = e.fit_reference(inv, TWO_CLASSES, {}, 1024, kv_type="q8_0")
+    assert m.ok, m.error + "\n" + m.raw["log_tail"]
+    argv = m.raw["argv"]
+    assert argv[argv.index("-ctk") + 1] == argv[argv.index("-ctv") + 1] == "q8_0"
+    assert argv[argv.index("-fa") + 1] == "on" and argv[argv.index("-ub") + 1] == "1024"

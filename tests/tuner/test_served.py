@@ -136,9 +136,9 @@ class GpuStandIn:
         return Measurement(1000.0, 40.0, {"CUDA0": peak}, raw={"mean_request_s": secs, "ttft_s": 1.0,
                                                                 "command": "llama-server ...", "wall_s": 1.0})
 
-    def fit_reference(self, inv, workload, budgets, ubatch):
+    def fit_reference(self, inv, workload, budgets, ubatch, kv_type=None):
         from planner.engine import Measurement
-        self.runs.append(("fit", ubatch))
+        self.runs.append(("fit", ubatch, kv_type))
         return Measurement(900.0, 41.0, {"CUDA0": budgets["CUDA0"] + 100 * MiB},
                            raw={"mean_request_s": 9.0 + ubatch / 4096, "ttft_s": 2.0, "wall_s": 1.0})
 
@@ -156,6 +156,7 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     from planner.tuner.records import StudyRecord
     from planner.tuner.search import Tuner
     from planner.tuner.served import FILL_LEFT, confirm_served, filled_plan
+    from planner.tuner.space import SpaceConfig
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
@@ -165,7 +166,7 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     def tuner():
         return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
                                                           n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
-                                                          storage=storage))
+                                                          storage=storage, config=SpaceConfig(kv_types=("q8_0",))))
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
@@ -182,13 +183,18 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
         confirm_served(t, server, rounds=2, n_finalists=1, progress=kill_at_4)
     assert len(server.runs) == 4
     rec = confirm_served(tuner(), server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600)
-    assert len(server.runs) == 10
+    assert len(server.runs) == 2 * len(rec["results"])
     keys = [r["key"] for r in rec["results"]]
     twin = next(k for k in keys if k.startswith("fill:"))
     parent = "trial:" + twin.split(":")[1]
-    assert keys == ["fit:512", "fit:2048", "fit:4096", parent, twin]
+    # a finalist with a quantized KV cache brings --fit at that KV type, at the fastest --fit's ubatch (512 here)
+    kt = Plan.from_json(StudyRecord.of(t.study).serving["fills"][twin]).knobs.type_k
+    assert kt == "q8_0"
+    assert keys == ["fit:512", "fit:2048", "fit:4096", parent, "fit:512:q8_0", twin]
     serving = StudyRecord.of(t.study).serving
     assert sorted(r["key"] for r in serving["rows"]) == sorted(keys * 2)      # every contender, both rounds
+    assert server.runs.count(("fit", 512, "q8_0")) == 2
+    assert next(r for r in rec["results"] if r["key"] == "fit:512:q8_0")["name"] == "--fit -ctk/-ctv q8_0"
     p_plan = Plan.from_json(serving["fills"][twin])
     gpu_exps = [n for n, d in p_plan.assignment.items() if d != "CPU" and ".ffn_" in n and "_exps" in n]
     parent_plan = next(r for r in rec["results"] if r["key"] == parent)
@@ -197,7 +203,7 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     # the twin's server peak is at the budget less FILL_LEFT, within one expert layer (its 48 layers: ~360 MiB)
     assert budget - FILL_LEFT - 400 * MiB <= twin_res["vram_device_bytes"]["CUDA0"] <= budget - FILL_LEFT
     assert twin_res["vram_device_bytes"]["CUDA0"] > parent_plan["vram_device_bytes"]["CUDA0"]
-    assert rec["pick"] == twin and rec["results"][4]["name"].endswith("filled")
+    assert rec["pick"] == twin and rec["results"][-1]["name"].endswith("filled")
     # nothing left to fill: the twin of the twin is the twin itself; a CPU run (no peaks) makes none
     assert filled_plan(t, p_plan, {"CUDA0": budget - FILL_LEFT}) is None
     assert filled_plan(t, p_plan, {}) is None
