@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..builds import Build
 from ..errors import InputError
@@ -9,6 +10,7 @@ from ..hardware import HardwareProfile, parse_size
 from ..model import ModelInventory
 from ..plan import Knobs, Plan
 from ..validate import check_dialect
+from ..workload import load as load_workload
 from .common import hardware, positive, target_build
 from .requests import PlanRequest
 
@@ -75,18 +77,25 @@ class PlanOutcome:
     budget: object
     cmds: Commands
     top: int                  # candidates the text lists
+    workload: str | None = None               # plan --workload: its name, and each candidate's predicted mean
+    request_s: dict[str, float] | None = None  # request time by plan id (what the candidates are ranked by)
 
     def to_json(self) -> dict:
         from ..memory import estimate
         best, inv, hw = self.ranked[0], self.inv, self.hw
         return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
                 "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
-                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
+                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps,
+                                                           **self._request(best)},
                 "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
                 "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
                                   "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
-                                  "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}}
-                                 for s in self.ranked[1:]]}
+                                  "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"},
+                                  **self._request(s)}
+                                 for s in self.ranked[1:]], **({"workload": self.workload} if self.workload else {})}
+
+    def _request(self, s: Any) -> dict[str, float]:
+        return {"mean_request_s": self.request_s[s.plan.id]} if self.request_s is not None else {}
 
 
 def plan_outcome(req: PlanRequest) -> PlanOutcome:
@@ -108,6 +117,16 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
     elif req.dialect == "ik" and req.amb is not None:
         knobs = replace(knobs, amb=req.amb)
     objective = "balanced" if req.objective == "both" else req.objective
+    requests = load_workload(req.workload) if req.workload else None
+    if requests is not None:     # the emitted context holds the longest request in each slot
+        knobs = replace(knobs, n_ctx=max(knobs.n_ctx, -(-requests.ctx // 256) * 256), n_seq=requests.slots)
     ranked = best_plans(inv, hw, knobs, req.dialect, objective, margin)
+    times = None
+    if requests is not None:
+        from ..tuner.objectives import predicted_request_s
+        times = {s.plan.id: predicted_request_s(inv, hw, s.plan, requests) for s in ranked}
+        ranked = sorted(ranked, key=lambda s: times[s.plan.id])
+        objective = f"time, workload {requests.name}"
     return PlanOutcome(req.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
-                       commands_for(ranked[0].plan, inv, req.model, build), req.top)
+                       commands_for(ranked[0].plan, inv, req.model, build), req.top,
+                       requests.name if requests is not None else None, times)

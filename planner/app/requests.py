@@ -54,6 +54,9 @@ class PlanRequest:
     amb: int | None = opt(None, help="ik -amb in MiB (default 512 for MLA models, else ik's default)")
     objective: PlanObjective = opt("tg", help="tg, pp or balanced (the geometric mean of both; 'both', tune's word, "
                                               "means the same here)")
+    workload: str | None = opt(None, help="rank by this workload's predicted mean request time instead of the "
+                                          "objective: chat, agent, rag, batch, a .toml or a .jsonl log; the context "
+                                          "and slots then hold its longest request")
     margin: str = opt(D.PLAN_MARGIN, help=f"VRAM kept free per GPU (default {D.PLAN_MARGIN})")
     top: int = opt(D.PLAN_TOP, help=f"candidates to list (default {D.PLAN_TOP})")
 

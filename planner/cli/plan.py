@@ -42,8 +42,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
     print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, "
           f"PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
+    mean = f", mean request {o.request_s[best.plan.id]:.2f} s" if o.request_s is not None else ""
     print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
-          f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s")
+          f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s{mean}")
     print(f"target:   {build.describe()}")
     print()
     _print_layers(inv, best.plan.assignment)
@@ -57,8 +58,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     rows = [[s.plan.label, _op_words(s.plan), "yes" if s.plan.knobs.mmap else "no",
              " ".join(fmt_bytes(m.total) for d, m in sorted(s.memory.devices.items()) if d != "CPU"),
-             f"{s.pp_tps:.1f}", f"{s.tg_tps:.2f}"] for s in ranked[: o.top]]
-    print(table(["candidate", "op offload", "mmap", "GPU total", "PP t/s", "TG t/s"], rows))
+             f"{s.pp_tps:.1f}", f"{s.tg_tps:.2f}"] + ([f"{o.request_s[s.plan.id]:.2f}"] if o.request_s else [])
+            for s in ranked[: o.top]]
+    print(table(["candidate", "op offload", "mmap", "GPU total", "PP t/s", "TG t/s"]
+                + (["request s"] if o.request_s else []), rows))
     return 0
 
 
@@ -70,7 +73,7 @@ def add_parser(sub) -> None:
     for name in ("ctx", "ubatch", "batch", "kv_type", "threads", "dialect"):
         add_option(p, PlanRequest, name)
     _add_build(p, PlanRequest)
-    for name in ("amb", "objective", "margin", "top"):
+    for name in ("amb", "objective", "workload", "margin", "top"):
         add_option(p, PlanRequest, name)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

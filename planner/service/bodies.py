@@ -70,6 +70,11 @@ def _value(command: str, o: Option, key: str, value: Any, paths: PathPolicy) -> 
         return paths.hardware(text)
     if o.name == "build" and ("/" in text or text.startswith(".")):
         raise InputError("build: give DIALECT:N (e.g. ik:4840); a program path is the server's, not a request's")
+    if o.name == "workload":            # a file would be the server's, read on a client's word
+        from ..workload import PRESETS
+        if text not in PRESETS:
+            raise InputError(f"workload: give one of {', '.join(PRESETS)} (a workload file is the server's, not a "
+                             "request's)")
     if o.name == "kv_types":
         from ..app.requests import parse_kv_types
         return parse_kv_types(text, "--kv-types")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..hardware import HardwareProfile
     from ..model import ModelInventory
     from ..plan import Plan
-    from ..workload import Workload
+    from ..workload import RequestClass, Workload
 
 ObjectiveKind = Literal["time", "tg", "pp", "both", "expr"]
 BENCH_MAX_GEN = 128        # generated tokens a benchmark run times: TG settles within them
@@ -163,14 +163,33 @@ def request_time(inv: ModelInventory, hw: HardwareProfile, plan: Plan, workload:
     base = predict(inv, plan, hw, n_prompt=max(bench.n_prompt, 1), depth=bench.depth)
     classes = []
     for c in workload.classes:
-        k = c.in_flight
-        pp = predict(inv, plan, hw, n_prompt=max(k * c.new_tokens, 1), depth=c.cached_tokens).pp_tps / k
-        at = predict(inv, plan, hw, n_prompt=k, depth=c.prompt_tokens)
-        tg = at.tg_tps if k == 1 else at.pp_tps / k
+        pp, tg = class_speeds(inv, hw, plan, c)
         classes.append(ClassSpeeds(float(c.weight), c.new_tokens, c.gen_tokens,
                                    pp / base.pp_tps if base.pp_tps > 0 else 0.0,
                                    tg / base.tg_tps if base.tg_tps > 0 else 0.0))
     return RequestTime(workload.name, tuple(classes), workload.ttft_limit_s)
+
+
+def class_speeds(inv: ModelInventory, hw: HardwareProfile, plan: Plan, c: RequestClass) -> tuple[float, float]:
+    """(PP, TG) per request of one class by the cost model: a class with k requests in flight processes their k
+    prompts together (PP at k x new tokens, each request waiting for all) and then generates k tokens a step (its
+    per-request TG: the k-token step's rate over k)."""
+    from ..cost import predict
+    k = c.in_flight
+    pp = predict(inv, plan, hw, n_prompt=max(k * c.new_tokens, 1), depth=c.cached_tokens).pp_tps / k
+    at = predict(inv, plan, hw, n_prompt=k, depth=c.prompt_tokens)
+    return pp, (at.tg_tps if k == 1 else at.pp_tps / k)
+
+
+def predicted_request_s(inv: ModelInventory, hw: HardwareProfile, plan: Plan, workload: Workload) -> float:
+    """The workload's mean request time by the cost model on `plan` (each class at its own size and depth): what
+    `plan --workload` ranks by (inf when a speed a class needs is 0)."""
+    def one(c: RequestClass) -> float:
+        pp, tg = class_speeds(inv, hw, plan, c)
+        if (c.new_tokens and pp <= 0) or (c.gen_tokens and tg <= 0):
+            return math.inf
+        return (c.new_tokens / pp if c.new_tokens else 0.0) + (c.gen_tokens / tg if c.gen_tokens else 0.0)
+    return workload.mean_request_s(one)
 
 
 @dataclass(frozen=True)

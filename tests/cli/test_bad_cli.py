@@ -88,6 +88,7 @@ BAD: list[tuple[str, list[str]]] = [
     ("plan zero gpu", ["plan", M, "--gpu", "0"]),
     ("plan negative gpu", ["plan", M, "--gpu", "-24GiB"]),
     ("plan empty gpu", ["plan", M, "--gpu", ","]),
+    ("plan unknown workload", ["plan", M, "--gpu", "12GiB", "--workload", "nope"]),
     ("plan 17 gpus", ["plan", M, "--gpu", ",".join(["8GiB"] * 17)]),
     ("plan unit", ["plan", M, "--gpu", "24Gibibytes"]),
     ("plan no hardware", ["plan", M]),

@@ -74,3 +74,12 @@ def test_the_schema_is_the_requests_fields_with_their_help(command):
         assert s["properties"]["n_prompt"] == {"type": "integer",
                                                "description": options(TuneOptions)["n_prompt"].help}
         assert s["properties"]["engine"]["enum"] == ["sim", "torch", "llamacpp", "llamaserver"]   # the registry
+
+
+def test_a_workload_over_http_is_a_preset_not_a_file_of_the_servers(tmp_path):
+    (tmp_path / "w.toml").write_text('[[request]]\nnew_tokens = 8\n')
+    assert bodies.request("plan", {"model": M, "workload": "rag"}, PATHS).workload == "rag"
+    assert bodies.request("tune", {"model": M, "workload": "agent"}, PATHS).workload == "agent"
+    for command in ("plan", "tune"):
+        with pytest.raises(InputError, match="a workload file is the server's"):
+            bodies.request(command, {"model": M, "workload": str(tmp_path / "w.toml")}, PATHS)
