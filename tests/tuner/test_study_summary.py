@@ -55,3 +55,24 @@ def test_the_written_report_is_the_summary_with_its_files(tuner, tmp_path):
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert f"engine runs: {s.engine_runs.total} (baselines {s.engine_runs.baselines}" in md
     assert "## Best per VRAM budget" in md
+
+
+def test_best_tg_is_not_a_dominated_run_within_a_hair_of_it():
+    """Issue 'first hour' 3: trial 0 had TG 35.1462 and PP 33.1; trial 28 TG 35.1460 with 9.5x the PP and less VRAM.
+    Runs within BEST_TIE of the best TG tie on it: the most PP, then the least VRAM, decides."""
+    import pandas as pd
+
+    from planner.tuner.report import BEST_TIE, TOOLS_ORDER, _best
+
+    def run(trial, tg, pp, vram):
+        return {"trial": trial, "plan_id": f"p{trial}", "label": "", "source": "", "ok": True, "duplicate_of": None,
+                "tg_tps": tg, "pp_tps": pp, "vram_bytes": vram, "cv": None, **{t: "" for t in TOOLS_ORDER}}
+    df = pd.DataFrame([run(0, 35.1462, 33.1, 20e9), run(28, 35.1460, 314.0, 18e9), run(5, 30.0, 900.0, 10e9)])
+    assert _best(df, "tg_tps")["trial"] == 28
+    assert _best(df, "pp_tps")["trial"] == 5
+    # a TG more than BEST_TIE better is the best, whatever it gives up
+    df2 = pd.DataFrame([run(0, 35.1462 * (1 + 2 * BEST_TIE), 33.1, 20e9), run(28, 35.1460, 314.0, 18e9)])
+    assert _best(df2, "tg_tps")["trial"] == 0
+    # equal speeds: the least VRAM
+    df3 = pd.DataFrame([run(1, 40.0, 100.0, 9e9), run(2, 40.0, 100.0, 8e9)])
+    assert _best(df3, "tg_tps")["trial"] == 2
