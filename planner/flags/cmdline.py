@@ -440,8 +440,19 @@ def check_knobs(knobs: Knobs, table: ToolTable) -> None:
                         "set mmap=False")
 
 
-def knob_settings(knobs: Knobs, table: ToolTable, notes: list[str]) -> list[tuple[str, Any]]:
+def moot_knobs(knobs: Knobs, mla_model: bool) -> frozenset[str]:
+    """Knobs that change nothing for this model: ik's -mla without MLA, and -amb (which bounds only attention
+    without flash attention) without MLA and with flash attention. They are not written, so a Qwen3 plan carries
+    no `-mla 3 -amb 0`, and a command read back may hold the program's defaults for them."""
+    if mla_model:
+        return frozenset()
+    return frozenset({"mla", "amb"}) if knobs.flash_attn else frozenset({"mla"})
+
+
+def knob_settings(knobs: Knobs, table: ToolTable, notes: list[str], mla_model: bool = True
+                  ) -> list[tuple[str, Any]]:
     check_knobs(knobs, table)
+    moot = moot_knobs(knobs, mla_model)
     out: list[tuple[str, Any]] = []
     keys = table.keys()
     default_knobs = Knobs()
@@ -461,6 +472,8 @@ def knob_settings(knobs: Knobs, table: ToolTable, notes: list[str]) -> list[tupl
             raise FlagError(f"{table.dialect} {table.binary} does not accept KV cache type {value!r} "
                             f"for {fname}; valid: {', '.join(table.kv_types)}")
         if key == "threads" and value <= 0:
+            continue
+        if fname in moot:
             continue
         if key in table.always or setting != table.defaults.get(key, setting):
             out.append((key, setting))
@@ -1002,7 +1015,7 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
         settings.append(("cmoe", True) if pf.moe[0] == "cmoe" else ("ncmoe", pf.moe[1]))
     if spec.name == "mainline" and tool != "bench":
         settings.append(("fit", False))
-    settings += knob_settings(plan.knobs, table, notes)
+    settings += knob_settings(plan.knobs, table, notes, mla_model=inv.hparams.is_mla)
     pol, env = spec.render_policy(plan.knobs, table, inv, opts)
     settings += pol
     notes.extend(spec.placement_notes(plan.assignment, plan.knobs, inv))
@@ -1020,7 +1033,8 @@ def verify(rc: RenderedCommand, plan: Plan, inv: ModelInventory, spec: DialectSp
         n = diff[0]
         raise FlagError(f"internal error: the rendered flags would put {len(diff)} tensors elsewhere than the plan "
                         f"(e.g. {n}: plan {plan.assignment[n]}, flags {back.assignment.get(n)}); not emitting them")
-    for fname in sorted(knob_fields(spec, tool) - spec.tools[tool].ignored_knobs):
+    for fname in sorted(knob_fields(spec, tool) - spec.tools[tool].ignored_knobs
+                        - moot_knobs(plan.knobs, inv.hparams.is_mla)):
         if getattr(back.knobs, fname) != getattr(plan.knobs, fname):
             raise FlagError(f"internal error: the rendered flags set {fname}={getattr(back.knobs, fname)!r}, the plan "
                             f"says {getattr(plan.knobs, fname)!r}; not emitting them")

@@ -8,6 +8,7 @@ starts on the CPU.
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -505,7 +506,10 @@ def test_ik_moe_threshold_note():
 def test_render_ik_extras_and_no_mmap_spellings():
     k = Knobs(mla=2, amb=512, fmoe=False, rtr=True, mmap=False)
     argv = list(render(plan_experts_on_cpu((), "ik", k), INV))
-    assert argv[argv.index("-mla") + 1] == "2" and argv[argv.index("-amb") + 1] == "512"
+    # INV has no MLA: -mla is moot, and so is -amb with flash attention (test_flags_ik: an MLA model keeps both)
+    assert "-mla" not in argv and "-amb" not in argv
+    no_fa = list(render(plan_experts_on_cpu((), "ik", replace(k, flash_attn=False)), INV))
+    assert no_fa[no_fa.index("-amb") + 1] == "512"
     assert "-no-fmoe" in argv and "-rtr" in argv
     bench = list(render(plan_experts_on_cpu((), "ik", k), INV, "bench"))
     assert bench[bench.index("-fmoe") + 1] == "0" and bench[bench.index("-rtr") + 1] == "1"

@@ -191,3 +191,21 @@ def test_the_bench_line_spells_the_servers_ncmoe_as_explicit_ot():
     assert "--n-cpu-moe" not in bench and bench[bench.index("-ot") + 1] == \
         r"blk\.(3[89]|4[0-7])\.ffn_(down|gate|up)_exps=CPU"
     assert parse(bench, inv, "ik", tool="bench").assignment == plan.assignment
+
+
+def test_a_model_without_mla_gets_no_mla_flags():
+    """Issue 'first hour' 6: ik plans of Qwen3 carried `-mla 3 -amb 0`. -mla means nothing without MLA, and -amb
+    bounds only attention without flash attention, so they are left out there (and read back as moot)."""
+    from planner.flags import render
+    from planner.loader import load_model
+    from planner.plan import Knobs, Plan
+    qwen, ds = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), load_model("preset:DeepSeek-V3")
+
+    def line(inv, **knobs) -> list[str]:
+        plan = Plan(inv.source or inv.name, {t.name: "CPU" for t in inv.allocated()}, Knobs(**knobs), "ik")
+        return list(render(plan, inv, "server"))
+    assert "-mla" not in line(qwen) and "-amb" not in line(qwen)
+    no_fa = line(qwen, flash_attn=False)
+    assert "-mla" not in no_fa and no_fa[no_fa.index("-amb") + 1] == "0"       # -amb bounds non-FA attention
+    mla = line(ds, amb=512)
+    assert mla[mla.index("-mla") + 1] == "3" and mla[mla.index("-amb") + 1] == "512"
