@@ -79,6 +79,7 @@ class PlanOutcome:
     top: int                  # candidates the text lists
     workload: str | None = None               # plan --workload: its name, and each candidate's predicted mean
     request_s: dict[str, float] | None = None  # request time by plan id (what the candidates are ranked by)
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         from ..memory import estimate
@@ -92,7 +93,8 @@ class PlanOutcome:
                                   "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
                                   "gpu_bytes": {d: m.total for d, m in s.memory.devices.items() if d != "CPU"},
                                   **self._request(s)}
-                                 for s in self.ranked[1:]], **({"workload": self.workload} if self.workload else {})}
+                                 for s in self.ranked[1:]], **({"workload": self.workload} if self.workload else {}),
+                "warnings": list(self.warnings)}
 
     def _request(self, s: Any) -> dict[str, float]:
         return {"mean_request_s": self.request_s[s.plan.id]} if self.request_s is not None else {}
@@ -127,6 +129,11 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
         times = {s.plan.id: predicted_request_s(inv, hw, s.plan, requests) for s in ranked}
         ranked = sorted(ranked, key=lambda s: times[s.plan.id])
         objective = f"time, workload {requests.name}"
+    warnings = []
+    if knobs.n_ctx > inv.hparams.n_ctx_train > 0:      # explain's W029, for the context plan emits
+        warnings.append(f"W029 -c {knobs.n_ctx} is more than the model's training context "
+                        f"({inv.hparams.n_ctx_train}): llama.cpp warns of a possible context overflow; quality may "
+                        "suffer")
     return PlanOutcome(req.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
                        commands_for(ranked[0].plan, inv, req.model, build), req.top,
-                       requests.name if requests is not None else None, times)
+                       requests.name if requests is not None else None, times, tuple(warnings))

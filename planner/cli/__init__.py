@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         args.llama_args = argv[cut + 1:]
         return args.func(args) or 0
     except InputError as e:
-        print(f"offload-tuner: error: {e}", file=sys.stderr)
+        hint = ("; llama.cpp's arguments go after --: explain MODEL --gpu 8GiB -- -ngl 99 ..."
+                if argv[:1] == ["explain"] and "--" not in argv and "unrecognized arguments" in str(e) else "")
+        print(f"offload-tuner: error: {e}{hint}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

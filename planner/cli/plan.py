@@ -46,6 +46,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s{mean}")
     print(f"target:   {build.describe()}")
+    for w in o.warnings:
+        print(f"warning: {w}")
     print()
     _print_layers(inv, best.plan.assignment)
     print()

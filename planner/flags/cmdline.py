@@ -679,9 +679,9 @@ def _match_warnings(overrides: Sequence[Override], res: MatchResult, rule: MoeRu
         if ov.origin.startswith(("-ncmoe", "-ncffn")) or (ov.origin == "-cmoe" and rule and rule.cmoe_pattern is None):
             continue     # per-layer expansions that match nothing (dense layers) are expected
         if not res.matched[idx]:
-            warnings.append(f"W001 pattern {ov.pattern!r} ({ov.origin}) matches no tensor")
+            warnings.append(f"W001 pattern '{ov.pattern}' ({ov.origin}) matches no tensor")
         elif not any(res.first.get(nm) == idx for nm in res.matched[idx]):
-            warnings.append(f"W002 pattern {ov.pattern!r} ({ov.origin}) is shadowed entirely by earlier "
+            warnings.append(f"W002 pattern '{ov.pattern}' ({ov.origin}) is shadowed entirely by earlier "
                             "overrides (the first match wins)")
     te = assignment.get("token_embd.weight")
     if te is not None and te != "CPU":

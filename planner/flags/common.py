@@ -77,7 +77,7 @@ class Pattern:
 
 
 def _ecma_error(pattern: str, what: str) -> FlagError:
-    return FlagError(f"-ot pattern {pattern!r}: {what}; llama.cpp compiles -ot patterns as ECMAScript std::regex")
+    return FlagError(f"-ot pattern '{pattern}': {what}; llama.cpp compiles -ot patterns as ECMAScript std::regex")
 
 
 def translate_ecmascript(pattern: str) -> str:
@@ -148,7 +148,7 @@ def translate_ecmascript(pattern: str) -> str:
     try:
         re.compile(text)
     except re.error as e:
-        raise FlagError(f"-ot pattern {pattern!r} is not a valid regex: {e}") from e
+        raise FlagError(f"-ot pattern '{pattern}' is not a valid regex: {e}") from e
     return text
 
 

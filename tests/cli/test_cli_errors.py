@@ -93,3 +93,18 @@ def test_errors_through_the_real_console_script(tmp_path):
     r = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", str(p)], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_small_first_hour_items(capsys):
+    """Issue 'first hour' 6: a pattern's backslashes printed once; explain's arguments without -- get a hint; plan
+    warns of a context past the model's training context, as explain does."""
+    code, _, err = run_cli(capsys, "explain", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "--", "-ngl", "99", "-ot",
+                           r"blk\.(1[0-9]\.ffn=CPU")
+    assert_one_line_error(code, err, r"-ot pattern 'blk\.(1[0-9]\.ffn' is not a valid regex")
+    assert r"\\." not in err
+    code, _, err = run_cli(capsys, "explain", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "-ngl", "99")
+    assert_one_line_error(code, err, "unrecognized arguments: -ngl 99", "go after --")
+    code, out, _ = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B", "--gpu", "24GiB", "--ctx", "100000")
+    assert code == 0 and "warning: W029 -c 100000 is more than the model's training context (40960)" in out
+    code, out, _ = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B", "--gpu", "24GiB")
+    assert code == 0 and "W029" not in out
