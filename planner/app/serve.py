@@ -36,10 +36,12 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def check_server(config: ServerConfig) -> ServerConfig:
-    """The configuration as `serve` takes it: bind and token, port, engines, model folders, storage, bounds."""
+    """The configuration as `serve` takes it: bind and token, port (free), engines, model folders, storage,
+    bounds."""
     check_bind(config.host, config.token)
     if not 0 <= config.port <= 65535:
         raise InputError(f"--port {config.port}: give 0-65535")
+    check_port_free(config.host, config.port)
     bad = [e for e in config.engines if e not in engines.ENGINES]
     if not config.engines or bad:
         raise InputError(f"--engine {','.join(config.engines)!r}: a comma list of {', '.join(engines.names())}")
@@ -52,6 +54,26 @@ def check_server(config: ServerConfig) -> ServerConfig:
     positive(config.max_tunes, "--max-tunes")
     positive(config.max_trials, "--max-trials")
     return config
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A taken port is one line before the server starts (uvicorn would log its errno text and exit 3). Bound and
+    released here with SO_REUSEADDR, as uvicorn binds: a port in TIME_WAIT is not taken."""
+    import socket
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InputError(f"--host {host}: {e.strerror or e}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise InputError(f"--port {port}: {host}:{port} cannot be bound ({e.strerror or e}; another server "
+                             "there?); give another --port, or 0 for a free one") from None
 
 
 def run_server(config: ServerConfig) -> None:

@@ -108,3 +108,15 @@ def test_small_first_hour_items(capsys):
     assert code == 0 and "warning: W029 -c 100000 is more than the model's training context (40960)" in out
     code, out, _ = run_cli(capsys, "plan", "preset:Qwen3-30B-A3B", "--gpu", "24GiB")
     assert code == 0 and "W029" not in out
+
+
+def test_serve_on_a_taken_port_is_one_line(capsys, tmp_path):
+    """Issue 'first hour' 6: uvicorn logged its errno text and exited 3; now one line, exit 2, before the banner."""
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run_cli(capsys, "serve", "--port", str(port), "--storage", f"sqlite:///{tmp_path / 's.db'}")
+    assert_one_line_error(code, err, f"--port {port}: 127.0.0.1:{port} cannot be bound", "give another --port")
+    assert out == ""
