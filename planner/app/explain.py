@@ -1,11 +1,11 @@
 """explain: what a llama.cpp command line does: placement, memory, speed, warnings."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import engines
 from ..errors import InputError
-from ..hardware import HardwareProfile, fmt_bytes, from_gpu_sizes
+from ..hardware import MiB, HardwareProfile, fmt_bytes, from_gpu_sizes
 from ..model import ModelInventory
 from ..plan import Plan, gpu_index, is_gpu
 from ..validate import check_dialect
@@ -76,13 +76,56 @@ def explain_outcome(req: ExplainRequest) -> ExplainOutcome:
     if hw is None:
         hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
     mem = estimate(inv, plan, hw)
-    pred = predict(inv, plan, hw)
     warnings = list(parsed.warnings)     # (-nkvo: the parser already warns)
-    for dev, m in mem.devices.items():
-        if is_gpu(dev) and gpu_index(dev) < len(hw.gpus) and m.total > hw.gpu(dev).vram_bytes:
-            warnings.append(f"W100 {dev} needs {fmt_bytes(m.total)} but has {fmt_bytes(hw.gpu(dev).vram_bytes)}: "
-                            "this command would run out of memory")
+    over = [d for d, m in mem.devices.items()
+            if is_gpu(d) and gpu_index(d) < len(hw.gpus) and m.total > hw.gpu(d).vram_bytes]
+    fitted = _fitted(inv, plan, hw, parsed.fit_target_mib) if over and parsed.fit_moves_experts else None
+    if fitted is not None:
+        fmem = estimate(inv, fitted, hw)
+        n_ram = len({t.layer for t in inv.allocated() if t.is_expert and fitted.assignment[t.name] == "CPU"
+                     and plan.assignment[t.name] != "CPU"})
+        warnings.append(f"W101 as written it needs {fmt_bytes(mem.devices[over[0]].total)} on {over[0]} (of "
+                        f"{fmt_bytes(hw.gpu(over[0]).vram_bytes)}); llama.cpp's fit (on by default) moves the experts "
+                        f"of {n_ram} layers to RAM to keep {parsed.fit_target_mib[0]} MiB free: explained as fitted "
+                        "(-fit off would run out of memory)")
+        for d, m in fmem.devices.items():
+            if is_gpu(d) and gpu_index(d) < len(hw.gpus):
+                warnings.append(f"W102 {d}: the fit leaves {fmt_bytes(hw.gpu(d).vram_bytes - m.total)} unused "
+                                "(its -fitt margin and the last layer that did not fit); `plan` or `tune` with "
+                                "--gpu finds a placement that uses it")
+        plan, mem = fitted, fmem
+        warnings = [w for w in warnings if not w.startswith("W009")]     # W101 says what the fit does
+    else:
+        for dev in over:
+            warnings.append(f"W100 {dev} needs {fmt_bytes(mem.devices[dev].total)} but has "
+                            f"{fmt_bytes(hw.gpu(dev).vram_bytes)}: this command would run out of memory")
+    pred = predict(inv, plan, hw)
     oracle = None
     if req.oracle:
         oracle = engines.runtime("oracle_compare")(inv, plan, mem, req.model, req.oracle)
     return ExplainOutcome(req.dialect, inv, hw, plan, mem, pred, warnings, oracle, req.oracle)
+
+
+def _fitted(inv: ModelInventory, plan: Plan, hw: HardwareProfile, target_mib: tuple[int, ...]) -> Plan | None:
+    """What mainline's --fit does with a placement that gives no expert overrides (docs/llamacpp.md section 7):
+    every expert of a GPU layer in RAM, then each GPU filled from the back with whole layers' experts and one
+    partial layer, keeping `target_mib` free (one value for every GPU, or one per GPU). None when even every
+    expert in RAM does not fit (the fit would then shrink an unset -c, or -ngl)."""
+    from ..memory import estimate
+    from ..propose import Budget, fill_experts
+    cpu = replace(plan, assignment={n: "CPU" if t.is_expert else plan.assignment[n]
+                                    for n, t in ((t.name, t) for t in inv.allocated())})
+    gpus = {f"CUDA{i}": g.vram_bytes - (target_mib[i] if i < len(target_mib) else target_mib[-1]) * MiB
+            for i, g in enumerate(hw.gpus)}
+    budget = Budget(gpus, hw.host.ram_bytes)
+    if not budget.fits(estimate(inv, cpu, hw)):
+        return None
+    aim = dict(gpus)
+    for _ in range(4):      # fill_experts adds tensor bytes; a partial layer can grow a compute buffer: aim lower
+        out = fill_experts(inv, cpu, Budget(aim, hw.host.ram_bytes), hw, order="last", partial=True)
+        mem = estimate(inv, out, hw)
+        over = {d: mem.devices[d].total - b for d, b in gpus.items() if d in mem.devices and mem.devices[d].total > b}
+        if not over:
+            return replace(out, label="fitted by llama.cpp")
+        aim = {d: b - over.get(d, 0) for d, b in aim.items()}
+    return None

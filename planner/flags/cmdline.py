@@ -172,6 +172,10 @@ class ParsedCommand:
     output_copy_device: str | None = None   # tied output: where llama.cpp puts the second token_embd (the output)
     env: dict[str, str] = field(default_factory=dict)
     workload: dict[str, int] = field(default_factory=dict)   # llama-bench: n_prompt, n_gen, n_depth, repetitions
+    # mainline's --fit (on by default in the server) with no expert overrides given: it would move experts to RAM
+    # until each GPU keeps fit_target_mib free (-fitt; 1024 MiB by default; docs/llamacpp.md section 7)
+    fit_moves_experts: bool = False
+    fit_target_mib: tuple[int, ...] = ()
 
     def to_plan(self, model_id: str = "", label: str = "") -> Plan:
         return Plan(model_id=model_id, assignment=dict(self.assignment), knobs=self.knobs,
@@ -689,6 +693,20 @@ def _match_warnings(overrides: Sequence[Override], res: MatchResult, rule: MoeRu
                         "by default; the embedding lookup gains little on a GPU and costs VRAM")
 
 
+FIT_TARGET_MIB = 1024       # mainline's -fitt default: free memory --fit keeps on each device
+
+
+def _fit_of(settings: Mapping[str, Any], events: Sequence[Event], table: ToolTable) -> tuple[bool, tuple[int, ...]]:
+    """(whether --fit would move experts: on, and no -ot/-cmoe/-ncmoe given; the MiB it keeps free per device)."""
+    on = bool(settings.get("fit", table.defaults.get("fit", False))) or "fitt" in settings
+    given = any(e.key in ("ot", "cmoe", "ncmoe") for e in events)
+    try:
+        target = tuple(int(x) for x in str(settings["fitt"]).split(",")) if "fitt" in settings else (FIT_TARGET_MIB,)
+    except ValueError:
+        target = (FIT_TARGET_MIB,)
+    return on and not given, target
+
+
 def _fit_warning(settings: Mapping[str, Any], events: Sequence[Event], spec: DialectSpec, table: ToolTable,
                  n_devices: int, warnings: list[str]) -> None:
     if not (settings.get("fit", table.defaults.get("fit", False)) or "fitt" in settings):
@@ -767,6 +785,7 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         first = res.first.get("token_embd.weight")
         output_copy = overrides[first].device if first is not None else slots[n_layer]
     _fit_warning(settings, events, spec, table, len(lay.devices), warnings)
+    fit = _fit_of(settings, events, table) if "fit" in table.keys() else (False, ())  # noqa: SIM118 (a ToolTable)
     warnings.extend(spec.placement_notes(assignment, knobs, inv))
     workload: dict[str, int] = {}
     if table.tool == "bench":
@@ -779,7 +798,7 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         assignment=assignment, knobs=knobs, warnings=tuple(warnings), overrides=tuple(overrides),
         dialect=spec.name, tool=table.tool, n_gpu_layers=lay.n_gpu_layers, tensor_split=lay.tensor_split,
         layer_devices=tuple(slots), n_gpus=lay.n_gpus, output_copy_device=output_copy, env=dict(env),
-        workload=workload)
+        workload=workload, fit_moves_experts=fit[0], fit_target_mib=fit[1])
 
 
 def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[str, str], inv: ModelInventory,

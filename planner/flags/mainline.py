@@ -46,6 +46,7 @@ _COMMON_FLAGS: tuple[Flag, ...] = (
     Flag("ctx", ("-c", "--ctx-size"), "int", env="LLAMA_ARG_CTX_SIZE"),
     Flag("np", ("-np", "--parallel"), "int", env="LLAMA_ARG_N_PARALLEL"),
     Flag("fit", ("-fit", "--fit"), "choice", choices=_ONOFF, render_as={True: "on", False: "off"}, env="LLAMA_ARG_FIT"),
+    Flag("fitt", ("-fitt", "--fit-target"), env="LLAMA_ARG_FIT_TARGET"),
     Flag("batch", ("-b", "--batch-size"), "int", env="LLAMA_ARG_BATCH"),
     Flag("ubatch", ("-ub", "--ubatch-size"), "int", env="LLAMA_ARG_UBATCH"),
     Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "on", False: "off"},
