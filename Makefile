@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench bench-tuner clean
+.PHONY: demo test test-fast lint bench bench-tuner readme clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)    # everything but the tests marked slow (whole studies, hypothesis round trips): ~1 min
 	$(PY) -m pytest -q -rs -m "not slow"
+
+readme: $(STAMP)    # rewrites the README's example outputs from the program (tests/test_readme.py checks them)
+	$(PY) tests/readme_examples.py --write
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

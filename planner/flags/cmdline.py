@@ -512,14 +512,14 @@ def _split_overrides(value: str, table: ToolTable, spelling: str, warnings: list
     for p in pieces:
         if "=" not in p:
             if "," in value:
-                raise FlagError(f"{spelling} {value!r}: llama.cpp splits -ot on ',' before reading the regex, "
-                                f"leaving {p!r} without '=BUFT'; a pattern cannot contain a comma: write "
+                raise FlagError(f"{spelling} '{value}': llama.cpp splits -ot on ',' before reading the regex, "
+                                f"leaving '{p}' without '=BUFT'; a pattern cannot contain a comma: write "
                                 "(1|2|3) instead of {1,3}")
-            raise FlagError(f"{spelling} {p!r}: expected PATTERN=BUFT (e.g. 'ffn_.*_exps=CPU')")
+            raise FlagError(f"{spelling} '{p}': expected PATTERN=BUFT (e.g. 'ffn_.*_exps=CPU')")
         pat, buft = p.split("=", 1)
         out.append((pat, buft))
     if table.ot_sep == "," and "," in value and any(re.search(r"\{\d*$|^\d*\}", pat) for pat, _ in out):
-        warnings.append(f"W003 {spelling} {value!r}: a ',' split what looks like one pattern ({{n,m}}); "
+        warnings.append(f"W003 {spelling} '{value}': a ',' split what looks like one pattern ({{n,m}}); "
                         "llama.cpp splits -ot on ','")
     return out
 

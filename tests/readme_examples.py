@@ -1,0 +1,156 @@
+"""The README's examples are the program's output: each fenced block that starts with `$ offload-tuner ...` holds
+commands and what they print. `check` runs every command (in-process, in a scratch folder) and compares; `write`
+puts the output in place (`make readme`). Kept out of the comparison: wall-clock durations ("in 24.1 s"), and the
+blocks whose numbers are another machine's (`run --engine llamacpp`, marked by SKIP_COMMANDS).
+
+A block may shorten an output with a line `...`: the lines between the `...` lines are runs that must appear in
+the output in that order, each as long as the README has it (the first run from the output's first line when
+the block does not start with `...`; a later one from the line with its first line's label, the text before
+the first ':'). A block without `...` is the whole output.
+A command may end in `| head -N`. Usage: python tests/readme_examples.py [--write] [README]"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "$ offload-tuner "
+SKIP_COMMANDS = ("run ",)          # speeds measured on the machine that wrote the README
+ELLIPSIS = "..."
+_DURATION = re.compile(r"\bin \d+(\.\d+)? s\b")
+
+
+@dataclass
+class Example:
+    command: str                   # after "offload-tuner "
+    lines: list[str]               # the output as the README has it
+    start: int                     # README line index of the first output line
+    end: int                       # one past the last
+
+
+def examples(text: str) -> list[Example]:
+    """Every `$ offload-tuner` command inside a fenced block, with the output lines below it."""
+    out: list[Example] = []
+    lines = text.split("\n")
+    i, in_block = 0, False
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            in_block = not in_block
+            i += 1
+            continue
+        if in_block and lines[i].startswith(PROMPT):
+            cmd = lines[i][len(PROMPT):]
+            while cmd.endswith("\\"):           # a shell continuation line
+                i += 1
+                cmd = cmd[:-1] + " " + lines[i].strip()
+            start = i = i + 1
+            while i < len(lines) and not lines[i].startswith("```") and not lines[i].startswith("$ "):
+                i += 1
+            out.append(Example(cmd.strip(), lines[start:i], start, i))
+            continue
+        i += 1
+    return out
+
+
+def run(command: str, cwd: Path) -> list[str]:
+    """The command's stdout and stderr lines, as a terminal shows them (the CLI in this process)."""
+    from planner import cli
+    head = None
+    if (m := re.search(r"\s*\|\s*head -(\d+)\s*$", command)) is not None:
+        head, command = int(m.group(1)), command[:m.start()]
+    argv = shlex.split(command)
+    buf = io.StringIO()
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            cli.main(argv)
+    finally:
+        os.chdir(old)
+    got = buf.getvalue().rstrip("\n").split("\n")
+    return got[:head] if head is not None else got
+
+
+def _norm(line: str) -> str:
+    return _DURATION.sub("in N s", line.rstrip())
+
+
+def runs(expected: list[str]) -> list[list[str]]:
+    """The runs of lines between `...` lines ([] first when the block starts with `...`)."""
+    out: list[list[str]] = [[]]
+    for line in expected:
+        if line.strip() == ELLIPSIS:
+            out.append([])
+        else:
+            out[-1].append(line)
+    return out
+
+
+def matched(expected: list[str], got: list[str]) -> list[str] | None:
+    """The README lines `expected` would become for output `got`, keeping its `...` cuts; None when a run of it
+    cannot be placed in the output (its first line is nowhere there)."""
+    parts = runs(expected)
+    g = [_norm(x) for x in got]
+    new: list[str] = []
+    at = 0
+    for k, part in enumerate(parts):
+        if k > 0:
+            new.append(ELLIPSIS)
+        if not part:
+            continue
+        if k == 0:
+            pos = 0
+        else:        # a later run starts at its first line's label (text before the first ':' or the line)
+            label = _norm(part[0]).split(":")[0]
+            pos = next((j for j in range(at, len(g)) if g[j].split(":")[0] == label), None)
+            if pos is None:
+                return None
+        new += got if len(parts) == 1 else got[pos:pos + len(part)]     # no cut: the whole output
+        at = pos + len(part)
+    return new
+
+
+def check(readme: Path = ROOT / "README.md", write: bool = False) -> list[str]:
+    """Differences between the README's examples and the program's output (fixed in place with `write`)."""
+    text = readme.read_text()
+    lines = text.split("\n")
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="readme-") as tmp:
+        for ex in examples(text):
+            if ex.command.startswith(SKIP_COMMANDS):
+                continue
+            got = run(ex.command, Path(tmp))
+            new = matched(ex.lines, got)
+            if new is None:
+                problems.append(f"offload-tuner {ex.command}: a shortened run of the README's output is not in "
+                                "the program's output")
+                continue
+            if [_norm(x) for x in new] != [_norm(x) for x in ex.lines]:
+                first = next(i for i, (a, b) in enumerate(zip([*ex.lines, ""], [*new, ""]))
+                             if _norm(a) != _norm(b))
+                want = ex.lines[first] if first < len(ex.lines) else "(nothing)"
+                have = new[first] if first < len(new) else "(nothing)"
+                problems.append(f"offload-tuner {ex.command}: line {first + 1}: README {want!r}, program {have!r}")
+                if write:
+                    lines[ex.start:ex.end] = new
+                    readme.write_text("\n".join(lines))
+                    return check(readme, write=True)   # positions moved: go again from the top
+    return problems
+
+
+if __name__ == "__main__":
+    write = "--write" in sys.argv[1:]
+    paths = [a for a in sys.argv[1:] if a != "--write"]
+    sys.path.insert(0, str(ROOT))
+    found = check(Path(paths[0]) if paths else ROOT / "README.md", write=write)
+    for p in found:
+        print(p)
+    print(f"README examples: {'rewritten' if write and found else 'up to date' if not found else 'stale'}")
+    sys.exit(1 if found and not write else 0)
