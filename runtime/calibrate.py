@@ -26,9 +26,9 @@ layer per token). Without a GPU the host terms are measured and the profile has 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +37,8 @@ from collections.abc import Callable
 
 from planner.errors import InputError
 from planner.hardware import GPU, LLAMACPP_SHARES, HardwareProfile, Host, Link, Overheads, fmt_bytes
+
+log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 OPS_PER_LAYER = 20
@@ -438,7 +440,7 @@ def calibrate_profile(*, out: str | None = None, dtype: str = "bf16", threads: i
             Path(out).write_text(json.dumps(d, indent=2) + "\n")
         except OSError as e:
             raise InputError(f"cannot write {out}: {e.strerror or e}") from e
-        print(f"wrote {out}", file=sys.stderr)
+        log.info("wrote %s", out)
     return d
 
 

@@ -11,6 +11,7 @@ printed here.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -18,12 +19,14 @@ from .. import defaults as D, engines
 from ..hardware import fmt_bytes
 from ..options import RunRequest
 from ..plan import DIALECTS, device_sort_key
+from . import logs
 from .common import _emit_json
 
 if TYPE_CHECKING:
     from ..engine import Measurement
     from ..memory import MemoryReport
 
+log = logging.getLogger(__name__)
 RUN_WORKLOAD = D.RUN_WORKLOAD
 
 
@@ -39,8 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     run = engines.runtime("run")(run_request(args))     # runtime/run.py prepare_run: checked, engine made
     w = run.workload
     if not args.json:
-        print(f"# {args.engine}: measuring plan {run.plan.id} ({w.n_prompt} prompt + {w.n_gen} generated "
-              f"tokens at depth {w.depth}, {w.repetitions} reps)", file=sys.stderr, flush=True)
+        log.info("# %s: measuring plan %s (%d prompt + %d generated tokens at depth %d, %d reps)", args.engine,
+                 run.plan.id, w.n_prompt, w.n_gen, w.depth, w.repetitions)
     m = run.measure()
     if args.json:
         _emit_json(run.to_json(m))
@@ -97,7 +100,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     """Write the model the flags describe; print the paths written (stdout)."""
     paths = engines.runtime("synth")(
         args.out, preset=args.preset, arch=args.arch, tiny=args.tiny, quant=args.quant, sparse=args.sparse,
-        split_max=args.split_max, seed=args.seed, tied_output=args.tied_output, progress_bar=not args.quiet)
+        split_max=args.split_max, seed=args.seed, tied_output=args.tied_output,
+        progress_bar=not args.quiet and logs.shown())
     for p in paths:
         print(p)
     return 0

@@ -127,5 +127,5 @@ def probe_repack(tuner: Tuner) -> bool:
         outcome = {"queued": True, "trial": number, "tg_tps": tg, "plan_id": cand.key}
         break
     StudyRecord.save(study, **{f"probed_{knob}": outcome})
-    log.info("%s probe: %s", knob, outcome)
+    log.debug("%s probe: %s", knob, outcome)
     return outcome["queued"]
