@@ -72,7 +72,7 @@ class PlanOutcome:
     hw: HardwareProfile
     build: Build
     ranked: list
-    budget: object
+    room: object                  # propose.Room: GPU memory minus the margin, per GPU
     cmds: Commands
     top: int                  # candidates the text lists
 
@@ -81,7 +81,7 @@ class PlanOutcome:
         best, inv, hw = self.ranked[0], self.inv, self.hw
         return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
                 "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
-                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
+                "budgets": self.room.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps},
                 "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
                 "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
                                   "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
@@ -91,7 +91,7 @@ class PlanOutcome:
 
 def plan_outcome(req: PlanRequest) -> PlanOutcome:
     from ..loader import load_model
-    from ..propose import Budget, best_plans
+    from ..propose import Room, best_plans
     inv = load_model(req.model)
     check_dialect(inv, req.dialect)
     hw = hardware(req.hardware, req.gpu)
@@ -107,7 +107,7 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif req.dialect == "ik" and req.amb is not None:
         knobs = replace(knobs, amb=req.amb)
-    objective = "balanced" if req.objective == "both" else req.objective
+    objective = req.objective
     ranked = best_plans(inv, hw, knobs, req.dialect, objective, margin)
-    return PlanOutcome(req.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
+    return PlanOutcome(req.model, objective, inv, hw, build, ranked, Room.from_hardware(hw, margin),
                        commands_for(ranked[0].plan, inv, req.model, build), req.top)

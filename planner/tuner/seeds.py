@@ -63,7 +63,7 @@ def enqueue_seeds(tuner: Tuner) -> int:
 
 
 def _planner_objective(kind: str) -> str:
-    return {"tg": "tg", "pp": "pp"}.get(kind, "balanced")
+    return {"tg": "tg", "pp": "pp"}.get(kind, "both")
 
 
 def fill_max_seeds(space: Space, objective_kind: str) -> list[tuple[dict[str, Any], str]]:
