@@ -58,7 +58,7 @@ from planner.loader import load_model  # noqa: E402
 from planner.engine import MemoryModel, TimedEngine, memory_model, memory_model_name  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
-from planner.propose import Budget, model_id  # noqa: E402
+from planner.propose import Room, model_id  # noqa: E402
 from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from planner.tuner.search import slug  # noqa: E402
 from planner.bench_workload import BenchWorkload  # noqa: E402
@@ -120,7 +120,7 @@ class Setup:
         need = self.workload.depth + self.workload.n_prompt + self.workload.n_gen
         self.n_ctx = max(8192, -(-need // 256) * 256)       # the tuner's default context for this workload
         self.config = SpaceConfig(kv_types=KV_TYPES)
-        self.budget = Budget.from_hardware(self.hw, self.margin)
+        self.room = Room.from_hardware(self.hw, self.margin)
         self.study_name = args.study or slug(f"{self.inv.name}-{args.gpu}-{args.engine}-both")
         self.storage = args.storage or f"sqlite:///{self.out / 'torch_study.db'}"
         est = args.run_estimate if args.run_estimate is not None else DEFAULT_RUN_ESTIMATE_S.get(args.engine, 0.0)
@@ -146,7 +146,7 @@ class Setup:
                 "ubatches": list(GRID_UBATCHES)}
 
     def budget_bytes(self) -> int:
-        return self.budget.gpus["CUDA0"]
+        return self.room.gpus["CUDA0"]
 
     def memory(self) -> MemoryModel:
         """The memory model that judges the engine's plans (the tuner's: the engine's own prediction where it has

@@ -5,7 +5,8 @@ per-engine behaviour all read this table, and code asks an engine's traits (`tra
 planner never imports runtime (tests/test_import_graph.py holds it): the runtime pulls in torch, CUDA probes and
 subprocess machinery the planner and the tuner must work without. Factories are "module:function" strings,
 imported only when an engine is made, so `plan`, `explain` or a sim study never load more than they use.
-RUNTIME names the other runtime functions the CLI calls (its runtime subcommands and probes), the same way.
+RUNTIME names the other runtime functions the CLI calls (its runtime commands' plain functions and probes), the
+same way.
 """
 from __future__ import annotations
 
@@ -80,16 +81,16 @@ ENGINES: Final[dict[str, EngineSpec]] = {s.name: s for s in (
 # an engine object whose name is not registered (a test's stand-in) is taken for a measured one
 UNREGISTERED: Final = EngineTraits()
 
-# what the CLI dispatches to in runtime/: subcommands, their argparse helpers, and the probes it needs
+# what the CLI and the app layer call in runtime/: the runtime commands' plain functions (the CLI parses their
+# flags, planner/cli/runtime_cmds.py) and the probes they need
 RUNTIME: Final = {
-    "run": "runtime.run_cli:run_main",
-    "synth": "runtime.synth:synth_main",
-    "calibrate": "runtime.calibrate:calibrate_main",
-    "add_run_arguments": "runtime.run_cli:add_run_arguments",
-    "add_synth_arguments": "runtime.synth:add_synth_arguments",
-    "add_calibrate_arguments": "runtime.calibrate:add_calibrate_arguments",
+    "run": "runtime.run:prepare_run",                       # a RunRequest checked and made ready to measure
+    "synth": "runtime.synth:synth",
+    "tiny_archs": "runtime.synth:tiny_archs",               # synth --arch's choices, for its help
+    "calibrate": "runtime.calibrate:calibrate_profile",
+    "calibrate_summary": "runtime.calibrate:summary",
     "build_of_binary": "runtime.llamacpp:build_of_binary",   # a llama.cpp program's dialect and build number
-    "oracle_compare": "runtime.run_cli:oracle_compare",     # llama-fit-params next to our memory model
+    "oracle_compare": "runtime.run:oracle_compare",         # llama-fit-params next to our memory model
     "cuda_available": "runtime.gpumem:cuda_available",      # torch lives in runtime/, imported only there
 }
 

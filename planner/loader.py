@@ -1,13 +1,23 @@
 """MODEL as the CLI takes it: a path to a .gguf (any shard of a split) or `preset:NAME[:QUANT]`."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from .errors import InputError
 from .model import ModelInventory
 
+log = logging.getLogger(__name__)
+
 
 def load_model(text: str) -> ModelInventory:
+    inv = _load(text)
+    log.debug("model %s: %s, %d tensors, %d bytes of weights", text, inv.name or inv.source, len(inv.tensors),
+              inv.file_bytes)
+    return inv
+
+
+def _load(text: str) -> ModelInventory:
     if text.startswith("preset:"):
         from .presets import load_preset
         return load_preset(text).inventory()

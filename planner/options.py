@@ -1,5 +1,6 @@
 """EngineOptions: what picks and configures an engine, built once at the edge and passed on frozen (`tune` makes
-one from its TuneOptions, planner/app/requests.py; `run` from its flags, runtime/run_cli.py)."""
+one from its TuneOptions, planner/app/requests.py; `run` from its RunRequest, below). RunRequest: what `run`
+measures (the CLI parses it from its flags, planner/cli/runtime_cmds.py; runtime/run.py prepares the run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,3 +24,28 @@ class EngineOptions:
     @property
     def model_path(self) -> str | None:
         return None if self.model.startswith("preset:") else self.model
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One plan measured once (`offload-tuner run`): the model and the engine, the plan as a Plan JSON file
+    (`plan`) or as a llama.cpp command line (`llama_args`; exactly one of the two), the llama-bench workload
+    (None: the command line's -p/-n/-d/-r, else defaults.RUN_WORKLOAD), the declared hardware (`gpu` sizes or a
+    `hardware` preset/JSON) and the dialect of a command line (None: the binary's, else mainline)."""
+    model: str
+    engine: EngineName
+    plan: str | None = None
+    llama_args: tuple[str, ...] = ()
+    llama_bench: str | None = None
+    dialect: str | None = None
+    n_prompt: int | None = None
+    n_gen: int | None = None
+    depth: int | None = None
+    reps: int | None = None
+    timeout_s: float = D.RUN_TIMEOUT_S
+    gpu: str | None = None
+    hardware: str | None = None
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(engine=self.engine, model=self.model, llama_bench=self.llama_bench,
+                             timeout_s=self.timeout_s)

@@ -1,4 +1,4 @@
-"""Placement strategies and budget filling: turn (model, hardware, knobs) into candidate Plans.
+"""Placement strategies and filling the GPUs' room: turn (model, hardware, knobs) into candidate Plans.
 
 Every strategy starts from *homes* (the -ngl slot device of each layer and of the output layer) and then
 places expert tensors: all on the CPU, or filled onto the GPUs by predicted benefit per byte. Non-expert
@@ -6,7 +6,8 @@ weights (attention, norms, router, shared experts, dense FFN) always follow thei
 save more decode time than routed experts (a token reads all of them, but only n_expert_used / n_expert of
 an expert tensor), so they go to the GPU first.
 
-Budgets are per GPU: VRAM minus a safety margin; the memory model (planner/memory.py) is the judge.
+A plan's room is per GPU: the GPU's memory (--gpu) minus the margin kept free; the memory model
+(planner/memory.py) is the judge.
 """
 from __future__ import annotations
 
@@ -33,13 +34,14 @@ def model_id(inv: ModelInventory) -> str:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """Usable bytes per GPU (VRAM minus margin); the CPU is limited by host RAM."""
+class Room:
+    """What a plan may use: per GPU its memory (GPU.vram_bytes, the --gpu size) minus the margin kept free; on the
+    CPU, host RAM. (The word "budget" in printed and stored text, "over budget", means this room.)"""
     gpus: dict[str, int]
     host: int
 
     @classmethod
-    def from_hardware(cls, hw: HardwareProfile, margin: int = DEFAULT_MARGIN) -> Budget:
+    def from_hardware(cls, hw: HardwareProfile, margin: int = DEFAULT_MARGIN) -> Room:
         return cls({d: g.vram_bytes - margin for d, g in zip(gpu_names(len(hw.gpus)), hw.gpus)}, hw.host.ram_bytes)
 
     def fits(self, report: MemoryReport) -> bool:
@@ -119,11 +121,11 @@ def _fixed_bytes(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
     return {d: m.total for d, m in estimate(inv, plan, hw).devices.items()}
 
 
-def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwareProfile | None,
+def fill_experts(inv: ModelInventory, plan: Plan, room: Room, hw: HardwareProfile | None,
                  order: str = "last", partial: bool = True,
                  estimate: Callable[..., MemoryReport] = estimate) -> Plan:
     """Move CPU-resident expert tensors to their layer's home GPU, whole layers first in `order`, then (if
-    `partial`) single up/gate/down tensors of the next layer, while every GPU stays within budget.
+    `partial`) single up/gate/down tensors of the next layer, while every GPU stays within its room.
 
     Incremental: each move adds its bytes to the current per-device totals; on one GPU compute buffers only
     shrink as experts leave the CPU (fewer upload targets), so the starting estimate stays an upper bound. Not on
@@ -132,7 +134,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
     layer's GPU turns llama.cpp's pipeline parallelism on (memory.pipeline_copies). Nor with mainline's --no-host:
     repacked RAM experts never run on a GPU (memory.repacked), so an expert moved home brings its prompt compute
     onto the GPU (a 12 GiB plan of the Qwen3-30B-A3B shape ended 70 MiB over; the tuner's no-host probe then had
-    nothing that fit). In both cases the result is estimated whole and the last moves onto a GPU over its budget
+    nothing that fit). In both cases the result is estimated whole and the last moves onto a GPU over its room
     are undone until it fits. `estimate`: the memory model
     (planner.memory's, or an engine's own: planner.engine.memory_model)."""
     used = _fixed_bytes(inv, plan, hw, estimate)
@@ -146,7 +148,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
             continue
         exps = [t for t in inv.by_layer[il] if t.is_expert and a[t.name] == "CPU"]
         need = sum(t.nbytes for t in exps)
-        if used.get(home, 0) + need <= budget.gpus.get(home, 0):
+        if used.get(home, 0) + need <= room.gpus.get(home, 0):
             for t in exps:
                 a[t.name] = home
             used[home] = used.get(home, 0) + need
@@ -164,7 +166,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
             for unit in units:
                 names = [n for t in unit for n in (t.name, t.name.replace(".weight", ".bias")) if n in a]
                 extra = sum(t.nbytes for t in exps if t.name in names)
-                if used.get(home, 0) + extra <= budget.gpus.get(home, 0):
+                if used.get(home, 0) + extra <= room.gpus.get(home, 0):
                     for n in names:
                         a[n] = home
                     moved = list(names)
@@ -173,18 +175,18 @@ def fill_experts(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwarePr
         full[home] = True
     out = replace(plan, assignment=a)
     if len({d for d in a.values() if d != "CPU"}) > 1 or (plan.dialect == "mainline" and plan.knobs.no_host):
-        out = _undo_until_fits(inv, out, budget, hw, moves, estimate)
+        out = _undo_until_fits(inv, out, room, hw, moves, estimate)
     return out
 
 
-def _undo_until_fits(inv: ModelInventory, plan: Plan, budget: Budget, hw: HardwareProfile | None,
+def _undo_until_fits(inv: ModelInventory, plan: Plan, room: Room, hw: HardwareProfile | None,
                      moves: list[tuple[str, list[str]]],
                      estimate: Callable[..., MemoryReport] = estimate) -> Plan:
-    """fill_experts on several GPUs: undo the last moves onto a GPU that the whole estimate puts over its budget."""
+    """fill_experts on several GPUs: undo the last moves onto a GPU that the whole estimate puts over its room."""
     a = dict(plan.assignment)
     while True:
         mem = estimate(inv, replace(plan, assignment=a), hw)
-        over = {d for d, m in mem.devices.items() if d != "CPU" and m.total > budget.gpus.get(d, 0)}
+        over = {d for d, m in mem.devices.items() if d != "CPU" and m.total > room.gpus.get(d, 0)}
         last = next((k for k in range(len(moves) - 1, -1, -1) if moves[k][0] in over), None)
         if not over or last is None:
             return replace(plan, assignment=a)
@@ -227,7 +229,7 @@ class Proposal:
         return self.strategy
 
 
-def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, budget: Budget, knobs: Knobs, dialect: Dialect,
+def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, room: Room, knobs: Knobs, dialect: Dialect,
                    experts_on_cpu: bool, *, weights: list[float] | None = None, output_on_gpu: bool = True) -> int:
     """Largest number of trailing layers whose homes fit on the GPUs (binary search; fits is monotone).
 
@@ -240,7 +242,7 @@ def max_gpu_layers(inv: ModelInventory, hw: HardwareProfile, budget: Budget, kno
         homes = split_homes(inv.n_layer, n, gpus, weights)
         out_dev = homes[-1] if n > 0 and output_on_gpu else "CPU"
         a = assignment_from_homes(inv, homes, out_dev, "CPU" if experts_on_cpu else None)
-        return budget.fits(estimate(inv, _plan(inv, a, knobs, dialect, ""), hw))
+        return room.fits(estimate(inv, _plan(inv, a, knobs, dialect, ""), hw))
 
     lo, hi = 0, inv.n_layer
     if not fits(0):
@@ -266,22 +268,22 @@ def proposals(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), 
     and whole layers.
 
     Raises BudgetError when not even the output layer and the KV of one layer fit."""
-    budget = Budget.from_hardware(hw, margin)
+    room = Room.from_hardware(hw, margin)
     gpus = gpu_names(len(hw.gpus))
     weights = [float(g.vram_bytes) for g in hw.gpus]
     plans: list[Proposal] = []
-    n_dense = max_gpu_layers(inv, hw, budget, knobs, dialect, experts_on_cpu=True) if inv.hparams.is_moe else -1
+    n_dense = max_gpu_layers(inv, hw, room, knobs, dialect, experts_on_cpu=True) if inv.hparams.is_moe else -1
     if n_dense >= 0 and inv.hparams.is_moe:
         homes = split_homes(inv.n_layer, n_dense, gpus, weights)
         out_dev = homes[-1] if n_dense > 0 else gpus[-1]
         base = _plan(inv, assignment_from_homes(inv, homes, out_dev, "CPU"), knobs, dialect, "experts-cpu")
-        if not budget.fits(estimate(inv, base, hw)):
+        if not room.fits(estimate(inv, base, hw)):
             base = _plan(inv, assignment_from_homes(inv, homes, "CPU", "CPU"), knobs, dialect, "experts-cpu")
         for order in orders:
-            filled = fill_experts(inv, base, budget, hw, order)
+            filled = fill_experts(inv, base, room, hw, order)
             plans.append(Proposal.of(filled, "experts-cpu+fill", order=order, n_gpu_layers=n_dense))
         plans.append(Proposal.of(base, "experts-cpu", n_gpu_layers=n_dense))
-    n_full = max_gpu_layers(inv, hw, budget, knobs, dialect, experts_on_cpu=False)
+    n_full = max_gpu_layers(inv, hw, room, knobs, dialect, experts_on_cpu=False)
     if n_full >= 0:
         homes = split_homes(inv.n_layer, n_full, gpus, weights)
         out_dev = homes[-1] if n_full > 0 else "CPU"
@@ -290,27 +292,27 @@ def proposals(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), 
         if n_full == 0:   # not even one layer: try the output layer alone (mainline -ngl 1)
             a1 = assignment_from_homes(inv, homes, gpus[-1], None)
             p1 = Proposal.of(_plan(inv, a1, knobs, dialect, ""), "output-only")
-            if budget.fits(estimate(inv, p1.plan, hw)):
+            if room.fits(estimate(inv, p1.plan, hw)):
                 p = p1
         plans.append(p)
     useful = [p for p in plans if any(d != "CPU" for d in p.plan.assignment.values())]
     if not useful:
         cpu_only = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, "CPU", None), knobs, dialect, "cpu")
-        if not budget.fits(estimate(inv, cpu_only, hw)):
+        if not room.fits(estimate(inv, cpu_only, hw)):
             cpu = estimate(inv, cpu_only, hw).devices["CPU"]
-            raise BudgetError(f"nothing fits: host RAM {fmt_bytes(budget.host)} < KV + compute "
+            raise BudgetError(f"nothing fits: host RAM {fmt_bytes(room.host)} < KV + compute "
                               f"{fmt_bytes(cpu.kv + cpu.compute)} with every tensor on the CPU; "
                               "lower --ctx or --ubatch")
         probe = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, gpus[-1], None), knobs, dialect, "")
         need = estimate(inv, probe, hw).devices[gpus[-1]].total
-        raise BudgetError(f"nothing fits on the GPU: {gpus[-1]} has {fmt_bytes(budget.gpus[gpus[-1]])} after the "
+        raise BudgetError(f"nothing fits on the GPU: {gpus[-1]} has {fmt_bytes(room.gpus[gpus[-1]])} after the "
                           f"{fmt_bytes(margin)} margin, but even the output layer alone needs {fmt_bytes(need)}")
     return plans
 
 
 # ---- choosing among candidates ------------------------------------------------------------------------------------
 
-Objective = Literal["tg", "pp", "balanced"]
+Objective = Literal["tg", "pp", "both"]   # both: the geometric mean of the two speeds (tune's word too)
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,7 @@ class Scored:
         """(primary, tie-break): the objective first, the other speed second."""
         if objective == "pp":
             return self.pp_tps, self.tg_tps
-        if objective == "balanced":
+        if objective == "both":
             return (self.pp_tps * self.tg_tps) ** 0.5, self.tg_tps
         return self.tg_tps, self.pp_tps
 
@@ -352,7 +354,7 @@ def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(),
     """Every proposal for every knob variant that fits, scored by the cost model, best first.
     Raises BudgetError (from propose) when nothing fits at all."""
     from .cost import predict
-    budget = Budget.from_hardware(hw, margin)
+    room = Room.from_hardware(hw, margin)
     scored: dict[str, Scored] = {}
     error: BudgetError | None = None
     for k in knob_variants(knobs, dialect):
@@ -363,7 +365,7 @@ def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(),
             continue
         for p in props:
             mem = estimate(inv, p.plan, hw)
-            if budget.fits(mem):
+            if room.fits(mem):
                 pr = predict(inv, p.plan, hw, n_prompt=n_prompt)
                 scored.setdefault(p.plan.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
     if not scored:

@@ -2,8 +2,9 @@
 
     model = "preset:Qwen3-30B-A3B:Q4_K_M"   # or a .gguf path (relative paths: from the spec's folder)
     engine = "sim"                           # sim, torch, llamacpp
-    hardware = "rtx4090-ddr5"                # preset or calibrated JSON (optional with budget)
-    budget = "16GiB"                         # VRAM per GPU: "24GiB" or ["24GiB", "24GiB"] (tune --gpu)
+    hardware = "rtx4090-ddr5"                # preset or calibrated JSON (optional with gpu)
+    gpu = "16GiB"                            # memory per GPU: "24GiB" or ["24GiB", "24GiB"] (tune --gpu; the
+                                             # older key `budget` is read the same)
     objective = "both"                       # time (the default), tg, pp, both or an expression
     ctx = 8192
     n_trials = 60
@@ -105,7 +106,7 @@ def _margin(s: str) -> None:
         parse_size(s, allow_zero=True)
 
 
-def _budget(v: Any) -> str:
+def _gpu_sizes(v: Any) -> str:
     from .hardware import MAX_GPUS, parse_size
     sizes = v.split(",") if isinstance(v, str) else v
     if not isinstance(sizes, list) or not 1 <= len(sizes) <= MAX_GPUS or not all(isinstance(s, str) for s in sizes):
@@ -149,7 +150,8 @@ TOP: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "model": ("model", _str),
     "engine": ("engine", _choice(engine_names())),
     "hardware": ("hardware", _str),
-    "budget": ("gpu", _budget),
+    "gpu": ("gpu", _gpu_sizes),
+    "budget": ("gpu", _gpu_sizes),                  # gpu's older spelling (OLD_KEYS)
     "objective": ("objective", _wrap(_objective)),
     "ttft": ("ttft", _str),
     "ctx": ("ctx", _int(1)),
@@ -183,6 +185,7 @@ SPACE: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mode": ("space", _choice(D.SPACE_MODES)), "kv_types": ("kv_types", _choices(_choice(KV_TYPES))),
 }
 TABLES = {"workload": WORKLOAD, "space": SPACE}
+OLD_KEYS = {"budget": "gpu"}      # a key's older spelling, read as the key (both at once: an error)
 
 
 def load_spec(path: str | Path) -> dict[str, Any]:
@@ -200,6 +203,9 @@ def load_spec(path: str | Path) -> dict[str, Any]:
         raise InputError(f"--spec {p} is not TOML: {e}") from e
     out: dict[str, Any] = {"spec": str(p), "study": p.stem}
     limits: dict[str, tuple[Any, ...]] = {}
+    for old, new in OLD_KEYS.items():
+        if old in doc and new in doc:
+            raise InputError(f"{p}: give {new} or its older spelling {old}, not both")
     for key, value in doc.items():
         if key == "workload" and isinstance(value, str):      # the user's requests (tune --workload)
             out["workload"] = _checked(p, key, _str, value)

@@ -25,11 +25,10 @@ layer per token). Without a GPU the host terms are measured and the profile has 
 """
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +37,8 @@ from collections.abc import Callable
 
 from planner.errors import InputError
 from planner.hardware import GPU, LLAMACPP_SHARES, HardwareProfile, Host, Link, Overheads, fmt_bytes
+
+log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 OPS_PER_LAYER = 20
@@ -382,7 +383,8 @@ def profile_json(profile: HardwareProfile, calibration: dict[str, Any]) -> dict[
     return {**profile.to_dict(), "calibration": calibration}
 
 
-def _summary(d: dict[str, Any]) -> str:
+def summary(d: dict[str, Any]) -> str:
+    """The profile JSON (profile_json) in a few lines: what `calibrate` prints without --json."""
     c = d.get("calibration", {})
     h = c.get("host", {})
     gemv = ", ".join(f"{r} {h[f'gemv_{r}_bytes_per_s'] / 1e9:.0f}" for r in GEMV_ROUTES if f"gemv_{r}_bytes_per_s" in h)
@@ -414,55 +416,32 @@ def _summary(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", help="write the HardwareProfile JSON here (plan/tune accept it with --hardware)")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="compute dtype (default bf16)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
-    p.add_argument("--size", default="1GiB", help="bytes per bandwidth test (default 1GiB)")
-    p.add_argument("--name", default="calibrated", help="profile name")
-    p.add_argument("--sweeps", type=int, default=2, help="whole measurements to merge: the best of each ceiling, "
-                   "the median of each per-op time (default 2; their spread is reported)")
-    p.add_argument("--json", action="store_true", help="print the profile JSON on stdout")
-
-
-def calibrate_main(args: argparse.Namespace) -> int:
+def calibrate_profile(*, out: str | None = None, dtype: str = "bf16", threads: int | None = None,
+                      size: str = "1GiB", name: str = "calibrated", sweeps: int = 2) -> dict[str, Any]:
+    """`offload-tuner calibrate`: the inputs checked (before minutes of measuring), this machine measured, the
+    profile JSON (profile_json) returned and written to OUT when given. InputError for bad input."""
     from planner.hardware import GiB, parse_size
-    size = parse_size(getattr(args, "size", None) or "1GiB")
-    if size > 64 * GiB:
-        raise InputError(f"--size {args.size}: at most 64GiB per bandwidth test")
-    threads = getattr(args, "threads", None)
+    size_bytes = parse_size(size or "1GiB")
+    if size_bytes > 64 * GiB:
+        raise InputError(f"--size {size}: at most 64GiB per bandwidth test")
     if threads is not None and not 1 <= threads <= 4096:
         raise InputError(f"--threads {threads}: give 1 or more CPU threads")
-    out = getattr(args, "out", None)
     if out:                                   # checked before minutes of measuring
         target = Path(out)
         if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
             raise InputError(f"--out {out}: cannot write a file there (a folder, or a folder that does not exist "
                              "or is not writable)")
-    sweeps = getattr(args, "sweeps", 2)
     if not 1 <= sweeps <= 20:
         raise InputError(f"--sweeps {sweeps}: give 1 to 20 whole measurements")
-    profile, calibration = calibrate(getattr(args, "dtype", "bf16"), size, getattr(args, "threads", None),
-                                     getattr(args, "name", None) or "calibrated", sweeps)
+    profile, calibration = calibrate(dtype, size_bytes, threads, name or "calibrated", sweeps)
     d = profile_json(profile, calibration)
-    text = json.dumps(d, indent=2)
     if out:
         try:
-            Path(out).write_text(text + "\n")
+            Path(out).write_text(json.dumps(d, indent=2) + "\n")
         except OSError as e:
             raise InputError(f"cannot write {out}: {e.strerror or e}") from e
-        print(f"wrote {out}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(text)
-    else:
-        print(_summary(d))
-    return 0
+        log.info("wrote %s", out)
+    return d
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="calibrate")
-    add_calibrate_arguments(ap)
-    sys.exit(calibrate_main(ap.parse_args()))
-
-
-__all__ = ["calibrate", "calibrate_main", "add_calibrate_arguments", "profile_json", "measure_host", "measure_gpu"]
+__all__ = ["calibrate", "calibrate_profile", "summary", "profile_json", "measure_host", "measure_gpu"]

@@ -178,7 +178,7 @@ def prepare_source(dest: Path, tarball: Path | None = None) -> Path:
     return src
 
 
-def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
+def ensure_built(targets: tuple[str, ...] = TARGETS) -> dict[str, Path]:
     """Return {target: path}, building what is missing; `("llama-server",)` builds the server (adding its source
     to the tree first). Safe to call from several processes at once.
 
@@ -186,10 +186,12 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
     what = (f"ik_llama.cpp {IK_COMMIT[:8]} (~13 min on 2 busy cores"
             + (", the server ~5 min more)" if SERVER in targets else ")"))
     return build_locked(build_dir(), targets, lambda src: _extract(find_tarball(), src), CMAKE_OPTIONS,
-                        what, IkBuildError, log, extend=_extend)
+                        what, IkBuildError, extend=_extend)
 
 
 if __name__ == "__main__":
+    import logging
+    logging.basicConfig(level=logging.INFO, format="%(message)s")     # the "building ..." line
     if len(sys.argv) >= 3 and sys.argv[1] == "--source":      # --source DIR [TARBALL]
         print(prepare_source(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None))
     else:                                                     # [TARGET ...], e.g. llama-server

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import sys
 import tarfile
 from pathlib import Path
 from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
 
 SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -88,7 +91,7 @@ def _extract_llama_cpp(tarball: Path, src: Path) -> None:
 
 
 def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], None], options: Sequence[str],
-                 what: str, error: type[Exception], log=sys.stderr,
+                 what: str, error: type[Exception],
                  extend: Callable[[Path, Sequence[str]], None] | None = None) -> dict[str, Path]:
     """{target: root/build/bin/target}, configuring and building with CMake what is missing under a file lock (so
     several processes can ask at once); `source(src)` writes the tree first when root/src has none, and
@@ -105,7 +108,7 @@ def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], No
                 source(src)
             if extend is not None:
                 extend(src, missing)
-            print(f"offload-tuner: building {what} ({' '.join(missing)}), once per machine...", file=log)
+            log.info("offload-tuner: building %s (%s), once per machine...", what, " ".join(missing))
             for cmd in (["cmake", "-S", str(src), "-B", str(bld), *options],
                         ["cmake", "--build", str(bld), "--config", "Release", "-j", str(os.cpu_count() or 2),
                          "--target", *missing]):
@@ -115,7 +118,7 @@ def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], No
     return binaries
 
 
-def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str, Path]:
+def ensure_built(targets: tuple[str, ...] = TARGETS) -> dict[str, Path]:
     """Return {target: path}, building what is missing (`(SERVER,)`: llama-server). Safe to call from several
     processes at once."""
     # The server's web UI (tools/ui, scripts/ui-assets.cmake) is built with npm only with LLAMA_BUILD_UI and else
@@ -126,8 +129,9 @@ def ensure_built(targets: tuple[str, ...] = TARGETS, log=sys.stderr) -> dict[str
                "-DLLAMA_USE_PREBUILT_UI=OFF", f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}"]
     what = f"llama.cpp {SDIST_VERSION}" + (" (the server: ~8 min on 2 busy cores)" if SERVER in targets else "")
     return build_locked(build_dir(), targets, lambda src: _extract_llama_cpp(_fetch_sdist(cache_dir() / "sdist"), src),
-                        options, what, BuildError, log)
+                        options, what, BuildError)
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")     # the "building ..." line
     for name, path in ensure_built(tuple(sys.argv[1:]) or TARGETS).items():
         print(name, path)

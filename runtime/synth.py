@@ -9,7 +9,6 @@ size (for header tools and tests). `split_max_bytes` writes shards the way llama
 """
 from __future__ import annotations
 
-import argparse
 import os
 import struct
 import sys
@@ -376,61 +375,53 @@ def tiny_spec(arch: str, **overrides: Any) -> ArchSpec:
                     head_dim_k_mla=p["head_dim_k_mla"], head_dim_v_mla=p["head_dim_v_mla"])
 
 
-# ---- CLI ---------------------------------------------------------------------------------------------------
+# ---- `offload-tuner synth` ------------------------------------------------------------------------------
 
-def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
-    """`offload-tuner synth` flags, for callers that want them as synth_main reads them."""
-    parser.add_argument("--preset", metavar="NAME[:QUANT]", help="a well-known model, full size")
-    parser.add_argument("--arch", help=f"with --tiny: one of {', '.join(TINY)}")
-    parser.add_argument("--tiny", action="store_true", help="a few-MB model of --arch (for tests)")
-    parser.add_argument("--quant", help="with --tiny: ggml type of the matrices (default Q8_0)")
-    parser.add_argument("--out", required=True, help="output .gguf (shards get -0000i-of-0000K)")
-    parser.add_argument("--sparse", action="store_true", help="headers only, files truncated to full size")
-    parser.add_argument("--split-max", metavar="SIZE", help="split into shards of at most SIZE (e.g. 50GiB)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tied-output", action="store_true", help="no output.weight (token_embd is reused)")
-    parser.add_argument("--quiet", action="store_true")
+def tiny_archs() -> tuple[str, ...]:
+    """The archs --tiny writes (the CLI's help names them)."""
+    return tuple(TINY)
 
 
-def _model_from_args(args: argparse.Namespace) -> tuple[ArchSpec, TypeOf, str, bool]:
+def _model_from(preset: str | None, arch: str | None, tiny: bool, quant: str | None,
+                tied_output: bool) -> tuple[ArchSpec, TypeOf, str, bool]:
     """(spec, type_of, name, tied_output) for --preset NAME[:QUANT] or --arch ARCH --tiny [--quant T]."""
-    quant = getattr(args, "quant", None)
-    if args.preset and args.arch:
+    if preset and arch:
         raise InputError("give either --preset NAME[:QUANT] or --arch ARCH --tiny, not both")
-    if args.preset:
+    if preset:
         if quant:
             raise InputError("--quant is for --tiny models; a preset takes its quant as --preset NAME:QUANT")
         from planner.presets import load_preset
-        preset = load_preset(args.preset)
-        return preset.spec, preset.type_of, preset.name, args.tied_output or preset.tied_output
-    if not args.arch or not args.tiny:
+        p = load_preset(preset)
+        return p.spec, p.type_of, p.name, tied_output or p.tied_output
+    if not arch or not tiny:
         raise InputError("synth needs --preset NAME[:QUANT], or --arch ARCH --tiny for a small test model")
-    require_arch(args.arch)
+    require_arch(arch)
     quant = quant or "Q8_0"
-    return tiny_spec(args.arch), uniform_recipe(quant), f"tiny-{args.arch}-{quant}", args.tied_output
+    return tiny_spec(arch), uniform_recipe(quant), f"tiny-{arch}-{quant}", tied_output
 
 
-def synth_main(args: argparse.Namespace) -> int:
-    """Write the model args describe; print the paths written (stdout). InputError on bad arguments."""
-    spec, type_of, name, tied = _model_from_args(args)
-    split_max = None
-    if args.split_max is not None:
+def synth(out: str, *, preset: str | None = None, arch: str | None = None, tiny: bool = False,
+          quant: str | None = None, sparse: bool = False, split_max: str | None = None, seed: int = 0,
+          tied_output: bool = False, progress_bar: bool = True) -> list[Path]:
+    """Write the model a preset (NAME[:QUANT]) or a tiny ARCH [QUANT] describes to OUT (`offload-tuner synth`):
+    the files written. A tqdm bar on stderr counts the bytes (progress_bar, a full write, stderr a TTY).
+    InputError on bad arguments."""
+    spec, type_of, name, tied = _model_from(preset, arch, tiny, quant, tied_output)
+    split_max_bytes = None
+    if split_max is not None:
         from planner.hardware import parse_size
-        split_max = parse_size(args.split_max)
+        split_max_bytes = parse_size(split_max)
     total = sum(t.padded for t in _plan(spec, type_of, tied))
-    out = Path(args.out)
-    if out.is_dir():
-        raise InputError(f"--out {out} is a folder; give a file name such as {out / (name + '.gguf')}")
-    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {out}: the folder {out.parent} does not exist or cannot be written")
+    path = Path(out)
+    if path.is_dir():
+        raise InputError(f"--out {path} is a folder; give a file name such as {path / (name + '.gguf')}")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {path}: the folder {path.parent} does not exist or cannot be written")
     from tqdm import tqdm
-    quiet = getattr(args, "quiet", False) or args.sparse or not sys.stderr.isatty()
+    quiet = not progress_bar or sparse or not sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="synth", disable=quiet) as bar:
         try:
-            paths = write_gguf(args.out, spec, type_of, tied_output=tied, sparse=args.sparse, seed=args.seed,
-                               split_max_bytes=split_max, name=name, progress=bar.update)
+            return write_gguf(out, spec, type_of, tied_output=tied, sparse=sparse, seed=seed,
+                              split_max_bytes=split_max_bytes, name=name, progress=bar.update)
         except OSError as e:
-            raise InputError(f"cannot write {args.out}: {e.strerror or e}") from e
-    for p in paths:
-        print(p)
-    return 0
+            raise InputError(f"cannot write {out}: {e.strerror or e}") from e

@@ -187,9 +187,39 @@ def test_runtime_never_imports_the_tuner_the_cli_or_the_service():
     assert not bad, "\n".join(bad)
 
 
+def argparse_outside_main(source: str) -> list[int]:
+    """Lines importing argparse outside an `if __name__ == "__main__":` block (a module run as a script may parse
+    its own argv there; the commands' flags are parsed in planner/cli)."""
+    def is_main_guard(node: ast.AST) -> bool:
+        return isinstance(node, ast.If) and all(w in ast.unparse(node.test) for w in ("__name__", "__main__"))
+
+    def is_argparse(node: ast.AST) -> bool:
+        if isinstance(node, ast.Import):
+            return any(names(a.name, "argparse") for a in node.names)
+        return isinstance(node, ast.ImportFrom) and not node.level and names(node.module or "", "argparse")
+
+    def walk(node: ast.AST) -> Iterator[int]:
+        for child in ast.iter_child_nodes(node):
+            if is_main_guard(child):
+                continue
+            if is_argparse(child):
+                yield child.lineno
+            yield from walk(child)
+    return list(walk(ast.parse(source)))
+
+
+def test_runtime_parses_no_command_line():
+    """runtime/ offers plain functions with typed arguments; the CLI parses the flags (planner/cli/runtime_cmds.py)."""
+    bad = [f"{module_name(p)}:{line} imports argparse (parse the flags in planner/cli; runtime/ takes typed arguments)"
+           for p in sorted((ROOT / "runtime").rglob("*.py")) for line in argparse_outside_main(p.read_text())]
+    assert not bad, "\n".join(bad)
+    assert argparse_outside_main("def f():\n    from argparse import Namespace\n") == [2]
+    assert not argparse_outside_main('if __name__ == "__main__":\n    import argparse\n')
+
+
 def test_the_runtime_check_catches_a_planted_import():
     assert runtime_violations("from planner.tuner.baselines import EngineFit\n", "runtime.llamacpp")
-    assert runtime_violations("def f():\n    from planner.tuner.report import table\n", "runtime.run_cli")
+    assert runtime_violations("def f():\n    from planner.tuner.report import table\n", "runtime.run")
     assert runtime_violations("from planner import cli\n", "runtime.x")
     assert not runtime_violations("from planner.engine import EngineFit\n", "runtime.llamacpp")
-    assert not runtime_violations("from planner.tables import table\n", "runtime.run_cli")
+    assert not runtime_violations("from planner.tables import table\n", "runtime.run")

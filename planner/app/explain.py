@@ -112,17 +112,17 @@ def _fitted(inv: ModelInventory, plan: Plan, hw: HardwareProfile, target_mib: tu
     partial layer, keeping `target_mib` free (one value for every GPU, or one per GPU). None when even every
     expert in RAM does not fit (the fit would then shrink an unset -c, or -ngl)."""
     from ..memory import estimate
-    from ..propose import Budget, fill_experts
+    from ..propose import Room, fill_experts
     cpu = replace(plan, assignment={n: "CPU" if t.is_expert else plan.assignment[n]
                                     for n, t in ((t.name, t) for t in inv.allocated())})
     gpus = {f"CUDA{i}": g.vram_bytes - (target_mib[i] if i < len(target_mib) else target_mib[-1]) * MiB
             for i, g in enumerate(hw.gpus)}
-    budget = Budget(gpus, hw.host.ram_bytes)
+    budget = Room(gpus, hw.host.ram_bytes)
     if not budget.fits(estimate(inv, cpu, hw)):
         return None
     aim = dict(gpus)
     for _ in range(4):      # fill_experts adds tensor bytes; a partial layer can grow a compute buffer: aim lower
-        out = fill_experts(inv, cpu, Budget(aim, hw.host.ram_bytes), hw, order="last", partial=True)
+        out = fill_experts(inv, cpu, Room(aim, hw.host.ram_bytes), hw, order="last", partial=True)
         mem = estimate(inv, out, hw)
         over = {d: mem.devices[d].total - b for d, b in gpus.items() if d in mem.devices and mem.devices[d].total > b}
         if not over:

@@ -74,7 +74,7 @@ class PlanOutcome:
     hw: HardwareProfile
     build: Build
     ranked: list
-    budget: object
+    room: object                  # propose.Room: GPU memory minus the margin, per GPU
     cmds: Commands
     top: int                  # candidates the text lists
     workload: str | None = None               # plan --workload: its name, and each candidate's predicted mean
@@ -86,7 +86,7 @@ class PlanOutcome:
         best, inv, hw = self.ranked[0], self.inv, self.hw
         return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
                 "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
-                "budgets": self.budget.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps,
+                "budgets": self.room.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps,
                                                            **self._request(best)},
                 "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
                 "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
@@ -102,7 +102,7 @@ class PlanOutcome:
 
 def plan_outcome(req: PlanRequest) -> PlanOutcome:
     from ..loader import load_model
-    from ..propose import Budget, best_plans
+    from ..propose import Room, best_plans
     inv = load_model(req.model)
     check_dialect(inv, req.dialect)
     hw = hardware(req.hardware, req.gpu)
@@ -118,7 +118,7 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
         knobs = replace(knobs, amb=512)     # what ik users pass for DeepSeek (-amb 512; docs/ik_llama.md)
     elif req.dialect == "ik" and req.amb is not None:
         knobs = replace(knobs, amb=req.amb)
-    objective = "balanced" if req.objective == "both" else req.objective
+    objective = req.objective
     requests = load_workload(req.workload) if req.workload else None
     if requests is not None:     # the emitted context holds the longest request in each slot
         knobs = replace(knobs, n_ctx=max(knobs.n_ctx, -(-requests.ctx // 256) * 256), n_seq=requests.slots)
@@ -134,6 +134,6 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
         warnings.append(f"W029 -c {knobs.n_ctx} is more than the model's training context "
                         f"({inv.hparams.n_ctx_train}): llama.cpp warns of a possible context overflow; quality may "
                         "suffer")
-    return PlanOutcome(req.model, objective, inv, hw, build, ranked, Budget.from_hardware(hw, margin),
+    return PlanOutcome(req.model, objective, inv, hw, build, ranked, Room.from_hardware(hw, margin),
                        commands_for(ranked[0].plan, inv, req.model, build), req.top,
                        requests.name if requests is not None else None, times, tuple(warnings))

@@ -20,7 +20,7 @@ from ..plan import DEFAULT_CTX, KV_TYPES, Dialect, KvType
 from ..tuner.confirm import CONFIRM_ROUNDS
 from .fields import opt, options
 
-PlanObjective = Literal["tg", "pp", "balanced", "both"]     # both: tune's word for balanced
+PlanObjective = Literal["tg", "pp", "both", "balanced"]     # balanced: both's old name, read as both
 SpaceMode = Literal["settled", "full"]                      # defaults.SPACE_MODES
 
 MODEL = "path to a .gguf (first shard of a split) or preset:NAME[:QUANT]"
@@ -52,13 +52,17 @@ class PlanRequest:
     dialect: Dialect = opt("mainline", help=DIALECT)
     build: str | None = opt(None, help=BUILD)
     amb: int | None = opt(None, help="ik -amb in MiB (default 512 for MLA models, else ik's default)")
-    objective: PlanObjective = opt("tg", help="tg, pp or balanced (the geometric mean of both; 'both', tune's word, "
-                                              "means the same here)")
+    objective: PlanObjective = opt("tg", help="tg, pp or both (the geometric mean of the two speeds, the pick "
+                                              "tune's 'both' front holds; 'balanced', its old name, reads as both)")
     workload: str | None = opt(None, help="rank by this workload's predicted mean request time instead of the "
                                           "objective: chat, agent, rag, batch, a .toml or a .jsonl log; the context "
                                           "and slots then hold its longest request")
     margin: str = opt(D.PLAN_MARGIN, help=f"VRAM kept free per GPU (default {D.PLAN_MARGIN})")
     top: int = opt(D.PLAN_TOP, help=f"candidates to list (default {D.PLAN_TOP})")
+
+    def __post_init__(self) -> None:
+        if self.objective == "balanced":           # an old command line's word: one objective vocabulary after it
+            object.__setattr__(self, "objective", "both")
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,18 @@ runtime's own commands).
 A thin layer, one module per command (inspect, plan, explain, runtime_cmds: run/synth/calibrate, tune, report,
 serve, demo), each with its cmd_* function and its add_parser: the flags, made from the request's fields, parsed
 into the use case's request; its outcome printed. common.py holds what several share.
-Results go to stdout (tables, or JSON with --json); logs to stderr. Expected errors print one line and exit 2.
+Results go to stdout (tables, or JSON with --json); progress lines and diagnostics go through logging to stderr
+(logs.py: -v adds debug lines, -q keeps only warnings and errors). Expected errors print one line and exit 2.
 """
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
 
 from ..errors import InputError
-from . import demo, explain, inspect, plan, report, runtime_cmds, serve, tune
+from . import demo, explain, inspect, logs, plan, report, runtime_cmds, serve, tune
 from .demo import cmd_demo
 from .explain import cmd_explain
 from .inspect import cmd_inspect
@@ -39,6 +39,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="offload-tuner",
                  description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
+    loud = ap.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", dest="log_verbose", action="store_true",
+                      help="debug lines too, on stderr (give it before the command)")
+    loud.add_argument("-q", "--quiet", dest="log_quiet", action="store_true",
+                      help="no progress lines or bars: only warnings and errors on stderr (before the command)")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -47,8 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # diagnostics from the modules (a fast path dropped for its fallback, ...) as one stderr line each
-    logging.basicConfig(level=logging.WARNING, format="offload-tuner: %(levelname)s: %(message)s", stream=sys.stderr)
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C / SIGINT is how a tune is stopped and kept resumable (the service's stop sends it); a process
         # started in the background by a non-interactive shell inherits SIGINT ignored, which would turn a stop
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--") if "--" in argv else len(argv)
         args = build_parser().parse_args(argv[:cut])
         args.llama_args = argv[cut + 1:]
+        # progress lines and diagnostics from the modules (a fast path dropped for its fallback, ...) on stderr
+        logs.configure(logs.level(args.log_verbose, args.log_quiet))
         return args.func(args) or 0
     except InputError as e:
         hint = ("; llama.cpp's arguments go after --: explain MODEL --gpu 8GiB -- -ngl 99 ..."

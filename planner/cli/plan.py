@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(o.to_json())
         return 0
-    inv, hw, build, ranked, budget, cmds = o.inv, o.hw, o.build, o.ranked, o.budget, o.cmds
+    inv, hw, build, ranked, room, cmds = o.inv, o.hw, o.build, o.ranked, o.room, o.cmds
     best = ranked[0]
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
@@ -51,7 +51,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     _print_layers(inv, best.plan.assignment)
     print()
-    print(memory_table(best.memory, budget.gpus))
+    print(memory_table(best.memory, room.gpus))
     print()
     for tool, line in cmds.lines.items():
         print(f"{tool}:\n  {line}")

@@ -3,13 +3,15 @@ service (planner/app/serve.py): the CLI never imports planner/service."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import sys
 from pathlib import Path
 
 from ..app.requests import ServerConfig
 from ..app.serve import check_server, run_server
 from .common import add_option, given
+
+log = logging.getLogger(__name__)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -21,8 +23,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     values["token"] = values.get("token") or os.environ.get("OFFLOAD_TUNER_TOKEN") or None
     config = check_server(ServerConfig(**values))
     host = config.host if ":" not in config.host else f"[{config.host}]"
-    print(f"# offload-tuner serve: http://{host}:{config.port}/ (API docs at /docs, /openapi.json); studies in "
-          f"{config.storage or str(config.studies_dir) + '/'}", file=sys.stderr, flush=True)
+    log.info("# offload-tuner serve: http://%s:%s/ (API docs at /docs, /openapi.json); studies in %s", host,
+             config.port, config.storage or str(config.studies_dir) + "/")
     run_server(config)
     return 0
 

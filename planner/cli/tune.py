@@ -3,27 +3,32 @@ printed: a progress bar on stderr while it runs, then the runs, the refit, the b
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..app.report import REPORT_FILES
 from ..app.requests import TuneOptions, parse_kv_types
 from ..app.tune import TuneInterrupted, TuneOutcome, start_tune
 from ..hardware import fmt_bytes
+from . import logs
 from .common import _add_hw, _emit_json, add_option, add_positional, given
+
+log = logging.getLogger(__name__)
 
 
 class _Console:
     """What the user sees while a study runs: start and confirmation lines, and a tqdm bar counting engine runs
-    (silent when stderr is not a TTY or with --quiet), made at the first trial and closed before any line."""
+    (silent when stderr is not a TTY, with --quiet or with the global -q), made at the first trial and closed
+    before any line. The lines go through logging (INFO: the global -q silences them too)."""
 
     def __init__(self, total: int, quiet: bool):
-        self.total, self.quiet = total, quiet
+        self.total, self.quiet = total, quiet or not logs.shown()
         self.bar = None
         self.start: int | None = None
 
     def note(self, line: str) -> None:
         self.close()
-        print(line, file=sys.stderr, flush=True)
+        log.info("%s", line)
 
     def progress(self, tuner, trial) -> None:
         if self.bar is None:

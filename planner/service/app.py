@@ -30,7 +30,7 @@ from .jobs import Jobs
 from .security import TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok, token_ok
 from .studies import StudyStore, clean
 
-log = logging.getLogger("offload_tuner.service")
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 EVENT_INTERVAL_S = 1.0
@@ -315,6 +315,6 @@ def serve(config: ServerConfig) -> None:
     """Run uvicorn on the app (blocking); planner/app/serve.py's run_server calls this (the CLI's `serve`)."""
     import uvicorn
     check_bind(config.host, config.token)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # our loggers' level and handler are the CLI's (-v / -q, planner/cli/logs.py); uvicorn keeps its own
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",
                 timeout_graceful_shutdown=10, limit_concurrency=512)

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import InputError
 from .security import NotFound
 
-log = logging.getLogger("offload_tuner.service")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

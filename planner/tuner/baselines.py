@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..flags import parse
 from ..model import ModelInventory
 from ..plan import Dialect, Knobs, Plan
-from ..propose import Budget, proposals
+from ..propose import Room, proposals
 from .records import StudyRecord, measured_dict
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def measure_baselines(tuner: Tuner, deadline: float | None = None) -> list[dict[
     model_id = tuner.settings.model_id
     own_fit = getattr(tuner.engine, "own_fit", None)
     if own_fit is not None and "--fit" not in done and FIT_LIKE not in done:
-        fit = own_fit(tuner.inv, tuner.workload, Budget.from_hardware(tuner.hw, tuner.margin_initial).gpus)
+        fit = own_fit(tuner.inv, tuner.workload, Room.from_hardware(tuner.hw, tuner.margin_initial).gpus)
         if fit is not None:
             keep(fit_record(fit, tuner.margins.over(dict(fit.measurement.peak_bytes))))
             done.add("--fit")
@@ -268,7 +268,7 @@ def _ncmoe_split_record(tuner: Tuner, knobs: Knobs) -> dict[str, Any]:
         mem = tuner.estimate(inv, plan, hw)
         if tuner._over_budget(plan, mem).startswith("host"):
             return -1
-        budget = tuner.space.budget_for(plan.knobs.n_ubatch).gpus
+        budget = tuner.space.room_for(plan.knobs.n_ubatch).gpus
         return min(budget[g] - mem.gpu_total(g) for g in budget)
     runs, rec, start = 0, {}, 0
     for _ in range(NCMOE_TRIES):

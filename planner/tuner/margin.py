@@ -14,7 +14,7 @@ from typing import Any
 from ..hardware import GiB, MiB, HardwareProfile
 from ..memory import DeviceMemory
 from ..plan import Plan, gpu_index, is_gpu
-from ..propose import Budget
+from ..propose import Room
 from .records import StudyRecord
 
 OOM_STEP = 256 * MiB       # an OOM raises the margin by at least this much
@@ -45,13 +45,13 @@ class Margins:
         """The margin runs are judged against: the one asked for (none when the margin is learnt)."""
         return self.asked if self.asked is not None else 0
 
-    def budget(self) -> dict[str, int]:
+    def room(self) -> dict[str, int]:
         """Each GPU's budget runs are judged against: VRAM minus the margin asked for."""
-        return Budget.from_hardware(self.hw, self.initial).gpus
+        return Room.from_hardware(self.hw, self.initial).gpus
 
     def over(self, peaks: Mapping[str, int]) -> str:
         """Which GPUs a reference run's peaks put over the budget ('' when none): said, never failed."""
-        budget = self.budget()
+        budget = self.room()
         return "; ".join(f"{d} {v / MiB:.0f} MiB > {budget[d] / MiB:.0f} MiB" for d, v in sorted(peaks.items())
                          if d in budget and v > budget[d])
 
@@ -71,7 +71,7 @@ class Margins:
         gap = max((p - predicted[d].total for d, p in peaks.items() if d in predicted), default=None)
         if gap is not None and self.asked is None:
             self.learn(plan, gap)
-        budget = self.budget()
+        budget = self.room()
         worst: tuple[int, str, int, int] | None = None
         for dev, peak in sorted(peaks.items()):
             have = budget.get(dev)

@@ -264,8 +264,8 @@ def _parse_expr(text: str) -> Expr:
 
 
 def parse_objective(text: str) -> Objective:
-    """'time' (the workload's mean request time), 'tg', 'pp', 'both' (or 'pareto', or `plan`'s word 'balanced':
-    the front holds plan's geometric-mean pick), or an expression over tg and pp. Raises InputError (one line)."""
+    """'time' (the workload's mean request time), 'tg', 'pp', 'both' (or 'pareto', or 'balanced', plan's old
+    word: the front holds plan's geometric-mean pick), or an expression over tg and pp. Raises InputError."""
     t = (text or "").strip()
     if not t:
         raise InputError("--objective is empty; use time, tg, pp, both or an expression such as 'tg + 0.1*pp'")

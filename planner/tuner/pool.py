@@ -111,7 +111,7 @@ class Pool:
         """The entries within the budget their ubatch is held to now (the margin may have moved since)."""
         out = []
         for e in self.entries.values():
-            b = space.budget_for(e.n_ubatch)
+            b = space.room_for(e.n_ubatch)
             if e.host_need <= b.host and all(v <= b.gpus.get(d, 0) for d, v in e.gpu_bytes.items()):
                 out.append(e)
         return out

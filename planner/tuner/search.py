@@ -311,7 +311,7 @@ class Tuner:
             return RequestTime.from_dict(rec.request_time)
         knobs = self._default_knobs()
         try:
-            plan = best_plans(self.inv, self.hw, knobs, self.dialect, "balanced", self.space.margin_for(knobs.n_ubatch),
+            plan = best_plans(self.inv, self.hw, knobs, self.dialect, "both", self.space.margin_for(knobs.n_ubatch),
                               n_prompt=max(self.workload.n_prompt, 1))[0].plan
         except (InputError, IndexError):    # nothing fits the budget: the ratios of the model on the CPU alone
             plan = Plan(self.inv.source or self.inv.name, {t.name: "CPU" for t in self.inv.allocated()}, knobs,

@@ -63,7 +63,7 @@ def enqueue_seeds(tuner: Tuner) -> int:
 
 
 def _planner_objective(kind: str) -> str:
-    return {"tg": "tg", "pp": "pp"}.get(kind, "balanced")
+    return {"tg": "tg", "pp": "pp"}.get(kind, "both")
 
 
 def fill_max_seeds(space: Space, objective_kind: str) -> list[tuple[dict[str, Any], str]]:
@@ -127,5 +127,5 @@ def probe_repack(tuner: Tuner) -> bool:
         outcome = {"queued": True, "trial": number, "tg_tps": tg, "plan_id": cand.key}
         break
     StudyRecord.save(study, **{f"probed_{knob}": outcome})
-    log.info("%s probe: %s", knob, outcome)
+    log.debug("%s probe: %s", knob, outcome)
     return outcome["queued"]

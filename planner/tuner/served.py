@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 from ..hardware import MiB, fmt_bytes
 from ..plan import Plan
-from ..propose import Budget, fill_experts
+from ..propose import Room, fill_experts
 from .confirm import Spread, compare, schedule
 from .records import StudyRecord, TrialRecord
 
@@ -59,9 +59,9 @@ class Served:
     kv_type: str | None = None         # a reference at the KV type a finalist uses ("fit:UB:TYPE")
 
 
-def gpu_budgets(hw: HardwareProfile) -> dict[str, int]:
-    """{"CUDA0": bytes, ...}: each GPU's budget under the device name llama.cpp gives it (a GPU's own `name` is its
-    model, "H100", and two of them share it)."""
+def gpu_memory(hw: HardwareProfile) -> dict[str, int]:
+    """{"CUDA0": bytes, ...}: each GPU's memory (--gpu) under the device name llama.cpp gives it (a GPU's own
+    `name` is its model, "H100", and two of them share it)."""
     return {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}
 
 
@@ -91,7 +91,7 @@ def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
     served = replace(plan, knobs=replace(plan.knobs, n_ctx=wl.ctx, n_seq=wl.slots))
     pred = tuner.estimate(tuner.inv, served, tuner.hw).devices
     room = {}
-    for d, budget in gpu_budgets(tuner.hw).items():
+    for d, budget in gpu_memory(tuner.hw).items():
         if d in pred and d not in peaks:
             return None
         if d in pred:
@@ -99,7 +99,7 @@ def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
     on_gpu = sorted({t.layer for t in tuner.inv.allocated()
                      if t.is_expert and t.layer is not None and plan.assignment.get(t.name, "CPU") != "CPU"})
     order = "first" if on_gpu and on_gpu[0] == min(tuner.inv.moe_layers()) else "last"
-    out = fill_experts(tuner.inv, served, Budget(room, tuner.hw.host.ram_bytes), tuner.hw, order=order,
+    out = fill_experts(tuner.inv, served, Room(room, tuner.hw.host.ram_bytes), tuner.hw, order=order,
                        estimate=tuner.estimate)
     if out.assignment == served.assignment:
         return None
@@ -147,7 +147,7 @@ def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | No
 def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str, Any]:
     """One replay of the workload by one contender, as a stored row."""
     from .interrupt import SIGINT
-    budgets = gpu_budgets(tuner.hw)
+    budgets = gpu_memory(tuner.hw)
     try:
         with SIGINT.engine_run():
             if plan is not None:
@@ -204,7 +204,7 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
-    record = served_record(cs, rows, rounds, gpu_budgets(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
+    record = served_record(cs, rows, rounds, gpu_memory(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
                            tuner.requests.ttft_limit_s)
     StudyRecord.save(tuner.study, served=record)
     return record

@@ -28,7 +28,7 @@ from ..model import ModelInventory
 from ..plan import (DEFAULT_CTX, FULL_PRECISION_KV, Dialect, Knobs, OffloadPolicy, OpRule, Plan,
                     gpu_names)
 from ..propose import (
-    DEFAULT_MARGIN, ORDERS, Budget, Proposal, assignment_from_homes, fill_experts, max_gpu_layers, model_id,
+    DEFAULT_MARGIN, ORDERS, Room, Proposal, assignment_from_homes, fill_experts, max_gpu_layers, model_id,
     split_homes,
 )
 
@@ -167,8 +167,8 @@ class Space:
         self.ubatch_margins = dict(ubatch_margins or {})
         self.estimate = memory
         self.gpus = gpu_names(len(hw.gpus))
-        self.budget = Budget.from_hardware(hw, margin)
-        self._budgets = {ub: Budget.from_hardware(hw, m) for ub, m in self.ubatch_margins.items()}
+        self.room = Room.from_hardware(hw, margin)
+        self._rooms = {ub: Room.from_hardware(hw, m) for ub, m in self.ubatch_margins.items()}
         self._n_max: dict[tuple, int] = {}
         self._base_mem: dict[tuple, MemoryReport] = {}
         self._trie: dict[tuple, Any] = {}        # grid(cache=True): path of (dim, value) -> next dim or Candidate
@@ -250,9 +250,9 @@ class Space:
     def margin_for(self, n_ubatch: int) -> int:
         return self.ubatch_margins.get(n_ubatch, self.margin)
 
-    def budget_for(self, n_ubatch: int | None) -> Budget:
-        """The budget a candidate with this ubatch is held to (None: the default margin's)."""
-        return self.budget if n_ubatch is None else self._budgets.get(n_ubatch, self.budget)
+    def room_for(self, n_ubatch: int | None) -> Room:
+        """The room a candidate with this ubatch is held to (None: the default margin's)."""
+        return self.room if n_ubatch is None else self._rooms.get(n_ubatch, self.room)
 
     def max_homes(self, knobs: Knobs, weights: list[float], output_on_gpu: bool) -> int:
         """Most layers homed on the GPUs with every expert on the CPU (cached on what changes memory)."""
@@ -262,7 +262,7 @@ class Space:
             inv = self.inv
             homes = split_homes(inv.n_layer, inv.n_layer, self.gpus, weights)
             a = assignment_from_homes(inv, homes, homes[-1] if output_on_gpu else "CPU", "CPU")
-            budget = self.budget_for(knobs.n_ubatch)
+            budget = self.room_for(knobs.n_ubatch)
             if budget.fits(self.estimate(inv, Plan(model_id(inv), a, knobs, self.dialect), self.hw)):
                 n = inv.n_layer          # the common case: one estimate, which the decoder's base reuses
             else:
@@ -322,11 +322,11 @@ class Space:
             if any(s > 0 for s in shares.values()):
                 order, partial = rec(d["order"]), rec(d["partial"])
                 base_mem = self._base_memory(base)
-                budget, scaled = self.budget_for(knobs.n_ubatch), {}
+                budget, scaled = self.room_for(knobs.n_ubatch), {}
                 for g in self.gpus:
                     have, used_b = budget.gpus[g], base_mem.gpu_total(g)
                     scaled[g] = used_b + int(shares[g] * max(have - used_b, 0))
-                plan = fill_experts(inv, base, Budget(scaled, budget.host), self.hw, order, partial,
+                plan = fill_experts(inv, base, Room(scaled, budget.host), self.hw, order, partial,
                                     estimate=self.estimate)
         plan = replace(plan, label=self.label(used, knobs))
         mem = self.estimate(inv, plan, self.hw)
@@ -347,7 +347,7 @@ class Space:
     def over_budget(self, mem: MemoryReport, margin: int | None = None, n_ubatch: int | None = None) -> str:
         """'' when `mem` fits every GPU (VRAM - margin) and host RAM; else what is over and by how much. The
         margin: `margin` when given, else that of the plan's `n_ubatch` (margin_for)."""
-        budget = Budget.from_hardware(self.hw, margin) if margin is not None else self.budget_for(n_ubatch)
+        budget = Room.from_hardware(self.hw, margin) if margin is not None else self.room_for(n_ubatch)
         for dev, m in mem.devices.items():
             if dev == "CPU":
                 need = mem.host_pinned + m.kv + m.compute + m.overhead

@@ -150,3 +150,18 @@ def test_missing_spec_and_missing_model(tmp_path, capsys):
     assert "cannot read --spec" in capsys.readouterr().err
     assert cli.main(["tune", "--gpu", "16GiB"]) == 2
     assert "say which model" in capsys.readouterr().err
+
+
+def test_gpu_key_and_its_older_spelling_budget(tmp_path: Path) -> None:
+    """`gpu` (tune --gpu's name) and the older key `budget` read the same; both at once is one error."""
+    new, old, both = tmp_path / "new.toml", tmp_path / "old.toml", tmp_path / "both.toml"
+    new.write_text(SPEC.replace('budget = "16GiB"', 'gpu = ["16GiB", "8GiB"]'))
+    old.write_text(SPEC.replace('budget = "16GiB"', 'budget = ["16GiB", "8GiB"]'))
+    both.write_text(SPEC.replace('budget = "16GiB"', 'budget = "16GiB"\ngpu = "16GiB"'))
+    assert load_spec(new)["gpu"] == load_spec(old)["gpu"] == "16GiB,8GiB"
+    assert {k: v for k, v in load_spec(new).items() if k not in ("spec", "study")} == \
+        {k: v for k, v in load_spec(old).items() if k not in ("spec", "study")}
+    from planner.errors import InputError
+    with pytest.raises(InputError, match="give gpu or its older spelling budget, not both"):
+        load_spec(both)
+

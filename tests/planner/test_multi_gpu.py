@@ -13,7 +13,7 @@ from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import SCHED_MAX_COPIES, compute_bytes, estimate, pipeline_copies
 from planner.plan import Knobs, Plan
 from planner.presets import load_preset
-from planner.propose import Budget
+from planner.propose import Room
 from planner.tuner.baselines import flag_plan, ncmoe_split
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
@@ -47,7 +47,7 @@ def test_a_baseline_line_without_ts_spreads_over_the_machines_gpus(inv):
 @pytest.mark.slow
 def test_the_best_hand_ncmoe_ts_balances_the_two_gpus(inv):
     hw = two(8)
-    budget = Budget.from_hardware(hw, 256 * MiB).gpus
+    budget = Room.from_hardware(hw, 256 * MiB).gpus
 
     def headroom(plan: Plan) -> int:
         mem = estimate(inv, plan, hw)
@@ -133,7 +133,7 @@ def test_filling_two_gpus_with_experts_keeps_each_within_its_budget(inv):
     at 2x8 GiB came out 6 MiB over CUDA1's budget; the whole estimate now undoes the last move there."""
     from planner.propose import proposals
     hw = two(8)
-    budget = Budget.from_hardware(hw, 0)
+    budget = Room.from_hardware(hw, 0)
     fills = [p for p in proposals(inv, hw, KNOBS, "mainline", 0) if p.strategy == "experts-cpu+fill"]
     assert {p.order for p in fills} >= {"first", "last"}
     for p in fills:

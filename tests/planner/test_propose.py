@@ -10,7 +10,7 @@ from planner.hardware import GiB, MiB, from_gpu_sizes
 from planner.memory import estimate
 from planner.plan import Knobs, Plan
 from planner.presets import load_preset
-from planner.propose import Budget, best_plans, fill_experts, layer_order, propose, proposals, split_homes
+from planner.propose import Room, best_plans, fill_experts, layer_order, propose, proposals, split_homes
 
 from tiny import f32_inventory, qwen3moe_spec
 
@@ -34,7 +34,7 @@ def test_layer_orders():
 def test_every_proposal_fits_and_places_every_tensor(preset, gpus):
     inv = load_preset(preset).inventory()
     hw = from_gpu_sizes(gpus)
-    budget = Budget.from_hardware(hw)
+    budget = Room.from_hardware(hw)
     plans = propose(inv, hw, Knobs(n_ctx=8192))
     assert plans
     names = {t.name for t in inv.allocated()}
@@ -90,7 +90,7 @@ def test_a_partial_layer_keeps_ik_fused_up_and_gate_together():
 
     def layer0(plan):
         used = estimate(inv, plan).devices["CUDA0"].total
-        a = fill_experts(inv, plan, Budget({"CUDA0": used + 2 * one + one // 2}, 1 << 40), None, "first").assignment
+        a = fill_experts(inv, plan, Room({"CUDA0": used + 2 * one + one // 2}, 1 << 40), None, "first").assignment
         return {r: a[f"blk.0.ffn_{r}_exps.weight"] for r in ("down", "up", "gate")}
 
     assert layer0(base) == {"down": "CUDA0", "up": "CUDA0", "gate": "CPU"}

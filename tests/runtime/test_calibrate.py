@@ -1,21 +1,19 @@
 """offload-tuner calibrate: host terms measured here, GPU terms where CUDA exists; the JSON loads as --hardware."""
 from __future__ import annotations
 
-import argparse
 import json
 
 from planner.hardware import LLAMACPP_SHARES, load_hardware
 import pytest
 
-from runtime.calibrate import add_calibrate_arguments, busy_note, calibrate_main, merge_sweeps, sweep_spread
+from planner.cli import main
+from runtime.calibrate import busy_note, calibrate_profile, merge_sweeps, sweep_spread
 
 
 def test_calibrate_writes_a_profile_that_hardware_accepts(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr("runtime.calibrate.SWEEP_PAUSE_S", 0.0)   # 8 MiB sweeps need no settling
-    ap = argparse.ArgumentParser()
-    add_calibrate_arguments(ap)
     out = tmp_path / "hw.json"
-    assert calibrate_main(ap.parse_args(["--out", str(out), "--size", "8MiB", "--threads", "1"])) == 0
+    assert main(["calibrate", "--out", str(out), "--size", "8MiB", "--threads", "1"]) == 0
     profile = load_hardware(str(out))
     assert profile.host.mem_bw > 0 and profile.host.flops > 0 and profile.host.n_threads == 1
     for key, share in LLAMACPP_SHARES.items():     # llama.cpp's shares of the ceilings: not measurable here
@@ -55,7 +53,8 @@ def test_busy_host_is_named() -> None:
 
 def test_bad_sweeps_is_one_line(capsys) -> None:
     from planner.errors import InputError
-    ap = argparse.ArgumentParser()
-    add_calibrate_arguments(ap)
     with pytest.raises(InputError, match="--sweeps 0"):
-        calibrate_main(ap.parse_args(["--sweeps", "0"]))
+        calibrate_profile(sweeps=0)
+    assert main(["calibrate", "--sweeps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--sweeps 0" in err

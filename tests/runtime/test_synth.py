@@ -1,8 +1,7 @@
-"""runtime.synth: tiny specs, recipes, data that dequantizes to sane weights, splits, sparse files, the CLI
-plumbing, and (marked llamacpp) the real llama-bench loading a tiny model of every arch."""
+"""runtime.synth: tiny specs, recipes, data that dequantizes to sane weights, splits, sparse files, the
+`synth` command, and (marked llamacpp) the real llama-bench loading a tiny model of every arch."""
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -15,8 +14,8 @@ from gguf.quants import dequantize
 from planner.archs import build_inventory, metadata_for, spec_from_metadata, tensor_shapes
 from planner.errors import InputError, UnknownArchitectureError
 from planner.gguf_header import load_inventory, read_header
-from runtime.synth import (BLOCK_SCALES, FLOAT_TYPES, TINY, _RandomData, add_synth_arguments, synth_main,
-                           tiny_spec, uniform_recipe, write_gguf)
+from runtime.synth import (BLOCK_SCALES, FLOAT_TYPES, TINY, _RandomData, synth, tiny_spec, uniform_recipe,
+                           write_gguf)
 
 # A type mix per arch for the llama-bench run, so llama.cpp computes with every block layout synth writes.
 BENCH_QUANTS = {"qwen3moe": ("Q4_K", None), "qwen2moe": ("Q4_0", "Q2_K"), "deepseek2": ("Q6_K", "Q3_K"),
@@ -122,36 +121,28 @@ def test_write_errors(tmp_path: Path) -> None:
                    if len(shape) > 1 else "F32")
 
 
-# ---- CLI plumbing ---------------------------------------------------------------------------------------
+# ---- `offload-tuner synth` -------------------------------------------------------------------------------
 
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_synth_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-def test_synth_main_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_synth_tiny(tmp_path: Path) -> None:
     out = tmp_path / "t.gguf"
-    assert synth_main(_args("--arch", "deepseek2", "--tiny", "--quant", "Q4_K", "--out", str(out))) == 0
-    assert capsys.readouterr().out.split() == [str(out)]
+    assert synth(str(out), arch="deepseek2", tiny=True, quant="Q4_K") == [out]
     inv = load_inventory(out)
     assert inv.name == "tiny-deepseek2-Q4_K"
     assert inv.tensors == build_inventory(tiny_spec("deepseek2"), uniform_recipe("Q4_K")).tensors
 
 
-def test_synth_main_split_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_synth_split_and_errors(tmp_path: Path) -> None:
     pytest.importorskip("planner.hardware")
     out = tmp_path / "s.gguf"
-    synth_main(_args("--arch", "qwen3moe", "--tiny", "--out", str(out), "--split-max", "1MiB", "--sparse"))
-    printed = capsys.readouterr().out.split()
-    assert len(printed) > 1 and printed[0].endswith(f"s-00001-of-{len(printed):05d}.gguf")
-    for argv, match in [(("--arch", "qwen3moe"), "--arch ARCH --tiny"), ((), "synth needs --preset"),
-                        (("--preset", "Qwen3-30B-A3B", "--arch", "llama", "--tiny"), "not both"),
-                        (("--preset", "Qwen3-30B-A3B", "--quant", "Q4_0"), "--quant is for --tiny")]:
+    paths = synth(str(out), arch="qwen3moe", tiny=True, split_max="1MiB", sparse=True)
+    assert len(paths) > 1 and paths[0].name == f"s-00001-of-{len(paths):05d}.gguf"
+    for kw, match in [(dict(arch="qwen3moe"), "--arch ARCH --tiny"), ({}, "synth needs --preset"),
+                      (dict(preset="Qwen3-30B-A3B", arch="llama", tiny=True), "not both"),
+                      (dict(preset="Qwen3-30B-A3B", quant="Q4_0"), "--quant is for --tiny")]:
         with pytest.raises(InputError, match=match):
-            synth_main(_args(*argv, "--out", str(out)))
+            synth(str(out), **kw)
     with pytest.raises(UnknownArchitectureError):
-        synth_main(_args("--arch", "mamba", "--tiny", "--out", str(out)))
+        synth(str(out), arch="mamba", tiny=True)
 
 
 def test_offload_tuner_synth_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,11 +157,11 @@ def test_offload_tuner_synth_command(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert err.count("\n") == 1 and "--tiny" in err
 
 
-def test_synth_main_preset_sparse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_synth_preset_sparse(tmp_path: Path) -> None:
     """A preset written as a sparse file reads back as the preset's own inventory."""
     presets = pytest.importorskip("planner.presets")
     out = tmp_path / "p.gguf"
-    synth_main(_args("--preset", "Qwen3-30B-A3B:Q4_K_M", "--out", str(out), "--sparse"))
+    synth(str(out), preset="Qwen3-30B-A3B:Q4_K_M", sparse=True)
     assert load_inventory(out).tensors == presets.load_preset("Qwen3-30B-A3B:Q4_K_M").inventory().tensors
 
 

@@ -102,7 +102,7 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp
     assert set(by_ub["512"]) == {0} and set(by_ub["4096"]) == {150 * MiB}
     assert t.ubatch_margins == {512: 0, 4096: 150 * MiB + MARGIN_SLACK}    # both fell from the prior
     assert t.margin == 512 * MiB                                             # an unmeasured ubatch keeps it
-    assert t.space.budget_for(4096).gpus["CUDA0"] == 16 * GiB - 150 * MiB - MARGIN_SLACK
+    assert t.space.room_for(4096).gpus["CUDA0"] == 16 * GiB - 150 * MiB - MARGIN_SLACK
     # every 4096 run was decoded against the budget in effect: the prior's until the first 4096 run was measured
     first = min(i for i, r in enumerate(measured) if r.plan().knobs.n_ubatch == 4096)
     mem = estimate(inv, measured[first].plan(), hw).devices["CUDA0"].total

@@ -73,7 +73,7 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
     assert cand.fits
     assert cand.memory.devices["CUDA0"].compute == estimate(inv, cand.plan, hw).devices["CUDA0"].compute + EXTRA
     assert (cand.plan.id, WL) in engine.asked
-    assert cand.memory.gpu_total("CUDA0") <= tuner.space.budget.gpus["CUDA0"]
+    assert cand.memory.gpu_total("CUDA0") <= tuner.space.room.gpus["CUDA0"]
     n_gpu = lambda p: sum(1 for t in inv.allocated() if t.is_expert and p.assignment.get(t.name) == "CUDA0")  # noqa: E731
     assert n_gpu(cand.plan) < n_gpu(cand_sim.plan)
     # the plan planner.memory fits is refused as a baseline would be: not run, over budget on CUDA0

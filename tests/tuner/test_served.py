@@ -105,13 +105,13 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
 def test_budgets_are_keyed_by_device_name():
     """Two H100s share the GPU name "H100": the budgets --fit and the pick are held to are per CUDA device."""
     from planner.hardware import from_gpu_sizes
-    from planner.tuner.served import gpu_budgets
+    from planner.tuner.served import gpu_memory
     hw = from_gpu_sizes("6GiB,8GiB")
-    assert gpu_budgets(hw) == {"CUDA0": 6 << 30, "CUDA1": 8 << 30}
+    assert gpu_memory(hw) == {"CUDA0": 6 << 30, "CUDA1": 8 << 30}
     cs = REFS[:1] + [Served("trial:1", "trial 1", ("finalist",), trial=1)]
     r = rows("fit:512", [9.0, 9.0], 3000, 50, 6000) + rows("trial:1", [5.0, 5.0], 3000, 50, 6200)
     # 6200 MiB on CUDA0 is over its 6 GiB: the faster trial is not eligible
-    assert served_record(cs, r, 2, gpu_budgets(hw), "rag")["pick"] == "fit:512"
+    assert served_record(cs, r, 2, gpu_memory(hw), "rag")["pick"] == "fit:512"
 
 
 class GpuStandIn:

@@ -12,7 +12,7 @@ from planner.flags import render
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.propose import Budget, proposals
+from planner.propose import Room, proposals
 from planner.tuner.space import Space, SpaceConfig
 
 CASES = [  # model, hardware, VRAM per GPU, dialect
@@ -27,7 +27,7 @@ def test_random_candidates_are_complete_plans_judged_by_the_memory_model(preset,
     inv = load_preset(preset).inventory()
     hw = load_hardware(hardware).with_vram(vram)
     space = Space(inv, hw, dialect=dialect, n_ctx=8192)
-    budget = Budget.from_hardware(hw, 512 * MiB)
+    budget = Room.from_hardware(hw, 512 * MiB)
     names = {t.name for t in inv.allocated()}
     rng = random.Random(7)
     n_fit = 0

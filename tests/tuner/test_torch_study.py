@@ -40,8 +40,8 @@ def test_grid_is_every_other_ngl_up_to_the_most_that_fits(bench, tmp_path):
         assert ns[0] == 0 and ns[:-1] == list(range(0, top, 2)) and top - ns[-2] in (1, 2)
         plan = next(p for n, u, p in pts if u == ub and n == top)
         assert plan.knobs.n_ubatch == ub and plan.knobs.n_batch == 2048 and plan.knobs.offload.any_enabled
-        assert not s.budget.fits(estimate(inv, bench.parse_ngl(inv, top + 1, plan.knobs), s.hw))
-        assert s.budget.fits(estimate(inv, plan, s.hw)) and 16 <= top <= 20
+        assert not s.room.fits(estimate(inv, bench.parse_ngl(inv, top + 1, plan.knobs), s.hw))
+        assert s.room.fits(estimate(inv, plan, s.hw)) and 16 <= top <= 20
     # -ngl 2 (llama.cpp: i_gpu_start = n_layer + 1 - N): the last layer and the output layer on the GPU, all else
     # (blk.0-46, token_embd) in RAM
     two = next(p for n, u, p in pts if n == 2 and u == 512)

@@ -1,28 +1,24 @@
 """`offload-tuner run` (measure one plan on an engine) and `explain --oracle` (llama-fit-params next to our
-memory model). planner/cli/runtime_cmds.py registers the commands; the work is here, where the runtime is.
-
-    offload-tuner run MODEL --engine llamacpp|sim|torch [--llama-bench PATH] (--plan FILE | -- <llama.cpp args>)
-                      [--n-prompt N --n-gen N --depth N --reps N] [--gpu SIZE | --hardware P] [--json]
+memory model): the work, where the runtime is. planner/cli/runtime_cmds.py parses `run`'s flags into a
+planner.options.RunRequest, calls prepare_run, measures and prints.
 
 The plan comes from a Plan JSON file (`plan --json` output, whose "plan" key is used, or Plan.to_json()) or
 from a llama.cpp command line (planner.flags.parse: the program name picks the tool, else llama-bench, else
-llama-server). JSON output: the plan, the workload, the command run, `measurement` (the Measurement fields)
-and `devices` (planner.memory for the same run). Exit 0 when the measurement succeeded, 1 when it failed
-(the reason on stderr and in measurement.error), 2 for bad input.
+llama-server). PreparedRun.to_json: the plan, the workload, the command run, `measurement` (the Measurement
+fields) and `devices` (planner.memory for the same run).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner import defaults as D
-from planner.engines import names, spec
+from planner.engines import spec
 from planner.errors import FlagError, InputError
 from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
-from planner.options import EngineOptions
+from planner.options import EngineOptions, RunRequest
 from planner.plan import DIALECTS, Plan, device_sort_key, gpu_index, is_gpu
 from planner.validate import check_dialect, check_plan
 
@@ -33,25 +29,6 @@ if TYPE_CHECKING:     # planner.memory is heavy: imported when a command runs, n
     from planner.model import ModelInventory
 
 DEFAULT_WORKLOAD = D.RUN_WORKLOAD
-
-
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="path to a .gguf (the llamacpp engine needs the file) or preset:NAME[:QUANT]")
-    p.add_argument("--engine", choices=names(), required=True)
-    p.add_argument("--llama-bench", metavar="PATH", help="llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
-                                                          "else llama-bench on PATH)")
-    p.add_argument("--plan", metavar="FILE", help="Plan JSON (`plan --json` output or Plan.to_json())")
-    p.add_argument("--dialect", choices=DIALECTS, help="for a command line after --: default the binary's "
-                                                        "(llamacpp) or mainline")
-    p.add_argument("--n-prompt", type=int, help=f"prompt tokens (default {DEFAULT_WORKLOAD.n_prompt}, or -p)")
-    p.add_argument("--n-gen", type=int, help=f"generated tokens (default {DEFAULT_WORKLOAD.n_gen}, or -n)")
-    p.add_argument("--depth", type=int, help="context depth before both (default 0, or -d)")
-    p.add_argument("--reps", type=int, help=f"repetitions (default {DEFAULT_WORKLOAD.repetitions}, or -r)")
-    p.add_argument("--timeout", type=float, default=D.RUN_TIMEOUT_S,
-                   help=f"seconds per run (llamacpp; default {D.RUN_TIMEOUT_S:.0f})")
-    p.add_argument("--gpu", help="GPU sizes for sim and for the predicted memory, e.g. 24GiB")
-    p.add_argument("--hardware", help="hardware preset or calibrated JSON (sim; predicted memory)")
-    p.add_argument("--json", action="store_true")
 
 
 # ---- inputs -------------------------------------------------------------------------------------------------------
@@ -101,25 +78,21 @@ def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str,
     return pc.to_plan(inv.source or inv.name, label="command line"), dict(pc.workload)
 
 
-def workload_from(args: argparse.Namespace, named: dict[str, int]) -> BenchWorkload:
+def workload_from(req: RunRequest, named: dict[str, int]) -> BenchWorkload:
     def pick(value: int | None, key: str, default: int) -> int:
         return value if value is not None else int(named.get(key, default))
-    return BenchWorkload(pick(args.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
-                    pick(args.n_gen, "n_gen", DEFAULT_WORKLOAD.n_gen), pick(args.depth, "n_depth", 0),
-                    pick(args.reps, "repetitions", DEFAULT_WORKLOAD.repetitions))
+    return BenchWorkload(pick(req.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
+                         pick(req.n_gen, "n_gen", DEFAULT_WORKLOAD.n_gen), pick(req.depth, "n_depth", 0),
+                         pick(req.reps, "repetitions", DEFAULT_WORKLOAD.repetitions))
 
 
-def hardware_for(args: argparse.Namespace, plan: Plan | None = None) -> HardwareProfile:
+def hardware_for(req: RunRequest, plan: Plan | None = None) -> HardwareProfile:
     """--hardware / --gpu, else a generic desktop with one 24 GiB GPU per GPU the plan uses."""
-    hw = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
+    hw = resolve(req.hardware, req.gpu)
     if hw is not None:
         return hw
     n = max([gpu_index(d) + 1 for d in (plan.devices() if plan else []) if is_gpu(d)] or [1])
     return from_gpu_sizes(",".join(["24GiB"] * n))
-
-
-def engine_options(args: argparse.Namespace) -> EngineOptions:
-    return EngineOptions(engine=args.engine, model=args.model, llama_bench=args.llama_bench, timeout_s=args.timeout)
 
 
 def make_engine(opts: EngineOptions, hw: HardwareProfile) -> Engine:
@@ -129,73 +102,63 @@ def make_engine(opts: EngineOptions, hw: HardwareProfile) -> Engine:
 
 # ---- run ------------------------------------------------------------------------------------------------------------
 
-def run_main(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run ready to measure: the model, the plan and its workload, the engine made for it, the command it runs
+    (None for an engine that runs no program) and the memory predicted for it."""
+    request: RunRequest
+    inv: ModelInventory
+    plan: Plan
+    workload: BenchWorkload
+    engine: Engine
+    command: str | None
+    memory: MemoryReport
+
+    def measure(self) -> Measurement:
+        return self.engine.measure(self.inv, self.plan, self.workload)
+
+    def to_json(self, m: Measurement) -> dict[str, Any]:
+        w = self.workload
+        return {"model": self.inv.name or self.inv.source, "engine": self.request.engine, "plan_id": self.plan.id,
+                "plan": self.plan.to_dict(),
+                "workload": {"n_prompt": w.n_prompt, "n_gen": w.n_gen, "depth": w.depth, "repetitions": w.repetitions},
+                "command": self.command, "measurement": m.to_dict(), **self.memory.to_dict()}
+
+
+def prepare_run(req: RunRequest) -> PreparedRun:
+    """The run REQ describes, checked and set up (the model loaded, the plan read, the engine made), not yet
+    measured. InputError for bad input."""
     from planner.loader import load_model
     from planner.memory import estimate
-    if bool(args.plan) == bool(args.llama_args):
+    if bool(req.plan) == bool(req.llama_args):
         raise InputError("give the plan either as --plan FILE or as llama.cpp arguments after --, not "
-                         + ("both" if args.plan else "neither"))
+                         + ("both" if req.plan else "neither"))
     for flag in ("n_prompt", "n_gen", "depth", "reps"):
-        v = getattr(args, flag)
+        v = getattr(req, flag)
         if v is not None and (v < 0 or (flag == "reps" and v < 1)):
             raise InputError(f"--{flag.replace('_', '-')} must be {'>= 1' if flag == 'reps' else '>= 0'}, got {v}")
-    inv = load_model(args.model)
-    declared = resolve(getattr(args, "hardware", None), getattr(args, "gpu", None))
+    inv = load_model(req.model)
+    declared = resolve(req.hardware, req.gpu)
     n_gpus = len(declared.gpus) if declared is not None else None   # devices beyond these do not exist
     engine: Engine | None = None
-    if spec(args.engine).traits.binary:      # the binary decides the dialect of a command line
-        engine = make_engine(engine_options(args), hardware_for(args))
-    if args.plan:
-        plan, named = read_plan_file(args.plan, inv, n_gpus), {}
+    if spec(req.engine).traits.binary:      # the binary decides the dialect of a command line
+        engine = make_engine(req.engine_options(), hardware_for(req))
+    if req.plan:
+        plan, named = read_plan_file(req.plan, inv, n_gpus), {}
     else:
-        dialect = args.dialect or (engine.info.dialect if engine is not None else "mainline")   # type: ignore[attr-defined]
-        plan, named = plan_from_args(args.llama_args, inv, dialect, n_gpus)
+        dialect = req.dialect or (engine.info.dialect if engine is not None else "mainline")   # type: ignore[attr-defined]
+        plan, named = plan_from_args(list(req.llama_args), inv, dialect, n_gpus)
     check_dialect(inv, plan.dialect)
-    workload = workload_from(args, named)
-    hw = hardware_for(args, plan)
+    workload = workload_from(req, named)
+    hw = hardware_for(req, plan)
     if engine is None:
-        engine = make_engine(engine_options(args), hw)
+        engine = make_engine(req.engine_options(), hw)
     command = None
     if hasattr(engine, "command"):           # an engine that runs a program shows its command line
         command = engine.command(inv, plan, workload).shell
     run_memory = getattr(engine, "run_memory", None)     # the memory of its run, where that is not the plan's
     mem = run_memory(inv, plan, workload, hw) if run_memory else estimate(inv, plan, hw)
-    if not args.json:
-        print(f"# {args.engine}: measuring plan {plan.id} ({workload.n_prompt} prompt + {workload.n_gen} generated "
-              f"tokens at depth {workload.depth}, {workload.repetitions} reps)", file=sys.stderr, flush=True)
-    m = engine.measure(inv, plan, workload)
-    if args.json:
-        json.dump({"model": inv.name or inv.source, "engine": args.engine, "plan_id": plan.id, "plan": plan.to_dict(),
-                   "workload": {"n_prompt": workload.n_prompt, "n_gen": workload.n_gen, "depth": workload.depth,
-                                "repetitions": workload.repetitions},
-                   "command": command, "measurement": m.to_dict(), **mem.to_dict()}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print_measurement(m, mem, command)
-    if not m.ok:
-        print(f"offload-tuner: run failed: {m.error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def print_measurement(m: Measurement, mem: MemoryReport, command: str | None) -> None:
-    from planner.tables import table
-    if command:
-        print(f"command: {command}")
-    status = "ok" if m.ok else f"FAILED ({m.raw.get('failure', 'error')}): {m.error}"
-    print(f"result:  {status}")
-    print(f"PP {m.pp_tps:.2f} t/s, TG {m.tg_tps:.2f} t/s; host peak RSS {fmt_bytes(m.host_bytes)}")
-    rows = []
-    for dev in sorted(set(mem.devices) | set(m.peak_bytes), key=device_sort_key):
-        if dev == "CPU":
-            continue
-        pred = mem.devices[dev].total if dev in mem.devices else 0
-        got = m.peak_bytes.get(dev)
-        rows.append([dev, fmt_bytes(pred), fmt_bytes(got) if got is not None else "-",
-                     fmt_bytes(got - pred) if got is not None else "-"])
-    if rows:
-        src = m.raw.get("vram_source", "")
-        print(table(["device", "predicted", f"measured ({src})" if src else "measured", "measured - predicted"], rows))
+    return PreparedRun(req, inv, plan, workload, engine, command, mem)
 
 
 # ---- explain --oracle ------------------------------------------------------------------------------------------------
