@@ -118,12 +118,13 @@ def matched(expected: list[str], got: list[str]) -> list[str] | None:
 
 
 def check(readme: Path = ROOT / "README.md", write: bool = False) -> list[str]:
-    """Differences between the README's examples and the program's output (fixed in place with `write`)."""
+    """Differences between the README's examples and the program's output (fixed in place with `write`). The
+    examples are taken last first, so a rewritten block moves none of those still to come."""
     text = readme.read_text()
     lines = text.split("\n")
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="readme-") as tmp:
-        for ex in examples(text):
+        for ex in reversed(examples(text)):
             if ex.command.startswith(SKIP_COMMANDS):
                 continue
             got = run(ex.command, Path(tmp))
@@ -138,11 +139,10 @@ def check(readme: Path = ROOT / "README.md", write: bool = False) -> list[str]:
                 want = ex.lines[first] if first < len(ex.lines) else "(nothing)"
                 have = new[first] if first < len(new) else "(nothing)"
                 problems.append(f"offload-tuner {ex.command}: line {first + 1}: README {want!r}, program {have!r}")
-                if write:
-                    lines[ex.start:ex.end] = new
-                    readme.write_text("\n".join(lines))
-                    return check(readme, write=True)   # positions moved: go again from the top
-    return problems
+                lines[ex.start:ex.end] = new
+    if write and problems:
+        readme.write_text("\n".join(lines))
+    return problems[::-1]
 
 
 if __name__ == "__main__":

@@ -152,10 +152,8 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str
         with SIGINT.engine_run():
             if plan is not None:
                 m = server.measure_workload(tuner.inv, plan, tuner.requests)
-            elif c.kv_type is not None:
-                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type)
             else:
-                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch)
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type)
     except InputError:
         raise
     except Exception as e:       # an engine bug is a failed sample, not the end of the study
