@@ -119,12 +119,14 @@ def matched(expected: list[str], got: list[str]) -> list[str] | None:
 
 def check(readme: Path = ROOT / "README.md", write: bool = False) -> list[str]:
     """Differences between the README's examples and the program's output (fixed in place with `write`). The
-    examples are taken last first, so a rewritten block moves none of those still to come."""
+    commands run in the README's order (a later one may read what an earlier one wrote); the rewrites are applied
+    last first, so none moves a block still to come."""
     text = readme.read_text()
     lines = text.split("\n")
     problems: list[str] = []
+    rewrites: list[tuple[Example, list[str]]] = []
     with tempfile.TemporaryDirectory(prefix="readme-") as tmp:
-        for ex in reversed(examples(text)):
+        for ex in examples(text):
             if ex.command.startswith(SKIP_COMMANDS):
                 continue
             got = run(ex.command, Path(tmp))
@@ -139,10 +141,12 @@ def check(readme: Path = ROOT / "README.md", write: bool = False) -> list[str]:
                 want = ex.lines[first] if first < len(ex.lines) else "(nothing)"
                 have = new[first] if first < len(new) else "(nothing)"
                 problems.append(f"offload-tuner {ex.command}: line {first + 1}: README {want!r}, program {have!r}")
-                lines[ex.start:ex.end] = new
-    if write and problems:
+                rewrites.append((ex, new))
+    if write and rewrites:
+        for ex, new in reversed(rewrites):
+            lines[ex.start:ex.end] = new
         readme.write_text("\n".join(lines))
-    return problems[::-1]
+    return problems
 
 
 if __name__ == "__main__":
