@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=500.0)
     args = ap.parse_args(argv)
     deadline = time.monotonic() + args.time_budget
-    (budget, wname), = wvf.parse_cells(args.cell)
+    cell, = wvf.parse_cells(args.cell)
+    wname = cell.workload
     import optuna
-    study = optuna.load_study(study_name=wvf.cell_name(budget, wname, ""),
+    study = optuna.load_study(study_name=cell.name(""),
                               storage=f"sqlite:///{args.workdir / 'workload_vs_fit.db'}")
     commands = {r["key"]: r.get("command") for r in (StudyRecord.of(study).served or {}).get("results", [])}
     if not commands.get(args.key) or not commands.get(args.reference):

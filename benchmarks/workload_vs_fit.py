@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +62,36 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def parse_cells(text: str) -> list[tuple[int, str]]:
+@dataclass(frozen=True)
+class Cell:
+    """A budget of `gib` GiB on each of `n_gpus` GPUs, served `workload`."""
+    n_gpus: int
+    gib: int
+    workload: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.gib} GiB" if self.n_gpus == 1 else f"{self.n_gpus}x{self.gib} GiB"
+
+    def name(self, series: str) -> str:
+        size = f"{self.gib}g" if self.n_gpus == 1 else f"{self.n_gpus}x{self.gib}g"
+        return f"wvf-{size}-{self.workload}" + (f"-{series}" if series else "")
+
+    def budgets(self) -> dict[str, int]:
+        return {f"CUDA{i}": self.gib * GiB for i in range(self.n_gpus)}
+
+
+def parse_cells(text: str) -> list[Cell]:
+    """"GIB:WORKLOAD" (one GPU) or "NxGIB:WORKLOAD" (N GPUs of GIB each), comma-separated."""
     out = []
     for part in text.split(","):
-        b, _, w = part.strip().partition(":")
-        if not b.isdigit() or w not in GOALS:
-            raise SystemExit(f"workload_vs_fit: --cells {text!r}: give GIB:WORKLOAD pairs, WORKLOAD one of "
-                             f"{', '.join(GOALS)}")
-        out.append((int(b), w))
+        size, _, w = part.strip().partition(":")
+        n, x, gib = size.rpartition("x")
+        if not gib.isdigit() or not (n.isdigit() and int(n) >= 1 if x else True) or w not in GOALS:
+            raise SystemExit(f"workload_vs_fit: --cells {text!r}: give GIB:WORKLOAD or NxGIB:WORKLOAD pairs, "
+                             f"WORKLOAD one of {', '.join(GOALS)}")
+        out.append(Cell(int(n or 1), int(gib), w))
     return out
-
-
-def cell_name(budget_gib: int, workload: str, series: str) -> str:
-    return f"wvf-{budget_gib}g-{workload}" + (f"-{series}" if series else "")
 
 
 def workload_of(name: str, cpu: bool) -> Workload:
@@ -100,11 +118,12 @@ def model_path(args, workdir: Path) -> Path:
     return path
 
 
-def tuner_for(args, inv, hw0, budget_gib: int, wname: str, bench_engine) -> Tuner:
-    """A cell's study: explored by `bench_engine` (llama-bench), or by the sim engine on the cell's budget."""
+def tuner_for(args, inv, hw0, cell: Cell, bench_engine) -> Tuner:
+    """A cell's study: explored by `bench_engine` (llama-bench), or by the sim engine on the cell's budget (its
+    GPUs: the profile's GPU repeated)."""
     from runtime.sim import SimEngine
-    w = workload_of(wname, args.cpu)
-    hw = hw0.with_vram([budget_gib * GiB])
+    w = workload_of(cell.workload, args.cpu)
+    hw = hw0.with_vram([cell.gib * GiB] * cell.n_gpus)
     explore_engine = bench_engine if bench_engine is not None else SimEngine(hw)
     bench = bench_for(w, repetitions=1 if args.cpu else 3)
     ctx = -(-w.ctx // 256) * 256
@@ -112,12 +131,12 @@ def tuner_for(args, inv, hw0, budget_gib: int, wname: str, bench_engine) -> Tune
     return Tuner(inv, hw, explore_engine, TunerOptions(
         model=str(inv.source), objective="time", workload=bench, requests=w, n_ctx=ctx,
         margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
-        study_name=cell_name(budget_gib, wname, args.series), storage=args.storage, seed=0, pool_size=60))
+        study_name=cell.name(args.series), storage=args.storage, seed=0, pool_size=60))
 
 
 def explore(args, inv, hw0, cells, bench_engine) -> None:
-    for b, w in cells:
-        t = tuner_for(args, inv, hw0, b, w, bench_engine)
+    for cell in cells:
+        t = tuner_for(args, inv, hw0, cell, bench_engine)
         if StudyRecord.of(t.study).explored:
             continue
         log(f"{t.study_name}: exploring with the {args.explore} engine, {args.trials} runs")
@@ -128,8 +147,8 @@ def explore(args, inv, hw0, cells, bench_engine) -> None:
 
 def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoint=None) -> bool:
     finished = True
-    for b, w in cells:
-        t = tuner_for(args, inv, hw0, b, w, bench_engine)
+    for cell in cells:
+        t = tuner_for(args, inv, hw0, cell, bench_engine)
         if time.monotonic() >= deadline:
             finished = False
             break
@@ -148,10 +167,10 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
     return finished
 
 
-def cell_row(study, budget_gib: int, wname: str) -> dict[str, Any]:
+def cell_row(study, cell: Cell) -> dict[str, Any]:
     from planner.tuner.served import partial_record
     attrs = StudyRecord.of(study)
-    rec = attrs.served or partial_record(attrs, {"CUDA0": budget_gib * GiB}) or {}
+    rec = attrs.served or partial_record(attrs, cell.budgets()) or {}
     res = {r["key"]: r for r in rec.get("results", [])}
     ref, pick = res.get(rec.get("reference") or ""), res.get(rec.get("pick") or "")
     serving = attrs.serving or {}
@@ -164,11 +183,12 @@ def cell_row(study, budget_gib: int, wname: str) -> dict[str, Any]:
                 "vram_mib": {d: b / MiB for d, b in r["vram_device_bytes"].items()},
                 "bench": r.get("bench"), "bench_vs_server": r.get("bench_vs_server", [])}
     speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick else None
-    return {"budget_gib": budget_gib, "workload": wname, "study": study.study_name,
+    return {"budget_gib": cell.gib, "n_gpus": cell.n_gpus, "budget": cell.label, "workload": cell.workload,
+            "study": study.study_name,
             "served": bool(rec) and not rec.get("partial"), "partial": bool(rec.get("partial")),
             "explore_runs": sum(1 for t in study.trials if t.state.name == "COMPLETE"),
             "served_runs": len(serving.get("rows", [])), "reference": side(ref), "pick": side(pick),
-            "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[wname],
+            "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[cell.workload],
             "headline": headline(rec) if rec else None, "gives_up": rec.get("gives_up", []),
             "results": rec.get("results", [])}
 
@@ -193,25 +213,25 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
     for r in rows:
         ref, pick = r["reference"], r["pick"]
         if not (ref and pick):
-            L.append(f"| {r['budget_gib']} GiB | {r['workload']} | - | - | - | - | not served yet | "
+            L.append(f"| {r['budget']} | {r['workload']} | - | - | - | - | not served yet | "
                      f"{r['goal']}x | - | - | {r['explore_runs']} + {r['served_runs']} |")
             continue
         met = "met" if r["speedup"] >= r["goal"] else f"short by {r['goal'] - r['speedup']:.2f}"
         if r["partial"]:
             met += f" (partial: {r['served_runs']} of the rounds' runs)"
-        L.append(f"| {r['budget_gib']} GiB | {r['workload']} | {ref['name']} | {t(ref['request_s'])} | "
+        L.append(f"| {r['budget']} | {r['workload']} | {ref['name']} | {t(ref['request_s'])} | "
                  f"{pick['name']} | {t(pick['request_s'])} | {r['speedup']:.2f}x {r['verdict']} | "
                  f"{r['goal']}x: {met} | "
                  f"{ref['ttft_s']['median']:.2f} / {pick['ttft_s']['median']:.2f} | "
                  f"{sum(ref['vram_mib'].values()):.0f} / {sum(pick['vram_mib'].values()):.0f} | "
                  f"{r['explore_runs']} + {r['served_runs']} |")
     L += ["", "First lines (what the report of each study says first):", ""]
-    L += [f"- {r['budget_gib']} GiB {r['workload']}: {r['headline']}" for r in rows if r["headline"]]
+    L += [f"- {r['budget']} {r['workload']}: {r['headline']}" for r in rows if r["headline"]]
     L += ["", "Commands served (llama-server):", ""]
     for r in rows:
         for role in ("reference", "pick"):
             if r[role] and r[role].get("command"):
-                L.append(f"- {r['budget_gib']} GiB {r['workload']}, {role}: `{r[role]['command']}`")
+                L.append(f"- {r['budget']} {r['workload']}, {role}: `{r[role]['command']}`")
     warn = [(r, x) for r in rows for x in r["results"] if x.get("bench_vs_server")]
     if warn:
         study_engine = "the sim engine: the calibrated models" if meta["explore"] == "sim" else "llama-bench"
@@ -221,7 +241,7 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
             line = "; ".join(x["bench_vs_server"])
             if meta["explore"] == "sim":       # records served before 2026-11-27 17:00 call any study run llama-bench
                 line = line.replace("llama-bench ", "sim ")
-            L.append(f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {line}")
+            L.append(f"- {r['budget']} {r['workload']} {x['name']}: {line}")
     L += ["", "Every contender (median mean request time s, TTFT s, PP / TG t/s, VRAM MiB, failures):", ""]
     for r in rows:
         for x in r["results"]:
@@ -230,7 +250,7 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
                    f"{x['tg']['median']:.1f}, {sum(x['vram_device_bytes'].values()) / MiB:.0f} MiB"
                    if rs["samples"] else "no sample")
             failed = f"; failed: {x['errors'][0][:160]}" if x["errors"] else ""
-            L.append(f"- {r['budget_gib']} GiB {r['workload']} {x['name']}: {got}{failed}")
+            L.append(f"- {r['budget']} {r['workload']} {x['name']}: {got}{failed}")
     if meta.get("note"):
         L += ["", meta["note"]]
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
@@ -249,7 +269,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         err = [[m - r[role]["request_s"]["lo"] for m, r in zip(med, done)],
                [r[role]["request_s"]["hi"] - m for m, r in zip(med, done)]]
         ax.bar([x + off for x in xs], med, 0.4, yerr=err, label=label)
-    ax.set_xticks(list(xs), [f"{r['budget_gib']} GiB\n{r['workload']}" for r in done])
+    ax.set_xticks(list(xs), [f"{r['budget']}\n{r['workload']}" for r in done])
     ax.set_ylabel("mean request time (s), llama-server")
     if done:
         ax.legend()
@@ -266,8 +286,8 @@ def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]
     from tune_vs_fit import save_state
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
-    rows = [cell_row(optuna.load_study(study_name=cell_name(b, w, args.series), storage=storage), b, w)
-            for b, w in cells if cell_name(b, w, args.series) in names]
+    rows = [cell_row(optuna.load_study(study_name=c.name(args.series), storage=storage), c)
+            for c in cells if c.name(args.series) in names]
     write_report(rows, meta, out, args.name)
     save_state(sqlite_path(args.storage), out / f"{args.name}_state.db.gz")
     return rows

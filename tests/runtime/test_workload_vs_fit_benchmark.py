@@ -38,3 +38,15 @@ def test_workload_vs_fit_dry_run(bench_script, llama_server, tmp_path):
     assert bench.main(argv) == 0
     again = json.loads((tmp_path / "out" / "workload_vs_fit.json").read_text())["cells"][0]
     assert again["served_runs"] == 4 and again["results"] == cell["results"]
+
+
+def test_cells_name_one_or_several_gpus(bench_script):
+    bench = bench_script("workload_vs_fit")
+    one, two = bench.parse_cells("12:rag,2x8:agent")
+    # one GPU keeps the study names the stored H100 studies have; several GPUs say how many
+    assert (one.name(""), one.label, one.budgets()) == ("wvf-12g-rag", "12 GiB", {"CUDA0": 12 << 30})
+    assert (two.name("s"), two.label) == ("wvf-2x8g-agent-s", "2x8 GiB")
+    assert two.budgets() == {"CUDA0": 8 << 30, "CUDA1": 8 << 30}
+    for bad in ("x8:agent", "0x8:agent", "2x:agent", "8:poem", "8"):
+        with pytest.raises(SystemExit, match="GIB:WORKLOAD"):
+            bench.parse_cells(bad)
