@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     "bin/llama-server; with --cpu the CPU build)")
     ap.add_argument("--llama-bench", type=Path, help="for --explore llamacpp")
     ap.add_argument("--hardware", type=Path, default=H100_PROFILE, help="profile of the sim search")
+    ap.add_argument("--threads", type=int, help="host threads of the plans (-t; default the profile's: 16, the "
+                    "H100 box's cores); give the serving machine's cores where it has more (a 2-GPU machine: 32)")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--name", default="workload_vs_fit")
@@ -337,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     model = model_path(args, workdir)
     inv = load_inventory(Path(os.path.relpath(model, ROOT)))
     hw0 = load_hardware(str(args.hardware))
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"workload_vs_fit: --threads {args.threads}: give 1 or more")
+        hw0 = replace(hw0, host=replace(hw0.host, n_threads=args.threads))
     bench_engine = None           # sim: tuner_for makes one per cell, on the cell's budget
     if args.explore == "llamacpp":
         from runtime.llamacpp import LlamaCppEngine

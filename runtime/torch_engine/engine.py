@@ -74,7 +74,10 @@ class TorchModel:
         stagers = {g: Stager(g, devices, self.acct, self.counters) for g in devices.gpus}
         self.max_pos = max(ceil_to(max(min_cells, 1), 256), plan.knobs.kv_size,
                            max((c.cells for c in self.caches), default=0))
-        self.use_graphs = use_cuda_graphs and devices.cuda
+        # CUDA graphs where the plan uses one GPU: a copy between two GPUs inside a capture waits on the other GPU's
+        # stream, which invalidates it (2x H100, 2026-11-27: cudaErrorStreamCaptureInvalidated on each capture,
+        # then an illegal address that aborted the process); several GPUs run eagerly
+        self.use_graphs = use_cuda_graphs and devices.cuda and len(graph_gpus(plan, out_dev)) <= 1
         fast = make_fast_helpers(self.cfg, dtype, compile and devices.cuda)
         self.rt = Runtime(self.cfg, inv, plan, devices, self.weights, self.caches, stagers, self.counters, source,
                           dtype, self.threads, OffloadRules(inv, plan, devices, self.weights.device_of), out_dev,
@@ -201,6 +204,12 @@ class TorchModel:
         self.caches.clear()
         if self._own_cache:
             self.cache.close()
+
+
+def graph_gpus(plan: Plan, out_dev: str) -> set[str]:
+    """The GPUs a plan's forward pass runs on (weights, KV and the output layer): more than one rules out CUDA
+    graphs (TorchModel)."""
+    return {d for d in (*plan.devices(), out_dev) if is_gpu(d)}
 
 
 def _snapshot(c: Counters) -> Counters:

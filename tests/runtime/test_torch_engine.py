@@ -97,3 +97,14 @@ def test_fast_path_fallbacks_are_logged_and_recorded_in_raw(caplog) -> None:
         assert m.ok and "probe_mm on device 0 (dropped earlier in this process)" in m.raw["fallbacks"]
     finally:
         K.CAPABILITIES.failed.discard(("probe_mm", 0))
+
+
+def test_cuda_graphs_only_where_the_plan_uses_one_gpu() -> None:
+    # a capture with a copy between two GPUs is invalidated (the 2x H100 run of 2026-11-27 aborted on it)
+    from runtime.torch_engine.engine import graph_gpus
+    one = Plan("m", {"a": "CUDA0", "b": "CPU"})
+    two = Plan("m", {"a": "CUDA0", "b": "CUDA1"})
+    assert graph_gpus(one, "CUDA0") == {"CUDA0"} and graph_gpus(one, "CPU") == {"CUDA0"}
+    assert graph_gpus(two, "CUDA0") == {"CUDA0", "CUDA1"}
+    assert graph_gpus(one, "CUDA1") == {"CUDA0", "CUDA1"}       # the output layer on the other GPU
+    assert graph_gpus(Plan("m", {"a": "CPU"}), "CPU") == set()
