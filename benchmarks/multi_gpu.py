@@ -149,11 +149,12 @@ class Case:
     plan: Plan
 
 
-def split_assignment(inv: ModelInventory, counts: tuple[int, int],
-                     experts: Callable[[Tensor, str], str] | None = None) -> dict[str, str]:
-    """-ngl 99 -ts a,b as layer counts (slots 0..a-1 on CUDA0, the rest and the output layer on CUDA1), then each
-    routed expert where `experts(tensor, its home)` says (default: its home)."""
-    slots = slot_devices(inv.hparams.n_layer, inv.hparams.n_layer + 1, "last_slots", list(GPUS), counts)
+def split_assignment(inv: ModelInventory, counts: tuple[int, ...],
+                     experts: Callable[[Tensor, str], str] | None = None,
+                     gpus: tuple[str, ...] = GPUS) -> dict[str, str]:
+    """-ngl 99 -ts a,b as layer counts (slots 0..a-1 on CUDA0, the rest and the output layer on CUDA1; likewise
+    over more `gpus`), then each routed expert where `experts(tensor, its home)` says (default: its home)."""
+    slots = slot_devices(inv.hparams.n_layer, inv.hparams.n_layer + 1, "last_slots", list(gpus), counts)
     a = base_assignment(inv, slots)
     if experts is not None:
         for t in inv.allocated():
@@ -270,14 +271,14 @@ def device_row(predicted: dict[str, Any], measured: int | None, logged: dict[str
 
 
 def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchWorkload, hw: HardwareProfile,
-                 cpu: bool) -> dict[str, Any]:
+                 cpu: bool, gpus: tuple[str, ...] = GPUS) -> dict[str, Any]:
     run_plan = lg.cpu_variant(case.plan) if cpu else case.plan
     rc = render(case.plan, inv, "bench", workload=wl, model_path=str(inv.source))
     pred = bench_memory(inv, case.plan, wl, hw).to_dict()["devices"]
     t0 = time.monotonic()
     m = engine.measure(inv, run_plan, wl)
     devices = {}
-    for d in GPUS:
+    for d in gpus:
         measured = None if cpu else m.peak_bytes.get(d)
         devices[d] = device_row(pred.get(d, {"total": 0}), measured, lg.log_device(m.raw, d))
     checked = [r["within_goal"] for r in devices.values() if r["within_goal"] is not None]

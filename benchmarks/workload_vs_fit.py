@@ -49,7 +49,7 @@ from planner.workload import RequestClass, Workload, preset  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
 H100_PROFILE = ROOT / "tests" / "planner" / "data" / "h100_calibrate_20261124.json"
-MODEL_REL = "model/qwen3-30b-a3b-shape-q4_0.gguf"     # under the workdir, the same relative path everywhere
+MODEL_REL = "model/qwen3-30b-a3b-shape-q4_0.gguf"     # the default shape's model_rel: the same path everywhere
 GOALS = {"rag": 1.3, "agent": 1.15, "chat": 1.0, "batch": 1.0}
 EXPLORE_MARGIN = 256 * MiB       # llama-bench's memory-error prior (planner/engines.py), for a sim search
 # the dry run: request classes a tiny CPU model answers in well under a second each
@@ -64,34 +64,61 @@ def log(msg: str) -> None:
 
 @dataclass(frozen=True)
 class Cell:
-    """A budget of `gib` GiB on each of `n_gpus` GPUs, served `workload`."""
-    n_gpus: int
-    gib: int
+    """A budget of `gibs[i]` GiB on GPU i (one GPU, several alike, or cards of different sizes), served
+    `workload`."""
+    gibs: tuple[int, ...]
     workload: str
 
     @property
-    def label(self) -> str:
-        return f"{self.gib} GiB" if self.n_gpus == 1 else f"{self.n_gpus}x{self.gib} GiB"
+    def n_gpus(self) -> int:
+        return len(self.gibs)
 
-    def name(self, series: str) -> str:
-        size = f"{self.gib}g" if self.n_gpus == 1 else f"{self.n_gpus}x{self.gib}g"
-        return f"wvf-{size}-{self.workload}" + (f"-{series}" if series else "")
+    @property
+    def size(self) -> str:
+        """"12", "2x8" (GPUs alike) or "24+16+16+8" (cards of different sizes)."""
+        if len(set(self.gibs)) > 1:
+            return "+".join(map(str, self.gibs))
+        return str(self.gibs[0]) if self.n_gpus == 1 else f"{self.n_gpus}x{self.gibs[0]}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.size} GiB"
+
+    def name(self, series: str, model_tag: str = "") -> str:
+        return "-".join(x for x in ("wvf", model_tag, f"{self.size}g", self.workload, series) if x)
 
     def budgets(self) -> dict[str, int]:
-        return {f"CUDA{i}": self.gib * GiB for i in range(self.n_gpus)}
+        return {f"CUDA{i}": g * GiB for i, g in enumerate(self.gibs)}
 
 
 def parse_cells(text: str) -> list[Cell]:
-    """"GIB:WORKLOAD" (one GPU) or "NxGIB:WORKLOAD" (N GPUs of GIB each), comma-separated."""
+    """"GIB:WORKLOAD" (one GPU), "NxGIB:WORKLOAD" (N GPUs of GIB each) or "G0+G1+...:WORKLOAD" (GPU i has Gi GiB),
+    comma-separated."""
     out = []
     for part in text.split(","):
         size, _, w = part.strip().partition(":")
         n, x, gib = size.rpartition("x")
-        if not gib.isdigit() or not (n.isdigit() and int(n) >= 1 if x else True) or w not in GOALS:
-            raise SystemExit(f"workload_vs_fit: --cells {text!r}: give GIB:WORKLOAD or NxGIB:WORKLOAD pairs, "
-                             f"WORKLOAD one of {', '.join(GOALS)}")
-        out.append(Cell(int(n or 1), int(gib), w))
+        gibs = size.split("+") if "+" in size else [gib] * (int(n) if x and n.isdigit() else 1)
+        if w not in GOALS or not all(g.isdigit() and int(g) >= 1 for g in gibs) or (x and not n.isdigit()) \
+                or (x and "+" in size) or not gibs:
+            raise SystemExit(f"workload_vs_fit: --cells {text!r}: give GIB:WORKLOAD, NxGIB:WORKLOAD or "
+                             f"G0+G1+...:WORKLOAD pairs, WORKLOAD one of {', '.join(GOALS)}")
+        out.append(Cell(tuple(int(g) for g in gibs), w))
     return out
+
+
+def model_rel(preset_name: str) -> str:
+    """The model's path under the workdir: the 30B shape's as the stored studies have it, else one per shape."""
+    shape = preset_name.split(":")[0].lower()
+    return f"model/{shape}-shape-q4_0.gguf"
+
+
+def model_tag(preset_name: str) -> str:
+    """What a study's name adds for a model other than the default shape ("" for it: the stored names)."""
+    import llamacpp_gpu
+    if preset_name == llamacpp_gpu.PRESET:
+        return ""
+    return preset_name.split(":")[0].lower().replace("qwen3-", "")
 
 
 def workload_of(name: str, cpu: bool) -> Workload:
@@ -102,7 +129,7 @@ def model_path(args, workdir: Path) -> Path:
     """The model: a sparse file of the right header with --prepare (the study needs its inventory only), the
     written Q4_0 model otherwise (benchmarks/llamacpp_gpu.write_model; tiny with --cpu)."""
     import llamacpp_gpu
-    rel = Path(os.path.relpath(workdir, ROOT)) / MODEL_REL
+    rel = Path(os.path.relpath(workdir, ROOT)) / model_rel(args.preset)
     path = ROOT / rel
     if args.cpu:
         path = path.with_name("tiny-qwen3moe-q4_0.gguf")
@@ -111,10 +138,10 @@ def model_path(args, workdir: Path) -> Path:
             from planner.presets import load_preset
             from runtime.synth import uniform_recipe, write_gguf
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_gguf(path, load_preset(llamacpp_gpu.PRESET).spec, uniform_recipe(llamacpp_gpu.QUANT), sparse=True,
-                       name=f"synthetic-{llamacpp_gpu.PRESET.split(':')[0]}-{llamacpp_gpu.QUANT}", vocab=True)
+            write_gguf(path, load_preset(args.preset).spec, uniform_recipe(llamacpp_gpu.QUANT), sparse=True,
+                       name=f"synthetic-{args.preset.split(':')[0]}-{llamacpp_gpu.QUANT}", vocab=True)
         else:
-            llamacpp_gpu.write_model(path, tiny=args.cpu, vocab=True)
+            llamacpp_gpu.write_model(path, tiny=args.cpu, preset=args.preset, vocab=True)
     return path
 
 
@@ -123,15 +150,16 @@ def tuner_for(args, inv, hw0, cell: Cell, bench_engine) -> Tuner:
     GPUs: the profile's GPU repeated)."""
     from runtime.sim import SimEngine
     w = workload_of(cell.workload, args.cpu)
-    hw = hw0.with_vram([cell.gib * GiB] * cell.n_gpus)
+    hw = hw0.with_vram([g * GiB for g in cell.gibs])
     explore_engine = bench_engine if bench_engine is not None else SimEngine(hw)
     bench = bench_for(w, repetitions=1 if args.cpu else 3)
     ctx = -(-w.ctx // 256) * 256
-    config = SpaceConfig().settled(hw.host.n_threads, "mainline").for_engine(explore_engine, "mainline")
+    threads = 0 if args.threads == 0 else hw.host.n_threads         # 0: the plans carry no -t
+    config = SpaceConfig().settled(threads, "mainline").for_engine(explore_engine, "mainline")
     return Tuner(inv, hw, explore_engine, TunerOptions(
         model=str(inv.source), objective="time", workload=bench, requests=w, n_ctx=ctx,
         margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
-        study_name=cell.name(args.series), storage=args.storage, seed=0, pool_size=60))
+        study_name=cell.name(args.series, model_tag(args.preset)), storage=args.storage, seed=0, pool_size=60))
 
 
 def explore(args, inv, hw0, cells, bench_engine) -> None:
@@ -183,7 +211,8 @@ def cell_row(study, cell: Cell) -> dict[str, Any]:
                 "vram_mib": {d: b / MiB for d, b in r["vram_device_bytes"].items()},
                 "bench": r.get("bench"), "bench_vs_server": r.get("bench_vs_server", [])}
     speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick else None
-    return {"budget_gib": cell.gib, "n_gpus": cell.n_gpus, "budget": cell.label, "workload": cell.workload,
+    gib = cell.gibs[0] if len(set(cell.gibs)) == 1 else list(cell.gibs)
+    return {"budget_gib": gib, "n_gpus": cell.n_gpus, "budget": cell.label, "workload": cell.workload,
             "study": study.study_name,
             "served": bool(rec) and not rec.get("partial"), "partial": bool(rec.get("partial")),
             "explore_runs": sum(1 for t in study.trials if t.state.name == "COMPLETE"),
@@ -286,8 +315,9 @@ def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]
     from tune_vs_fit import save_state
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
-    rows = [cell_row(optuna.load_study(study_name=c.name(args.series), storage=storage), c)
-            for c in cells if c.name(args.series) in names]
+    tag = model_tag(args.preset)
+    rows = [cell_row(optuna.load_study(study_name=c.name(args.series, tag), storage=storage), c)
+            for c in cells if c.name(args.series, tag) in names]
     write_report(rows, meta, out, args.name)
     save_state(sqlite_path(args.storage), out / f"{args.name}_state.db.gz")
     return rows
@@ -307,9 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", type=Path, help="llama-server (default <llamacpp_gpu workdir>/llama.cpp-cuda/build/"
                     "bin/llama-server; with --cpu the CPU build)")
     ap.add_argument("--llama-bench", type=Path, help="for --explore llamacpp")
+    ap.add_argument("--preset", default=None, help="the model's shape (a preset, written as uniform Q4_0; default "
+                    "the Qwen3-30B-A3B shape of benchmarks/llamacpp_gpu.py; e.g. Qwen3-235B-A22B:Q8_0 for 4 GPUs)")
     ap.add_argument("--hardware", type=Path, default=H100_PROFILE, help="profile of the sim search")
     ap.add_argument("--threads", type=int, help="host threads of the plans (-t; default the profile's: 16, the "
-                    "H100 box's cores); give the serving machine's cores where it has more (a 2-GPU machine: 32)")
+                    "H100 box's cores); 0: no -t, llama.cpp's default as --fit has it (the cost model then assumes "
+                    "the profile's), for a serving machine whose cores differ from the profile's")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--name", default="workload_vs_fit")
@@ -323,6 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 1: the rounds give the spread)")
     ap.add_argument("-v", "--verbose", action="store_true", help="log each server's progress")
     args = ap.parse_args(argv)
+    import llamacpp_gpu
+    args.preset = args.preset or llamacpp_gpu.PRESET
+    from planner.errors import InputError
+    from planner.presets import load_preset
+    try:
+        load_preset(args.preset)
+    except InputError as e:
+        raise SystemExit(f"workload_vs_fit: --preset: {e}") from None
     deadline = time.monotonic() + args.time_budget
     cells = parse_cells(args.cells)
     workdir = args.workdir or (DEFAULT_WORKDIR / "cpu" if args.cpu else DEFAULT_WORKDIR)
@@ -339,17 +380,18 @@ def main(argv: list[str] | None = None) -> int:
     model = model_path(args, workdir)
     inv = load_inventory(Path(os.path.relpath(model, ROOT)))
     hw0 = load_hardware(str(args.hardware))
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"workload_vs_fit: --threads {args.threads}: give 1 or more")
+    if args.threads is not None and args.threads < 0:
+        raise SystemExit(f"workload_vs_fit: --threads {args.threads}: give 0 (llama.cpp's default) or more")
+    if args.threads:
         hw0 = replace(hw0, host=replace(hw0.host, n_threads=args.threads))
     bench_engine = None           # sim: tuner_for makes one per cell, on the cell's budget
     if args.explore == "llamacpp":
         from runtime.llamacpp import LlamaCppEngine
         bench_engine = LlamaCppEngine(binary=args.llama_bench, model_path=model, timeout_s=args.timeout,
                                       cpu_stand_in=args.cpu)
-    meta = {"date": datetime.date.today().isoformat(), "model": MODEL_REL if not args.cpu else "tiny", "explore":
-            args.explore, "trials": args.trials, "rounds": args.rounds, "finalists": args.finalists, "gpu": None}
+    meta = {"date": datetime.date.today().isoformat(), "model": model_rel(args.preset) if not args.cpu else "tiny",
+            "explore": args.explore, "trials": args.trials, "rounds": args.rounds, "finalists": args.finalists,
+            "gpu": None}
     explore(args, inv, hw0, cells, bench_engine)
     if args.prepare:
         report(args, cells, meta, out)

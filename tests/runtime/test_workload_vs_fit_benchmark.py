@@ -42,11 +42,19 @@ def test_workload_vs_fit_dry_run(bench_script, llama_server, tmp_path):
 
 def test_cells_name_one_or_several_gpus(bench_script):
     bench = bench_script("workload_vs_fit")
-    one, two = bench.parse_cells("12:rag,2x8:agent")
-    # one GPU keeps the study names the stored H100 studies have; several GPUs say how many
+    one, two, mixed = bench.parse_cells("12:rag,2x8:agent,24+16+16+8:agent")
+    # one GPU keeps the study names the stored H100 studies have; several GPUs say how many, mixed cards each size
     assert (one.name(""), one.label, one.budgets()) == ("wvf-12g-rag", "12 GiB", {"CUDA0": 12 << 30})
     assert (two.name("s"), two.label) == ("wvf-2x8g-agent-s", "2x8 GiB")
     assert two.budgets() == {"CUDA0": 8 << 30, "CUDA1": 8 << 30}
-    for bad in ("x8:agent", "0x8:agent", "2x:agent", "8:poem", "8"):
+    assert (mixed.name("", "235b-a22b"), mixed.n_gpus) == ("wvf-235b-a22b-24+16+16+8g-agent", 4)
+    assert mixed.budgets()["CUDA3"] == 8 << 30
+    for bad in ("x8:agent", "0x8:agent", "2x:agent", "8:poem", "8", "2x8+8:agent", "8+:agent", "8+0:agent"):
         with pytest.raises(SystemExit, match="GIB:WORKLOAD"):
             bench.parse_cells(bad)
+    # the default shape's model keeps its stored path and study names; another shape gets its own
+    import llamacpp_gpu
+    assert bench.model_rel(llamacpp_gpu.PRESET) == bench.MODEL_REL and bench.model_tag(llamacpp_gpu.PRESET) == ""
+    assert bench.model_tag("Qwen3-235B-A22B:Q8_0") == "235b-a22b"
+    with pytest.raises(SystemExit, match="--preset"):
+        bench.main(["--preset", "Nope:Q4_0", "--report-only", "x.json"])
