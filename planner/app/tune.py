@@ -172,7 +172,9 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
     config = SpaceConfig(kv_types=args.kv_types)
     measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm
     if (args.space or ("settled" if measured else "full")) == "settled":
-        config = config.settled(hw.host.n_threads, dialect)
+        # threads settle at llama.cpp's own default (0: no -t, its physical cores), what the user runs: a profile's
+        # count can be another machine's (the 2x H100 box has 32 cores; its plans carried the H100 box's -t 16)
+        config = config.settled(0, dialect)
     config = config.for_engine(engine, dialect)        # --no-host (and its probe run), ik bench's one -op switch
     config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
     rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
