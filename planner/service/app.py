@@ -195,7 +195,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         yield
         await anyio.to_thread.run_sync(jobs.shutdown)
 
-    app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan,
+    # /docs is the package's own page (views.py: the OpenAPI document as HTML), not swagger-ui from a CDN
+    app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
     app.state.config, app.state.store, app.state.jobs = config, store, jobs
     app.state.paths, app.state.compute = paths, compute
