@@ -74,7 +74,7 @@ class Guard:
             if not any(token_ok(self.config.token, t) for t in (bearer, cookie, q)):
                 return await error(401, "this server needs its token: Authorization: Bearer TOKEN (or open "
                                         "/?token=TOKEN once in the browser)")(scope, receive, send)
-            if q is not None and cookie != q:
+            if q is not None and cookie != q and token_ok(self.config.token, q):   # never a wrong one over a good
                 set_cookie = f"{TOKEN_COOKIE}={q}; HttpOnly; SameSite=Strict; Path=/"
             if q is not None and scope.get("method") in ("GET", "HEAD") and not scope["path"].startswith("/api/"):
                 # a page opened with ?token=T: the cookie, and the same address without the token (history, the
