@@ -316,7 +316,9 @@ def _plan_result(o: dict[str, Any]) -> str:
                         f"<td class=r>{e(fmt_bytes(cap)) if cap else '-'}</td></tr>")
     p = o.get("predicted", {})
     cmds = json.dumps(o.get("commands", {}))
-    alts = "".join(f"<tr><td>{e(a['label'])}</td><td class=r>{a['tg_tps']:.2f}</td><td class=r>{a['pp_tps']:.1f}</td>"
+    alts = "".join(f"<tr><td>{e(a['label'])}</td><td>{'mmap' if a.get('mmap') else 'no mmap'}"
+                   f"{', op offload' if a.get('op_offload') else ''}</td><td class=r>{a['tg_tps']:.2f}</td>"
+                   f"<td class=r>{a['pp_tps']:.1f}</td>"
                    f"<td class=r>{e(', '.join(fmt_bytes(v) for v in a['gpu_bytes'].values()))}</td></tr>"
                    for a in o.get("alternatives", []))
     warns = "".join(f"<li>{e(w)}</li>" for w in o.get("warnings", []))
@@ -330,6 +332,6 @@ def _plan_result(o: dict[str, Any]) -> str:
             "<th>KV</th><th>compute</th><th>overhead</th><th>total</th><th>room</th></tr></thead>"
             f"<tbody>{''.join(dev_rows)}</tbody></table>"
             + (f"<h2>Warnings</h2><ul id=warnings>{warns}</ul>" if warns else "")
-            + ("<h2>Other candidates</h2><table class=grid id=plan-alternatives><thead><tr><th>placement</th>"
-               f"<th>TG t/s</th><th>PP t/s</th><th>GPU memory</th></tr></thead><tbody>{alts}</tbody></table>"
+            + ("<h2>Other candidates</h2><table class=grid id=plan-alternatives><thead><tr><th>placement</th><th>knobs"
+               f"</th><th>TG t/s</th><th>PP t/s</th><th>GPU memory</th></tr></thead><tbody>{alts}</tbody></table>"
                if alts else ""))

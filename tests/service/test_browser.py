@@ -49,6 +49,8 @@ def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):
 
     # click the front point with the most TG (the last one, at the most VRAM)
     canvas = chrome.find_element(By.ID, "chart-tg")
+    # the whole canvas in view (the answer panel sits above it): the driver aims from its visible part's centre
+    chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
     x, y, trial = chrome.execute_script(
         "const c = otCharts.tg_tps; const i = c.data.datasets.findIndex(d => d.label === 'front');"
         "const pts = c.getDatasetMeta(i).data; const k = pts.length - 1;"
