@@ -147,8 +147,13 @@ class StudyStore:
         Optuna gives a heartbeat."""
         from ..tuner.storage import sqlite_path
         path = sqlite_path(r.storage)
-        if path is not None and flock_held(path.with_name(path.name + ".lock")):
-            return "a tune holds the study's SQLite lock"
+        if path is not None:
+            # every tune takes this lock first and holds it to its end (one worker per SQLite file), so where it
+            # can be read it is the answer: a RUNNING trial without it was left by a worker that is gone (a
+            # stop's SIGKILL, a crash) and Optuna fails it when the study is next run
+            held = flock_held(path.resolve().with_name(path.name + ".lock"))
+            if held is not None:
+                return "a tune holds the study's SQLite lock" if held else None
         return running_trial(study, self._storage(r.storage))
 
 
@@ -173,14 +178,18 @@ def progress(study) -> dict[str, Any]:
     return clean({"n_trials": sum(counts.values()), "counts": counts, "best_tg_tps": best_tg, "best_pp_tps": best_pp})
 
 
-def flock_held(path: Path) -> bool:
-    """Whether some process holds a flock on PATH, read from /proc/locks (Linux) without taking the lock: a probe
-    that took it, even for a moment, could refuse a tune starting at that moment."""
+def flock_held(path: Path) -> bool | None:
+    """Whether some process holds a flock on PATH, read from /proc/locks (Linux) without taking the lock (a probe
+    that took it, even for a moment, could refuse a tune starting at that moment); None where that cannot be
+    read."""
     try:
-        ino = path.stat().st_ino
         with open("/proc/locks") as f:
             text = f.read()
     except OSError:
+        return None
+    try:
+        ino = path.stat().st_ino
+    except OSError:           # no lock file: no tune ever ran on this file here
         return False
     for line in text.splitlines():
         parts = line.split()

@@ -227,7 +227,7 @@ def test_queued_trials_are_shown_apart(server, chrome):
     assert "waiting" not in chrome.find_element(By.ID, "counts").text
     box = chrome.find_element(By.ID, "unrun-box")
     assert box.is_displayed() and chrome.find_element(By.ID, "unrun-n").text == "3"
-    assert "did not run" in chrome.find_element(By.ID, "unrun-why").text
+    assert "stopped before" in chrome.find_element(By.ID, "unrun-why").text
     assert len(chrome.find_elements(By.CSS_SELECTOR, "#unrun tbody tr")) == 3
     assert not [r for r in chrome.find_elements(By.CSS_SELECTOR, "#trials tbody tr")
                 if r.find_elements(By.TAG_NAME, "td")[1].text == "waiting"]
@@ -336,6 +336,8 @@ def test_a_stop_is_over_within_a_second(server):
             assert stopped["state"] == "stopped", stopped
             assert took < 1.2, (when, took)
             assert c.get(f"/api/tunes/{job['id']}").json()["state"] == "stopped"
+            if when == "mid-tune":        # and the storage says nobody writes it (the badge goes at once)
+                assert c.get(f"/api/studies/{study}").json()["writer"] is None
         # a stopped study resumes (the kill left nothing locked)
         again = c.post("/api/tunes", json={"model": MODEL, **HW, "trials": 2, "pool": 40, "study": "stop-mid",
                                            "objective": "tg"})

@@ -250,7 +250,8 @@
     document.getElementById("unrun-n").textContent = unrun.length;
     document.getElementById("unrun-why").textContent = writing()
       ? "queued: the running tune takes them next"
-      : "they did not run (the tune ended or stopped first); a tune that resumes the study runs them";
+      : "queued trials the tune ended or stopped before, and any a stopped worker cut short; a tune that resumes " +
+        "the study runs them";
     const counts = {};
     data.trials.filter(ran).forEach(t => { counts[t.state] = (counts[t.state] || 0) + 1; });
     document.getElementById("ntrials").textContent = sorted.length;
