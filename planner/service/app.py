@@ -290,7 +290,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                 # one POST must not wipe a study of hours: the deletion is said out loud
                 name = inputs.study
                 n = store.progress(name)["n_trials"] if store.exists(name) else None
-                held = f" and its {n} trials" if n is not None else ""
+                held = f" and its {n} trials" if n is not None else " (there is none yet)"
                 raise InputError(f"fresh: true deletes study {name!r}{held} before the tune; send "
                                  f"\"{CONFIRM_FRESH}\": true with it to confirm")
             return opts, inputs.study
