@@ -141,7 +141,8 @@ class Jobs:
     def stop(self, job_id: str) -> Job:
         """Stop a tune within a second, whatever it is doing: SIGINT (tune's KeyboardInterrupt path: it stops at
         the next safe point, an engine run at once); a worker still there after STOP_GRACE_S (importing, building
-        its pool, in Optuna's bookkeeping) is killed with its process group (an engine's child too). Either way
+        its pool, in Optuna's bookkeeping) is killed with its process group (an engine's llama.cpp child has its own
+        group and dies with the worker: runtime/llamacpp.py die_with_parent). Either way
         every finished trial is in the storage (each is committed as it ends) and the study resumes; a trial
         the kill cut short is failed by Optuna's heartbeat and run again on resume. Blocks up to about a second
         (the service calls it from a worker thread)."""
@@ -161,7 +162,7 @@ class Jobs:
     @staticmethod
     def _kill(job: Job) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.proc.pid, signal.SIGKILL)      # its own session (start_new_session): the engine's too
+            os.killpg(job.proc.pid, signal.SIGKILL)      # its own session (start_new_session)
         with contextlib.suppress(ProcessLookupError):
             job.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
