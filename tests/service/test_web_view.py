@@ -75,7 +75,7 @@ def test_answer_panel_is_report_json(server, chrome):
         want = rep["best"][role]
         got = table[role]
         assert int(got["trial"]) == want["trial"]
-        for key in ("tg_tps", "pp_tps", "vram_bytes", "tg_x", "pp_x", "vram_x"):
+        for key in ("tg_tps", "pp_tps", "vram_bytes", "budget_share", "tg_x", "pp_x", "vram_x"):
             assert float(got[key]) == pytest.approx(want[key], rel=1e-12), (role, key)
     ref = next(b for b in rep["baselines"] if b["name"] == rep["reference"])
     m = ref["measured"]
@@ -83,6 +83,7 @@ def test_answer_panel_is_report_json(server, chrome):
     assert float(table["reference"]["pp_tps"]) == pytest.approx(m["pp_tps"], rel=1e-12)
     vram = sum((m.get("peak_at_ctx") or m.get("peak_bytes")).values())
     assert float(table["reference"]["vram_bytes"]) == vram
+    assert float(table["reference"]["budget_share"]) == pytest.approx(vram / rep["budget_bytes"], rel=1e-12)
     assert rep["reference"] in chrome.find_element(By.CSS_SELECTOR, "#answer-table tr[data-role=reference]").text
     says = chrome.find_element(By.ID, "answer-says").text
     assert "objective both" in says.lower() and "best TG and best PP" in says

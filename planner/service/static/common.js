@@ -87,6 +87,7 @@ window.ot = (function () {
       label.className = "tool"; label.textContent = tool;
       const button = document.createElement("button");
       button.type = "button"; button.textContent = "copy";
+      button.setAttribute("aria-label", `copy the ${tool} line`);
       button.addEventListener("click", () => copy(line, button));
       row.append(label, button, commandCode(line));
       box.append(row);

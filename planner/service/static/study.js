@@ -89,7 +89,8 @@
       const m = ref.measured || {};
       rows.push({role: "reference", name: `reference: ${ref.name}`, row: {
         trial: null, label: ref.label || "", tg_tps: m.tg_tps, pp_tps: m.pp_tps, vram_bytes: vramOf(m),
-        tg_x: 1, pp_x: 1, vram_x: 1, commands: ref.commands || {}}});
+        tg_x: 1, pp_x: 1, vram_x: 1, commands: ref.commands || {},
+        budget_share: data.budget_bytes ? vramOf(m) / data.budget_bytes : null}});
     }
     const pick = best.objective ? "objective" : obj === "tg" ? "tg" : obj === "pp" ? "pp" : null;
     return {rows: rows.filter(r => r.row), pick: pick, obj: obj, ref: ref};
@@ -126,7 +127,7 @@
       const t = document.createElement("table");
       t.className = "grid"; t.id = "answer-table";
       t.innerHTML = "<thead><tr><th></th><th>trial</th><th>TG t/s</th><th>PP t/s</th><th>peak VRAM GiB</th>" +
-        `<th>TG x</th><th>PP x</th><th>VRAM x</th><th>config</th></tr></thead><tbody></tbody>`;
+        `<th>of budget</th><th>TG x</th><th>PP x</th><th>VRAM x</th><th>config</th></tr></thead><tbody></tbody>`;
       for (const a of rows) {
         const r = a.row;
         const tr = document.createElement("tr");
@@ -137,6 +138,7 @@
           [r.trial == null ? "-" : String(r.trial), r.trial, "trial"],
           [fmt(r.tg_tps, 2), r.tg_tps, "tg_tps"], [fmt(r.pp_tps, 1), r.pp_tps, "pp_tps"],
           [fmt(r.vram_bytes / GiB, 2), r.vram_bytes, "vram_bytes"],
+          [r.budget_share == null ? "-" : (100 * r.budget_share).toFixed(1) + "%", r.budget_share, "budget_share"],
           [r.tg_x == null ? "-" : fmt(r.tg_x, 2) + "x", r.tg_x, "tg_x"],
           [r.pp_x == null ? "-" : fmt(r.pp_x, 2) + "x", r.pp_x, "pp_x"],
           [r.vram_x == null ? "-" : fmt(r.vram_x, 2) + "x", r.vram_x, "vram_x"],
