@@ -188,11 +188,13 @@ def test_command_lines_wrap_between_flags_only(server, chrome):
         "const lines = (el) => new Set([...el.getClientRects()].map(r => Math.round(r.top))).size;"
         "const flags = [...code.querySelectorAll('.flag')].map(f => [f.textContent, lines(f)]);"
         "const args = [...code.querySelectorAll('.arg:not(.long)')].map(a => [a.textContent, lines(a)]);"
-        "return [code.getBoundingClientRect().height, flags, args]", code)
-    height, flags, args = lines
+        "const parts = [...code.querySelectorAll('.part')].map(p => [p.textContent, lines(p)]);"
+        "return [code.getBoundingClientRect().height, flags, args, parts]", code)
+    height, flags, args, parts = lines
     assert height > 30, "the 800 px window should wrap this line"
     assert flags and all(n == 1 for _, n in flags), flags          # no flag is split over two lines
     assert all(n == 1 for _, n in args), args                      # nor a flag from its (short) value
+    assert len(parts) >= 2 and all(n == 1 for _, n in parts), parts   # -ot's list breaks after a comma only
     chrome.save_screenshot(str(SCREENSHOTS / "web_commands_narrow.png"))
 
 

@@ -66,7 +66,14 @@ window.ot = (function () {
         span.append(document.createTextNode(line.slice(g.head.end, g.value.start)));
         const v = document.createElement("span");
         v.className = "val";
-        v.textContent = line.slice(g.value.start, g.value.end);
+        // a list value (-ot's patterns) breaks only after a comma (<wbr> adds nothing to the text), each pattern
+        // whole
+        line.slice(g.value.start, g.value.end).split(/(?<=,|;)/).forEach((text, k) => {
+          if (k) v.append(document.createElement("wbr"));
+          const part = document.createElement("span");
+          part.className = "part"; part.textContent = text;
+          v.append(part);
+        });
         span.append(v);
       }
       code.append(span);
