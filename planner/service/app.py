@@ -74,8 +74,12 @@ class Guard:
             if not any(token_ok(self.config.token, t) for t in (bearer, cookie, q)):
                 return await error(401, "this server needs its token: Authorization: Bearer TOKEN (or open "
                                         "/?token=TOKEN once in the browser)")(scope, receive, send)
-            if q is not None and cookie != q:
+            if q is not None and cookie != q and token_ok(self.config.token, q):   # never a wrong one over a good
                 set_cookie = f"{TOKEN_COOKIE}={q}; HttpOnly; SameSite=Strict; Path=/"
+            if q is not None and scope.get("method") in ("GET", "HEAD") and not scope["path"].startswith("/api/"):
+                # a page opened with ?token=T: the cookie, and the same address without the token (history, the
+                # address bar, a Referer and a screenshot no longer show it)
+                return await _without_token(scope, set_cookie)(scope, receive, send)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.config.max_body):
             return await error(413, f"request body over {self.config.max_body} bytes")(scope, receive, send)
@@ -95,6 +99,18 @@ class Guard:
                 msg = dict(msg, headers=[*msg.get("headers", []), (b"set-cookie", set_cookie.encode())])
             await send(msg)
         return await self.app(scope, bounded_receive, send_with_cookie)
+
+
+def _without_token(scope, set_cookie: str | None) -> Response:
+    from urllib.parse import parse_qsl, quote, urlencode
+    rest = [(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            if k != "token"]
+    path = "/" + quote(scope.get("path", "/"), safe="/:@!$&'()*+,;=-._~").lstrip("/")   # never //host: off-site
+    where = path + (f"?{urlencode(rest)}" if rest else "")
+    headers = {"Location": where, "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+    if set_cookie:
+        headers["Set-Cookie"] = set_cookie
+    return Response(status_code=303, headers=headers)
 
 
 def _cookie(header: str, name: str) -> str | None:
@@ -140,10 +156,29 @@ async def read_json(request: Request) -> Any:
         raise InputError(f"the request body is not JSON: {str(e)[:120]}") from None
 
 
+CONFIRM_FRESH = "confirm_fresh"
+CONFIRM_FRESH_DOC = {"type": "boolean", "description": "with fresh: true, says yes to deleting the study of that "
+                                                       "name (every trial) before the tune; fresh is refused "
+                                                       "without it"}
+
+
 def _doc(command: str, summary: str) -> dict[str, Any]:
     """OpenAPI for a body read by hand (bodies.py, not pydantic, checks it and words the errors as the CLI does)."""
+    schema = bodies.schema(command)
+    if command == "tune":
+        schema["properties"][CONFIRM_FRESH] = CONFIRM_FRESH_DOC
     return {"summary": summary, "openapi_extra": {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": bodies.schema(command)}}}}}
+        "application/json": {"schema": schema}}}}}
+
+
+def fresh_confirmed(body: Any) -> bool:
+    """Take the confirmation of fresh out of a tune's BODY (it is the service's, not one of tune's options)."""
+    if not isinstance(body, dict):
+        return False
+    given = [body.pop(k) for k in (CONFIRM_FRESH, "confirm-fresh") if k in body]
+    if any(not isinstance(v, bool) for v in given):
+        raise InputError(f"{CONFIRM_FRESH}: expected true or false")
+    return any(given)
 
 
 # one piece: FastAPI's routes are closures over the one app's state (store, jobs, paths); each is a few lines
@@ -160,7 +195,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         yield
         await anyio.to_thread.run_sync(jobs.shutdown)
 
-    app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan,
+    # /docs is the package's own page (views.py: the OpenAPI document as HTML), not swagger-ui from a CDN
+    app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
     app.state.config, app.state.store, app.state.jobs = config, store, jobs
     app.state.paths, app.state.compute = paths, compute
@@ -236,9 +272,12 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def start_tune(request: Request):
         from ..app import tune_inputs
         body = await read_json(request)
+        confirmed = fresh_confirmed(body)
 
         def check():
             opts = bodies.request("tune", body, paths)     # TuneOptions, with the defaults the CLI's have
+            if confirmed and not opts.fresh:
+                raise InputError(f"{CONFIRM_FRESH} goes with fresh: true (it confirms deleting the study)")
             if opts.engine not in config.engines:
                 raise InputError(f"engine {opts.engine} is not enabled on this server (engines here: "
                                  f"{', '.join(config.engines)}); the server's --engine says which run")
@@ -247,6 +286,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             inputs = tune_inputs(opts)       # tune's own checks, before a worker starts
             if not STUDY_NAME.match(inputs.study):
                 raise InputError(f"study name {inputs.study[:120]!r}: letters, digits, '.', '_' and '-' only")
+            if opts.fresh and not confirmed:
+                # one POST must not wipe a study of hours: the deletion is said out loud
+                name = inputs.study
+                n = store.progress(name)["n_trials"] if store.exists(name) else None
+                held = f" and its {n} trials" if n is not None else " (there is none yet)"
+                raise InputError(f"fresh: true deletes study {name!r}{held} before the tune; send "
+                                 f"\"{CONFIRM_FRESH}\": true with it to confirm")
             return opts, inputs.study
         opts, name = await compute(check)
         storage = store.storage_for_new(name)
@@ -265,9 +311,11 @@ def create_app(config: ServerConfig) -> FastAPI:
         job = jobs.get(job_id)
         return as_json(dict(job.to_json(), result=job.result()))
 
-    @app.post("/api/tunes/{job_id}/stop", summary="stop a tune (SIGINT: finished trials are kept, resumable)")
+    @app.post("/api/tunes/{job_id}/stop", summary="stop a tune within a second (SIGINT, then SIGKILL; finished "
+                                                           "trials are kept, resumable)")
     async def stop_tune(job_id: str):
-        return as_json(jobs.stop(job_id).to_json())
+        job = await anyio.to_thread.run_sync(jobs.stop, job_id)     # over within a second (Jobs.stop)
+        return as_json(job.to_json())
 
     @app.get("/api/tunes/{job_id}/events", summary="server-sent progress events of a tune, until it ends")
     async def tune_events(job_id: str, request: Request):

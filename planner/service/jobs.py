@@ -21,7 +21,8 @@ from typing import Any
 from ..app.requests import ServerConfig, TuneOptions
 from .security import Busy, Conflict, NotFound
 
-STOP_GRACE_S = 15        # SIGINT first (tune saves and says so), SIGKILL after this
+STOP_GRACE_S = 0.6       # SIGINT first (tune stops at its next safe point), then SIGKILL of its process group
+KILL_WAIT_S = 0.3        # a stop is over, the worker gone, within STOP_GRACE_S + KILL_WAIT_S
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Job:
     error: str = ""
     ended: float | None = None
     stop_requested: bool = False
+    killed: bool = False            # the stop's SIGINT was not taken in time: SIGKILL
 
     def refresh(self) -> None:
         if self.state != "running":
@@ -51,6 +53,9 @@ class Job:
             self.state = "done"
         elif self.stop_requested:
             self.state = "stopped"
+            if self.killed:
+                self.error = ("stopped by SIGKILL (it did not stop at a safe point within a second); every finished "
+                              "trial is kept: start the same tune to resume it")
         elif rc < 0:
             self.state = "failed"
             self.error = (f"the tune worker died (signal {-rc}); the study keeps every finished trial: start the "
@@ -134,20 +139,35 @@ class Jobs:
             return job
 
     def stop(self, job_id: str) -> Job:
+        """Stop a tune within a second, whatever it is doing: SIGINT (tune's KeyboardInterrupt path: it stops at
+        the next safe point, an engine run at once); a worker still there after STOP_GRACE_S (importing, building
+        its pool, in Optuna's bookkeeping) is killed with its process group (an engine's llama.cpp child has its own
+        group and dies with the worker: runtime/llamacpp.py die_with_parent). Either way
+        every finished trial is in the storage (each is committed as it ends) and the study resumes; a trial
+        the kill cut short is failed by Optuna's heartbeat and run again on resume. Blocks up to about a second
+        (the service calls it from a worker thread)."""
         job = self.get(job_id)
         if job.state != "running":
             return job
         job.stop_requested = True
         with contextlib.suppress(ProcessLookupError):
-            job.proc.send_signal(signal.SIGINT)      # tune's KeyboardInterrupt path: saved, resumable
-        threading.Timer(STOP_GRACE_S, self._kill_if_alive, args=(job,)).start()
+            job.proc.send_signal(signal.SIGINT)
+        try:
+            job.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._kill(job)
+        job.refresh()
         return job
 
     @staticmethod
-    def _kill_if_alive(job: Job) -> None:
-        if job.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                job.proc.kill()
+    def _kill(job: Job) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.proc.pid, signal.SIGKILL)      # its own session (start_new_session)
+        with contextlib.suppress(ProcessLookupError):
+            job.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.proc.wait(timeout=KILL_WAIT_S)
+        job.killed = True
 
     def shutdown(self, wait_s: float = 5.0) -> None:
         """Stop every worker with the server (SIGINT, then SIGKILL)."""
@@ -161,6 +181,6 @@ class Jobs:
             try:
                 j.proc.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                j.proc.kill()
+                self._kill(j)
                 j.proc.wait()
             j.refresh()

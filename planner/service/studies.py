@@ -115,24 +115,46 @@ class StudyStore:
 
         from ..tuner.records import StudyRecord
         study = optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
-        p = progress(study)
+        p = dict(progress(study), writer=self.writer(study, r))
         s = StudyRecord.of(study).settings
         return {"study": r.name, "storage": r.storage, "model": s.get("model"), "engine": s.get("engine"),
                 "hardware": hardware_words(s), "objective": s.get("objective"), **p}
 
     def detail(self, name: str) -> dict[str, Any]:
         """`report --json` (planner.tuner.report.study_summary) plus every trial and the VRAM fronts."""
+        import optuna
+
         from ..tuner.report import study_summary, trials_frame, vram_front
-        study = self.load(name)
+        r = self.ref(name)
+        study = optuna.load_study(study_name=name, storage=self._storage(r.storage))
         df = trials_frame(study)
         s = study_summary(study, df)
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
-        return clean(dict(s.to_dict(), storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
-                          hardware_words=hardware_words(s.settings)))
+        return clean(dict(s.to_dict(), storage=r.storage, trials=trials, vram_fronts=fronts,
+                          hardware_words=hardware_words(s.settings), writer=self.writer(study, r)))
 
     def progress(self, name: str) -> dict[str, Any]:
-        return progress(self.load(name))
+        r = self.ref(name)
+        import optuna
+        study = optuna.load_study(study_name=name, storage=self._storage(r.storage))
+        return dict(progress(study), writer=self.writer(study, r))
+
+    def writer(self, study, r: StudyRef) -> str | None:
+        """Why the storage says a tune writes STUDY now, whoever started it (this server, a CLI `tune`, a
+        worker on another machine), or None: the SQLite file's worker lock is held (planner.tuner.storage
+        lock_sqlite), or a trial is RUNNING with a heartbeat (or, without one, a start) newer than the grace
+        Optuna gives a heartbeat."""
+        from ..tuner.storage import sqlite_path
+        path = sqlite_path(r.storage)
+        if path is not None:
+            # every tune takes this lock first and holds it to its end (one worker per SQLite file), so where it
+            # can be read it is the answer: a RUNNING trial without it was left by a worker that is gone (a
+            # stop's SIGKILL, a crash) and Optuna fails it when the study is next run
+            held = flock_held(path.resolve().with_name(path.name + ".lock"))
+            if held is not None:
+                return "a tune holds the study's SQLite lock" if held else None
+        return running_trial(study, self._storage(r.storage))
 
 
 def hardware_words(settings: dict[str, Any]) -> str:
@@ -154,3 +176,70 @@ def progress(study) -> dict[str, Any]:
             best_tg = m.tg_tps if best_tg is None or m.tg_tps > best_tg else best_tg
             best_pp = m.pp_tps if best_pp is None or m.pp_tps > best_pp else best_pp
     return clean({"n_trials": sum(counts.values()), "counts": counts, "best_tg_tps": best_tg, "best_pp_tps": best_pp})
+
+
+def flock_held(path: Path) -> bool | None:
+    """Whether some process holds a flock on PATH, read from /proc/locks (Linux) without taking the lock (a probe
+    that took it, even for a moment, could refuse a tune starting at that moment); None where that cannot be
+    read."""
+    try:
+        with open("/proc/locks") as f:
+            text = f.read()
+    except OSError:
+        return None
+    try:
+        ino = path.stat().st_ino
+    except OSError:           # no lock file: no tune ever ran on this file here
+        return False
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 26847 fe:00:2146916 0 EOF"; a waiting lock's line has "->" after the id
+        fields = [p for p in parts if p != "->"]
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(ino):
+            return True
+    return False
+
+
+def running_trial(study, storage) -> str | None:
+    """A RUNNING trial some process is still working on: its heartbeat (Optuna's, every HEARTBEAT_S) within the
+    grace period, or, with no heartbeat yet, started within it. A RUNNING trial older than that was left by a
+    worker that died (Optuna fails it when the study is next run)."""
+    import datetime as dt
+
+    from optuna.trial import TrialState
+
+    from ..tuner.storage import GRACE_S
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if not running:
+        return None
+    beats = heartbeats(storage, [t._trial_id for t in running])
+    now_db, beat = beats.pop(None, None), None
+    for t in running:
+        beat = beats.get(t._trial_id)
+        if beat is not None and now_db is not None and (now_db - beat).total_seconds() <= GRACE_S:
+            return f"trial {t.number} is running (its heartbeat is live)"
+        if beat is None and t.datetime_start is not None and \
+                (dt.datetime.now() - t.datetime_start).total_seconds() <= GRACE_S:
+            return f"trial {t.number} is running (started within {GRACE_S} s)"
+    return None
+
+
+def heartbeats(storage, trial_ids: list[int]) -> dict[int | None, Any]:
+    """Optuna's last heartbeat per trial id, and the database's clock under None (they are compared there, as
+    Optuna's own stale check does); empty for a storage without heartbeats."""
+    try:
+        import sqlalchemy
+        from optuna.storages._rdb import models
+        with storage.engine.connect() as conn:
+            now = conn.execute(sqlalchemy.select(sqlalchemy.func.now())).scalar()
+            hb = models.TrialHeartbeatModel
+            rows = conn.execute(sqlalchemy.select(hb.trial_id, hb.heartbeat).where(hb.trial_id.in_(trial_ids)))
+            out: dict[int | None, Any] = {int(i): b.replace(tzinfo=None) for i, b in rows}
+        if isinstance(now, str):         # SQLite answers CURRENT_TIMESTAMP as text
+            import datetime as dt
+            now = dt.datetime.fromisoformat(now)
+        out[None] = now.replace(tzinfo=None) if now is not None else None
+        return out
+    except Exception as e:               # another storage kind, an older schema: no heartbeats to read
+        log.debug("heartbeats: %s", e)
+        return {}

@@ -98,7 +98,9 @@ class Pool:
                                            host, cand.plan.knobs.n_ubatch)
 
     def build(self, space: Space, size: int) -> None:
+        from .interrupt import SIGINT
         for _ in range(size):
+            SIGINT.check()        # seconds of decoding as a study starts: a Ctrl-C (a service's stop) ends it here
             self.add(space.decode(space.random(self.rng)))
 
     def add_neighbours(self, space: Space, params: dict[str, Any], limit: int = 40) -> None:

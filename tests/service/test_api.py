@@ -153,8 +153,9 @@ def test_token_off_loopback(workdir):
             assert c.get("/api/studies").status_code == 401
             assert c.get("/api/studies", headers={"Authorization": "Bearer wrong-token-xxxxxxxx"}).status_code == 401
             assert c.get("/api/studies", headers={"Authorization": f"Bearer {token}"}).status_code == 200
-            r = c.get(f"/?token={token}")            # a browser: once in the URL, then the cookie
-            assert r.status_code == 200 and "offload_tuner_token" in r.headers["set-cookie"]
+            r = c.get(f"/?token={token}")            # a browser: once in the URL, then the cookie, and the URL again
+            assert r.status_code == 303 and r.headers["location"] == "/"         # without the token
+            assert "offload_tuner_token" in r.headers["set-cookie"]
             assert c.get("/api/studies").status_code == 200
     finally:
         s.stop()
