@@ -294,7 +294,7 @@ def _shapes(g, op, name=None):
 
 
 def test_ik_mla_graphs():
-    """ik's MLA attention (src/graphs/build_deepseek2.cpp:720-1232, planner/llama_graph.py IK_MLA) on 2 layers of 4
+    """ik's MLA attention (src/graphs/build_deepseek2.cpp:720-1232, planner/mla_graph.py IK_MLA) on 2 layers of 4
     heads (nope 64 + rope 64, v 64, kv_lora 512): which path each -mla / flash attention / batch gets, and how
     -amb splits the heads. Checked byte for byte against ik's CPU build in tests/runtime/test_ik_binaries.py."""
     inv = f32_inventory(deepseek2_spec())
