@@ -21,10 +21,9 @@ from planner.gguf_header import load_inventory
 from planner.plan import Knobs, OffloadPolicy, Plan
 from runtime import gpumem
 from runtime.engine import Engine, BenchWorkload
-from runtime.llamacpp import (
-    LlamaCppEngine, bench_contexts, bench_memory, find_binary, loader_placement, oracle, our_overrides, probe,
-    run_process,
-)
+from runtime.llamacpp import LlamaCppEngine, bench_contexts, bench_memory, loader_placement, oracle, our_overrides
+from runtime.llamacpp_binary import find_binary, probe
+from runtime.process import run_process
 from runtime.llamacpp_output import classify_failure, parse_bench_output, parse_sweep_output
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
