@@ -6,8 +6,10 @@ from dataclasses import replace
 import pytest
 
 from planner.hardware import MiB, load_hardware
-from planner.memory import (MoeShape, _ik_fattn_pool, _ik_moe_op_pool, compute_bytes, estimate, ik_fattn_pool_bytes,
-                            ik_mla_plan, ik_wkv_b_bytes, kv_bytes, kv_cells, kv_layer_bytes, pool_bytes, weight_bytes)
+from planner.ik_pool import MoeShape, _ik_fattn_pool, _ik_moe_op_pool, ik_fattn_pool_bytes, pool_bytes
+from planner.memory import (compute_bytes, estimate, ik_mla_plan, ik_wkv_b_bytes, kv_bytes, kv_layer_bytes,
+                            weight_bytes)
+from planner.residency import kv_cells
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
 from planner.presets import load_preset, preset_names
 
