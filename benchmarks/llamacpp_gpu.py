@@ -49,7 +49,8 @@ from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, Plan  # noqa: E402
 from runtime.engine import BenchWorkload  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
-from runtime.llamacpp import LlamaCppEngine, bench_memory, loader_placement, run_process  # noqa: E402
+from runtime.llamacpp import LlamaCppEngine, bench_memory, loader_placement  # noqa: E402
+from runtime.process import run_process  # noqa: E402
 
 PRESET = "Qwen3-30B-A3B:Q8_0"          # shape only: the file is written with a uniform Q4_0 recipe
 QUANT = "Q4_0"

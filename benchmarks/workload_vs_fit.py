@@ -419,7 +419,7 @@ def _gpu_name() -> str | None:
 
 def _default_server(args) -> Path:
     if args.cpu:
-        from runtime.llamaserver import server_binary
+        from runtime.server_process import server_binary
         return server_binary("mainline")
     return ROOT / "benchmarks" / "results" / "llamacpp_gpu" / "llama.cpp-cuda" / "build" / "bin" / "llama-server"
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from .cost_terms import Term, text_keys
 from .ggml_types import by_name as ggml_type
 from .hardware import HardwareProfile
-from .memory import KV_TYPE, home_devices, offload_min_batch, output_device, repacked
+from .memory import KV_TYPE
 from .model import ModelInventory, Tensor
 from .plan import Plan, gpu_index
+from .residency import home_devices, offload_min_batch, output_device, repacked
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class EngineFacts:
     # the edges of the shared runs (fitted with the shares on runs all-GPU and with layers on the CPU too)
     tg_gpu_op_scale: float = 1.518     # a real graph node of a MoE layer against calibrate's trivial kernel in a
                                        # CUDA graph (norms, rope, top-k, MUL_MAT_ID's id sorting: ~2 us, not ~1)
-    # mainline --no-host: a weight the CPU backend repacks (planner.memory.repacked) decodes with ggml-cpu's
+    # mainline --no-host: a weight the CPU backend repacks (planner.residency.repacked) decodes with ggml-cpu's
     # interleaved GEMV kernels; its TG read time x this. Fitted on the H100 runs of 2026-11-24
     # (tests/planner/data/h100_nohost_20261124_runs.jsonl: two placements, --no-host 0/1, two interleaved
     # rounds): TG 1.10x with 29 layers of experts in RAM (predicted 1.11x), 1.11x with 3 (predicted 1.04x)

@@ -89,7 +89,7 @@ RUNTIME: Final = {
     "tiny_archs": "runtime.synth:tiny_archs",               # synth --arch's choices, for its help
     "calibrate": "runtime.calibrate:calibrate_profile",
     "calibrate_summary": "runtime.calibrate:summary",
-    "build_of_binary": "runtime.llamacpp:build_of_binary",   # a llama.cpp program's dialect and build number
+    "build_of_binary": "runtime.llamacpp_binary:build_of_binary",   # a llama.cpp program's dialect and build number
     "oracle_compare": "runtime.run:oracle_compare",         # llama-fit-params next to our memory model
     "cuda_available": "runtime.gpumem:cuda_available",      # torch lives in runtime/, imported only there
 }

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 
 from .errors import BudgetError
 from .hardware import MiB, HardwareProfile, fmt_bytes
-from .memory import MemoryReport, estimate, ik_fuses_up_gate
+from .ik_pool import ik_fuses_up_gate
+from .memory import MemoryReport, estimate
 from .model import ModelInventory
 from .plan import Dialect, Knobs, Plan, gpu_names
 
@@ -132,7 +133,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, room: Room, hw: HardwareProfil
     several: a RAM-resident expert of a CUDA1 layer runs its prompt batches on CUDA0 (op offload uploads it to the
     first GPU), so moving it home moves that compute onto CUDA1, and a plan that ends with every tensor on its
     layer's GPU turns llama.cpp's pipeline parallelism on (memory.pipeline_copies). Nor with mainline's --no-host:
-    repacked RAM experts never run on a GPU (memory.repacked), so an expert moved home brings its prompt compute
+    repacked RAM experts never run on a GPU (residency.repacked), so an expert moved home brings its prompt compute
     onto the GPU (a 12 GiB plan of the Qwen3-30B-A3B shape ended 70 MiB over; the tuner's no-host probe then had
     nothing that fit). In both cases the result is estimated whole and the last moves onto a GPU over its room
     are undone until it fits. `estimate`: the memory model

@@ -208,7 +208,15 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
                  _time(lambda d=dev_buf, h=host, p=pinned: h.copy_(d, non_blocking=p), sync, max(3, reps // 2)))
         del host
     del dev_buf
-    # per-op costs: eager launch, inside a CUDA graph, and a GPU -> host -> GPU split of one row
+    out.update(_measure_op_costs(torch, dev, sync, reps))
+    return out
+
+
+def _measure_op_costs(torch: Any, dev: Any, sync: Callable[[], None], reps: int) -> dict[str, float]:
+    """What each op costs beside its bytes and flops: eager launch, inside a CUDA graph, a GPU -> host -> GPU
+    split of one row, and what op offload adds per uploaded expert tensor (launch_s, graph_op_s, split_s,
+    sync_s, copy_call_s)."""
+    out: dict[str, float] = {}
     small = torch.zeros(2048, device=dev)
     t = _median_time(lambda: [small.add_(1.0) for _ in range(200)], sync, reps)
     out["launch_s"] = t / 200

@@ -7,18 +7,18 @@ llama-sweep-bench, and use llama-fit-params as a memory oracle.
     oracle(inv, plan, "model.gguf", "llama-fit-params")   # {device: {model, context, compute}} in bytes
 
 How a run goes (contract: planner/engine.py):
-1. The binary is probed once per path and mtime (`probe`): `--help` says the dialect (ik lists -mla/-fmoe/-rtr)
-   and which flags exist (-ot, -ncmoe, -nopo, -d, -fitt, -gp, -lm, the output formats); `--version` the build.
-   The -ngl semantics follow (docs/llamacpp.md section 2): ik counts the last blocks; mainline takes the output layer
-   first since PR #18148 (Dec 2025). A llama-bench with -fitt (PR #21304, Apr 2026) is newer than that; else
-   the build number decides; `ngl_rule=` overrides the guess. A plan whose placement would differ under the
-   binary's rule is refused rather than run wrong.
+1. The binary is probed once per path and mtime (`probe`, runtime/llamacpp_binary.py): `--help` says the dialect
+   (ik lists -mla/-fmoe/-rtr) and which flags exist (-ot, -ncmoe, -nopo, -d, -fitt, -gp, -lm, the output formats);
+   `--version` the build. The -ngl semantics follow (docs/llamacpp.md section 2): ik counts the last blocks;
+   mainline takes the output layer first since PR #18148 (Dec 2025). A llama-bench with -fitt (PR #21304, Apr 2026)
+   is newer than that; else the build number decides; `ngl_rule=` overrides the guess. A plan whose placement would
+   differ under the binary's rule is refused rather than run wrong.
 2. planner.flags.render(plan, inv, "bench", workload=..., model_path=...) gives argv and environment
    (GGML_OP_OFFLOAD_MIN_BATCH); every flag must be one the binary's --help lists. `-o jsonl` (mainline) or
    `-o json` (ik) is added.
-3. The child runs in its own process group (and dies with us: PR_SET_PDEATHSIG), stdout and stderr to files;
-   GPU memory is sampled meanwhile (runtime/gpumem.py; baseline subtracted); host peak RSS comes from wait4.
-   Past `timeout_s` the whole group gets SIGTERM, then SIGKILL.
+3. The child runs (runtime/process.py) in its own process group (and dies with us: PR_SET_PDEATHSIG), stdout and
+   stderr to files; GPU memory is sampled meanwhile (runtime/gpumem.py; baseline subtracted); host peak RSS comes
+   from wait4. Past `timeout_s` the whole group gets SIGTERM, then SIGKILL.
 4. Results: llama-bench makes one test per -p and per -n (separate contexts on one loaded model): pp_tps is
    the prompt test's median rate, tg_tps the generation test's. Failures become Measurement(ok=False) with
    raw["failure"] in {timeout, buft, args, oom, load, context, crash, error, no_output, no_gpu} and the log tail;
@@ -29,25 +29,14 @@ llama.cpp allocated on each GPU; else nothing (a CPU-only machine).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import os
-import re
-import shutil
 import shlex
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from collections.abc import Mapping, Sequence
 
-from planner.builds import Build, from_version
 from planner.engine import EngineFit
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render
@@ -59,318 +48,26 @@ from planner.hardware import HardwareProfile
 from planner.options import EngineOptions
 from planner.memory import DeviceMemory, MemoryReport, estimate
 from planner.model import ModelInventory
-from planner.plan import Plan, gpu_index, is_gpu
+from planner.plan import Plan
 
 from . import gpumem
 from .engine import Measurement, BenchWorkload
+from .llamacpp_binary import FLAG_TOKEN, BinaryInfo, check_devices, device_args, find_binary, list_devices, probe
 from .llamacpp_logs import parse_fit_print, parse_ik_fit
 from .llamacpp_output import (
     BenchResult, Failure, SweepRow, classify_failure, device_of_buft, log_device_bytes, log_memory,
     parse_bench_output, parse_layer_devices, parse_override_lines, parse_sweep_output, tail,
 )
+from .process import RunResult, run_process
 
-Tool = Literal["bench", "sweep"]
-
-# Spellings that only ik_llama.cpp's llama-bench / common parser list (docs/llamacpp.md section 8).
-IK_MARKERS = frozenset({"-mla", "--mla-attn", "--mla-use", "-fmoe", "--fused-moe", "-rtr", "--run-time-repack",
-                        "-amb", "--attn-max-batch", "--attention-max-batch"})
 # ik's common parser (llama-sweep-bench) accepts these always but lists them in --help only when the build can
 # offload to a GPU (common.cpp gpt_params_print_usage: `if (llama_supports_gpu_offload())`).
 IK_GPU_ONLY_HELP = frozenset({"-ngl", "--gpu-layers", "--n-gpu-layers", "-ts", "--tensor-split", "-op",
                               "--offload-policy", "-no-ooae", "--no-offload-only-active-experts", "-mg",
                               "--main-gpu", "-sm", "--split-mode"})
-# What a binary can do, by the spellings that say so in its --help.
-ABILITIES: dict[str, tuple[str, ...]] = {
-    "override_tensor": ("-ot", "--override-tensor"),
-    "n_cpu_moe": ("-ncmoe", "--n-cpu-moe"),
-    "no_op_offload": ("-nopo", "--no-op-offload"),
-    "depth": ("-d", "--n-depth"),
-    "fit_target": ("-fitt", "--fit-target"),
-    "gen_at_depth": ("-gp",),
-    "load_mode": ("-lm", "--load-mode"),
-}
-# Mainline build that first has PR #18148 (merged 2025-12-17): approximate; only used when --help cannot tell.
-NGL_OUTPUT_FIRST_BUILD = 7450
-_FLAG_TOKEN = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
-_OUTPUT_FORMATS = re.compile(r"--output <([a-z|]+)>")
-_BUILD = re.compile(r"build[: ]+(\d+)|version: (\d+)")
-_DEVICE_LINE = re.compile(r"^\s+(\S+): (.*) \((\d+) MiB, (\d+) MiB free\)\s*$", re.M)
-PROBE_TIMEOUT_S = 30.0
 # Failures whose reason llama-bench keeps to itself without -v (it silences llama.cpp's log; a CUDA out-of-memory
 # during compute then shows only as "CUDA error" and an abort): re-run once with -v to read it.
 RERUN_VERBOSE = frozenset({"load", "context", "crash", "error"})
-
-
-# ---- the binary -------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BinaryInfo:
-    """What a llama-bench / llama-sweep-bench binary is and accepts (from its --help and --version)."""
-    path: Path
-    tool: Tool
-    dialect: str                      # "mainline" or "ik"
-    flags: frozenset[str]             # every spelling its --help lists
-    version: str                      # the --version line ("" when it has none)
-    build_number: int | None          # None when unknown (0 in llama-cpp-python's vendored build)
-    ngl_rule: SlotRule
-    ngl_rule_source: str              # how we know: "dialect", "-fitt in --help", "build number", "assumed", "given"
-    output_formats: tuple[str, ...]
-
-    def accepts(self, flag: str) -> bool:
-        return flag in self.flags
-
-    @property
-    def build(self) -> Build:
-        """The target build for rendering (planner/builds.py); an unknown number means the pinned build."""
-        return Build(self.dialect, self.build_number, self.version)  # type: ignore[arg-type]
-
-    @property
-    def abilities(self) -> dict[str, bool]:
-        return {name: any(s in self.flags for s in spellings) for name, spellings in ABILITIES.items()}
-
-    @property
-    def output_format(self) -> str:
-        return "jsonl" if "jsonl" in self.output_formats else "json"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "tool": self.tool, "dialect": self.dialect, "version": self.version,
-                "build_number": self.build_number, "ngl_rule": self.ngl_rule, "ngl_rule_source": self.ngl_rule_source,
-                "output_formats": list(self.output_formats), "abilities": self.abilities}
-
-
-def find_program(program: str, flag: str, env_var: str, explicit: str | Path | None = None,
-                 env: Mapping[str, str] | None = None, what: str | None = None) -> Path:
-    """The `program` to run: `explicit` (given as `flag`), else $`env_var`, else `program` on PATH; an InputError
-    naming where it looked when none is there (`what`: how the message names the program)."""
-    env = os.environ if env is None else env
-    for given, value in ((flag, explicit), (f"${env_var}", env.get(env_var))):
-        if value:
-            p = Path(value).expanduser()
-            if not p.is_file():
-                raise InputError(f"{given} {value}: no such file (give the path of {what or program})")
-            if not os.access(p, os.X_OK):
-                raise InputError(f"{given} {value}: not executable")
-            return p
-    found = shutil.which(program, path=env.get("PATH"))
-    if found is None:
-        raise InputError(f"no {program} found: pass {flag} PATH, set ${env_var}, or put {program} on PATH")
-    return Path(found)
-
-
-def find_binary(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
-    """The llama-bench to use: `explicit`, else $LLAMA_BENCH, else `llama-bench` on PATH (InputError if none)."""
-    return find_program("llama-bench", "--llama-bench", "LLAMA_BENCH", explicit, env,
-                        what="llama-bench or llama-sweep-bench")
-
-
-def _capture(argv: Sequence[str]) -> tuple[int, str]:
-    try:
-        r = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL)
-    except OSError as e:
-        raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
-    except subprocess.TimeoutExpired as e:
-        raise InputError(f"{argv[0]} {' '.join(argv[1:])} did not finish in {PROBE_TIMEOUT_S:g} s") from e
-    return r.returncode, r.stdout + "\n" + r.stderr
-
-
-def build_of_binary(path: str | Path) -> Build:
-    """The build any llama.cpp / ik_llama.cpp program is (llama-server, llama-cli, llama-bench ...): the dialect
-    from its --help (ik lists -mla/-fmoe/-rtr/-amb), the number from --version (llama-bench of ik has no
-    --version: its number is then unknown and the pinned build is assumed)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise InputError(f"--build {path}: no such file (give DIALECT:NUMBER or the path of a llama.cpp program)")
-    _, help_text = _capture([str(p), "--help"])
-    dialect = "ik" if frozenset(_FLAG_TOKEN.findall(help_text)) & IK_MARKERS else "mainline"
-    rc, vtext = _capture([str(p), "--version"])
-    return from_version(vtext if rc == 0 else "", dialect)  # type: ignore[arg-type]
-
-
-def probe(path: str | Path, ngl_rule: SlotRule | None = None) -> BinaryInfo:
-    """Probe a binary (cached per path, mtime and size): dialect, flags, version, -ngl rule."""
-    p = Path(path).resolve()
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}") from e
-    info = _probe(str(p), st.st_mtime_ns, st.st_size)
-    if ngl_rule is not None and ngl_rule != info.ngl_rule:
-        info = replace(info, ngl_rule=ngl_rule, ngl_rule_source="given")
-    return info
-
-
-@lru_cache(maxsize=32)
-def _probe(path: str, mtime_ns: int, size: int) -> BinaryInfo:
-    _, help_text = _capture([path, "--help"])
-    flags = frozenset(_FLAG_TOKEN.findall(help_text))
-    name = Path(path).name
-    if "sweep-bench" in help_text or "sweep-bench" in name:
-        tool: Tool = "sweep"
-    elif "--n-prompt" in flags:
-        tool = "bench"
-    else:
-        raise InputError(f"{path} does not look like llama-bench or llama-sweep-bench (its --help lists no "
-                         "--n-prompt); give the benchmark binary")
-    dialect = "ik" if flags & IK_MARKERS else "mainline"
-    version, build = "", None
-    if "--version" in flags:
-        _, vtext = _capture([path, "--version"])
-        line = next((ln.strip() for ln in vtext.splitlines() if "version" in ln), "")
-        version = line
-        m = _BUILD.search(line)
-        if m is not None:
-            build = int(m.group(1) or m.group(2)) or None
-    if dialect == "ik":
-        rule, source = SLOT_RULES["ik"], "dialect"
-    elif "-fitt" in flags:
-        rule, source = "last_slots", "-fitt in --help (llama-bench gained it after PR #18148)"
-    elif build is not None:
-        rule = "last_slots" if build >= NGL_OUTPUT_FIRST_BUILD else "last_blocks"
-        source = f"build number {build} (PR #18148 ~ build {NGL_OUTPUT_FIRST_BUILD})"
-    else:
-        rule, source = "last_slots", "assumed (no build number, no -fitt): output layer first"
-    m = _OUTPUT_FORMATS.search(help_text)
-    formats = tuple(m.group(1).split("|")) if m else (("jsonl",) if "--output-format" in flags else ())
-    return BinaryInfo(Path(path), tool, dialect, flags, version, build, rule, source, formats)
-
-
-def list_devices(path: str | Path, flags: frozenset[str]) -> dict[str, dict[str, Any]] | None:
-    """`PROGRAM --list-devices` read into {"CUDA0": {"description", "total_bytes", "free_bytes"}} (mainline's
-    llama-bench, llama-server ...); None when the program has no such flag (`flags`: its --help) or says nothing."""
-    if "--list-devices" not in flags:
-        return None
-    rc, text = _capture([str(path), "--list-devices"])
-    if rc != 0 or "Available devices" not in text:
-        return None
-    return {m.group(1): {"description": m.group(2), "total_bytes": int(m.group(3)) << 20,
-                         "free_bytes": int(m.group(4)) << 20} for m in _DEVICE_LINE.finditer(text)}
-
-
-def check_devices(plan: Plan, have: Mapping[str, Any] | None, program: str) -> None:
-    """InputError when the plan names a GPU the program does not list (no check when it cannot list them)."""
-    if have is None:
-        return
-    missing = [d for d in plan.devices() if d != "CPU" and d not in have]
-    if missing:
-        listed = ", ".join(have) or "none"
-        raise InputError(f"the plan puts tensors on {missing[0]}, but {program} sees no such device "
-                         f"(it lists: {listed}{'; a CPU-only build?' if not have else ''})")
-
-
-def device_args(plan: Plan, have: Mapping[str, Any] | None, flags: frozenset[str]) -> list[str]:
-    """`-dev CUDA0[/CUDA1..]` when the plan uses fewer GPUs than the program sees (`have`, from list_devices): without
-    it llama.cpp splits the layers of a one-GPU plan's -ngl over every GPU by free memory (and takes a CUDA context
-    on each), so the run would not be the plan. [] when the plan uses them all, none, or the program lists no
-    devices or has no -dev."""
-    used = [gpu_index(d) for d in plan.devices() if is_gpu(d)]
-    if not have or not used:
-        return []
-    n = max(used) + 1
-    if n >= sum(1 for d in have if is_gpu(d)) or not ({"-dev", "--device"} & flags):
-        return []
-    return ["-dev", "/".join(f"CUDA{i}" for i in range(n))]
-
-
-# ---- running a process --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RunResult:
-    argv: tuple[str, ...]
-    returncode: int                    # negative: killed by that signal
-    stdout: str
-    stderr: str
-    wall_s: float
-    timed_out: bool
-    host_peak_bytes: int               # the child's peak RSS (wait4 rusage)
-    gpu_peak_bytes: dict[str, int]     # per CUDA device: peak in use minus the baseline before the start
-    gpu_baseline_bytes: dict[str, int]
-    gpu_samples: int
-    vram_source: str                   # "nvml", "nvidia-smi" or "none"
-    seen: str = ""                     # the machine's state at the end (load, GPU clocks, other GPU processes)
-
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-    _PRCTL = _LIBC.prctl if _LIBC is not None else None
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def die_with_parent() -> None:
-    """In a child before exec (Linux): the kernel sends it SIGKILL when the thread that started it exits, so a
-    killed or crashed engine leaves no llama.cpp process behind. A no-op elsewhere."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-
-def _child_setup() -> None:
-    """In the child before exec: its own process group (we kill the group), and death with its parent."""
-    os.setpgid(0, 0)
-    die_with_parent()
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _reap(pid: int, deadline: float | None) -> tuple[int, int, Any] | None:
-    """wait4 the child until it exits (None if `deadline` passes first); polls, backing off to 50 ms."""
-    delay = 0.002
-    while True:
-        wpid, status, ru = os.wait4(pid, os.WNOHANG)
-        if wpid:
-            return wpid, status, ru
-        if deadline is not None and time.monotonic() >= deadline:
-            return None
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
-def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                sampler: gpumem.MemorySampler | None = None) -> RunResult:
-    """Run argv to completion (or to the time limit: then the whole process group is ended), sampling GPU memory."""
-    full_env = dict(os.environ if env is None else env)
-    baseline = sampler.used() if sampler is not None else {}
-    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.Popen(list(argv), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=full_env,
-                                    preexec_fn=_child_setup)
-        except OSError as e:
-            raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
-        timed_out, reaped, sampling = False, None, False
-        try:
-            if sampler is not None:
-                sampler.start()
-                sampling = True
-            reaped = _reap(proc.pid, None if timeout_s is None else t0 + timeout_s)
-            if reaped is None:
-                timed_out = True
-                _killpg(proc.pid, signal.SIGTERM)
-                reaped = _reap(proc.pid, time.monotonic() + 3.0)
-                if reaped is None:
-                    _killpg(proc.pid, signal.SIGKILL)
-                    reaped = _reap(proc.pid, None)
-        finally:
-            if reaped is None:                    # interrupted (KeyboardInterrupt): never leave it running
-                _killpg(proc.pid, signal.SIGKILL)
-                reaped = _reap(proc.pid, None)
-            _killpg(proc.pid, signal.SIGKILL)     # whatever the child left behind in its group
-            peak, n_samples = sampler.stop() if sampling else ({}, 0)
-        wall = time.monotonic() - t0
-        _, status, ru = reaped
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        fo.seek(0)
-        fe.seek(0)
-        out = fo.read().decode("utf-8", "replace")
-        err = fe.read().decode("utf-8", "replace")
-    delta = {i: max(b - baseline.get(i, 0), 0) for i, b in peak.items()}
-    return RunResult(tuple(argv), proc.returncode, out, err, wall, timed_out, int(ru.ru_maxrss) * 1024,
-                     gpumem.per_cuda_device(delta, full_env), gpumem.per_cuda_device(baseline, full_env), n_samples,
-                     sampler.source if sampler is not None else "none", gpumem.machine_state(sampler))
 
 
 # ---- the engine ------------------------------------------------------------------------------------------------------
@@ -447,7 +144,7 @@ class LlamaCppEngine:
         if not self.info.flags:
             return
         hidden = IK_GPU_ONLY_HELP if (self.info.dialect, self.info.tool) == ("ik", "sweep") else frozenset()
-        missing = [a for a in argv if _FLAG_TOKEN.fullmatch(a) and a not in self.info.flags and a not in hidden]
+        missing = [a for a in argv if FLAG_TOKEN.fullmatch(a) and a not in self.info.flags and a not in hidden]
         if missing:
             raise InputError(f"{self.path.name} ({self.info.dialect}) does not accept {missing[0]}, which {what} "
                              "needs (its --help lists no such flag); use a newer llama.cpp build")

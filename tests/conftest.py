@@ -49,7 +49,7 @@ def llama_server() -> Path:
     """Path of the CPU mainline llama-server, built once per machine in the same tree as llama-bench (the server's
     objects only: see docs/llamacpp.md section 12 for the cold time). Skips only without cmake or a compiler."""
     _skip_without_toolchain("llama.cpp")
-    from runtime.llamaserver import server_binary
+    from runtime.server_process import server_binary
     return server_binary("mainline")
 
 
@@ -60,7 +60,7 @@ def ik_server() -> Path:
     without a copy of either tarball; a failed build fails."""
     _skip_without_toolchain("ik_llama.cpp")
     from runtime.ik_build import IkSourceMissing
-    from runtime.llamaserver import server_binary
+    from runtime.server_process import server_binary
     try:
         return server_binary("ik")
     except IkSourceMissing as e:

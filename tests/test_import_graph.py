@@ -4,13 +4,15 @@ the tuner (planner/tuner/) imports neither runtime/ nor argparse, itself or thro
 The application layer (planner/app/) sits under the CLI and the service: nothing imports planner/cli; planner/cli
 and planner/service never import each other; the service and the app layer reach no argparse; the one import of
 planner/service from outside it is the app's serve use case, inside its function (planner/app/serve.py).
-Every import counts, at any depth (inside functions too), relative ones resolved to the module they name."""
+Every import counts, at any depth (inside functions too), relative ones resolved to the module they name.
+Sizes (issue 28): no module over 800 lines and no function over 80 in planner/ and runtime/ unless it says why it is
+one piece (LONG_MODULES; a `# one piece:` comment above the def)."""
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,3 +225,60 @@ def test_the_runtime_check_catches_a_planted_import():
     assert runtime_violations("from planner import cli\n", "runtime.x")
     assert not runtime_violations("from planner.engine import EngineFit\n", "runtime.llamacpp")
     assert not runtime_violations("from planner.tables import table\n", "runtime.run")
+
+
+# ---- sizes: one idea per module, functions a reader can hold (issue 28) ---------------------------------------------
+
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 80
+ONE_PIECE = "# one piece:"      # the comment just above a longer def that says why it is not split
+# modules kept whole past MAX_MODULE_LINES, each with why (none now: memory.py, the last, split into residency.py,
+# ik_pool.py and itself)
+LONG_MODULES: dict[str, str] = {}
+
+
+def too_long(source: str, path: str, long_modules: Mapping[str, str] = LONG_MODULES) -> list[str]:
+    """A module over MAX_MODULE_LINES not in `long_modules`, and functions over MAX_FUNCTION_LINES (def to last line,
+    decorators included) without a ONE_PIECE comment in the comment lines right above them."""
+    lines = source.splitlines()
+    out = []
+    if len(lines) > MAX_MODULE_LINES and path not in long_modules:
+        out.append(f"{path}: {len(lines)} lines, over {MAX_MODULE_LINES} (split it along a seam, or say in "
+                   "LONG_MODULES why it is one piece)")
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        n = (node.end_lineno or node.lineno) - first + 1
+        if n <= MAX_FUNCTION_LINES:
+            continue
+        above = []
+        i = first - 2
+        while i >= 0 and lines[i].lstrip().startswith("#"):
+            above.append(lines[i].strip())
+            i -= 1
+        if not any(c.startswith(ONE_PIECE) for c in above):
+            out.append(f"{path}:{node.lineno} {node.name} is {n} lines, over {MAX_FUNCTION_LINES} (split it, or say "
+                       f"why it is one piece in a '{ONE_PIECE}' comment above it)")
+    return out
+
+
+def test_no_long_module_or_function_in_planner_and_runtime():
+    bad = [v for root in ("planner", "runtime") for p in sorted((ROOT / root).rglob("*.py"))
+           for v in too_long(p.read_text(), p.relative_to(ROOT).as_posix())]
+    assert not bad, "\n".join(bad)
+    assert all((ROOT / path).is_file() for path in LONG_MODULES)       # no stale entry
+
+
+def test_the_size_check_catches_a_planted_long_module_and_function():
+    long_fn = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert too_long(long_fn, "planner/x.py")
+    assert not too_long(f"{ONE_PIECE} the steps share every local\n" + long_fn, "planner/x.py")
+    assert not too_long(f"{ONE_PIECE} why, said over\n# two lines\n" + long_fn, "planner/x.py")
+    assert too_long("# a comment that says nothing of why\n" + long_fn, "planner/x.py")
+    assert too_long("class C:\n    @property\n" + "".join("    " + ln + "\n" for ln in long_fn.splitlines()),
+                    "planner/x.py")                                                        # methods too
+    assert not too_long("def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1), "planner/x.py")
+    long_module = "x = 1\n" * (MAX_MODULE_LINES + 1)
+    assert too_long(long_module, "planner/x.py")
+    assert not too_long(long_module, "planner/x.py", {"planner/x.py": "why"})

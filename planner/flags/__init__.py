@@ -7,7 +7,8 @@
 
 A rendered command always parses back to the plan's exact assignment (render verifies it and raises FlagError
 otherwise). Layout: common (regex dialect, matcher, -ngl slots, compaction), placement (plan -> -ngl/-ts/-ot),
-cmdline (table-driven argv in/out), mainline and ik (the tables and the op-offload knobs of each dialect).
+cmdline (the tables' types, table-driven argv in/out), interpret (events -> ParsedCommand), render (Plan ->
+RenderedCommand, verified), mainline and ik (the tables and the op-offload knobs of each dialect).
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from ..model import ModelInventory
 from ..plan import DIALECTS, Knobs, Plan
 from . import ik, mainline
 from .cmdline import (
-    TOOLS, WARNINGS, DialectSpec, ParsedCommand, RenderedCommand, env_events, interpret, render_plan,
-    split_command, tool_of_binary, walk,
+    TOOLS, WARNINGS, DialectSpec, ParsedCommand, RenderedCommand, env_events, split_command, tool_of_binary, walk,
 )
 from .cmdline import knob_fields as _knob_fields
+from .interpret import interpret
+from .render import render_plan
 from .common import Override, assign, compile_pattern, int_set_regex, slot_devices
 from .placement import home_devices
 

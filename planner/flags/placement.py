@@ -1,6 +1,6 @@
 """From a tensor -> device assignment to -ngl, -ts and a compact -ot list (plus -cmoe/-ncmoe when shorter).
 
-Strategy (the rendered flags are always verified by parsing them back; see cmdline.render):
+Strategy (the rendered flags are always verified by parsing them back; see render.render_plan):
 1. Every slot (block or output layer) has a home device (`home_devices`): the device of the block's
    attn_norm, of the output layer's output.weight (output_norm when tied), as planner/memory.py reads them.
    llama.cpp keeps a layer's KV cache and activations on the slot's device, so -ngl/-ts must reproduce the

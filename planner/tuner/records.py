@@ -38,6 +38,21 @@ RECORD_VERSION = 2
 VERSION_KEY = "record_version"
 
 
+def stored_version(attrs: Mapping[str, Any], key: str, newest: int, which: str, kind: str) -> int:
+    """The version a trial's or a study's record stores under `key` (1 without the key: written before records had
+    versions). RecordError for one no offload-tuner writes (a damaged database) or one above `newest` (a newer
+    offload-tuner wrote it: this one would guess at keys it does not know). `which` names the record in the message
+    ("trial 7"), `kind` its sort ("trial", "study")."""
+    version = attrs.get(key, 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise RecordError(f"{which} has record version {version!r}, which no offload-tuner writes: the study "
+                          "database is damaged")
+    if version > newest:
+        raise RecordError(f"{which} was stored by a newer offload-tuner ({kind} record version {version}; this "
+                          f"one reads versions 1 to {newest}): update offload-tuner to read this study")
+    return version
+
+
 @dataclass(frozen=True)
 class MeasuredRun(Measurement):
     """A run as a trial (or a baseline) stores it: the engine's Measurement without its `raw` (it can be large),
@@ -187,13 +202,7 @@ class TrialRecord:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], trial: int | None = None) -> TrialRecord:
         which = "a trial" if trial is None else f"trial {trial}"
-        version = attrs.get(VERSION_KEY, 1)         # no version key: written before records had versions
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise RecordError(f"{which} has record version {version!r}, which no offload-tuner writes: the study "
-                              "database is damaged")
-        if version > RECORD_VERSION:
-            raise RecordError(f"{which} was stored by a newer offload-tuner (trial record version {version}; this "
-                              f"one reads versions 1 to {RECORD_VERSION}): update offload-tuner to read this study")
+        version = stored_version(attrs, VERSION_KEY, RECORD_VERSION, which, "trial")
         # versions 1 and 2 store the same keys (2 adds record_version): one reader serves both
 
         def read(key: str, parse: Callable[[Any], Any], default: Any = None) -> Any:
@@ -312,13 +321,7 @@ class StudyRecord:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], study: str | None = None) -> StudyRecord:
         which = "a study" if study is None else f"study {study!r}"
-        version = attrs.get(STUDY_VERSION_KEY, 1)    # no version key: made before study records had versions
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise RecordError(f"{which} has record version {version!r}, which no offload-tuner writes: the study "
-                              "database is damaged")
-        if version > STUDY_RECORD_VERSION:
-            raise RecordError(f"{which} was stored by a newer offload-tuner (study record version {version}; this "
-                              f"one reads versions 1 to {STUDY_RECORD_VERSION}): update offload-tuner to read it")
+        version = stored_version(attrs, STUDY_VERSION_KEY, STUDY_RECORD_VERSION, which, "study")
         values: dict[str, Any] = {"version": version}
         for name in _STUDY_KEYS:
             if attrs.get(name) is None:

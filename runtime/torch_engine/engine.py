@@ -24,7 +24,7 @@ import torch
 from planner.errors import InputError
 from planner.hardware import HardwareProfile
 from planner.memory import DEFAULT_GPU_OVERHEAD, HOST_PROCESS_OVERHEAD, DeviceMemory, MemoryReport
-from planner.memory import output_device as plan_output_device
+from planner.residency import output_device as plan_output_device
 from planner.model import ModelInventory
 from planner.plan import Plan, device_sort_key, gpu_index
 

@@ -20,7 +20,7 @@ import torch
 
 from planner.errors import InputError
 from planner.hardware import fmt_bytes
-from planner.memory import home_devices, kv_cells
+from planner.residency import home_devices, kv_cells
 from planner.model import ModelInventory
 from planner.plan import Plan, device_sort_key, gpu_index
 
@@ -410,7 +410,7 @@ class LayerCache:
 def allocate_kv(cfg: ModelConfig, inv: ModelInventory, plan: Plan, devices: Devices, dtype: torch.dtype,
                 acct: Accountant, min_cells: int) -> list[LayerCache]:
     """One cache per layer on its home device (the device of blk.N.attn_norm; CPU with no_kv_offload), sized as
-    llama.cpp sizes it (planner.memory.kv_cells), with at least min_cells cells for the workload. Stored in the
+    llama.cpp sizes it (planner.residency.kv_cells), with at least min_cells cells for the workload. Stored in the
     compute dtype whatever type_k/type_v say."""
     knobs = plan.knobs
     out = []

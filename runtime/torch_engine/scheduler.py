@@ -4,7 +4,7 @@ Rules (ggml-backend.cpp ggml_backend_sched_backend_id_from_cur; docs/llamacpp.md
 - an op with a weight runs on the device holding the weight;
 - except that an op whose weight lives in host memory runs on the first GPU (the weight uploaded into a
   staging buffer) when its batch reaches the plan's offload threshold for that op class
-  (planner.memory.offload_min_batch: dense_matmul / moe_matmul / output, ik's n_expert/n_expert_used factor);
+  (planner.residency.offload_min_batch: dense_matmul / moe_matmul / output, ik's n_expert/n_expert_used factor);
   1-D weights (norms, biases) follow the dense_matmul rule like ggml's MUL/ADD with a host weight; GET_ROWS
   (token_embd) never moves;
 - attention runs where its layer's KV cache lives; weightless glue runs on the layer's home device.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from planner.memory import offload_min_batch
+from planner.residency import offload_min_batch
 from planner.model import ModelInventory
 from planner.plan import Plan
 

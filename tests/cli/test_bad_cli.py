@@ -17,6 +17,11 @@ HW_OK = {"name": "box", "gpus": [{"name": "g", "vram_bytes": 25769803776, "mem_b
          "link": {"h2d_pinned": 2.5e10, "h2d_pageable": 1e10}}
 
 
+def explain_ngl99(*flags: str, gpu: str | None = None) -> list[str]:
+    """`explain M [--gpu GPU] -- -ngl 99 FLAGS`: a command line that is fine but for the flags after -ngl 99."""
+    return ["explain", M, *(["--gpu", gpu] if gpu else []), "--", "-ngl", "99", *flags]
+
+
 def _hw(tmp: Path, name: str, edit) -> str:
     d = json.loads(json.dumps(HW_OK))
     edit(d)
@@ -114,26 +119,26 @@ BAD: list[tuple[str, list[str]]] = [
     ("plan nothing fits", ["plan", M, "--gpu", "1MiB"]),
     # explain: llama.cpp's own limits
     ("explain no args", ["explain", M]),
-    ("explain regex hang", ["explain", M, "--", "-ngl", "99", "-ot", "(.|.)*Z=CPU"]),
-    ("explain regex nested", ["explain", M, "--", "-ngl", "99", "-ot", "(.*)*Z=CPU"]),
-    ("explain ncffn huge", ["explain", M, "--", "-ngl", "99", "-ncffn", "99999999999"]),
-    ("explain ncmoe huge", ["explain", M, "--", "-ngl", "99", "-ncmoe", "99999999999"]),
-    ("explain ncmoe negative", ["explain", M, "--", "-ngl", "99", "-ncmoe", "-3"]),
-    ("explain ub0 b0", ["explain", M, "--", "-ngl", "99", "-b", "0", "-ub", "0"]),
-    ("explain b0", ["explain", M, "--", "-ngl", "99", "-b", "0"]),
-    ("explain c negative", ["explain", M, "--", "-ngl", "99", "-c", "-5"]),
-    ("explain c huge", ["explain", M, "--", "-ngl", "99", "-c", "99999999999"]),
-    ("explain ts negative", ["explain", M, "--", "-ngl", "99", "-ts", "1,-1"]),
-    ("explain ts nan", ["explain", M, "--", "-ngl", "99", "-ts", "nan,1"]),
-    ("explain ts more gpus", ["explain", M, "--gpu", "24GiB", "--", "-ngl", "99", "-ts", "3,1"]),
-    ("explain ot CUDA7", ["explain", M, "--gpu", "24GiB", "--", "-ngl", "99", "-ot", "exps=CUDA7"]),
-    ("explain dev CUDA3", ["explain", M, "--gpu", "24GiB", "--", "-ngl", "99", "-dev", "CUDA3"]),
-    ("explain comma regex", ["explain", M, "--", "-ngl", "99", "-ot", "blk\\.(1|2|3),ffn.*=CPU"]),
-    ("explain bad buft", ["explain", M, "--", "-ngl", "99", "-ot", "exps=CUDA_Host"]),
-    ("explain unknown flag", ["explain", M, "--", "-ngl", "99", "--frobnicate"]),
+    ("explain regex hang", explain_ngl99("-ot", "(.|.)*Z=CPU")),
+    ("explain regex nested", explain_ngl99("-ot", "(.*)*Z=CPU")),
+    ("explain ncffn huge", explain_ngl99("-ncffn", "99999999999")),
+    ("explain ncmoe huge", explain_ngl99("-ncmoe", "99999999999")),
+    ("explain ncmoe negative", explain_ngl99("-ncmoe", "-3")),
+    ("explain ub0 b0", explain_ngl99("-b", "0", "-ub", "0")),
+    ("explain b0", explain_ngl99("-b", "0")),
+    ("explain c negative", explain_ngl99("-c", "-5")),
+    ("explain c huge", explain_ngl99("-c", "99999999999")),
+    ("explain ts negative", explain_ngl99("-ts", "1,-1")),
+    ("explain ts nan", explain_ngl99("-ts", "nan,1")),
+    ("explain ts more gpus", explain_ngl99("-ts", "3,1", gpu="24GiB")),
+    ("explain ot CUDA7", explain_ngl99("-ot", "exps=CUDA7", gpu="24GiB")),
+    ("explain dev CUDA3", explain_ngl99("-dev", "CUDA3", gpu="24GiB")),
+    ("explain comma regex", explain_ngl99("-ot", "blk\\.(1|2|3),ffn.*=CPU")),
+    ("explain bad buft", explain_ngl99("-ot", "exps=CUDA_Host")),
+    ("explain unknown flag", explain_ngl99("--frobnicate")),
     ("explain bad int", ["explain", M, "--", "-ngl", "lots"]),
-    ("explain np 0", ["explain", M, "--", "-ngl", "99", "-np", "0"]),
-    ("explain kv type", ["explain", M, "--", "-ngl", "99", "-ctk", "q3"]),
+    ("explain np 0", explain_ngl99("-np", "0")),
+    ("explain kv type", explain_ngl99("-ctk", "q3")),
     ("explain missing value", ["explain", M, "--", "-ngl"]),
     ("explain bench negative ub", ["explain", M, "--", "llama-bench", "-ngl", "99", "-ub", "-1"]),
     # run

@@ -6,8 +6,10 @@ from dataclasses import replace
 import pytest
 
 from planner.hardware import MiB, load_hardware
-from planner.memory import (MoeShape, _ik_fattn_pool, _ik_moe_op_pool, compute_bytes, estimate, ik_fattn_pool_bytes,
-                            ik_mla_plan, ik_wkv_b_bytes, kv_bytes, kv_cells, kv_layer_bytes, pool_bytes, weight_bytes)
+from planner.ik_pool import MoeShape, _ik_fattn_pool, _ik_moe_op_pool, ik_fattn_pool_bytes, pool_bytes
+from planner.memory import (compute_bytes, estimate, ik_mla_plan, ik_wkv_b_bytes, kv_bytes, kv_layer_bytes,
+                            weight_bytes)
+from planner.residency import kv_cells
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
 from planner.presets import load_preset, preset_names
 
@@ -294,7 +296,7 @@ def _shapes(g, op, name=None):
 
 
 def test_ik_mla_graphs():
-    """ik's MLA attention (src/graphs/build_deepseek2.cpp:720-1232, planner/llama_graph.py IK_MLA) on 2 layers of 4
+    """ik's MLA attention (src/graphs/build_deepseek2.cpp:720-1232, planner/mla_graph.py IK_MLA) on 2 layers of 4
     heads (nope 64 + rope 64, v 64, kv_lora 512): which path each -mla / flash attention / batch gets, and how
     -amb splits the heads. Checked byte for byte against ik's CPU build in tests/runtime/test_ik_binaries.py."""
     inv = f32_inventory(deepseek2_spec())

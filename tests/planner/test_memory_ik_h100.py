@@ -2,7 +2,7 @@
 predicted again from the GPU command it recorded (benchmarks/ik_gpu.py --repredict; no GPU, no model file).
 
 The plans with experts in RAM at -ub 2048 ran 246-264 MiB over the model before the CUDA pool of ik's flash
-attention was modelled (planner.memory.pool_bytes, docs/ik_llama.md). The runs of data/ik_h100_pool_runs.json
+attention was modelled (planner.ik_pool.pool_bytes, docs/ik_llama.md). The runs of data/ik_h100_pool_runs.json
 (ubatch 512 to 4096) check the pool itself, flash attention's and the MoE ops'.
 
 Each plan's CUDA0 compute buffer is held to the one ik logged: the memory model replays ik's own graph (dialect ik
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from planner.flags import parse
 from planner.hardware import MiB, load_hardware
-from planner.memory import _ik_fattn_peak, estimate, pool_bytes
+from planner.ik_pool import _ik_fattn_peak, pool_bytes
+from planner.memory import estimate
 
 REPORT = Path(__file__).resolve().parents[2] / "benchmarks" / "reported" / "ik_gpu_h100.json"
 POOL_RUNS = Path(__file__).resolve().parent / "data" / "ik_h100_pool_runs.json"

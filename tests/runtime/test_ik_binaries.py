@@ -33,7 +33,8 @@ from planner.gguf_header import load_inventory
 from planner.memory import estimate
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
 from runtime.engine import BenchWorkload
-from runtime.llamacpp import LlamaCppEngine, probe
+from runtime.llamacpp import LlamaCppEngine
+from runtime.llamacpp_binary import probe
 from runtime.llamacpp_output import parse_bench_output
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
@@ -304,7 +305,7 @@ BUFFER_CASES = {
     "gpt-oss": ("gpt-oss", Knobs(n_ctx=512)),
     # -amb without flash attention and without GQA: one head at a time (256 MiB of KQ at 32768 cells)
     "llama-mha-nofa-amb128": ("llama-mha", Knobs(n_ctx=32768, flash_attn=False, amb=128)),
-    # ik's MLA attention (planner/llama_graph.py IK_MLA): -mla 2/3 with flash attention from 128 tokens: K and V
+    # ik's MLA attention (planner/mla_graph.py IK_MLA): -mla 2/3 with flash attention from 128 tokens: K and V
     # decompressed by wkv_b per group of heads (-amb bounds the group), in the cache type on a CPU build
     "ds-mla3-fa": (DS, Knobs(n_ctx=512, mla=3)),
     "ds-mla2-fa-ub128": (DS, Knobs(n_ctx=1024, n_ubatch=128, mla=2)),
@@ -356,7 +357,7 @@ def test_model_kv_and_compute_buffers_match_the_memory_model(ik_binaries, models
 
 def test_plan_reads_the_target_build_from_the_binary(ik_binaries, capsys):
     from planner.cli import main
-    from runtime.llamacpp import build_of_binary
+    from runtime.llamacpp_binary import build_of_binary
     assert build_of_binary(ik_binaries["llama-cli"]).number == 4840
     assert build_of_binary(ik_binaries["llama-cli"]).dialect == "ik"
     assert main(["plan", "preset:Qwen3-30B-A3B", "--gpu", "8GiB", "--dialect", "ik",

@@ -21,10 +21,9 @@ from planner.gguf_header import load_inventory
 from planner.plan import Knobs, OffloadPolicy, Plan
 from runtime import gpumem
 from runtime.engine import Engine, BenchWorkload
-from runtime.llamacpp import (
-    LlamaCppEngine, bench_contexts, bench_memory, find_binary, loader_placement, oracle, our_overrides, probe,
-    run_process,
-)
+from runtime.llamacpp import LlamaCppEngine, bench_contexts, bench_memory, loader_placement, oracle, our_overrides
+from runtime.llamacpp_binary import find_binary, probe
+from runtime.process import run_process
 from runtime.llamacpp_output import classify_failure, parse_bench_output, parse_sweep_output
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
@@ -496,9 +495,9 @@ def test_matcher_agrees_with_the_loader(llama_bench, models):
 def test_no_host_is_accepted_and_the_weights_it_repacks_are_ours(llama_bench, tmp_path):
     """--no-host 1 (mainline's knob no_host) runs on the real llama-bench, which echoes it in its settings. A CPU
     build has no GPU host buffer, so CPU_REPACK is its default anyway: its -v log names the weights of a Q4_0 model
-    the CPU backend repacked, and planner.memory.repacked must name the same ones for a --no-host plan (what the
+    the CPU backend repacked, and planner.residency.repacked must name the same ones for a --no-host plan (what the
     cost model keeps off op offload on a GPU build)."""
-    from planner.memory import repacked
+    from planner.residency import repacked
     from runtime.llamacpp_logs import parse_model_buffers, parse_repacked_tensors
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_spec("qwen3moe"), uniform_recipe("Q4_0"))[0]
     inv_q = load_inventory(path)

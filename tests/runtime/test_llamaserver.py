@@ -20,7 +20,8 @@ from planner.gguf_header import load_inventory
 from planner.plan import Knobs, Plan
 from planner.workload import RequestClass, Workload
 from runtime.engine import BenchWorkload
-from runtime.llamaserver import LlamaServerEngine, TokenSource, as_workload, find_server
+from runtime.llamaserver import LlamaServerEngine, TokenSource, as_workload
+from runtime.server_process import find_server
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
 # 24 new tokens on an empty slot; 8 new after a 40-token prefix that each of 2 slots has cached

@@ -11,22 +11,15 @@ from optuna.trial import TrialState
 
 from planner.cli import main
 from planner.tuner.confirm import Spread, compare, schedule, Contender
-from planner.hardware import GiB, MiB, load_hardware, parse_size
+from planner.hardware import GiB, MiB, parse_size
 from planner.memory import estimate
-from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
 from planner.tuner.margin import MARGIN_SLACK, OOM_STEP
 from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
 from planner.tuner.space import SpaceConfig
 from runtime.sim import SimEngine
 
-MODEL = "Qwen3-30B-A3B:Q4_K_M"
 WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
-
-
-def _setup(gib: int = 16):
-    inv = load_preset(MODEL).inventory()
-    return inv, load_hardware("gpu-box").with_vram([gib * GiB])
 
 
 class BenchLikeEngine:
@@ -50,8 +43,8 @@ class BenchLikeEngine:
 
 
 @pytest.mark.slow
-def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
-    inv, hw = _setup()
+def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there(qwen_on_16gib):
+    inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw, extra=400 * MiB)      # the model under-predicts by 400 MiB
     tuner = Tuner(inv, hw, engine, TunerOptions(
         objective="tg", workload=WL, n_ctx=8192, margin=0, storage=None, pool_size=30, seed=3, baselines=False))
@@ -76,12 +69,12 @@ def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there():
 
 
 @pytest.mark.slow
-def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(tmp_path):
+def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwen_on_16gib, tmp_path):
     """The model is exact at ubatch 512 and 150 MiB short at 4096 (the compute buffer's error grows with the
     ubatch, as on the H100): 512 learns no margin, 4096 learns 150 + slack, and a 4096 run before any was
     measured is held to the prior. One margin for all (learnt at 512, then 0) put the first 4096 run at the
     budget's edge, 150 MiB over it."""
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw, extra_at_ubatch={512: 0, 4096: 150 * MiB})
     db = f"sqlite:///{tmp_path / 'm.db'}"
 
@@ -166,8 +159,8 @@ class NoisyEngine:
 
 
 @pytest.mark.slow
-def test_confirmation_interleaves_and_picks_by_the_median():
-    inv, hw = _setup()
+def test_confirmation_interleaves_and_picks_by_the_median(qwen_on_16gib):
+    inv, hw = qwen_on_16gib
     engine = NoisyEngine(hw)
     tuner = Tuner(inv, hw, engine, TunerOptions(
         objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
@@ -229,13 +222,13 @@ def test_compare_calls_a_win_only_outside_the_noise():
     assert [c.key for _, c in order] == ["a", "b", "c", "b", "c", "a"]
 
 
-def test_a_study_made_before_a_space_option_existed_still_resumes(tmp_path):
+def test_a_study_made_before_a_space_option_existed_still_resumes(qwen_on_16gib, tmp_path):
     """Settings stored by an older tuner lack space options added since (op_per_class came with the ik space):
     the study ran with their defaults, so it resumes; a stored value that differs still refuses."""
     import pytest
 
     from planner.errors import InputError
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     url = f"sqlite:///{tmp_path / 's.db'}"
     kw = dict(objective="tg", workload=WL, n_ctx=2112, storage=url, pool_size=10, study_name="old")
     study = Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw)).study
@@ -262,12 +255,12 @@ class SweepLikeEngine(BenchLikeEngine):
         return self.sim.measure(inv, small, workload)
 
 
-def _sweep_run(n_ubatch: int):
+def _sweep_run(model_and_box, n_ubatch: int):
     """A -ngl 99 -ncmoe 30 plan emitted at -c 2112 with this ubatch, run the sweep-bench way: (measured peaks,
     the peaks moved to the emitted context, the memory model at the emitted context)."""
     from planner.plan import Knobs
     from planner.tuner.baselines import flag_plan
-    inv, hw = _setup()
+    inv, hw = model_and_box
     engine = SweepLikeEngine(hw)
     tuner = Tuner(inv, hw, engine, TunerOptions(
         objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1))
@@ -277,22 +270,22 @@ def _sweep_run(n_ubatch: int):
     return dict(m.peak_bytes), tuner.peaks_at_ctx(plan, dict(m.peak_bytes)), estimate(inv, plan, hw).devices
 
 
-def test_a_plan_dependent_run_context_moves_each_peak_from_its_own_run():
+def test_a_plan_dependent_run_context_moves_each_peak_from_its_own_run(qwen_on_16gib):
     """ik's sweep-bench runs a -ub 2048 plan at -c 2048: its peak already holds the 2048-token compute buffer.
     Moving it from a fixed 512-token context would add the compute a 512-token context caps away (~1 GiB on the
     H100 ik study, which taught the learnt margin a false +1236 MiB)."""
-    _, moved, truth = _sweep_run(2048)
+    _, moved, truth = _sweep_run(qwen_on_16gib, 2048)
     for dev, v in moved.items():
         # the sim's peak at -c 2048 moved to 2112: the memory model at 2112, to the byte (a few MiB of KV added)
         assert v == truth[dev].total, (dev, v, truth[dev].total)
 
 
-def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down():
+def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down(qwen_on_16gib):
     """sweep-bench runs a -ub 4096 plan at -c 4096, but the emitted -c 2112 caps the ubatch at 2112 (llama.cpp
     and ik: n_ubatch <= n_batch <= n_ctx): the command holds ~half that compute buffer and less KV. The peak is
     moved down to the memory model at 2112, so the study neither fails the plan over budget nor learns a false
     memory error of the difference."""
-    measured, moved, truth = _sweep_run(4096)
+    measured, moved, truth = _sweep_run(qwen_on_16gib, 4096)
     gpus = [d for d in moved if d != "CPU"]
     assert gpus
     for dev in gpus:
@@ -302,13 +295,13 @@ def test_a_run_at_a_larger_context_than_emitted_moves_its_peak_down():
 
 
 @pytest.mark.slow          # ~3.5 s on 2 cores: make test runs it, make test-fast does not
-def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(tmp_path, monkeypatch):
+def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib, tmp_path, monkeypatch):
     """A device call must end in time: no baseline starts past the deadline, what ran is kept, and the next
     call (a new Tuner on the same storage) measures only the rest (issue 10: a 12 GiB depth-8192 cell's
     baselines once ran past the call's 10-minute limit and the call's state was lost with it)."""
     import time
     import planner.tuner.search as search
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw)
     kw = dict(objective="both", workload=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
               study_name="cell")
@@ -361,7 +354,8 @@ class TimedSimEngine:
 
 
 @pytest.mark.slow          # ~2 s on 2 cores
-def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetitions_fit_a_call(bench_script):
+def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetitions_fit_a_call(qwen_on_16gib,
+                                                                                             bench_script):
     """How long a confirmation takes is the sum of its contenders' stored run times (a mean per run misjudged a
     cell whose --no-host contender ran 80 s where the others ran 14 s, and a device call was lost), each taken to
     the repetitions asked for with only the timed part repeating (scaling a whole run by repetitions lost
@@ -369,7 +363,7 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     fit, stored with the record."""
     from planner.plan import Plan
     from planner.tuner.confirm import with_repetitions
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     engine = TimedSimEngine(hw)
     wl = replace(WL, repetitions=3)
     tuner = Tuner(inv, hw, engine, TunerOptions(
@@ -409,10 +403,10 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
 
 
 @pytest.mark.slow
-def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_default():
+def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_default(qwen_on_16gib):
     """Studies from before runs were timed: a trial's time is Optuna's start to end (unless its run was a
     baseline's), a reference's is the caller's default."""
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
         objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(4)
@@ -440,12 +434,12 @@ def test_a_runs_time_at_fewer_repetitions_repeats_only_the_timed_part():
 
 
 @pytest.mark.slow          # ~2 s on 2 cores
-def test_a_run_that_would_end_past_the_deadline_is_not_started_and_is_queued_for_the_next_call():
+def test_a_run_that_would_end_past_the_deadline_is_not_started_and_is_queued_for_the_next_call(qwen_on_16gib):
     """A device call cut off mid-run loses that run (an 8 GiB depth-8192 --no-host trial was killed after ~100 s
     on the H100, 2026-11-24): with a deadline, the tuner starts a run only when its predicted time (its tokens at
     the predicted speeds plus the study's measured rest of a run) ends before it; else the trial fails as not run,
     its plan is queued again (behind those queued before it) and a later call measures it."""
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     engine = TimedSimEngine(hw)        # says each run took 10-90 s (it returns at once)
     tuner = Tuner(inv, hw, engine, TunerOptions(
         objective="both", workload=replace(WL, repetitions=3), n_ctx=2112, storage=None, pool_size=30, seed=5,

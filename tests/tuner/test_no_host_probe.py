@@ -7,7 +7,6 @@ import pytest
 
 from planner.flags import render
 from planner.hardware import GiB, load_hardware
-from planner.presets import load_preset
 from planner.tuner.records import TrialRecord
 from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
 from planner.tuner.seeds import PROBE_NO_HOST, PROBE_RTR
@@ -18,12 +17,8 @@ WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
 ON = SpaceConfig(no_host=(False, True))
 
 
-def _setup(gib: int = 16):
-    return load_preset("Qwen3-30B-A3B").inventory(), load_hardware("gpu-box").with_vram([gib * GiB])
-
-
-def test_no_host_dim_is_mainline_only_and_off_by_default():
-    inv, hw = _setup()
+def test_no_host_dim_is_mainline_only_and_off_by_default(qwen_on_16gib):
+    inv, hw = qwen_on_16gib
     assert "no_host" not in Space(inv, hw, dialect="mainline", n_ctx=4096).dims      # old studies' space
     assert "no_host" not in Space(inv, hw, dialect="ik", n_ctx=4096, config=ON).dims
     space = Space(inv, hw, dialect="mainline", n_ctx=4096, config=ON)
@@ -37,8 +32,8 @@ def test_no_host_dim_is_mainline_only_and_off_by_default():
 
 
 @pytest.mark.slow          # a whole sim study (~12 s on 2 cores): make test runs it, make test-fast does not
-def test_probe_reruns_the_best_tg_plan_with_no_host_once():
-    inv, hw = _setup()
+def test_probe_reruns_the_best_tg_plan_with_no_host_once(qwen_on_16gib):
+    inv, hw = qwen_on_16gib
     tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
         objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20, config=ON, seed=3,
         prescreen=True))   # seeds take half the runs, as for a real engine
@@ -76,9 +71,9 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once():
 
 
 @pytest.mark.slow          # a whole sim study, as above
-def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once():
+def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once(qwen_on_16gib):
     """ik's -rtr repacks the weights kept in RAM as --no-host lets mainline do: the same one probe per study."""
-    inv, hw = _setup()
+    inv, hw = qwen_on_16gib
     tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
         objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20, dialect="ik",
         config=SpaceConfig(rtr=(False, True)), seed=3, prescreen=True))
@@ -100,8 +95,8 @@ def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once():
     assert "-rtr" in list(render(tuner.space.decode(tuner.space.fixed(t.params)).plan, inv, "server"))
 
 
-def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(tmp_path):
-    inv, hw = _setup()
+def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(qwen_on_16gib, tmp_path):
+    inv, hw = qwen_on_16gib
     url = f"sqlite:///{tmp_path / 's.db'}"
     kw = dict(objective="tg", workload=WL, n_ctx=4096, storage=url, pool_size=10, study_name="old")
     study = Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw)).study

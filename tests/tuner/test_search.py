@@ -19,10 +19,15 @@ MODEL = "Qwen3-30B-A3B:Q4_K_M"
 WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 
 
-def _setup():
+def _study(engine_cls, objective: str, seed: int):
+    """(inv, hw, engine, tuner): a study of MODEL on an RTX 4090 box cut to 16 GiB, 8192 tokens of context, a 512 MiB
+    margin, a pool of 40 candidates, in memory; `engine_cls(hw)` runs it."""
     inv = load_preset(MODEL).inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
-    return inv, hw
+    engine = engine_cls(hw)
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        objective=objective, workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=seed))
+    return inv, hw, engine, tuner
 
 
 class RecordingEngine:
@@ -39,10 +44,7 @@ class RecordingEngine:
 
 @pytest.mark.slow
 def test_study_on_sim_beats_the_planners_first_proposal_and_never_runs_over_budget():
-    inv, hw = _setup()
-    engine = RecordingEngine(hw)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
-        objective="tg", workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=1))
+    inv, hw, engine, tuner = _study(RecordingEngine, "tg", seed=1)
     res = tuner.run(20)
     assert res.measured <= 20 and res.counts.get("complete", 0) >= 10
     first = best_plans(inv, hw, Knobs(n_ctx=8192), "mainline", "tg", 512 * MiB, n_prompt=2048)[0]
@@ -80,10 +82,7 @@ class FlakyEngine(RecordingEngine):
 
 @pytest.mark.slow
 def test_failures_are_recorded_and_the_study_goes_on_with_a_larger_margin():
-    inv, hw = _setup()
-    engine = FlakyEngine(hw)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
-        objective="pp", workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=2))
+    inv, hw, engine, tuner = _study(FlakyEngine, "pp", seed=2)
     engine.margin_now = lambda: tuner.margin
     tuner.run(24)
     trials = tuner.study.get_trials(deepcopy=False)
