@@ -1,10 +1,12 @@
 """What several use cases check the same way: counts, the machine, the target build, whether CUDA is here."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import engines
 from ..builds import Build, parse_build
 from ..errors import InputError
-from ..hardware import HardwareProfile, resolve
+from ..hardware import KEEP_FREE, HardwareProfile, parse_size, resolve
 
 
 def positive(v: int, flag: str) -> int:
@@ -31,12 +33,13 @@ def parse_seconds(text: str, flag: str) -> float:
     return value
 
 
-def hardware(preset: str | None, gpu: str | None, required: bool = True) -> HardwareProfile | None:
-    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both); None when it names none and
-    none is required."""
+def hardware(preset: str | None, gpu: str | None, required: bool = True,
+             keep_free: str | int = KEEP_FREE) -> HardwareProfile | None:
+    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both), keeping `keep_free` (--keep-free, a
+    size) free on each GPU; None when it names none and none is required."""
     hw = resolve(preset, gpu)
     if hw is not None:
-        return hw
+        return replace(hw, keep_free_bytes=parse_size(keep_free, allow_zero=True))
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
     return None

@@ -183,7 +183,7 @@ class StudySummary:
     study: str
     settings: dict[str, Any]                    # search.Settings as stored
     engine_runs: EngineRuns
-    budget_bytes: int | None                    # all GPUs' VRAM less the margin asked for (None: no GPU)
+    budget_bytes: int | None                    # all GPUs' memory less what is kept free and the margin asked for
     reference: str | None                       # the baseline ratios are to: --fit, else its imitation
     confirmed: dict[str, Any] | None            # planner.tuner.confirm's record, when confirmation ran
     front_share: float | None                   # share of the runs within 10% of the front
@@ -201,6 +201,7 @@ class StudySummary:
     margin_by_ubatch: dict[str, int] = field(default_factory=dict)   # a learnt margin's per-ubatch values
     headline: str | None = None                 # a time-objective study's first line (what it recommends)
     served: dict[str, Any] | None = None        # planner.tuner.served's record, when the finalists were served
+    keep_free_bytes: int = 0                    # GPU memory kept free on each GPU (--keep-free)
 
     def to_dict(self) -> dict[str, Any]:
         # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
@@ -211,7 +212,7 @@ class StudySummary:
                "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
                "best": self.best, "pareto": self.pareto, "per_budget": [b.to_dict() for b in self.per_budget],
                "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed],
-               "margin_by_ubatch": self.margin_by_ubatch}
+               "margin_by_ubatch": self.margin_by_ubatch, "keep_free_bytes": self.keep_free_bytes}
         if self.served is not None:
             out["served"] = self.served
         if self.files is not None:
@@ -272,7 +273,13 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
         pareto=front, per_budget=per_budget, baselines=baselines,
         failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
-        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served)
+        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served,
+        keep_free_bytes=keep_free_of(settings))
+
+
+def keep_free_of(settings: dict[str, Any]) -> int:
+    """The GPU memory a study keeps free on each GPU (none in a study stored before --keep-free)."""
+    return int(settings.get("hardware", {}).get("keep_free", 0))
 
 
 def _headline(settings: dict[str, Any], rec: StudyRecord, best: dict[str, Any], ref: dict[str, Any] | None
@@ -314,13 +321,14 @@ def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
 
 
 def _budget_bytes(settings: dict[str, Any], rec: StudyRecord) -> int | None:
-    """All GPUs' VRAM less the margin asked for (none when it is learnt): what a config may use."""
+    """All GPUs' memory less what is kept free and the margin asked for (none when it is learnt): what a config
+    may use."""
     total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
     if not total:
         return None
     n = len(settings.get("hardware", {}).get("gpus", []))
     asked = 0 if rec.margin_rule == "learnt" else int(rec.margin_bytes or 0)
-    return total - n * asked
+    return total - n * (asked + keep_free_of(settings))
 
 
 def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -> dict[str, Any]:
@@ -475,13 +483,14 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
 # one piece: the report's sections top to bottom, in the order a reader meets them (the confirmed and served ones
 # are their own functions)
 def summary_markdown(s: StudySummary) -> str:
-    from ..hardware import fmt_bytes
+    from ..hardware import fmt_bytes, kept_free_text
     st = s.settings
     w = st.get("workload", {})
     L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
-         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", [])),
+         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))
+         + f"; {kept_free_text(s.keep_free_bytes)} per GPU",
          f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
          f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
@@ -494,7 +503,8 @@ def summary_markdown(s: StudySummary) -> str:
     if s.budget_bytes:
         ctx_note = (" VRAM is the peak the emitted command uses at its context: measured at the engine's own "
                     "context, plus the memory model's difference to the emitted one where it is larger.")
-        L.append(f"- budget: {fmt_bytes(s.budget_bytes)} of VRAM (all GPUs);" + ctx_note)
+        L.append(f"- budget: {fmt_bytes(s.budget_bytes)} of VRAM (all GPUs, less what is kept free and any margin "
+                 "asked for);" + ctx_note)
     fit = s.cost_fit or {}
     if fit.get("err_prior"):
         L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
