@@ -6,7 +6,7 @@ from dataclasses import replace
 from .. import engines
 from ..builds import Build, parse_build
 from ..errors import InputError
-from ..hardware import KEEP_FREE, HardwareProfile, parse_size, resolve
+from ..hardware import KEEP_FREE, HardwareProfile, fmt_bytes, parse_size, resolve
 
 
 def positive(v: int, flag: str) -> int:
@@ -39,7 +39,12 @@ def hardware(preset: str | None, gpu: str | None, required: bool = True,
     size) free on each GPU; None when it names none and none is required."""
     hw = resolve(preset, gpu)
     if hw is not None:
-        return replace(hw, keep_free_bytes=parse_size(keep_free, allow_zero=True))
+        keep = parse_size(keep_free, allow_zero=True)
+        for i, g in enumerate(hw.gpus):
+            if keep >= g.vram_bytes:
+                raise InputError(f"--keep-free {keep_free} leaves nothing of CUDA{i}'s {fmt_bytes(g.vram_bytes)}: "
+                                 "keep less free, or give the GPU's real size with --gpu")
+        return replace(hw, keep_free_bytes=keep)
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
     return None
