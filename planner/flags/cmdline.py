@@ -171,7 +171,7 @@ class ParsedCommand:
     n_gpus: int
     output_copy_device: str | None = None   # tied output: where llama.cpp puts the second token_embd (the output)
     env: dict[str, str] = field(default_factory=dict)
-    workload: dict[str, int] = field(default_factory=dict)   # llama-bench: n_prompt, n_gen, n_depth, repetitions
+    workload: dict[str, int] = field(default_factory=dict)   # llama-bench: n_prompt, n_gen, n_depth (, repetitions)
     # mainline's --fit (on by default in the server) with no expert overrides given: it would move experts to RAM
     # until each GPU keeps fit_target_mib free (-fitt; 1024 MiB by default; docs/llamacpp.md section 7)
     fit_moves_experts: bool = False
@@ -792,8 +792,9 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         d = table.defaults
         workload = {"n_prompt": int(settings.get("n_prompt", d["n_prompt"])),
                     "n_gen": int(settings.get("n_gen", d["n_gen"])),
-                    "n_depth": int(settings.get("depth", d.get("depth", 0))),
-                    "repetitions": int(settings.get("reps", d["reps"]))}
+                    "n_depth": int(settings.get("depth", d.get("depth", 0)))}
+        if "reps" in settings:      # given; else the caller's own default (`run`'s is not llama-bench's 5)
+            workload["repetitions"] = int(settings["reps"])
     return ParsedCommand(
         assignment=assignment, knobs=knobs, warnings=tuple(warnings), overrides=tuple(overrides),
         dialect=spec.name, tool=table.tool, n_gpu_layers=lay.n_gpu_layers, tensor_split=lay.tensor_split,
