@@ -17,7 +17,8 @@ from ..hardware import GiB, fmt_bytes, kept_free_text
 from .confirm import vram_of
 
 MARKERS = ["X", "D", "P", "s", "^", "v"]     # one per baseline other than the reference (a star)
-REFERENCE = {"marker": "*", "s": 260, "c": "gold", "edgecolor": "k", "linewidths": 1.0, "zorder": 6}
+# the reference: a large star under the front's small points (a front point on it stays visible), over the trials
+REFERENCE = {"marker": "*", "s": 300, "c": "gold", "edgecolor": "k", "linewidths": 1.0, "zorder": 2.5}
 PAD = 0.04                                   # of each axis' span, around the points and the lines
 
 
@@ -37,7 +38,7 @@ def workload_text(settings: dict[str, Any]) -> str:
 
 
 def title(summary: Any) -> str:
-    """Two lines: the model, the machine and the engine; the budget and the workload."""
+    """Three lines: the model, the machine and the engine; the budget; the workload and the objective."""
     s = summary.settings
     hw = s.get("hardware", {})
     gpus = " + ".join(fmt_bytes(b) for _, b in hw.get("gpus", []))
@@ -45,7 +46,7 @@ def title(summary: Any) -> str:
     budget = (f"budget {fmt_bytes(summary.budget_bytes)} of {gpus} ({kept_free_text(summary.keep_free_bytes)} "
               "per GPU)" if summary.budget_bytes else "no GPU")
     return (f"{s.get('model_id', '')} on {hw.get('name', '')}, {engine}\n"
-            f"{budget}; workload: {workload_text(s)}; objective {s.get('objective', '')}")
+            f"{budget}\nworkload: {workload_text(s)}; objective {s.get('objective', '')}")
 
 
 PLOTS = ("throughput_vs_vram", "pareto", "history")
@@ -82,17 +83,26 @@ def _baselines(summary: Any) -> list[tuple[dict[str, Any], bool]]:
 
 
 def _draw_baselines(ax: Any, summary: Any, x: Callable[[dict], float], y: Callable[[dict], float]) -> None:
-    """Each baseline's point; the reference a large star, named beside it, over everything else."""
+    """Each baseline's point; the reference a large star over everything else (named by _name_reference)."""
     others = 0
     for b, is_ref in _baselines(summary):
         px, py = x(b), y(b)
         if is_ref:
             ax.scatter([px], [py], label=f"reference: {b['name']}", **REFERENCE)
-            ax.annotate(b["name"], (px, py), xytext=(8, 8), textcoords="offset points", fontsize=8, zorder=7)
         else:
-            ax.scatter([px], [py], marker=MARKERS[others % len(MARKERS)], s=70, edgecolor="k", zorder=5,
+            ax.scatter([px], [py], marker=MARKERS[others % len(MARKERS)], s=70, edgecolor="k", zorder=2.6,
                        label=b["name"])
             others += 1
+
+
+def _name_reference(ax: Any, summary: Any, x: Callable[[dict], float], y: Callable[[dict], float]) -> None:
+    """The reference's name beside its star, on the side of the axes with more room (after _limits)."""
+    lo, hi = ax.get_xlim()
+    for b, is_ref in _baselines(summary):
+        if is_ref:
+            left = x(b) > (lo + hi) / 2
+            ax.annotate(b["name"], (x(b), y(b)), xytext=(-10 if left else 10, 8), textcoords="offset points",
+                        ha="right" if left else "left", fontsize=8, zorder=7)
 
 
 def _limits(ax: Any, xs: list[float], ys: list[float], y_floor_zero: bool = True) -> None:
@@ -136,7 +146,8 @@ def plot_vs_vram(ok: Any, summary: Any) -> Any:
             ax.scatter(fr["vram_bytes"] / GiB, fr[col], s=30, c="C3", label="Pareto front (speed vs VRAM)", zorder=3)
             xs += list(ok["vram_bytes"] / GiB)
             ys += list(ok[col])
-        _draw_baselines(ax, summary, lambda b: vram_of(b["measured"]) / GiB, lambda b, c=col: b["measured"][c])
+        x_of, y_of = (lambda b: vram_of(b["measured"]) / GiB), (lambda b, c=col: b["measured"][c])
+        _draw_baselines(ax, summary, x_of, y_of)
         xs += [vram_of(b["measured"]) / GiB for b, _ in _baselines(summary)]
         ys += [b["measured"][col] for b, _ in _baselines(summary)]
         conf = [c for c in (summary.confirmed or {}).get("results", []) if c["vram_bytes"]]
@@ -149,6 +160,7 @@ def plot_vs_vram(ok: Any, summary: Any) -> Any:
             ys += [c[key]["hi"] for c in conf]
         xs += _memory_lines(ax, summary.budget_bytes, total)
         _limits(ax, xs, ys)
+        _name_reference(ax, summary, x_of, y_of)
         ax.set_xlabel("peak VRAM (GiB, all GPUs)")
         ax.set_ylabel(f"{name} (tokens/s){unit}")
         ax.grid(alpha=0.3)
@@ -183,13 +195,16 @@ def plot_pareto(ok: Any, summary: Any) -> Any:
         both = ok[ok["tg_tps"].notna() & ok["pp_tps"].notna()]
         ax.scatter(both["tg_tps"], both["pp_tps"], s=14, c="0.7", label="trials")
         front = summary.pareto
-        ax.plot([r["tg_tps"] for r in front], [r["pp_tps"] for r in front], "o-", c="C3", ms=5, label="Pareto front")
+        ax.plot([r["tg_tps"] for r in front], [r["pp_tps"] for r in front], "o-", c="C3", ms=5, zorder=3,
+                label="Pareto front")
         xs += list(both["tg_tps"])
         ys += list(both["pp_tps"])
-    _draw_baselines(ax, summary, lambda b: b["measured"]["tg_tps"], lambda b: b["measured"]["pp_tps"])
-    xs += [b["measured"]["tg_tps"] for b, _ in _baselines(summary)]
-    ys += [b["measured"]["pp_tps"] for b, _ in _baselines(summary)]
+    x_of, y_of = (lambda b: b["measured"]["tg_tps"]), (lambda b: b["measured"]["pp_tps"])
+    _draw_baselines(ax, summary, x_of, y_of)
+    xs += [x_of(b) for b, _ in _baselines(summary)]
+    ys += [y_of(b) for b, _ in _baselines(summary)]
     _limits(ax, xs, ys)
+    _name_reference(ax, summary, x_of, y_of)
     ax.set_xlabel(f"TG (tokens/s){unit}")
     ax.set_ylabel(f"PP (tokens/s){unit}")
     ax.grid(alpha=0.3)
