@@ -5,8 +5,8 @@ from dataclasses import replace
 
 from .. import engines
 from ..builds import Build, parse_build
-from ..errors import InputError
-from ..hardware import KEEP_FREE, HardwareProfile, fmt_bytes, parse_size, resolve
+from ..errors import BudgetError, InputError
+from ..hardware import HardwareProfile, fmt_bytes, parse_size, resolve
 
 
 def positive(v: int, flag: str) -> int:
@@ -34,16 +34,18 @@ def parse_seconds(text: str, flag: str) -> float:
 
 
 def hardware(preset: str | None, gpu: str | None, required: bool = True,
-             keep_free: str | int = KEEP_FREE) -> HardwareProfile | None:
-    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both), keeping `keep_free` (--keep-free, a
-    size) free on each GPU; None when it names none and none is required."""
+             keep_free: str | int = 0) -> HardwareProfile | None:
+    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both), keeping `keep_free` (the request's
+    --keep-free: plan's and tune's default is KEEP_FREE; explain, which says what llama.cpp does with the whole
+    card, keeps none) free on each GPU; None when it names none and none is required."""
     hw = resolve(preset, gpu)
     if hw is not None:
         keep = parse_size(keep_free, allow_zero=True)
         for i, g in enumerate(hw.gpus):
             if keep >= g.vram_bytes:
-                raise InputError(f"--keep-free {keep_free} leaves nothing of CUDA{i}'s {fmt_bytes(g.vram_bytes)}: "
-                                 "keep less free, or give the GPU's real size with --gpu")
+                raise BudgetError(f"nothing fits on CUDA{i}: --keep-free {keep_free} keeps all of its "
+                                  f"{fmt_bytes(g.vram_bytes)} free; keep less free, or give the GPU's real size "
+                                  "with --gpu")
         return replace(hw, keep_free_bytes=keep)
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")

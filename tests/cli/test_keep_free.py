@@ -81,7 +81,7 @@ def test_keep_free_zero_gives_the_whole_card_and_a_bad_one_is_one_line(tmp_path,
         err = capsys.readouterr().err.strip()
         assert err.startswith("offload-tuner: error: bad size") and "\n" not in err
     assert cli.main(["tune", MODEL, "--gpu", "1GiB", "--keep-free", "1GiB", "--no-report"]) == 2
-    assert "--keep-free 1GiB leaves nothing of CUDA0's 1.00 GiB" in capsys.readouterr().err
+    assert "nothing fits on CUDA0: --keep-free 1GiB keeps all of its 1.00 GiB free" in capsys.readouterr().err
     assert cli.main(["tune", MODEL, "--gpu", "1GiB", "--keep-free", "600MiB", "--trials", "1", "--no-report"]) == 2
     assert "minus 600.00 MiB kept free" in capsys.readouterr().err
     assert not (tmp_path / "studies").exists()
@@ -99,3 +99,9 @@ def test_the_demos_pick_leaves_the_headroom(tmp_path, capsys, monkeypatch):
     for r in [*s["best"].values(), *s["pareto"]]:
         assert r["vram_bytes"] <= 15 * GiB, r
     assert "kept free: 1024 MiB per GPU" in (tmp_path / "reports" / "demo" / "summary.md").read_text()
+
+
+def test_explain_judges_the_whole_card(capsys):
+    # explain says what llama.cpp does with the card as declared: a 1 GiB card is one, not "nothing fits"
+    assert cli.main(["explain", MODEL, "--gpu", "1GiB", "--json", "--", "-ngl", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["hardware"]
