@@ -29,6 +29,15 @@ def test_one_default_everywhere_is_what_llama_cpps_fit_keeps_free():
     assert DEMO.keep_free == D.KEEP_FREE          # the demo, and the service (it takes the same requests)
 
 
+def test_the_service_takes_the_same_default_and_flag():
+    from planner.service import bodies
+    from planner.service.security import PathPolicy
+    paths = PathPolicy(())
+    assert bodies.request("plan", {"model": MODEL}, paths).keep_free == D.KEEP_FREE
+    assert bodies.request("tune", {"model": MODEL}, paths).keep_free == D.KEEP_FREE
+    assert bodies.request("tune", {"model": MODEL, "keep_free": "0"}, paths).keep_free == "0"
+
+
 def test_the_room_is_the_cards_memory_less_what_is_kept_free():
     # 16 GiB card, 1 GiB kept free, a 256 MiB margin for the memory model's error: 14.75 GiB to place tensors in
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
