@@ -47,3 +47,8 @@ def test_plan_on_a_tiny_gpu_names_the_output_layers_own_bytes(capsys):
     assert f"its weights {fmt_bytes(out_bytes)} (output and its norm)" in err and "CUDA context" in err
     assert cli.main(["inspect", MODEL]) == 0
     assert fmt_bytes(out_bytes - 8 * 1024)[:5] in capsys.readouterr().out      # output.weight alone: 243.4x MiB
+
+
+def test_plan_warns_of_a_million_token_context_as_explain_does(capsys):
+    assert cli.main(["plan", MODEL, "--gpu", "24GiB", "--ctx", "1000000"]) == 0
+    assert "warning: W029 -c 1000000 is more than the model's training context (40960)" in capsys.readouterr().out
