@@ -2,14 +2,15 @@
 and help), the study-spec loader and the `run` command read them from here instead of repeating the numbers.
 
 Defaults that belong to one module's own model stay there and are only named here: DEFAULT_CTX (planner.plan, the
-context emitted commands hold), DEFAULT_MARGIN (planner.propose, the planner's VRAM margin) and CONFIRM_ROUNDS
-(planner.tuner.confirm)."""
+context emitted commands hold), DEFAULT_MARGIN (planner.propose, the library's margin when none is given) and
+CONFIRM_ROUNDS (planner.tuner.confirm)."""
 from __future__ import annotations
 
 from typing import Final
 
 from .plan import DEFAULT_CTX
 from .bench_workload import BenchWorkload
+from .hardware import KEEP_FREE as KEEP_FREE_BYTES, MiB
 
 SPACE_MODES: Final = ("settled", "full")
 
@@ -27,9 +28,12 @@ TUNE_POOL: Final = 200                  # candidates the cost model pre-screens 
 RUN_TIMEOUT_S: Final = 900.0            # seconds per llama-bench run (tune and run)
 RUN_WORKLOAD: Final = BenchWorkload()        # `run` without -p/-n: llama-bench's own pp512 / tg128, 3 reps
 
-PLAN_MARGIN: Final = "512MiB"           # `plan --margin` (planner.propose.DEFAULT_MARGIN in bytes)
+# GPU memory kept free on each GPU, in every command and the service, for every engine (planner.hardware.KEEP_FREE:
+# llama.cpp's own fit keeps as much free by default)
+KEEP_FREE: Final = f"{KEEP_FREE_BYTES // MiB}MiB"
+PLAN_MARGIN: Final = "0"                # `plan --margin`: beyond KEEP_FREE (tune learns its own: TUNE_MARGIN)
 PLAN_TOP: Final = 8
 
 __all__ = ["DEFAULT_CTX", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_REQUESTS",
            "TUNE_WORKLOAD", "TUNE_MARGIN", "TUNE_KV_TYPES", "TUNE_SEED", "TUNE_POOL", "RUN_TIMEOUT_S", "RUN_WORKLOAD",
-           "PLAN_MARGIN", "PLAN_TOP"]
+           "KEEP_FREE", "PLAN_MARGIN", "PLAN_TOP"]

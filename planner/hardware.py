@@ -24,6 +24,18 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 MAX_SIZE = 1 << 50            # 1 PiB: far above any GPU or host memory; a larger "size" is a typo
 
+# GPU memory every command keeps free on each GPU (--keep-free): the display, other processes and the driver's
+# own allocations live there. The same value as llama.cpp's own fit keeps free by default (-fitt/--fit-target,
+# 1024 MiB: common/arg.cpp; planner/flags/interpret.py FIT_TARGET_MIB), so a pick and llama.cpp's --fit are held to
+# the same room. A HardwareProfile built in code keeps none unless told (keep_free_bytes=0): the commands and the
+# service set it (planner/app/common.py hardware).
+KEEP_FREE = 1024 * MiB
+
+
+def kept_free_text(keep_free_bytes: int) -> str:
+    """How every report says it: 'kept free: 1024 MiB' (per GPU)."""
+    return f"kept free: {keep_free_bytes / MiB:.0f} MiB"
+
 
 def parse_size(text: str | int, allow_zero: bool = False) -> int:
     """'24GiB', '24G' (binary, as llama.cpp and nvidia-smi mean it), '24576MiB', '24GB' (decimal), '24000000000'.
@@ -110,13 +122,17 @@ class HardwareProfile:
     link: Link
     overheads: Overheads = field(default_factory=Overheads)
     source: str = ""
+    keep_free_bytes: int = 0       # GPU memory kept free on each GPU: no plan may use it (KEEP_FREE by default)
 
     def gpu(self, device: str) -> GPU:
         from .plan import gpu_index      # plan.py names devices; hardware.py does not import it at load
         return self.gpus[gpu_index(device)]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The profile as its JSON holds it (keep_free_bytes is a command's choice, not the machine's: left out)."""
+        d = asdict(self)
+        del d["keep_free_bytes"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "hardware profile") -> HardwareProfile:

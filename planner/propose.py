@@ -6,8 +6,8 @@ weights (attention, norms, router, shared experts, dense FFN) always follow thei
 save more decode time than routed experts (a token reads all of them, but only n_expert_used / n_expert of
 an expert tensor), so they go to the GPU first.
 
-A plan's room is per GPU: the GPU's memory (--gpu) minus the margin kept free; the memory model
-(planner/memory.py) is the judge.
+A plan's room is per GPU: the GPU's memory (--gpu) minus what is kept free (--keep-free) and the memory model's
+margin; the memory model (planner/memory.py) is the judge.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from .errors import BudgetError
 from .hardware import MiB, HardwareProfile, fmt_bytes
 from .ik_pool import ik_fuses_up_gate
-from .memory import MemoryReport, estimate
+from .memory import DeviceMemory, MemoryReport, estimate
 from .model import ModelInventory
 from .plan import Dialect, Knobs, Plan, gpu_names
 
@@ -36,14 +36,16 @@ def model_id(inv: ModelInventory) -> str:
 
 @dataclass(frozen=True)
 class Room:
-    """What a plan may use: per GPU its memory (GPU.vram_bytes, the --gpu size) minus the margin kept free; on the
+    """What a plan may use: per GPU its memory (GPU.vram_bytes, the --gpu size) minus what is kept free
+    (hw.keep_free_bytes, --keep-free) and minus `margin` (the memory model's allowance for its own error); on the
     CPU, host RAM. (The word "budget" in printed and stored text, "over budget", means this room.)"""
     gpus: dict[str, int]
     host: int
 
     @classmethod
     def from_hardware(cls, hw: HardwareProfile, margin: int = DEFAULT_MARGIN) -> Room:
-        return cls({d: g.vram_bytes - margin for d, g in zip(gpu_names(len(hw.gpus)), hw.gpus)}, hw.host.ram_bytes)
+        return cls({d: g.vram_bytes - hw.keep_free_bytes - margin for d, g in zip(gpu_names(len(hw.gpus)), hw.gpus)},
+                   hw.host.ram_bytes)
 
     def fits(self, report: MemoryReport) -> bool:
         for dev, mem in report.devices.items():
@@ -305,10 +307,21 @@ def proposals(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), 
                               f"{fmt_bytes(cpu.kv + cpu.compute)} with every tensor on the CPU; "
                               "lower --ctx or --ubatch")
         probe = _plan(inv, assignment_from_homes(inv, ["CPU"] * inv.n_layer, gpus[-1], None), knobs, dialect, "")
-        need = estimate(inv, probe, hw).devices[gpus[-1]].total
-        raise BudgetError(f"nothing fits on the GPU: {gpus[-1]} has {fmt_bytes(room.gpus[gpus[-1]])} after the "
-                          f"{fmt_bytes(margin)} margin, but even the output layer alone needs {fmt_bytes(need)}")
+        raise BudgetError(_output_alone(inv, hw, room, margin, estimate(inv, probe, hw).devices[gpus[-1]], gpus[-1]))
     return plans
+
+
+def _output_alone(inv: ModelInventory, hw: HardwareProfile, room: Room, margin: int, dev: DeviceMemory,
+                  name: str) -> str:
+    """Why not even the output layer fits: its device's memory in parts, the weights as `inspect` counts them."""
+    kept = f"{fmt_bytes(hw.keep_free_bytes)} kept free" if hw.keep_free_bytes else "nothing kept free"
+    if margin:
+        kept += f" and a {fmt_bytes(margin)} margin"
+    rest = dev.total - dev.weights - dev.overhead        # KV (none without layers) and the compute buffers
+    return (f"nothing fits on the GPU: {name} has {fmt_bytes(room.gpus[name])} after {kept}, but even the output "
+            f"layer alone needs {fmt_bytes(dev.total)} there: its weights {fmt_bytes(dev.weights)} (output and its "
+            f"norm), the CUDA context {fmt_bytes(dev.overhead)} and the compute buffers {fmt_bytes(rest)}; "
+            "give more --gpu memory, a smaller --keep-free or a smaller --ubatch")
 
 
 # ---- choosing among candidates ------------------------------------------------------------------------------------

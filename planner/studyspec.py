@@ -106,6 +106,11 @@ def _margin(s: str) -> None:
         parse_size(s, allow_zero=True)
 
 
+def _size(s: str) -> None:
+    from .hardware import parse_size
+    parse_size(s, allow_zero=True)
+
+
 def _gpu_sizes(v: Any) -> str:
     from .hardware import MAX_GPUS, parse_size
     sizes = v.split(",") if isinstance(v, str) else v
@@ -159,6 +164,7 @@ TOP: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "study": ("study", _str),
     "storage": ("storage", _str),
     "dialect": ("dialect", _choice(DIALECTS)),
+    "keep_free": ("keep_free", _wrap(_size)),
     "margin": ("margin", _wrap(_margin)),
     "seed": ("seed", _int(0)),
     "pool": ("pool", _int(0)),

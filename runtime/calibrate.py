@@ -138,6 +138,8 @@ def measure_host(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int |
     n = max(256, size_bytes // (GEMV_K[0] * esize))
     W = _filled(torch, (n, GEMV_K[0]), dtype, "cpu")
     out: dict[str, float] = {"threads": float(torch.get_num_threads())}
+    log.info("#   host: GEMV on %s of weights, every route (%d threads)", fmt_bytes(W.numel() * esize),
+             torch.get_num_threads())
     # GEMV through every route PyTorch offers (they differ 2x on some CPUs) and through the engine's own
     # expert kernel (runtime/torch_engine/cpu_moe.py), on each shape of GEMV_K (the same buffer, viewed);
     # the ceiling is the best of them
@@ -152,6 +154,7 @@ def measure_host(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int |
             out[f"gemv_{label}_bytes_per_s"] = max(out.get(f"gemv_{label}_bytes_per_s", 0.0), out[key])
             best = max(best, (out[key], out[f"{key}_median"]))
     out["gemv_bytes_per_s"], out["gemv_bytes_per_s_median"] = best
+    log.info("#   host: copy, GEMM at batch 512 and 32, op overhead")
     dst = torch.empty_like(W)
     _ceiling(out, "copy_bytes_per_s", 2 * W.numel() * esize, _time(lambda d=dst, w=W: d.copy_(w), sync, reps))
     del dst
@@ -186,6 +189,7 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
     out["context_bytes"] = float(max(0, total - free - torch.cuda.memory_reserved(dev)))
     k = 8192
     n = max(256, size_bytes // (k * esize))
+    log.info("#   CUDA%d %s: GEMV, copy, GEMM", index, props.name)
     W = _filled(torch, (n, k), dtype, dev)
     x = torch.randn(k, 1, device=dev).to(dtype)
     _ceiling(out, "gemv_bytes_per_s", W.numel() * esize, _time(lambda w=W: w @ x, sync, reps))
@@ -198,6 +202,7 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
     del A, B
     # the link, both ways, page-locked and ordinary host memory
     nbytes = min(size_bytes, GiB)
+    log.info("#   CUDA%d: the PCIe link both ways, pinned and pageable", index)
     dev_buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     for kind, pinned in (("pinned", True), ("pageable", False)):
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
@@ -208,6 +213,7 @@ def measure_gpu(index: int, dtype_name: str = "bf16", size_bytes: int = GiB, rep
                  _time(lambda d=dev_buf, h=host, p=pinned: h.copy_(d, non_blocking=p), sync, max(3, reps // 2)))
         del host
     del dev_buf
+    log.info("#   CUDA%d: launch, CUDA graph, split, read-back and copy-call costs", index)
     out.update(_measure_op_costs(torch, dev, sync, reps))
     return out
 
@@ -339,6 +345,8 @@ def calibrate(dtype_name: str = "bf16", size_bytes: int = GiB, threads: int | No
         if i:
             time.sleep(SWEEP_PAUSE_S if pause_s is None else pause_s)
         loads.append(host_load())
+        log.info("# calibrate: sweep %d of %d (%s per bandwidth test, %s)", i + 1, max(1, sweeps),
+                 fmt_bytes(size_bytes), f"{n_gpu} GPU{'s' if n_gpu != 1 else ''}" if n_gpu else "no GPU")
         host_sweeps.append(measure_host(dtype_name, size_bytes, threads))
         gpu_sweeps.append([measure_gpu(g, dtype_name, size_bytes) for g in range(n_gpu)])
     host = merge_sweeps(host_sweeps)

@@ -1,10 +1,12 @@
 """What several use cases check the same way: counts, the machine, the target build, whether CUDA is here."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import engines
 from ..builds import Build, parse_build
-from ..errors import InputError
-from ..hardware import HardwareProfile, resolve
+from ..errors import BudgetError, InputError
+from ..hardware import HardwareProfile, fmt_bytes, parse_size, resolve
 
 
 def positive(v: int, flag: str) -> int:
@@ -31,12 +33,20 @@ def parse_seconds(text: str, flag: str) -> float:
     return value
 
 
-def hardware(preset: str | None, gpu: str | None, required: bool = True) -> HardwareProfile | None:
-    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both); None when it names none and
-    none is required."""
+def hardware(preset: str | None, gpu: str | None, required: bool = True,
+             keep_free: str | int = 0) -> HardwareProfile | None:
+    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both), keeping `keep_free` (the request's
+    --keep-free: plan's and tune's default is KEEP_FREE; explain, which says what llama.cpp does with the whole
+    card, keeps none) free on each GPU; None when it names none and none is required."""
     hw = resolve(preset, gpu)
     if hw is not None:
-        return hw
+        keep = parse_size(keep_free, allow_zero=True)
+        for i, g in enumerate(hw.gpus):
+            if keep >= g.vram_bytes:
+                raise BudgetError(f"nothing fits on CUDA{i}: --keep-free {keep_free} keeps all of its "
+                                  f"{fmt_bytes(g.vram_bytes)} free; keep less free, or give the GPU's real size "
+                                  "with --gpu")
+        return replace(hw, keep_free_bytes=keep)
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
     return None

@@ -74,7 +74,7 @@ class PlanOutcome:
     hw: HardwareProfile
     build: Build
     ranked: list
-    room: object                  # propose.Room: GPU memory minus the margin, per GPU
+    room: object                  # propose.Room: GPU memory less what is kept free and the margin
     cmds: Commands
     top: int                  # candidates the text lists
     workload: str | None = None               # plan --workload: its name, and each candidate's predicted mean
@@ -86,8 +86,8 @@ class PlanOutcome:
         best, inv, hw = self.ranked[0], self.inv, self.hw
         return {"model": inv.name, "hardware": hw.name, "objective": self.objective,
                 "plan": best.plan.to_dict(), "plan_id": best.plan.id, **estimate(inv, best.plan, hw).to_dict(),
-                "budgets": self.room.gpus, "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps,
-                                                           **self._request(best)},
+                "keep_free_bytes": hw.keep_free_bytes, "budgets": self.room.gpus,
+                "predicted": {"pp_tps": best.pp_tps, "tg_tps": best.tg_tps, **self._request(best)},
                 "build": self.build.describe(), "commands": self.cmds.lines, "not_expressible": self.cmds.cannot,
                 "alternatives": [{"label": s.plan.label, "plan_id": s.plan.id, "pp_tps": s.pp_tps, "tg_tps": s.tg_tps,
                                   "mmap": s.plan.knobs.mmap, "op_offload": s.plan.knobs.offload.any_enabled,
@@ -105,7 +105,7 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
     from ..propose import Room, best_plans
     inv = load_model(req.model)
     check_dialect(inv, req.dialect)
-    hw = hardware(req.hardware, req.gpu)
+    hw = hardware(req.hardware, req.gpu, keep_free=req.keep_free)
     knobs = _knobs(req)
     margin = parse_size(req.margin, allow_zero=True)
     if req.top < 1:

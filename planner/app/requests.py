@@ -30,6 +30,8 @@ BUILD = ("the engine build the printed lines are for, as `llama-server --version
          "mainline:10114), or the path of the program (its --help and --version are read); default: the pinned "
          "builds (ik 8337e4cd = 4840, mainline as in llama-cpp-python 0.3.36)")
 DIALECT = "mainline or ik (default mainline)"
+KEEP_FREE = (f"GPU memory kept free on each GPU for the display, other processes and the driver: no plan uses it "
+             f"(default {D.KEEP_FREE}, what llama.cpp's own fit keeps free; 0 allowed)")
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ class PlanRequest:
     workload: str | None = opt(None, help="rank by this workload's predicted mean request time instead of the "
                                           "objective: chat, agent, rag, batch, a .toml or a .jsonl log; the context "
                                           "and slots then hold its longest request")
-    margin: str = opt(D.PLAN_MARGIN, help=f"VRAM kept free per GPU (default {D.PLAN_MARGIN})")
+    keep_free: str = opt(D.KEEP_FREE, help=KEEP_FREE)
+    margin: str = opt(D.PLAN_MARGIN, help="GPU memory held back, beyond --keep-free, for the memory model's error "
+                                          f"(default {D.PLAN_MARGIN}: the room is the GPU memory less --keep-free)")
     top: int = opt(D.PLAN_TOP, help=f"candidates to list (default {D.PLAN_TOP})")
 
     def __post_init__(self) -> None:
@@ -120,9 +124,11 @@ class TuneOptions:
     llama_server: str | None = opt(None, help="after the search, serve the finalists and llama-server's own --fit "
                                               "(-ub 512, 2048, 4096) on the workload with this llama-server, "
                                               "interleaved, and recommend the fastest (time objective)")
-    margin: str = opt(D.TUNE_MARGIN, help="VRAM kept free per GPU for the memory model's error: auto (default: "
-                                          "learnt from the runs, starting at the engine's known error) or a size, 0 "
-                                          "allowed (kept, raised only by an out-of-memory or a run over the budget)")
+    keep_free: str = opt(D.KEEP_FREE, help=KEEP_FREE)
+    margin: str = opt(D.TUNE_MARGIN, help="GPU memory held back, beyond --keep-free, for the memory model's error: "
+                                          "auto (default: learnt from the runs, starting at the engine's known error) "
+                                          "or a size, 0 allowed (kept, raised only by an out-of-memory or a run over "
+                                          "the budget)")
     cpu_stand_in: bool = opt(False, help="llamacpp: run every plan with all its tensors on the CPU: a dry run of a "
                                          "GPU study's whole pipeline on a CPU-only build (its speeds and peaks are "
                                          "not the GPU plans')")

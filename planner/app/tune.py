@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import defaults as D, engines
 from ..errors import BudgetError, InputError
-from ..hardware import HardwareProfile, fmt_bytes, parse_size
+from ..hardware import HardwareProfile, fmt_bytes, kept_free_text, parse_size
 from ..model import ModelInventory
 from ..options import EngineOptions
 from ..plan import DEFAULT_CTX
@@ -60,7 +60,7 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     positive(args.trials, "--trials")
     nonneg(args.pool, "--pool")
     inv = load_model(args.model)
-    hw = hardware(args.hardware, args.gpu)
+    hw = hardware(args.hardware, args.gpu, keep_free=args.keep_free)
     objective = parse_objective(args.objective)
     if args.llama_server and objective.kind != "time":       # said now, not after a study of minutes
         raise InputError("--llama-server serves the workload: it needs the time objective (--objective time)")
@@ -86,14 +86,15 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
 
 
 def _check_budget(hw: HardwareProfile, margin: int) -> None:
-    """Nothing can fit when a GPU's VRAM minus the margin does not even hold the CUDA context."""
+    """Nothing can fit when a GPU's memory minus what is kept free and the margin does not even hold the CUDA
+    context."""
     for i, g in enumerate(hw.gpus):
-        free = g.vram_bytes - margin
+        free = g.vram_bytes - hw.keep_free_bytes - margin
         if free <= g.overhead_bytes:
-            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus the "
-                              f"{fmt_bytes(margin)} margin "
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus "
+                              f"{fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(margin)} margin "
                               f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
-                              "give more --gpu memory or a smaller --margin")
+                              "give more --gpu memory, a smaller --keep-free or a smaller --margin")
 
 
 def load_engine(opts: EngineOptions, hw: HardwareProfile):
@@ -183,9 +184,9 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
         model=args.model, objective=objective, workload=workload, dialect=dialect,
         n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin, config=config,
         study_name=name, storage=storage, fresh=args.fresh, seed=args.seed, pool_size=args.pool, requests=t.requests))
-    note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}) "
-         f"with the {engine.name} engine: study {name!r} in {storage}, objective {objective.text}, "
-         f"{args.trials} runs")
+    note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}, "
+         f"{kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in {storage}, "
+         f"objective {objective.text}, {args.trials} runs")
     try:
         with SIGINT.guard():            # Ctrl-C stops at a safe point (planner/tuner/interrupt.py)
             result = tuner.run(args.trials, progress=progress)
@@ -201,8 +202,9 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
     from optuna.trial import TrialState
     if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
-                          f"minus the {fmt_bytes(tuner.margin)} margin ({result.trials} trials, none complete); give "
-                          "more --gpu memory or a smaller --margin")
+                          f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "
+                          f"({result.trials} trials, none complete); give more --gpu memory, a smaller --keep-free or "
+                          "a smaller --margin")
     from ..tuner.report import study_summary
     summary = None if args.no_report else write_report(tuner.study, out)
     return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)

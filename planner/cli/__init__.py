@@ -37,8 +37,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
     ap = _Parser(prog="offload-tuner",
                  description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
+    ap.add_argument("--version", action="version", version=f"offload-tuner {__version__}")
     loud = ap.add_mutually_exclusive_group()
     loud.add_argument("-v", "--verbose", dest="log_verbose", action="store_true",
                       help="debug lines too, on stderr (give it before the command)")

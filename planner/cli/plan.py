@@ -6,7 +6,7 @@ import argparse
 from ..app.plan import plan_outcome
 from ..app.requests import PlanRequest
 from ..builds import Build
-from ..hardware import fmt_bytes
+from ..hardware import fmt_bytes, kept_free_text
 from ..plan import Plan
 from .common import _add_build, _add_hw, _emit_json, _print_layers, add_option, add_positional, request
 
@@ -41,7 +41,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
     print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, "
-          f"PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned")
+          f"PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned; {kept_free_text(hw.keep_free_bytes)} per GPU")
     mean = f", mean request {o.request_s[best.plan.id]:.2f} s" if o.request_s is not None else ""
     print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s{mean}")
@@ -75,7 +75,7 @@ def add_parser(sub) -> None:
     for name in ("ctx", "ubatch", "batch", "kv_type", "threads", "dialect"):
         add_option(p, PlanRequest, name)
     _add_build(p, PlanRequest)
-    for name in ("amb", "objective", "workload", "margin", "top"):
+    for name in ("amb", "objective", "workload", "keep_free", "margin", "top"):
         add_option(p, PlanRequest, name)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

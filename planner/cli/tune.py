@@ -9,7 +9,7 @@ import sys
 from ..app.report import REPORT_FILES
 from ..app.requests import TuneOptions, parse_kv_types
 from ..app.tune import TuneInterrupted, TuneOutcome, start_tune
-from ..hardware import fmt_bytes
+from ..hardware import fmt_bytes, kept_free_text
 from . import logs
 from .common import _add_hw, _emit_json, add_option, add_positional, given
 
@@ -89,6 +89,8 @@ def _print_tune(o: TuneOutcome) -> None:
         print(s.headline)
     print(f"study {s.study}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s.n_trials} trials in all ({counts}); storage {o.storage}")
+    if s.budget_bytes:
+        print(f"budget: {fmt_bytes(s.budget_bytes)} of GPU memory ({kept_free_text(s.keep_free_bytes)} per GPU)")
     if result.stopped:
         print(f"note: {result.stopped}")
     fit = s.cost_fit or {}
@@ -137,7 +139,7 @@ def add_parser(sub) -> None:
         add_option(p, TuneOptions, name)
     add_option(p, TuneOptions, "llama_bench", metavar="PATH")
     add_option(p, TuneOptions, "llama_server", metavar="PATH")
-    for name in ("margin", "cpu_stand_in", "confirm", "space", "kv_types", "seed", "pool", "timeout_s", "fresh", "out",
-                 "no_report", "quiet", "json"):
+    for name in ("keep_free", "margin", "cpu_stand_in", "confirm", "space", "kv_types", "seed", "pool", "timeout_s",
+                 "fresh", "out", "no_report", "quiet", "json"):
         add_option(p, TuneOptions, name)
     p.set_defaults(func=lambda args: cmd_tune(tune_options(args)))

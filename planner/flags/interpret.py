@@ -310,8 +310,9 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         d = table.defaults
         workload = {"n_prompt": int(settings.get("n_prompt", d["n_prompt"])),
                     "n_gen": int(settings.get("n_gen", d["n_gen"])),
-                    "n_depth": int(settings.get("depth", d.get("depth", 0))),
-                    "repetitions": int(settings.get("reps", d["reps"]))}
+                    "n_depth": int(settings.get("depth", d.get("depth", 0)))}
+        if "reps" in settings:      # given; else the caller's own default (`run`'s is not llama-bench's 5)
+            workload["repetitions"] = int(settings["reps"])
     return ParsedCommand(
         assignment=assignment, knobs=knobs, warnings=tuple(warnings), overrides=tuple(overrides),
         dialect=spec.name, tool=table.tool, n_gpu_layers=lay.n_gpu_layers, tensor_split=lay.tensor_split,

@@ -69,6 +69,8 @@ class Settings:
             if k == "space" and isinstance(theirs, dict):
                 defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
                 theirs = {f: theirs.get(f, defaults.get(f)) for f in mine[k]}
+            if k == "hardware" and isinstance(theirs, dict) and "keep_free" not in theirs:
+                theirs = {**theirs, "keep_free": mine[k]["keep_free"]}   # stored before keep_free: resumes with it
             if theirs != mine[k]:
                 out.append(k)
         return out
@@ -80,5 +82,7 @@ LATER_SPACE_OPTIONS = ("no_host",)
 
 
 def hardware_key(hw: HardwareProfile) -> dict[str, Any]:
-    """The machine as a study's settings store it: its name, each GPU's name and VRAM, the host's RAM."""
-    return {"name": hw.name, "gpus": [[g.name, g.vram_bytes] for g in hw.gpus], "host_ram": hw.host.ram_bytes}
+    """The machine as a study's settings store it: its name, each GPU's name and memory, the host's RAM, and the
+    GPU memory kept free on each GPU."""
+    return {"name": hw.name, "gpus": [[g.name, g.vram_bytes] for g in hw.gpus], "host_ram": hw.host.ram_bytes,
+            "keep_free": hw.keep_free_bytes}

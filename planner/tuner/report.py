@@ -9,6 +9,7 @@ from typing import Any
 from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
 from .cost_fit import CostFit
 from .records import StudyRecord, TrialRecord
+from .report_plots import write_plots      # the plots: their own module
 from ..hardware import fmt_bytes
 
 
@@ -21,7 +22,6 @@ from ..hardware import fmt_bytes
 # pareto (TG against PP) and history (objective per trial, best so far).
 
 TOOLS_ORDER = ("llama-server", "llama-cli", "llama-bench")
-PLOTS = ("throughput_vs_vram", "pareto", "history")
 
 
 def trials_frame(study: Any) -> Any:
@@ -183,7 +183,7 @@ class StudySummary:
     study: str
     settings: dict[str, Any]                    # search.Settings as stored
     engine_runs: EngineRuns
-    budget_bytes: int | None                    # all GPUs' VRAM less the margin asked for (None: no GPU)
+    budget_bytes: int | None                    # all GPUs' memory less what is kept free and the margin asked for
     reference: str | None                       # the baseline ratios are to: --fit, else its imitation
     confirmed: dict[str, Any] | None            # planner.tuner.confirm's record, when confirmation ran
     front_share: float | None                   # share of the runs within 10% of the front
@@ -201,6 +201,7 @@ class StudySummary:
     margin_by_ubatch: dict[str, int] = field(default_factory=dict)   # a learnt margin's per-ubatch values
     headline: str | None = None                 # a time-objective study's first line (what it recommends)
     served: dict[str, Any] | None = None        # planner.tuner.served's record, when the finalists were served
+    keep_free_bytes: int = 0                    # GPU memory kept free on each GPU (--keep-free)
 
     def to_dict(self) -> dict[str, Any]:
         # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
@@ -211,7 +212,7 @@ class StudySummary:
                "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
                "best": self.best, "pareto": self.pareto, "per_budget": [b.to_dict() for b in self.per_budget],
                "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed],
-               "margin_by_ubatch": self.margin_by_ubatch}
+               "margin_by_ubatch": self.margin_by_ubatch, "keep_free_bytes": self.keep_free_bytes}
         if self.served is not None:
             out["served"] = self.served
         if self.files is not None:
@@ -272,7 +273,13 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
         pareto=front, per_budget=per_budget, baselines=baselines,
         failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
-        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served)
+        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served,
+        keep_free_bytes=keep_free_of(settings))
+
+
+def keep_free_of(settings: dict[str, Any]) -> int:
+    """The GPU memory a study keeps free on each GPU (none in a study stored before --keep-free)."""
+    return int(settings.get("hardware", {}).get("keep_free", 0))
 
 
 def _headline(settings: dict[str, Any], rec: StudyRecord, best: dict[str, Any], ref: dict[str, Any] | None
@@ -314,13 +321,14 @@ def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
 
 
 def _budget_bytes(settings: dict[str, Any], rec: StudyRecord) -> int | None:
-    """All GPUs' VRAM less the margin asked for (none when it is learnt): what a config may use."""
+    """All GPUs' memory less what is kept free and the margin asked for (none when it is learnt): what a config
+    may use."""
     total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
     if not total:
         return None
     n = len(settings.get("hardware", {}).get("gpus", []))
     asked = 0 if rec.margin_rule == "learnt" else int(rec.margin_bytes or 0)
-    return total - n * asked
+    return total - n * (asked + keep_free_of(settings))
 
 
 def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -> dict[str, Any]:
@@ -350,119 +358,6 @@ def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
     return near / len(runs)
 
 
-MARKERS = ["X", "D", "*", "P", "s"]       # one per baseline in the plots
-
-
-def _plots(df: Any, summary: StudySummary, out: Path) -> list[str]:
-    """The study's plots (PLOTS), each saved as PNG and SVG; the file names written."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    settings = summary.settings
-    ok = df[df["ok"] & df["vram_bytes"].notna() & df["duplicate_of"].isna()] if not df.empty else df
-    base = [b for b in summary.baselines if b.get("ok")]
-    title = f"{settings.get('model_id', '')} on {settings.get('hardware', {}).get('name', '')}"
-    files: list[str] = []
-    for name, draw in (("throughput_vs_vram", lambda: _plot_vs_vram(plt, ok, base, summary, title)),
-                       ("pareto", lambda: _plot_pareto(plt, ok, base, summary, title)),
-                       ("history", lambda: _plot_history(plt, df, settings))):
-        fig = draw()          # one figure open at a time
-        files += _save(fig, out / name)
-        plt.close(fig)
-    return files
-
-
-def _plot_vs_vram(plt: Any, ok: Any, base: list[dict[str, Any]], summary: StudySummary, title: str) -> Any:
-    """TG and PP against peak VRAM: the trials, their VRAM-Pareto front, the baselines, the confirmed medians."""
-    from ..hardware import GiB
-    settings = summary.settings
-    markers = MARKERS
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for ax, col, name in ((axes[0], "tg_tps", "TG"), (axes[1], "pp_tps", "PP")):
-        if not ok.empty:
-            ax.scatter(ok["vram_bytes"] / GiB, ok[col], s=14, c="0.7", label="trials", zorder=1)
-            fr = vram_front(ok, col)
-            ax.step(fr["vram_bytes"] / GiB, fr[col], where="post", c="C3", lw=1.5, zorder=2)
-            ax.scatter(fr["vram_bytes"] / GiB, fr[col], s=30, c="C3", label="Pareto front (speed vs VRAM)", zorder=3)
-        for i, b in enumerate(base):
-            ax.scatter([vram_of(b["measured"]) / GiB], [b["measured"][col]], marker=markers[i % len(markers)], s=90,
-                       zorder=4, edgecolor="k", label=b["name"])
-        conf = [c for c in (summary.confirmed or {}).get("results", []) if c["vram_bytes"]]
-        if conf:
-            key = col.split("_")[0]
-            ax.errorbar([c["vram_bytes"] / GiB for c in conf], [c[key]["median"] for c in conf],
-                        yerr=[[c[key]["median"] - c[key]["lo"] for c in conf],
-                              [c[key]["hi"] - c[key]["median"] for c in conf]],
-                        fmt="o", mfc="none", c="C2", capsize=3, zorder=5, label="confirmed (median, range)")
-        if summary.budget_bytes:
-            ax.axvline(summary.budget_bytes / GiB, ls=":", c="C1", lw=1.2, label="budget")
-        total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
-        if total:
-            ax.axvline(total / GiB, ls="--", c="0.4", lw=1, label="VRAM")
-        ax.set_xlabel("peak VRAM (GiB, all GPUs)")
-        ax.set_ylabel(f"{name} (tokens/s)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _plot_pareto(plt: Any, ok: Any, base: list[dict[str, Any]], summary: StudySummary, title: str) -> Any:
-    """TG against PP: the trials, their front, the baselines."""
-    markers = MARKERS
-    fig, ax = plt.subplots(figsize=(6.4, 4.8))
-    if not ok.empty:
-        both = ok[ok["tg_tps"].notna() & ok["pp_tps"].notna()]
-        ax.scatter(both["tg_tps"], both["pp_tps"], s=14, c="0.7", label="trials")
-        front = summary.pareto
-        ax.plot([r["tg_tps"] for r in front], [r["pp_tps"] for r in front], "o-", c="C3", ms=5, label="Pareto front")
-    for i, b in enumerate(base):
-        ax.scatter([b["measured"]["tg_tps"]], [b["measured"]["pp_tps"]], marker=markers[i % len(markers)], s=90,
-                   edgecolor="k", label=b["name"])
-    ax.set_xlabel("TG (tokens/s)")
-    ax.set_ylabel("PP (tokens/s)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _plot_history(plt: Any, df: Any, settings: dict[str, Any]) -> Any:
-    """The objective per trial (TG and PP for "both"), the best so far, failed and pruned trials at the bottom."""
-    names = ["TG (t/s)", "PP (t/s)"] if settings.get("objective") == "both" else [settings.get("objective", "value")]
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names)), squeeze=False)
-    for i, name in enumerate(names):
-        ax = axes[i][0]
-        col = f"value{i}"
-        if not df.empty and col in df:
-            done = df[df["state"] == "complete"].sort_values("trial")
-            ax.scatter(done["trial"], done[col], s=12, c="C0", label="complete")
-            ax.plot(done["trial"], done[col].cummax(), c="C3", lw=1.5, label="best so far")
-            fails = df[df["state"] == "fail"]
-            pruned = df[df["state"] == "pruned"]
-            lo = float(done[col].min()) if not done.empty else 0.0
-            ax.scatter(fails["trial"], [lo] * len(fails), marker="x", c="k", s=20, label="failed")
-            ax.scatter(pruned["trial"], [lo] * len(pruned), marker="|", c="0.6", s=20, label="pruned / screened")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend(fontsize=8, loc="lower right")
-    axes[-1][0].set_xlabel("trial")
-    fig.tight_layout()
-    return fig
-
-
-def _save(fig: Any, stem: Path) -> list[str]:
-    out = []
-    for ext in ("png", "svg"):
-        path = stem.with_suffix(f".{ext}")
-        fig.savefig(path, dpi=110 if ext == "png" else None)
-        out.append(path.name)
-    return out
-
-
 def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
     from ..hardware import fmt_bytes
     if not r:
@@ -475,13 +370,14 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
 # one piece: the report's sections top to bottom, in the order a reader meets them (the confirmed and served ones
 # are their own functions)
 def summary_markdown(s: StudySummary) -> str:
-    from ..hardware import fmt_bytes
+    from ..hardware import fmt_bytes, kept_free_text
     st = s.settings
     w = st.get("workload", {})
     L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
-         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", [])),
+         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))
+         + f"; {kept_free_text(s.keep_free_bytes)} per GPU",
          f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
          f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
@@ -494,7 +390,8 @@ def summary_markdown(s: StudySummary) -> str:
     if s.budget_bytes:
         ctx_note = (" VRAM is the peak the emitted command uses at its context: measured at the engine's own "
                     "context, plus the memory model's difference to the emitted one where it is larger.")
-        L.append(f"- budget: {fmt_bytes(s.budget_bytes)} of VRAM (all GPUs);" + ctx_note)
+        L.append(f"- budget: {fmt_bytes(s.budget_bytes)} of VRAM (all GPUs, less what is kept free and any margin "
+                 "asked for);" + ctx_note)
     fit = s.cost_fit or {}
     if fit.get("err_prior"):
         L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
@@ -698,7 +595,7 @@ def write_study_report(study: Any, out: Path) -> StudySummary:
     df = trials_frame(study)
     summary = study_summary(study, df)
     df.to_csv(out / "trials.csv", index=False)
-    files = ["trials.csv"] + _plots(df, summary, out)
+    files = ["trials.csv"] + write_plots(df, summary, out)
     md = summary_markdown(summary)
     (out / "summary.md").write_text(md)
     (out / "summary.html").write_text(summary_html(summary, md))

@@ -65,6 +65,12 @@ def gpu_memory(hw: HardwareProfile) -> dict[str, int]:
     return {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}
 
 
+def served_budget(hw: HardwareProfile) -> dict[str, int]:
+    """{"CUDA0": bytes, ...}: what the served plans may use on each GPU, its memory less what is kept free
+    (hw.keep_free_bytes); llama-server's own --fit is told to keep the rest free (-fitt)."""
+    return {d: b - hw.keep_free_bytes for d, b in gpu_memory(hw).items()}
+
+
 def served_of(key: str) -> Served:
     """The contender a stored key stands for: "fit:UB" a reference ("fit:UB:TYPE" at that KV type), "trial:N" a
     finalist, "fill:N" its twin."""
@@ -91,7 +97,7 @@ def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
     served = replace(plan, knobs=replace(plan.knobs, n_ctx=wl.ctx, n_seq=wl.slots))
     pred = tuner.estimate(tuner.inv, served, tuner.hw).devices
     room = {}
-    for d, budget in gpu_memory(tuner.hw).items():
+    for d, budget in served_budget(tuner.hw).items():
         if d in pred and d not in peaks:
             return None
         if d in pred:
@@ -147,7 +153,7 @@ def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | No
 def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str, Any]:
     """One replay of the workload by one contender, as a stored row."""
     from .interrupt import SIGINT
-    budgets = gpu_memory(tuner.hw)
+    budgets = served_budget(tuner.hw)
     try:
         with SIGINT.engine_run():
             if plan is not None:
@@ -202,7 +208,7 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
-    record = served_record(cs, rows, rounds, gpu_memory(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
+    record = served_record(cs, rows, rounds, served_budget(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
                            tuner.requests.ttft_limit_s)
     StudyRecord.save(tuner.study, served=record)
     return record

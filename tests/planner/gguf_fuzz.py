@@ -120,7 +120,7 @@ def commands(path: Path) -> list[list[str]]:
     """What every fuzzed file goes through: inspect, explain with a typical -ot, plan."""
     return [["inspect", str(path), "--json"],
             ["explain", str(path), "--json", "--", "-ngl", "99", "-ot", "exps=CPU"],
-            ["plan", str(path), "--gpu", "1GiB", "--json", "--top", "2"]]
+            ["plan", str(path), "--gpu", "1GiB", "--keep-free", "0", "--json", "--top", "2"]]
 
 
 SEED_ARCHS = ("qwen3moe", "gpt-oss", "deepseek2", "glm4moe", "qwen2moe", "llama")

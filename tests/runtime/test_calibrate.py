@@ -51,6 +51,19 @@ def test_busy_host_is_named() -> None:
     assert note.startswith("1-minute load 12.5 on 16 CPUs") and "idle" in note
 
 
+def test_calibrate_says_what_it_measures_and_minds_q(capsys, monkeypatch) -> None:
+    # minutes of measuring at the default 1 GiB: a line per sweep and stage on stderr, none with -q
+    argv = ["calibrate", "--size", "8MiB", "--threads", "1", "--sweeps", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "# calibrate: sweep 1 of 1 (8.00 MiB per bandwidth test" in err and "#   host: GEMV" in err
+    assert "#   host: copy, GEMM" in err
+    assert main(["-q", *argv]) == 0
+    assert capsys.readouterr().err == ""
+    main(["calibrate", "--sweeps", "0"])     # a later main in this process: logging at its default again
+    capsys.readouterr()
+
+
 def test_bad_sweeps_is_one_line(capsys) -> None:
     from planner.errors import InputError
     with pytest.raises(InputError, match="--sweeps 0"):

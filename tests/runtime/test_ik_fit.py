@@ -73,9 +73,10 @@ def test_the_chosen_placement_is_ik_pattern_and_our_parser_reads_it(model):
 @pytest.mark.slow
 def test_a_tune_study_on_ik_sweep_bench_stores_the_fit_baseline(ik_binaries, model, tmp_path, capsys):
     args = ["tune", str(model), "--engine", "llamacpp", "--llama-bench", str(ik_binaries["llama-sweep-bench"]),
-            "--dialect", "ik", "--cpu-stand-in", "--gpu", "1GiB", "--trials", "2", "--n-prompt", "16", "--n-gen", "4",
-            "--reps", "1", "--confirm", "2", "--objective", "both", "--study", "ik", "--storage",
-            f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "report"), "--pool", "20", "--quiet", "--json"]
+            "--dialect", "ik", "--cpu-stand-in", "--gpu", "1GiB", "--keep-free", "0", "--trials", "2",
+            "--n-prompt", "16", "--n-gen", "4", "--reps", "1", "--confirm", "2", "--objective", "both", "--study", "ik",
+            "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "report"), "--pool", "20",
+            "--quiet", "--json"]
     assert main(args) == 0
     s = json.loads(capsys.readouterr().out)
     fit = next(b for b in s["baselines"] if b["kind"] == "engine-fit")

@@ -15,10 +15,12 @@ pytestmark = pytest.mark.llamacpp
 
 
 def _tune(llama_bench, model, tmp_path, trials: int) -> list[str]:
+    # a 1 GiB stand-in GPU keeps nothing free (the default 1024 MiB would leave it none)
     return ["tune", str(model), "--engine", "llamacpp", "--llama-bench", str(llama_bench), "--cpu-stand-in",
-            "--gpu", "1GiB", "--trials", str(trials), "--n-prompt", "16", "--n-gen", "4", "--reps", "1",
-            "--confirm", "2", "--objective", "both", "--study", "cpu", "--storage", f"sqlite:///{tmp_path / 's.db'}",
-            "--out", str(tmp_path / "report"), "--pool", "20", "--quiet", "--json"]
+            "--gpu", "1GiB", "--keep-free", "0", "--trials", str(trials), "--n-prompt", "16", "--n-gen", "4",
+            "--reps", "1", "--confirm", "2", "--objective", "both", "--study", "cpu",
+            "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "report"), "--pool", "20",
+            "--quiet", "--json"]
 
 
 @pytest.mark.slow

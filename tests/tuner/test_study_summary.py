@@ -15,7 +15,7 @@ from runtime.sim import SimEngine
 # the report's JSON keys in their order (the service's page and benchmarks/tune_vs_fit.py read them)
 KEYS = ["study", "settings", "engine_runs", "budget_bytes", "reference", "confirmed", "front_share", "counts",
         "n_trials", "margin_bytes", "margin_events", "cost_fit", "best", "pareto", "per_budget", "baselines", "failed",
-        "margin_by_ubatch"]
+        "margin_by_ubatch", "keep_free_bytes"]
 
 
 @pytest.fixture(scope="module")

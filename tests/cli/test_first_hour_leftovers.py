@@ -1,0 +1,54 @@
+"""Issue 29, item 6, the leftovers: `--version` from the package metadata; `run`'s repetitions as its help says;
+`plan`'s output-layer message in the bytes `inspect` shows (calibrate's progress: tests/runtime/test_calibrate.py)."""
+from __future__ import annotations
+
+import json
+from importlib.metadata import version
+
+import pytest
+
+from planner import cli, defaults as D
+from planner.hardware import fmt_bytes
+from planner.loader import load_model
+
+MODEL = "preset:Qwen3-30B-A3B"
+
+
+def test_version_is_the_installed_packages(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"offload-tuner {version('offload-tuner')}\n"
+
+
+def test_run_repeats_as_its_help_says(capsys):
+    reps = D.RUN_WORKLOAD.repetitions
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert f"repetitions (default {reps}, or -r)" in " ".join(capsys.readouterr().out.split())
+    # a llama-bench command line without -r: run's default, not llama-bench's own 5
+    assert cli.main(["run", MODEL, "--engine", "sim", "--gpu", "24GiB", "--json", "--", "-ngl", "99"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["repetitions"] == reps
+    assert cli.main(["run", MODEL, "--engine", "sim", "--gpu", "24GiB", "--json", "--", "-ngl", "99", "-r", "5"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["repetitions"] == 5
+    assert cli.main(["run", MODEL, "--engine", "sim", "--gpu", "24GiB", "--reps", "2", "--json", "--", "-ngl", "99",
+                     "-r", "5"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["repetitions"] == 2      # the flag wins
+
+
+def test_plan_on_a_tiny_gpu_names_the_output_layers_own_bytes(capsys):
+    # the output layer is 243 MiB as inspect counts it; with the CUDA context and the compute buffers it needs
+    # 1.02 GiB, which 1.5 GiB less the 1 GiB kept free cannot hold
+    inv = load_model(MODEL)
+    out_bytes = sum(t.nbytes for t in inv.allocated() if t.name in ("output.weight", "output_norm.weight"))
+    assert cli.main(["plan", MODEL, "--gpu", "1.5GiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "after 1.00 GiB kept free" in err
+    assert f"its weights {fmt_bytes(out_bytes)} (output and its norm)" in err and "CUDA context" in err
+    assert cli.main(["inspect", MODEL]) == 0
+    assert fmt_bytes(out_bytes - 8 * 1024)[:5] in capsys.readouterr().out      # output.weight alone: 243.4x MiB
+
+
+def test_plan_warns_of_a_million_token_context_as_explain_does(capsys):
+    assert cli.main(["plan", MODEL, "--gpu", "24GiB", "--ctx", "1000000"]) == 0
+    assert "warning: W029 -c 1000000 is more than the model's training context (40960)" in capsys.readouterr().out
