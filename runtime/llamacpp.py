@@ -16,7 +16,7 @@ How a run goes (contract: planner/engine.py):
 2. planner.flags.render(plan, inv, "bench", workload=..., model_path=...) gives argv and environment
    (GGML_OP_OFFLOAD_MIN_BATCH); every flag must be one the binary's --help lists. `-o jsonl` (mainline) or
    `-o json` (ik) is added.
-3. The child runs in its own process group (and dies with us: PR_SET_PDEATHSIG), stdout and stderr to files;
+3. The child runs in its own process group and dies with us (planner/children.py), stdout and stderr to files;
    GPU memory is sampled meanwhile (runtime/gpumem.py; baseline subtracted); host peak RSS comes from wait4.
    Past `timeout_s` the whole group gets SIGTERM, then SIGKILL.
 4. Results: llama-bench makes one test per -p and per -n (separate contexts on one loaded model): pp_tps is
@@ -29,8 +29,6 @@ llama.cpp allocated on each GPU; else nothing (a CPU-only machine).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import os
 import re
@@ -38,7 +36,6 @@ import shutil
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -47,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 from collections.abc import Mapping, Sequence
 
+from planner import children
 from planner.builds import Build, from_version
 from planner.engine import EngineFit
 from planner.errors import FlagError, InputError
@@ -165,8 +163,8 @@ def find_binary(explicit: str | Path | None = None, env: Mapping[str, str] | Non
 
 def _capture(argv: Sequence[str]) -> tuple[int, str]:
     try:
-        r = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL)
+        r = children.run(argv, capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
+                         stdin=subprocess.DEVNULL)
     except OSError as e:
         raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
     except subprocess.TimeoutExpired as e:
@@ -290,32 +288,6 @@ class RunResult:
     seen: str = ""                     # the machine's state at the end (load, GPU clocks, other GPU processes)
 
 
-_PR_SET_PDEATHSIG = 1
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-    _PRCTL = _LIBC.prctl if _LIBC is not None else None
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def die_with_parent() -> None:
-    """In a child before exec (Linux): the kernel sends it SIGKILL when the thread that started it exits, so a
-    killed or crashed engine leaves no llama.cpp process behind. A no-op elsewhere."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-
-def _child_setup() -> None:
-    """In the child before exec: its own process group (we kill the group), and death with its parent."""
-    os.setpgid(0, 0)
-    die_with_parent()
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 def _reap(pid: int, deadline: float | None) -> tuple[int, int, Any] | None:
     """wait4 the child until it exits (None if `deadline` passes first); polls, backing off to 50 ms."""
     delay = 0.002
@@ -337,8 +309,7 @@ def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeo
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(list(argv), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=full_env,
-                                    preexec_fn=_child_setup)
+            proc = children.popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=full_env)
         except OSError as e:
             raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
         timed_out, reaped, sampling = False, None, False
@@ -349,16 +320,16 @@ def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeo
             reaped = _reap(proc.pid, None if timeout_s is None else t0 + timeout_s)
             if reaped is None:
                 timed_out = True
-                _killpg(proc.pid, signal.SIGTERM)
+                children.kill_group(proc.pid, signal.SIGTERM)
                 reaped = _reap(proc.pid, time.monotonic() + 3.0)
                 if reaped is None:
-                    _killpg(proc.pid, signal.SIGKILL)
+                    children.kill_group(proc.pid)
                     reaped = _reap(proc.pid, None)
         finally:
             if reaped is None:                    # interrupted (KeyboardInterrupt): never leave it running
-                _killpg(proc.pid, signal.SIGKILL)
+                children.kill_group(proc.pid)
                 reaped = _reap(proc.pid, None)
-            _killpg(proc.pid, signal.SIGKILL)     # whatever the child left behind in its group
+            children.kill_group(proc.pid)     # whatever the child left behind in its group
             peak, n_samples = sampler.stop() if sampling else ({}, 0)
         wall = time.monotonic() - t0
         _, status, ru = reaped

@@ -11,7 +11,7 @@ How a run goes (contract: planner/engine.py; the server facts it relies on: docs
    for llama-server by planner.flags for the binary's build, plus --host 127.0.0.1 --port P (a free loopback port)
    and no web UI. Nothing else is added: the server runs as the user would run it (prompt cache on by default).
 2. The server starts in its own session (so its process group can be killed whole, and a Ctrl-C at the terminal
-   reaches us, not it) and dies with us (PR_SET_PDEATHSIG); its output goes to a log file in a temporary folder,
+   reaches us, not it) and dies with us (planner/children.py); its output goes to a log file in a temporary folder,
    also its working folder (ik writes llama.log there). We poll GET /health until it answers 200 while watching
    that the process lives, then check (Linux) that the listening socket is the server's own.
 3. The replay: one untimed request first (`prime`: first-use costs out of the timings), then class by class:
@@ -51,6 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from planner import children
 from planner.builds import Build
 from planner.errors import FlagError, InputError, OffloadTunerError
 from planner.flags import render
@@ -61,7 +62,7 @@ from planner.workload import RequestClass, Workload
 
 from . import gpumem
 from .engine import BenchWorkload, Measurement
-from .llamacpp import build_of_binary, check_devices, device_args, die_with_parent, find_program, list_devices
+from .llamacpp import build_of_binary, check_devices, device_args, find_program, list_devices
 from .llamacpp_output import classify_failure, tail
 
 ENV_BINARY = "LLAMA_SERVER"
@@ -133,8 +134,8 @@ def server_info(path: str | Path) -> ServerInfo:
 @lru_cache(maxsize=16)
 def _server_info(path: str, mtime_ns: int, size: int) -> ServerInfo:
     try:
-        r = subprocess.run([path, "--help"], capture_output=True, text=True, errors="replace",
-                           timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        r = children.run([path, "--help"], capture_output=True, text=True, errors="replace",
+                         timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise InputError(f"cannot run {path} --help: {e}") from e
     flags = frozenset(_FLAG_TOKEN.findall(r.stdout + "\n" + r.stderr))
@@ -231,9 +232,8 @@ class ServerProcess:
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
             try:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
-                                             start_new_session=True, preexec_fn=die_with_parent)
+                self.proc = children.popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd)
             except OSError as e:
                 raise InputError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
         self._watcher = threading.Thread(target=self._watch, name="llama-server-rss", daemon=True)
@@ -302,11 +302,11 @@ class ServerProcess:
         try:
             self._read_rss()
             if proc.poll() is None:
-                _killpg(proc.pid, signal.SIGTERM)
+                children.kill_group(proc.pid, signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=grace_s)
         finally:                                   # a second Ctrl-C during the grace period still ends it
-            _killpg(proc.pid, signal.SIGKILL)      # the server, or whatever it left in its group
+            children.kill_group(proc.pid)         # the server, or whatever it left in its group
             proc.wait()
 
     def log_text(self) -> str:
@@ -320,11 +320,6 @@ def reason_lines(log: str, limit: int = 10) -> list[str]:
     """The log's lines that say what went wrong, first first: a refused flag is followed by pages of usage text
     (ik) that would push it out of the log's tail."""
     return [ln.strip()[:300] for ln in log.splitlines() if _REASON.search(ln)][:limit]
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _health(port: int) -> int | None:

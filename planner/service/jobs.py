@@ -1,7 +1,8 @@
 """Tune workers: each tune the server starts is `offload-tuner tune ... --json` in its own process (the command line
 TuneOptions.to_argv renders, run by the CLI; its own session), so a worker that is killed or crashes costs only that
 job: the server notes how it ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it
-left running)."""
+left running). A worker dies with the server, kill -9 included: the kernel sends it SIGINT, the stop that keeps its
+study resumable (planner/children.py; started on the event loop's thread, which lives as long as the server)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import children
 from ..app.requests import ServerConfig, TuneOptions
 from .security import Busy, Conflict, NotFound
 
@@ -127,8 +129,8 @@ class Jobs:
             pkg_root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = os.pathsep.join([pkg_root, *filter(None, [env.get("PYTHONPATH")])])
             with open(log_path, "wb") as err, open(out_path, "wb") as out:
-                proc = subprocess.Popen(cmd, cwd=self.config.workdir, stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                proc = children.popen(cmd, death_signal=signal.SIGINT, cwd=self.config.workdir, stdout=out,
+                                      stderr=err, stdin=subprocess.DEVNULL, env=env)
             job = Job(job_id, study, storage, argv, proc, log_path, out_path)
             self._jobs[job_id] = job
             return job
