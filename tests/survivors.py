@@ -2,6 +2,7 @@
 environment (every child inherits it), kills it, and looks for the mark in /proc/PID/environ (Linux)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -44,7 +45,5 @@ def survivors(mark: dict[str, str], wait_s: float = 10) -> dict[int, str]:
 def kill_all(pids) -> None:
     """End what a failing test left behind (by pid, never by name)."""
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, 9)
-        except OSError:
-            pass

@@ -7,18 +7,27 @@ and Optuna's RDB storage on it is not safe for two processes enqueueing and tell
 on one file lost trials and died in 2 of 4 rounds), so a second worker on the same file is refused at start.
 
 Opening one: make_storage (Optuna's RDBStorage with a heartbeat, SQLite in WAL mode), load_study (for `report`).
+
+Faults (docs/reliability.md): an SQLite file is read whole (PRAGMA quick_check) before Optuna opens it, so a
+truncated or garbage file is one line naming it; a database server's connections are checked before each use
+(pool_pre_ping), so a restarted server is reconnected to; what fails while a study runs (a full disk, a file at its
+size limit, a server that is down) becomes one StorageError naming the storage (`storage_errors`). Every trial
+finished before is committed; the one running is failed and retried by the next worker (the heartbeat).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import importlib.util
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import InputError
+from ..errors import InputError, StorageError
 
 STUDIES_DIR = Path("studies")
 HEARTBEAT_S = 10
@@ -138,9 +147,11 @@ def make_storage(url: str | None):
     kwargs: dict[str, Any] = {}
     if path is not None:
         check_sqlite_folder(path, create=path.parent == STUDIES_DIR)
+        check_sqlite_file(path)
         kwargs = {"connect_args": {"timeout": 60}}
     else:
         url = resolve_url(url)
+        kwargs = {"pool_pre_ping": True}      # a restarted server: a dead pooled connection is replaced on checkout
     for attempt in range(SCHEMA_RETRIES + 1):
         try:
             with warnings.catch_warnings():
@@ -157,7 +168,7 @@ def make_storage(url: str | None):
                                              or "unique constraint" in text):
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            raise InputError(f"cannot open storage {url}: {str(e).splitlines()[0]}") from e
+            raise StorageError(f"cannot open storage {_shown(url)}: {_reason(e)}") from e
     if path is not None:
         _sqlite_wal(storage.engine)
     return storage
@@ -177,6 +188,105 @@ def _sqlite_wal(engine) -> None:
     engine.dispose()          # connections opened while creating the tables predate the listener
 
 
+def check_sqlite_file(path: Path) -> None:
+    """An existing SQLite study file that SQLite reads whole (PRAGMA quick_check, read-only): a truncated or garbage
+    file is one StorageError naming it, before Optuna writes to it. An empty or missing file is a new study."""
+    import sqlite3
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=60)
+        try:
+            rows = con.execute("PRAGMA quick_check").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise StorageError(f"storage {path} is not a readable SQLite database ({_reason(e)}): restore it from a "
+                           "copy, or give another --storage") from e
+    if rows != [("ok",)]:
+        said = " ".join(str(rows[0][0]).replace("*** in database main ***", "").split())[:200]   # one line
+        raise StorageError(f"storage {path} is damaged (PRAGMA quick_check: {said}): restore it from a copy, or "
+                           "give another --storage")
+
+
+# ---- faults while a study runs --------------------------------------------------------------------------------
+
+_FULL = ("database or disk is full", "disk i/o error", "file too large", "no space left", "disk quota")
+_DAMAGED = ("malformed", "not a database", "file is encrypted")
+_GONE = ("server closed the connection", "connection refused", "terminating connection", "could not connect",
+         "connection failed", "no connection to the server", "connection is closed", "consuming input failed",
+         "the database system is", "connection to server", "ssl connection has been closed")
+
+
+def is_storage_failure(e: BaseException) -> bool:
+    """An exception of the database layer (SQLAlchemy, the DB driver, Optuna's storage) or of a full disk."""
+    import sqlite3
+
+    import optuna
+    import sqlalchemy.exc
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    return isinstance(e, (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, sqlite3.Error))
+
+
+def storage_failure(url: str, e: BaseException) -> StorageError:
+    """One line naming the storage, saying what failed and what to do next."""
+    name, why = _shown(url), _reason(e)
+    text = why.lower()
+    if any(w in text for w in _FULL) or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG)):
+        return StorageError(f"storage {name}: the disk is full or the file reached its size limit ({why}); the "
+                            "finished trials are saved: free some space, then run the same command to resume")
+    if any(w in text for w in _DAMAGED):
+        return StorageError(f"storage {name} is damaged ({why}): restore it from a copy, or give another --storage")
+    if any(w in text for w in _GONE):
+        return StorageError(f"storage {name}: the database server went away ({why}); the finished trials are "
+                            "saved: run the same command to resume once the server is back")
+    return StorageError(f"storage {name}: {why}; the finished trials are saved: run the same command to resume")
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Storage failures inside the block as one StorageError naming the storage (storage_failure)."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as e:
+        if not any(is_storage_failure(c) for c in _chain(e)):
+            raise
+        raise storage_failure(url, e) from e
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while e is not None and e not in out and len(out) < 10:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of the innermost error's text (Optuna's StorageInternalError says only 'during the commit')."""
+    for c in reversed(_chain(e)):
+        if is_storage_failure(c) or isinstance(c, OSError):
+            text = str(getattr(c, "orig", None) or c).strip()
+            if text:
+                return text.splitlines()[0][:300]
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def _shown(url: str) -> str:
+    """The storage as the user named it: the SQLite file, or the URL without its password."""
+    path = sqlite_path(url)
+    if path is not None:
+        return str(path)
+    try:
+        import sqlalchemy
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:        # not a URL SQLAlchemy parses: shown as given, cut short
+        return url[:120]
+
+
 def study_exists(storage, name: str) -> bool:
     return any(s.study_name == name for s in storage.get_all_studies())
 
@@ -188,7 +298,8 @@ def load_study(name: str, url: str | None):
     if path is not None and not path.exists():
         raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
     storage = make_storage(url)
-    names = [s.study_name for s in storage.get_all_studies()]
+    with storage_errors(url):
+        names = [s.study_name for s in storage.get_all_studies()]
     if name not in names:
         raise InputError(f"no study {name!r} in {url}; studies there: {', '.join(names) or 'none'}")
     return optuna.load_study(study_name=name, storage=storage)

@@ -3,7 +3,6 @@ kernel sends the worker SIGINT, the stop that keeps a study resumable): nothing 
 RUNNING, and the study resumes."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 
