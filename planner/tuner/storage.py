@@ -20,7 +20,10 @@ import contextlib
 import errno
 import fcntl
 import importlib.util
+import logging
 import os
+import re
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -43,6 +46,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "mysql": ("MySQLdb", "mysqlclient"),
     "mysql+pymysql": ("pymysql", "PyMySQL"),
 }
+log = logging.getLogger(__name__)
 _LOCKS: dict[Path, IO[bytes]] = {}      # SQLite files this process holds the worker lock of (released at exit)
 
 
@@ -246,7 +250,18 @@ def storage_failure(url: str, e: BaseException) -> StorageError:
 
 @contextlib.contextmanager
 def storage_errors(url: str) -> Iterator[None]:
-    """Storage failures inside the block as one StorageError naming the storage (storage_failure)."""
+    """Storage failures inside the block as one StorageError naming the storage (storage_failure). Meanwhile a
+    storage failure in another thread (Optuna's heartbeat thread) prints no traceback: the study's own next write
+    meets the same failure and says it once."""
+    old_hook = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and any(is_storage_failure(c) for c in _chain(args.exc_value)):
+            log.debug("storage %s failed in thread %s: %s", _shown(url), getattr(args.thread, "name", "?"),
+                      _reason(args.exc_value))
+            return
+        old_hook(args)
+    threading.excepthook = hook
     try:
         yield
     except InputError:
@@ -255,6 +270,8 @@ def storage_errors(url: str) -> Iterator[None]:
         if not any(is_storage_failure(c) for c in _chain(e)):
             raise
         raise storage_failure(url, e) from e
+    finally:
+        threading.excepthook = old_hook
 
 
 def _chain(e: BaseException) -> list[BaseException]:
@@ -280,11 +297,7 @@ def _shown(url: str) -> str:
     path = sqlite_path(url)
     if path is not None:
         return str(path)
-    try:
-        import sqlalchemy
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:        # not a URL SQLAlchemy parses: shown as given, cut short
-        return url[:120]
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)[:200]
 
 
 def study_exists(storage, name: str) -> bool:
