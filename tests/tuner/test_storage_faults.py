@@ -171,8 +171,9 @@ def _damage(good: Path, out: Path, how: str) -> Path:
         out.write_bytes(bytes((i * 131 + 7) % 256 for i in range(len(data))))
     elif how == "truncated":
         out.write_bytes(data[:len(data) // 3])
-    elif how == "pages overwritten":          # the header intact: SQLite opens it, its tables are garbage
-        out.write_bytes(data[:8192] + b"\xab" * 8192 + data[16384:])
+    elif how == "a page overwritten":         # the header and schema intact: SQLite opens it, a table is garbage
+        mid = len(data) // 2 // 4096 * 4096
+        out.write_bytes(data[:mid] + b"\xab" * 4096 + data[mid + 4096:])
     return out
 
 
@@ -184,7 +185,7 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("how", ["garbage", "truncated", "pages overwritten"])
+@pytest.mark.parametrize("how", ["garbage", "truncated", "a page overwritten"])
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_a_damaged_sqlite_file_is_one_line_naming_it(good_study, tmp_path, monkeypatch, command, how):
     monkeypatch.chdir(tmp_path)
@@ -192,4 +193,4 @@ def test_a_damaged_sqlite_file_is_one_line_naming_it(good_study, tmp_path, monke
     argv = [a.format(tmp=tmp_path) for a in COMMANDS[command]] + [f"sqlite:///{db}"]
     o = run_cli(argv, time_limit_s=120)
     assert o.kind == "error" and o.rc == 2, (o.kind, o.rc, o.stderr[-3000:])
-    assert str(db) in o.stderr and ("damaged" in o.stderr or "not a readable SQLite" in o.stderr), o.stderr
+    assert f"storage {db} is damaged" in o.stderr or f"storage {db} is not a readable SQLite" in o.stderr, o.stderr
