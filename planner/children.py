@@ -1,12 +1,12 @@
 """Child processes that die with us: every process offload-tuner starts (llama-bench, llama-server, nvidia-smi, a
 compiler, a build, the service's tune workers) goes through `popen` or `run` here.
 
-Each child runs in its own session and process group (we end the whole group: whatever it started goes too;
-a Ctrl-C at the terminal reaches us, not it) and, on Linux,
-asks the kernel for a signal when its parent dies (prctl PR_SET_PDEATHSIG), so a kill -9 of the tuner or the
-server leaves nothing running. Facts (prctl(2)): the signal comes when the *thread* that started the child exits,
-not the process; start children from a thread that lives as long as they should (the main thread, the service's
-event loop). A parent that died between fork and prctl is caught by comparing getppid() with the pid we had.
+Each child runs in its own session and process group (we end the whole group: whatever it started goes too; a Ctrl-C
+at the terminal reaches us, not it) and, on Linux, asks the kernel for a signal when its parent dies (prctl
+PR_SET_PDEATHSIG), so a kill -9 of the tuner or the server leaves nothing running. Facts (prctl(2)): the signal
+comes when the *thread* that started the child exits, not the process; start children from a thread that lives as
+long as they should (the main thread, the service's event loop). A parent that died between fork and prctl is caught
+by comparing getppid() with the pid we had.
 Elsewhere (macOS) only the process group is set.
 """
 from __future__ import annotations

@@ -242,7 +242,7 @@ def storage_failure(url: str, e: BaseException) -> StorageError:
                             "finished trials are saved: free some space, then run the same command to resume")
     if any(w in text for w in _DAMAGED):
         return StorageError(f"storage {name} is damaged ({why}): restore it from a copy, or give another --storage")
-    if any(w in text for w in _GONE):
+    if _server_gone(url, e):
         return StorageError(f"storage {name}: the database server went away ({why}); the finished trials are "
                             "saved: run the same command to resume once the server is back")
     return StorageError(f"storage {name}: {why}; the finished trials are saved: run the same command to resume")
@@ -283,13 +283,28 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 
 def _reason(e: BaseException) -> str:
-    """The first line of the innermost error's text (Optuna's StorageInternalError says only 'during the commit')."""
-    for c in reversed(_chain(e)):
-        if is_storage_failure(c) or isinstance(c, OSError):
-            text = str(getattr(c, "orig", None) or c).strip()
-            if text:
-                return text.splitlines()[0][:300]
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    """The first line of the innermost error's text (Optuna's StorageInternalError says only 'during the commit'),
+    else the innermost error's type (a driver's error without text, such as psycopg's on a dropped connection)."""
+    import optuna
+    chain = [c for c in reversed(_chain(e)) if (is_storage_failure(c) or isinstance(c, OSError))
+             and not isinstance(c, optuna.exceptions.StorageInternalError)] or [e]
+    for c in chain:
+        text = str(getattr(c, "orig", None) or c).strip()
+        if any(ch.isalnum() for ch in text):
+            return text.splitlines()[0][:300]
+    return type(getattr(chain[0], "orig", None) or chain[0]).__name__
+
+
+def _server_gone(url: str, e: BaseException) -> bool:
+    """A database server's connection failed: its words, or (without any) an operational or interface error."""
+    import sqlalchemy.exc
+    chain = _chain(e)
+    text = " ".join(str(getattr(c, "orig", None) or c) for c in chain).lower()
+    if any(w in text for w in _GONE):
+        return True
+    return sqlite_path(url) is None and any(
+        isinstance(c, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                       sqlalchemy.exc.DisconnectionError, sqlalchemy.exc.PendingRollbackError)) for c in chain)
 
 
 def _shown(url: str) -> str:
