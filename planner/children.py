@@ -28,28 +28,29 @@ except (OSError, AttributeError):
     _PRCTL = None
 
 
-def child_setup(death_signal: int = signal.SIGKILL) -> Callable[[], None]:
-    """A preexec_fn: the child's own session and process group, and `death_signal` when its parent (thread)
-    dies."""
+def die_with_parent(death_signal: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A preexec_fn asking for `death_signal` when the parent (thread) dies; None where there is no prctl. It does
+    as little as it can: Python code between fork and exec is unsafe in a process with threads (subprocess's
+    docs), so the session is made by Popen's own start_new_session, in C."""
+    if _PRCTL is None:
+        return None
     parent = os.getpid()
 
     def setup() -> None:
-        os.setsid()
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, int(death_signal))
-            if os.getppid() != parent:       # the parent died before prctl: nobody will send the signal
-                os.kill(os.getpid(), death_signal)
+        _PRCTL(PR_SET_PDEATHSIG, int(death_signal))
+        if os.getppid() != parent:       # the parent died before prctl: nobody will send the signal
+            os.kill(os.getpid(), death_signal)
     return setup
 
 
 def popen(argv: Sequence[str], death_signal: int = signal.SIGKILL, **kwargs: Any) -> subprocess.Popen:
-    """subprocess.Popen in its own process group, dying with us (`death_signal`)."""
-    return subprocess.Popen(list(argv), preexec_fn=child_setup(death_signal), **kwargs)
+    """subprocess.Popen in its own session and process group, dying with us (`death_signal`)."""
+    return subprocess.Popen(list(argv), start_new_session=True, preexec_fn=die_with_parent(death_signal), **kwargs)
 
 
 def run(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """subprocess.run in its own process group, killed when we die."""
-    return subprocess.run(list(argv), preexec_fn=child_setup(), **kwargs)
+    """subprocess.run in its own session and process group, killed when we die."""
+    return subprocess.run(list(argv), start_new_session=True, preexec_fn=die_with_parent(), **kwargs)
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
