@@ -42,5 +42,5 @@ def report_study(req: ReportRequest) -> ReportOutcome:
     out = Path(req.out) if req.out else Path("reports") / req.study
     check_output_folder(out, "--out")
     study = load_study(req.study, storage)
-    with storage_errors(storage):           # a file damaged past what quick_check reads, a server gone
+    with storage_errors(storage, then="run the same command again"):   # damage quick_check missed, a server gone
         return ReportOutcome(req.study, write_report(study, out), storage, out)

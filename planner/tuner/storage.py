@@ -233,23 +233,26 @@ def is_storage_failure(e: BaseException) -> bool:
     return isinstance(e, (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, sqlite3.Error))
 
 
-def storage_failure(url: str, e: BaseException) -> StorageError:
-    """One line naming the storage, saying what failed and what to do next."""
+RESUME = "the finished trials are saved: run the same command to resume"
+
+
+def storage_failure(url: str, e: BaseException, then: str = RESUME) -> StorageError:
+    """One line naming the storage, saying what failed and what to do next (`then`: a study resumes, a report is
+    asked for again)."""
     name, why = _shown(url), _reason(e)
     text = why.lower()
     if any(w in text for w in _FULL) or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG)):
-        return StorageError(f"storage {name}: the disk is full or the file reached its size limit ({why}); the "
-                            "finished trials are saved: free some space, then run the same command to resume")
+        return StorageError(f"storage {name}: the disk is full or the file reached its size limit ({why}); {then} "
+                            "once there is free space")
     if any(w in text for w in _DAMAGED):
         return StorageError(f"storage {name} is damaged ({why}): restore it from a copy, or give another --storage")
     if _server_gone(url, e):
-        return StorageError(f"storage {name}: the database server went away ({why}); the finished trials are "
-                            "saved: run the same command to resume once the server is back")
-    return StorageError(f"storage {name}: {why}; the finished trials are saved: run the same command to resume")
+        return StorageError(f"storage {name}: the database server went away ({why}); {then} once it is back")
+    return StorageError(f"storage {name}: {why}; {then}")
 
 
 @contextlib.contextmanager
-def storage_errors(url: str) -> Iterator[None]:
+def storage_errors(url: str, then: str = RESUME) -> Iterator[None]:
     """Storage failures inside the block as one StorageError naming the storage (storage_failure). Meanwhile a
     storage failure in another thread (Optuna's heartbeat thread) prints no traceback: the study's own next write
     meets the same failure and says it once."""
@@ -269,7 +272,7 @@ def storage_errors(url: str) -> Iterator[None]:
     except Exception as e:
         if not any(is_storage_failure(c) for c in _chain(e)):
             raise
-        raise storage_failure(url, e) from e
+        raise storage_failure(url, e, then) from e
     finally:
         threading.excepthook = old_hook
 
@@ -326,7 +329,7 @@ def load_study(name: str, url: str | None):
     if path is not None and not path.exists():
         raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
     storage = make_storage(url)
-    with storage_errors(url):
+    with storage_errors(url, then="run the same command again"):
         names = [s.study_name for s in storage.get_all_studies()]
     if name not in names:
         raise InputError(f"no study {name!r} in {url}; studies there: {', '.join(names) or 'none'}")
