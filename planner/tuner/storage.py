@@ -12,13 +12,16 @@ Faults (docs/reliability.md): an SQLite file is read whole (PRAGMA quick_check) 
 truncated or garbage file is one line naming it; a database server's connections are checked before each use
 (pool_pre_ping), so a restarted server is reconnected to; what fails while a study runs (a full disk, a file at its
 size limit, a server that is down) becomes one StorageError naming the storage (`storage_errors`). Every trial
-finished before is committed; the one running is failed and retried by the next worker (the heartbeat).
+finished before is committed; the one running is failed and retried by the next worker (the heartbeat; also when
+its worker died before its first heartbeat: _storage_class).
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
+import functools
 import importlib.util
 import logging
 import os
@@ -160,7 +163,7 @@ def make_storage(url: str | None):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                storage = optuna.storages.RDBStorage(
+                storage = _storage_class()(
                     url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
             break
@@ -176,6 +179,34 @@ def make_storage(url: str | None):
     if path is not None:
         _sqlite_wal(storage.engine)
     return storage
+
+
+@functools.cache
+def _storage_class() -> type:
+    """Optuna's RDBStorage with one more kind of stale trial: RUNNING without any heartbeat (its worker died between
+    creating it and its first heartbeat, as when the database server goes away) and started more than the grace
+    period ago. Optuna passes those over (optuna/storages/_rdb/storage.py, _get_stale_trial_ids), which would
+    leave them RUNNING for ever; now they are failed and retried like any stale trial."""
+    import sqlalchemy.orm
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import TrialState
+
+    class Storage(RDBStorage):
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            stale = super()._get_stale_trial_ids(study_id)
+            grace = self.grace_period if self.grace_period is not None else 2 * (self.heartbeat_interval or 0)
+            started_before = datetime.datetime.now() - datetime.timedelta(seconds=grace)   # as Optuna writes it
+            with _create_scoped_session(self.scoped_session, True) as session:
+                running = (session.query(models.TrialModel)
+                           .options(sqlalchemy.orm.selectinload(models.TrialModel.heartbeats))
+                           .filter(models.TrialModel.state == TrialState.RUNNING)
+                           .filter(models.TrialModel.study_id == study_id).all())
+                orphans = [t.trial_id for t in running if not t.heartbeats and t.datetime_start is not None
+                           and t.datetime_start < started_before]
+            return stale + [i for i in orphans if i not in stale]
+    return Storage
 
 
 def _sqlite_wal(engine) -> None:
