@@ -28,3 +28,8 @@ class BudgetError(InputError):
 
 class RecordError(InputError):
     """A study's stored trial record this offload-tuner cannot read: written by a newer version, or damaged."""
+
+
+class StorageError(InputError):
+    """The study's storage failed: a truncated or garbage SQLite file, a full disk, a database server that went
+    away. The message names the storage and what to do next; every trial finished before it is kept."""

@@ -18,6 +18,8 @@ import threading
 from typing import Protocol
 from collections.abc import Mapping
 
+from planner import children
+
 MiB = 1 << 20
 
 
@@ -137,7 +139,7 @@ class NvidiaSmiSampler:
 
     def _query(self, field: str) -> dict[int, int]:
         try:
-            r = subprocess.run([self.exe, f"--query-gpu=index,{field}", "--format=csv,noheader,nounits"],
+            r = children.run([self.exe, f"--query-gpu=index,{field}", "--format=csv,noheader,nounits"],
                                capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired):
             return {}
@@ -162,8 +164,8 @@ class NvidiaSmiSampler:
     def start(self) -> None:
         self._peak, self._samples = dict(self.used()), 1
         ms = max(int(self.interval_s * 1000), 10)
-        self._proc = subprocess.Popen([self.exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
-                                       f"--loop-ms={ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._proc = children.popen([self.exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                     f"--loop-ms={ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._thread = threading.Thread(target=self._reader, args=(self._proc,), name="smi-sampler", daemon=True)
         self._thread.start()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 from collections.abc import Mapping, Sequence
 
+from planner import children
 from planner.builds import Build, from_version
 from planner.errors import InputError
 from planner.flags.common import SLOT_RULES, SlotRule
@@ -106,8 +107,8 @@ def find_binary(explicit: str | Path | None = None, env: Mapping[str, str] | Non
 
 def _capture(argv: Sequence[str]) -> tuple[int, str]:
     try:
-        r = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL)
+        r = children.run(argv, capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
+                         stdin=subprocess.DEVNULL)
     except OSError as e:
         raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
     except subprocess.TimeoutExpired as e:

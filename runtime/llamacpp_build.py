@@ -13,11 +13,12 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 from collections.abc import Callable, Sequence
+
+from planner import children
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def _fetch_sdist(dest: Path) -> Path:
         dest.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                f"llama-cpp-python=={SDIST_VERSION}", "-d", str(dest)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = children.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not tarball.exists():
             raise BuildError(f"could not download llama-cpp-python {SDIST_VERSION}: {r.stderr.strip()[-400:]}")
     digest = sha256_of(tarball)
@@ -112,7 +113,7 @@ def build_locked(root: Path, targets: Sequence[str], source: Callable[[Path], No
             for cmd in (["cmake", "-S", str(src), "-B", str(bld), *options],
                         ["cmake", "--build", str(bld), "--config", "Release", "-j", str(os.cpu_count() or 2),
                          "--target", *missing]):
-                r = subprocess.run(cmd, capture_output=True, text=True)
+                r = children.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0:
                     raise error(f"{' '.join(cmd[:3])} failed: {(r.stdout + r.stderr).strip()[-800:]}")
     return binaries

@@ -1,21 +1,19 @@
 """Running a llama.cpp program to completion: in its own process group (ended whole past the time limit, and dying
-with us: PR_SET_PDEATHSIG), stdout and stderr to files, GPU memory sampled meanwhile (runtime/gpumem.py), the host
+with us: planner/children.py), stdout and stderr to files, GPU memory sampled meanwhile (runtime/gpumem.py), the host
 peak RSS from wait4.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping, Sequence
 
+from planner import children
 from planner.errors import InputError
 
 from . import gpumem
@@ -34,33 +32,6 @@ class RunResult:
     gpu_samples: int
     vram_source: str                   # "nvml", "nvidia-smi" or "none"
     seen: str = ""                     # the machine's state at the end (load, GPU clocks, other GPU processes)
-
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-    _PRCTL = _LIBC.prctl if _LIBC is not None else None
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def die_with_parent() -> None:
-    """In a child before exec (Linux): the kernel sends it SIGKILL when the thread that started it exits, so a
-    killed or crashed engine leaves no llama.cpp process behind. A no-op elsewhere."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-
-def _child_setup() -> None:
-    """In the child before exec: its own process group (we kill the group), and death with its parent."""
-    os.setpgid(0, 0)
-    die_with_parent()
-
-
-def killpg(pgid: int, sig: int) -> None:
-    """Signal a process group that may be gone already (or no longer ours to signal)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _reap(pid: int, deadline: float | None) -> tuple[int, int, Any] | None:
@@ -84,8 +55,7 @@ def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeo
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(list(argv), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=full_env,
-                                    preexec_fn=_child_setup)
+            proc = children.popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=full_env)
         except OSError as e:
             raise InputError(f"cannot run {argv[0]}: {e.strerror or e}") from e
         timed_out, reaped, sampling = False, None, False
@@ -96,16 +66,16 @@ def run_process(argv: Sequence[str], env: Mapping[str, str] | None = None, timeo
             reaped = _reap(proc.pid, None if timeout_s is None else t0 + timeout_s)
             if reaped is None:
                 timed_out = True
-                killpg(proc.pid, signal.SIGTERM)
+                children.kill_group(proc.pid, signal.SIGTERM)
                 reaped = _reap(proc.pid, time.monotonic() + 3.0)
                 if reaped is None:
-                    killpg(proc.pid, signal.SIGKILL)
+                    children.kill_group(proc.pid)
                     reaped = _reap(proc.pid, None)
         finally:
             if reaped is None:                    # interrupted (KeyboardInterrupt): never leave it running
-                killpg(proc.pid, signal.SIGKILL)
+                children.kill_group(proc.pid)
                 reaped = _reap(proc.pid, None)
-            killpg(proc.pid, signal.SIGKILL)     # whatever the child left behind in its group
+            children.kill_group(proc.pid)        # whatever the child left behind in its group
             peak, n_samples = sampler.stop() if sampling else ({}, 0)
         wall = time.monotonic() - t0
         _, status, ru = reaped

@@ -21,12 +21,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from planner import children
 from planner.builds import Build
 from planner.errors import InputError, OffloadTunerError
 
 from .llamacpp_binary import FLAG_TOKEN, build_of_binary, find_program, list_devices
 from .llamacpp_output import classify_failure
-from .process import die_with_parent, killpg
 
 ENV_BINARY = "LLAMA_SERVER"
 HOST = "127.0.0.1"
@@ -89,7 +89,7 @@ def server_info(path: str | Path) -> ServerInfo:
 @lru_cache(maxsize=16)
 def _server_info(path: str, mtime_ns: int, size: int) -> ServerInfo:
     try:
-        r = subprocess.run([path, "--help"], capture_output=True, text=True, errors="replace",
+        r = children.run([path, "--help"], capture_output=True, text=True, errors="replace",
                            timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise InputError(f"cannot run {path} --help: {e}") from e
@@ -185,9 +185,8 @@ class ServerProcess:
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
             try:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
-                                             start_new_session=True, preexec_fn=die_with_parent)
+                self.proc = children.popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd)
             except OSError as e:
                 raise InputError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
         self._watcher = threading.Thread(target=self._watch, name="llama-server-rss", daemon=True)
@@ -256,11 +255,11 @@ class ServerProcess:
         try:
             self._read_rss()
             if proc.poll() is None:
-                killpg(proc.pid, signal.SIGTERM)
+                children.kill_group(proc.pid, signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=grace_s)
         finally:                                   # a second Ctrl-C during the grace period still ends it
-            killpg(proc.pid, signal.SIGKILL)      # the server, or whatever it left in its group
+            children.kill_group(proc.pid)         # the server, or whatever it left in its group
             proc.wait()
 
     def log_text(self) -> str:

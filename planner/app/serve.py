@@ -49,8 +49,10 @@ def check_server(config: ServerConfig) -> ServerConfig:
     if missing:
         raise InputError(f"--models {missing[0]}: not a folder")
     if config.storage:
-        from ..tuner.storage import resolve_url
+        from ..tuner.storage import check_sqlite_file, resolve_url, sqlite_path
         resolve_url(config.storage)
+        if sqlite_path(config.storage) is not None:      # a truncated or garbage file: said now, not per request
+            check_sqlite_file(sqlite_path(config.storage))
     positive(config.max_tunes, "--max-tunes")
     positive(config.max_trials, "--max-trials")
     return config

@@ -148,25 +148,34 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
     and the report. `note` gets a line as the study starts and as the confirmation starts (the CLI writes them to
     stderr); `progress(tuner, trial)` is called after each trial (the CLI's progress bar). InputError for bad
     options (before any storage or engine is touched where it can be told then), BudgetError when no config
-    fitted, TuneInterrupted on SIGINT (every finished trial saved)."""
-    from ..tuner.search import Tuner, TunerOptions
+    fitted, TuneInterrupted on SIGINT (every finished trial saved), StorageError when the storage fails (a damaged
+    file, a full disk, a server gone: every finished trial saved)."""
     from ..tuner.storage import default_storage
-    from ..tuner.space import SpaceConfig
     from ..studyspec import storage_beside
     t = tune_inputs(args)
-    inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
+    hw, name = t.hw, t.study
     storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
     out = Path(args.out) if args.out else Path("reports") / name
     if not args.no_report:                        # checked now, not after a study of minutes
         from ..tuner.storage import check_output_folder
         check_output_folder(out, "--out")
     engine = load_engine(args.engine_options(), hw)
-    from ..tuner.storage import STUDIES_DIR, make_storage, sqlite_path
+    from ..tuner.storage import STUDIES_DIR, make_storage, sqlite_path, storage_errors
     if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
         from ..tuner.storage import check_sqlite_folder, lock_sqlite
         check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
         lock_sqlite(sqlite_path(storage))
     make_storage(storage)                         # the driver, the folder, the database answer
+    with storage_errors(storage):                 # a full disk, a server gone: one line naming the storage
+        return _run_study(args, t, engine, storage, out, note, progress)
+
+
+def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out: Path,
+               note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> TuneOutcome:
+    """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
+    from ..tuner.search import Tuner, TunerOptions
+    from ..tuner.space import SpaceConfig
+    inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
     dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
     check_dialect(inv, dialect)

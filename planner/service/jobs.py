@@ -1,7 +1,8 @@
 """Tune workers: each tune the server starts is `offload-tuner tune ... --json` in its own process (the command line
 TuneOptions.to_argv renders, run by the CLI; its own session), so a worker that is killed or crashes costs only that
 job: the server notes how it ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it
-left running)."""
+left running). A worker dies with the server, kill -9 included: the kernel sends it SIGINT, the stop that keeps its
+study resumable (planner/children.py; started on the event loop's thread, which lives as long as the server)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import children
 from ..app.requests import ServerConfig, TuneOptions
 from .security import Busy, Conflict, NotFound
 
@@ -132,8 +134,8 @@ class Jobs:
             pkg_root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = os.pathsep.join([pkg_root, *filter(None, [env.get("PYTHONPATH")])])
             with open(log_path, "wb") as err, open(out_path, "wb") as out:
-                proc = subprocess.Popen(cmd, cwd=self.config.workdir, stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                proc = children.popen(cmd, death_signal=signal.SIGINT, cwd=self.config.workdir, stdout=out,
+                                      stderr=err, stdin=subprocess.DEVNULL, env=env)
             job = Job(job_id, study, storage, argv, proc, log_path, out_path)
             self._jobs[job_id] = job
             return job
@@ -142,7 +144,7 @@ class Jobs:
         """Stop a tune within a second, whatever it is doing: SIGINT (tune's KeyboardInterrupt path: it stops at
         the next safe point, an engine run at once); a worker still there after STOP_GRACE_S (importing, building
         its pool, in Optuna's bookkeeping) is killed with its process group (an engine's llama.cpp child has its own
-        group and dies with the worker: runtime/llamacpp.py die_with_parent). Either way
+        group and dies with the worker: planner/children.py). Either way
         every finished trial is in the storage (each is committed as it ends) and the study resumes; a trial
         the kill cut short is failed by Optuna's heartbeat and run again on resume. Blocks up to about a second
         (the service calls it from a worker thread)."""
@@ -162,7 +164,7 @@ class Jobs:
     @staticmethod
     def _kill(job: Job) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.proc.pid, signal.SIGKILL)      # its own session (start_new_session)
+            os.killpg(job.proc.pid, signal.SIGKILL)      # its own session (planner/children.py)
         with contextlib.suppress(ProcessLookupError):
             job.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):

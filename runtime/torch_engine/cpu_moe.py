@@ -33,6 +33,8 @@ from typing import Literal
 
 import torch
 
+from planner import children
+
 SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
@@ -211,7 +213,7 @@ def _build(cc: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
                 src = Path(tmp) / "cpu_moe.c"
                 src.write_text(SOURCE)
                 out = Path(tmp) / lib.name
-                subprocess.run([cc, *flags, str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
+                children.run([cc, *flags, str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
                 os.replace(out, lib)
         dll = ctypes.CDLL(str(lib))
     except (OSError, subprocess.SubprocessError):

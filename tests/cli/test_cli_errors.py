@@ -120,3 +120,31 @@ def test_serve_on_a_taken_port_is_one_line(capsys, tmp_path):
         code, out, err = run_cli(capsys, "serve", "--port", str(port), "--storage", f"sqlite:///{tmp_path / 's.db'}")
     assert_one_line_error(code, err, f"--port {port}: 127.0.0.1:{port} cannot be bound", "give another --port")
     assert out == ""
+
+
+@pytest.fixture(scope="module")
+def sim_study(tmp_path_factory) -> str:
+    """The storage URL of a real 3-run sim study."""
+    d = tmp_path_factory.mktemp("study")
+    url = f"sqlite:///{d / 's.db'}"
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim",
+                        "--gpu", "16GiB", "--trials", "3", "--study", "s", "--storage", url, "--pool", "0", "--quiet",
+                        "--no-report"], cwd=d, capture_output=True, text=True, timeout=400,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return url
+
+
+@pytest.mark.parametrize("out", ["{tmp}/readonly/rep", "{tmp}/readonly", "/proc/offload-tuner-report",
+                                 "/sys/offload-tuner-report"])
+def test_report_into_a_folder_that_cannot_be_written_is_one_line(sim_study, out, tmp_path, capsys):
+    """Issue 31: report --out into a folder the user cannot write ended in 18 lines of traceback. /proc and /sys
+    refuse even root (who writes into a read-only folder: those two cases are skipped as root)."""
+    import os
+    if "readonly" in out and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    (tmp_path / "readonly").mkdir()
+    (tmp_path / "readonly").chmod(0o555)
+    folder = out.format(tmp=tmp_path)
+    code, _, err = run_cli(capsys, "report", "s", "--storage", sim_study, "--out", folder)
+    assert_one_line_error(code, err, folder)

@@ -1,18 +1,14 @@
 """Studies shared and resumed through a real database: two `tune` workers on one PostgreSQL study (a throwaway
-server started for the test), and a worker killed mid-trial whose RUNNING trial a later worker fails and retries
-(the storage's heartbeat)."""
+server started for the test: the postgres_url fixture in conftest.py), and a worker killed mid-trial whose RUNNING
+trial a later worker fails and retries (the storage's heartbeat)."""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,45 +25,6 @@ from runtime.sim import SimEngine
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def postgres_url():
-    """A PostgreSQL server of its own (initdb in a temporary folder, Unix socket only, trust auth), stopped after."""
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if not (initdb and pg_ctl):
-        pytest.skip("no PostgreSQL server here (initdb and pg_ctl not on PATH)")
-    pytest.importorskip("psycopg",
-                        reason="the PostgreSQL driver (pip install 'offload-tuner[postgres]') is not installed")
-    run_as: list[str] = []
-    folder = Path(tempfile.mkdtemp(prefix="pg"))        # short: a Unix socket path is at most 107 bytes
-    if os.geteuid() == 0:                               # the server refuses to run as root
-        runuser = shutil.which("runuser")
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            user = None
-        if not (runuser and user):
-            shutil.rmtree(folder, ignore_errors=True)
-            pytest.skip("running as root, and no 'postgres' user and runuser to start the server with")
-        os.chown(folder, user.pw_uid, user.pw_gid)
-        run_as = [runuser, "-u", "postgres", "--"]
-    data, port = folder / "data", _free_port()
-    try:
-        subprocess.run(run_as + [initdb, "-D", str(data), "-U", "tuner", "--auth=trust"], check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run(run_as + [pg_ctl, "-D", str(data), "-o", f"-k {folder} -p {port} -c listen_addresses=''",
-                                 "-w", "-l", str(folder / "log"), "start"], check=True, capture_output=True, timeout=60)
-        yield f"postgresql://tuner@/postgres?host={folder}&port={port}"     # the form the README shows
-    finally:
-        subprocess.run(run_as + [pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _tune_cmd(url: str, trials: int, seed: int) -> list[str]:
