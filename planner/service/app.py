@@ -26,13 +26,15 @@ from ..app.serve import check_bind, is_loopback
 from ..engines import spec
 from ..errors import InputError
 from . import bodies
+from .answers import BODY, answers, without_422
 from .jobs import Jobs
+from .memo import Memo
 from .security import TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok, token_ok
-from .studies import StudyStore, clean
+from .studies import StorageBusy, StudyStore, clean
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # fullmatch (a '$' would let a newline end it)
 EVENT_INTERVAL_S = 1.0
 KEEPALIVE_S = 15.0
 
@@ -140,10 +142,10 @@ async def read_json(request: Request) -> Any:
         raise InputError(f"the request body is not JSON: {str(e)[:120]}") from None
 
 
-def _doc(command: str, summary: str) -> dict[str, Any]:
+def _doc(command: str, summary: str, limits: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """OpenAPI for a body read by hand (bodies.py, not pydantic, checks it and words the errors as the CLI does)."""
     return {"summary": summary, "openapi_extra": {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": bodies.schema(command)}}}}}
+        "application/json": {"schema": bodies.schema(command, limits), "example": bodies.EXAMPLES[command]}}}}}
 
 
 # one piece: FastAPI's routes are closures over the one app's state (store, jobs, paths); each is a few lines
@@ -154,6 +156,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     jobs = Jobs(config, state_dir)
     paths = PathPolicy(config.model_dirs)
     compute = Compute(config)
+    memo = Memo()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -163,7 +166,9 @@ def create_app(config: ServerConfig) -> FastAPI:
     app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan,
                   description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
     app.state.config, app.state.store, app.state.jobs = config, store, jobs
-    app.state.paths, app.state.compute = paths, compute
+    app.state.paths, app.state.compute, app.state.memo = paths, compute, memo
+    fastapi_openapi = app.openapi
+    app.openapi = lambda: app.openapi_schema or without_422(fastapi_openapi())
 
     @app.exception_handler(InputError)
     async def _input_error(request: Request, e: InputError):
@@ -178,7 +183,10 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException):
-        return error(e.status_code, str(e.detail))
+        response = error(e.status_code, str(e.detail))
+        if e.status_code == 405:      # every method of the path (Starlette names only the first route's)
+            response.headers["Allow"] = ", ".join(_methods(app, request.scope))
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
@@ -188,51 +196,59 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def run_command(request: Request, command: str, result: Callable[[Any], Any]) -> Response:
         body = await read_json(request)
 
-        def work():
-            return result(bodies.request(command, body, paths)).to_json()
-        return as_json(await compute(work))
+        def work() -> bytes:
+            req = bodies.request(command, body, paths)
+            return memo.get(command, req, lambda: json.dumps(clean(result(req).to_json()), default=str).encode())
+        return Response(await compute(work), media_type="application/json")
 
-    @app.get("/api/health", summary="liveness, version, what this server allows")
+    @app.get("/api/health", summary="liveness, version, what this server allows", **answers("health"))
     async def health():
         return as_json({"ok": True, "version": _version(), "engines": list(config.engines),
                         "storage": config.storage or f"sqlite:///{config.studies_dir}/STUDY.db",
                         "max_tunes": config.max_tunes, "max_trials": config.max_trials,
-                        "models": [str(p) for p in paths.roots]})
+                        "models": [str(p) for p in paths.roots],
+                        "answers_kept": {"hits": memo.hits, "misses": memo.misses}})
 
-    @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"))
+    @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"),
+              **answers("inspect", errors=BODY))
     async def inspect(request: Request):
         from ..app import inspect_model
         return await run_command(request, "inspect", inspect_model)
 
-    @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"))
+    @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"), **answers("plan", errors=BODY))
     async def plan(request: Request):
         from ..app import plan_outcome
         return await run_command(request, "plan", plan_outcome)
 
-    @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"))
+    @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"),
+              **answers("explain", errors=BODY))
     async def explain(request: Request):
         from ..app import explain_outcome
         return await run_command(request, "explain", explain_outcome)
 
-    @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds")
+    @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds",
+             **answers("studies", errors=(503,)))
     async def studies():
         return as_json({"studies": await compute(store.listing),
                         "running": [j.to_json() for j in jobs.running()]})
 
     @app.get("/api/studies/{name}", summary="one study: report --json's summary (best, fronts, baselines, ratios) "
-                                            "plus every trial")
+                                            "plus every trial", **answers("study", errors=(404, 503)))
     async def study(name: str):
         d = await compute(store.detail, name)
         job = jobs.for_study(name)
         return as_json(dict(d, job=job.to_json() if job else None))
 
     @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
-                                                   "runs)")
+                                                   "runs)", **answers(None, errors=(404, 503), stream=True))
     async def study_events(name: str, request: Request):
         await compute(store.ref, name)          # 404 now, not inside the stream
         return _sse(request, name, None)
 
-    @app.post("/api/tunes", status_code=202, **_doc("tune", "start offload-tuner tune ... --json in a worker"))
+    server_limits = {"trials": {"maximum": config.max_trials}, "engine": {"enum": list(config.engines)}}
+
+    @app.post("/api/tunes", **_doc("tune", "start offload-tuner tune ... --json in a worker", server_limits),
+              **answers("job", 202, errors=(*BODY, 409, 429)))
     async def start_tune(request: Request):
         from ..app import tune_inputs
         body = await read_json(request)
@@ -245,7 +261,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             if opts.trials > config.max_trials:
                 raise InputError(f"--trials {opts.trials}: this server runs at most {config.max_trials} per tune")
             inputs = tune_inputs(opts)       # tune's own checks, before a worker starts
-            if not STUDY_NAME.match(inputs.study):
+            if not STUDY_NAME.fullmatch(inputs.study):
                 raise InputError(f"study name {inputs.study[:120]!r}: letters, digits, '.', '_' and '-' only")
             return opts, inputs.study
         opts, name = await compute(check)
@@ -256,20 +272,23 @@ def create_app(config: ServerConfig) -> FastAPI:
         job = jobs.start(worker, name, storage)
         return as_json(job.to_json(), 202)
 
-    @app.get("/api/tunes", summary="tunes this server started")
+    @app.get("/api/tunes", summary="tunes this server started", **answers("tunes"))
     async def tunes():
         return as_json({"tunes": [j.to_json() for j in jobs.all()]})
 
-    @app.get("/api/tunes/{job_id}", summary="one tune: state, command, error, and tune --json's output when done")
+    @app.get("/api/tunes/{job_id}", summary="one tune: state, command, error, and tune --json's output when done",
+             **answers("tune", errors=(404,)))
     async def tune(job_id: str):
         job = jobs.get(job_id)
         return as_json(dict(job.to_json(), result=job.result()))
 
-    @app.post("/api/tunes/{job_id}/stop", summary="stop a tune (SIGINT: finished trials are kept, resumable)")
+    @app.post("/api/tunes/{job_id}/stop", summary="stop a tune (SIGINT: finished trials are kept, resumable)",
+              **answers("job", errors=(404,)))
     async def stop_tune(job_id: str):
         return as_json(jobs.stop(job_id).to_json())
 
-    @app.get("/api/tunes/{job_id}/events", summary="server-sent progress events of a tune, until it ends")
+    @app.get("/api/tunes/{job_id}/events", summary="server-sent progress events of a tune, until it ends",
+             **answers(None, errors=(404, 503), stream=True))
     async def tune_events(job_id: str, request: Request):
         job = jobs.get(job_id)
         return _sse(request, job.study, job)
@@ -280,6 +299,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             while not await request.is_disconnected():
                 try:
                     snap = await compute(store.progress, name)
+                except (StorageBusy, Overloaded):      # this time only: the next tick asks again
+                    await anyio.sleep(EVENT_INTERVAL_S)
+                    continue
                 except InputError:      # the worker has not created the study yet
                     snap = {"n_trials": 0, "counts": {}}
                 live = job or jobs.for_study(name)
@@ -301,6 +323,16 @@ def create_app(config: ServerConfig) -> FastAPI:
     from .views import router
     app.include_router(router)
     return Guard(app, config)
+
+
+def _methods(app: FastAPI, scope) -> list[str]:
+    """The methods the routes of SCOPE's path take."""
+    from starlette.routing import Match
+    methods = set()
+    for route in app.router.routes:
+        if getattr(route, "methods", None) and route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 def _version() -> str:

@@ -1,6 +1,11 @@
 """Studies as the service reads them: the SQLite files under studies/ (one per study, as `tune` writes them by
 default) or every study in one --storage URL. A study's JSON is `report --json`'s summary (planner.tuner.report)
-plus its trials and throughput-versus-VRAM fronts, for the API and the web view."""
+plus its trials and throughput-versus-VRAM fronts, for the API and the web view.
+
+Reading a study costs a query per trial table and a DataFrame (~0.1-1 s); many clients read the same studies while
+one worker writes a trial every few seconds. So what is read from an SQLite file is kept until the file changes
+(its and its WAL's size and modification time: a commit changes one of them), and one read of a study runs at a
+time, the clients that ask meanwhile getting its answer. A server database (PostgreSQL) is read every time."""
 from __future__ import annotations
 
 import json
@@ -12,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .security import NotFound
+from ..tuner.storage import sqlite_path
+from .security import NotFound, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +42,56 @@ def clean(o: Any) -> Any:
     return o
 
 
+class StorageBusy(ServiceError):
+    """The storage did not answer this time (an SQLite file a worker is creating or holds locked): retry."""
+    status = 503
+
+
+def _version(url: str) -> tuple | None:
+    """What changes with every commit to URL's SQLite file: its and its WAL's (size, mtime); None where that is
+    not known (a server database)."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    out = []
+    for p in (path, path.with_name(path.name + "-wal")):
+        try:
+            st = p.stat()
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 class StudyStore:
     def __init__(self, storage: str | None, studies_dir: Path):
         self.url = storage
         self.studies_dir = studies_dir
         self._storages: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._kept: dict[tuple, tuple[tuple, Any]] = {}        # (what, url, name) -> (version, value)
+        self._reading: dict[tuple, threading.Lock] = {}        # one read of each at a time
+
+    def _cached(self, key: tuple, url: str, read):
+        """read(), kept until URL's storage changes; a storage error as StorageBusy (503: retry)."""
+        version = _version(url)       # taken before reading: a commit during the read makes the next call read
+        with self._lock:
+            lock = self._reading.setdefault(key, threading.Lock())
+        with lock:
+            kept = self._kept.get(key)
+            if version is not None and kept is not None and kept[0] == version:
+                return kept[1]
+            try:
+                value = read()
+            except InputError:
+                raise
+            except Exception as e:       # optuna's StorageInternalError, SQLAlchemy's OperationalError
+                log.warning("reading %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                raise StorageBusy(f"the storage {url} did not answer ({type(e).__name__}); retry in a moment") \
+                    from None
+            if version is not None:
+                self._kept[key] = (version, value)
+            return value
 
     def storage_for_new(self, name: str) -> str:
         """Where a tune the server starts writes study NAME (what `tune` does with the same --storage)."""
@@ -62,11 +112,14 @@ class StudyStore:
             return []
         return [f"sqlite:///{p}" for p in sorted(self.studies_dir.glob("*.db")) if p.stat().st_size > 0]
 
+    def _names(self, url: str) -> list[str]:
+        return self._cached(("names", url), url, lambda: [s.study_name for s in self._storage(url).get_all_studies()])
+
     def refs(self) -> list[StudyRef]:
         out = []
         for url in self._urls():
             try:
-                out += [StudyRef(s.study_name, url) for s in self._storage(url).get_all_studies()]
+                out += [StudyRef(name, url) for name in self._names(url)]
             except Exception as e:     # an unreadable file must not hide the others
                 log.warning("skipping %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return out
@@ -77,8 +130,10 @@ class StudyStore:
             if path.is_file() and "/" not in name:
                 url = f"sqlite:///{path}"
                 try:
-                    if any(s.study_name == name for s in self._storage(url).get_all_studies()):
+                    if name in self._names(url):
                         return StudyRef(name, url)
+                except StorageBusy:
+                    raise
                 except InputError:
                     pass
         for r in self.refs():
@@ -88,9 +143,7 @@ class StudyStore:
         raise NotFound(f"no study {name!r} in {self.url or str(self.studies_dir) + '/'}; studies there: {known}")
 
     def load(self, name: str):
-        import optuna
-        r = self.ref(name)
-        return optuna.load_study(study_name=name, storage=self._storage(r.storage))
+        return self._open(self.ref(name))
 
     def exists(self, name: str) -> bool:
         try:
@@ -111,10 +164,11 @@ class StudyStore:
         return out
 
     def brief(self, r: StudyRef) -> dict[str, Any]:
-        import optuna
+        return self._cached(("brief", r.storage, r.name), r.storage, lambda: self._brief(r))
 
+    def _brief(self, r: StudyRef) -> dict[str, Any]:
         from ..tuner.records import StudyRecord
-        study = optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
+        study = self._open(r)
         p = progress(study)
         s = StudyRecord.of(study).settings
         return {"study": r.name, "storage": r.storage, "model": s.get("model"), "engine": s.get("engine"),
@@ -122,17 +176,27 @@ class StudyStore:
 
     def detail(self, name: str) -> dict[str, Any]:
         """`report --json` (planner.tuner.report.study_summary) plus every trial and the VRAM fronts."""
+        r = self.ref(name)
+        return self._cached(("detail", r.storage, name), r.storage, lambda: self._detail(r))
+
+    def _detail(self, r: StudyRef) -> dict[str, Any]:
         from ..tuner.report import study_summary, trials_frame, vram_front
-        study = self.load(name)
+        study = self._open(r)
         df = trials_frame(study)
         s = study_summary(study, df)
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
-        return clean(dict(s.to_dict(), storage=self.ref(name).storage, trials=trials, vram_fronts=fronts,
+        return clean(dict(s.to_dict(), storage=r.storage, trials=trials, vram_fronts=fronts,
                           hardware_words=hardware_words(s.settings)))
 
     def progress(self, name: str) -> dict[str, Any]:
-        return progress(self.load(name))
+        r = self.ref(name)
+        return self._cached(("progress", r.storage, name), r.storage,
+                            lambda: progress(self._open(r)))
+
+    def _open(self, r: StudyRef):
+        import optuna
+        return optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
 
 
 def hardware_words(settings: dict[str, Any]) -> str:
