@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import tempfile
+import threading
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from . import bodies
 from .answers import BODY, answers, without_422
 from .jobs import Jobs
 from .memo import Memo
+from .workers import Workers
 from .security import TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok, token_ok
 from .studies import StorageBusy, StudyStore, clean
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # fullmatch (a '$' would let a newline end it)
 EVENT_INTERVAL_S = 1.0
+READ_THREADS = 4                 # study reads at once (their own threads: a read never waits behind a plan)
 KEEPALIVE_S = 15.0
 
 
@@ -108,12 +111,14 @@ def _cookie(header: str, name: str) -> str | None:
 
 
 class Compute:
-    """plan/explain/inspect run in worker threads, a few at a time (they are CPU-bound): the rest wait, and past
-    max_waiting a request is told to come back (503) rather than queueing without bound."""
+    """Work off the event loop, in worker threads, THREADS at a time: the rest wait, and past max_waiting a request
+    is told to come back (503) rather than queueing without bound. Two of them: plan/explain/inspect (CPU-bound:
+    config.compute_threads) and the study reads (quick once kept, studies.py: READ_THREADS), so that a read never
+    waits behind a plan."""
 
-    def __init__(self, config: ServerConfig):
-        self.limiter = anyio.CapacityLimiter(config.compute_threads)
-        self.max_waiting = config.max_waiting
+    def __init__(self, threads: int, max_waiting: int):
+        self.limiter = anyio.CapacityLimiter(threads)
+        self.max_waiting = max_waiting
         self.waiting = 0
 
     async def __call__(self, fn: Callable, *args: Any) -> Any:
@@ -155,18 +160,22 @@ def create_app(config: ServerConfig) -> FastAPI:
     store = StudyStore(config.storage, config.studies_dir.resolve())
     jobs = Jobs(config, state_dir)
     paths = PathPolicy(config.model_dirs)
-    compute = Compute(config)
+    compute = Compute(config.compute_threads, config.max_waiting)
+    reads = Compute(READ_THREADS, config.max_waiting)
     memo = Memo()
+    workers = Workers()
+    threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
 
     @asynccontextmanager
     async def lifespan(app):
         yield
+        workers.shutdown()
         await anyio.to_thread.run_sync(jobs.shutdown)
 
     app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan,
                   description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
     app.state.config, app.state.store, app.state.jobs = config, store, jobs
-    app.state.paths, app.state.compute, app.state.memo = paths, compute, memo
+    app.state.paths, app.state.compute, app.state.reads, app.state.memo = paths, compute, reads, memo
     fastapi_openapi = app.openapi
     app.openapi = lambda: app.openapi_schema or without_422(fastapi_openapi())
 
@@ -193,12 +202,12 @@ def create_app(config: ServerConfig) -> FastAPI:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error(500, f"internal error ({type(e).__name__}); the server log has the details")
 
-    async def run_command(request: Request, command: str, result: Callable[[Any], Any]) -> Response:
+    async def run_command(request: Request, command: str) -> Response:
         body = await read_json(request)
 
         def work() -> bytes:
             req = bodies.request(command, body, paths)
-            return memo.get(command, req, lambda: json.dumps(clean(result(req).to_json()), default=str).encode())
+            return memo.get(command, req, lambda: workers.run(command, req))
         return Response(await compute(work), media_type="application/json")
 
     @app.get("/api/health", summary="liveness, version, what this server allows", **answers("health"))
@@ -212,37 +221,34 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"),
               **answers("inspect", errors=BODY))
     async def inspect(request: Request):
-        from ..app import inspect_model
-        return await run_command(request, "inspect", inspect_model)
+        return await run_command(request, "inspect")
 
     @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"), **answers("plan", errors=BODY))
     async def plan(request: Request):
-        from ..app import plan_outcome
-        return await run_command(request, "plan", plan_outcome)
+        return await run_command(request, "plan")
 
     @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"),
               **answers("explain", errors=BODY))
     async def explain(request: Request):
-        from ..app import explain_outcome
-        return await run_command(request, "explain", explain_outcome)
+        return await run_command(request, "explain")
 
     @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds",
              **answers("studies", errors=(503,)))
     async def studies():
-        return as_json({"studies": await compute(store.listing),
+        return as_json({"studies": await reads(store.listing),
                         "running": [j.to_json() for j in jobs.running()]})
 
     @app.get("/api/studies/{name}", summary="one study: report --json's summary (best, fronts, baselines, ratios) "
                                             "plus every trial", **answers("study", errors=(404, 503)))
     async def study(name: str):
-        d = await compute(store.detail, name)
+        d = await reads(store.detail, name)
         job = jobs.for_study(name)
         return as_json(dict(d, job=job.to_json() if job else None))
 
     @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
                                                    "runs)", **answers(None, errors=(404, 503), stream=True))
     async def study_events(name: str, request: Request):
-        await compute(store.ref, name)          # 404 now, not inside the stream
+        await reads(store.ref, name)          # 404 now, not inside the stream
         return _sse(request, name, None)
 
     server_limits = {"trials": {"maximum": config.max_trials}, "engine": {"enum": list(config.engines)}}
@@ -298,7 +304,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             last, quiet_since = None, anyio.current_time()
             while not await request.is_disconnected():
                 try:
-                    snap = await compute(store.progress, name)
+                    snap = await reads(store.progress, name)
                 except (StorageBusy, Overloaded):      # this time only: the next tick asks again
                     await anyio.sleep(EVENT_INTERVAL_S)
                     continue
@@ -323,6 +329,21 @@ def create_app(config: ServerConfig) -> FastAPI:
     from .views import router
     app.include_router(router)
     return Guard(app, config)
+
+
+WARM_UP = ("pandas", "optuna", "sqlalchemy.orm", "optuna.storages._rdb.storage", "planner.tuner.report",
+           "planner.tuner.records", "planner.tuner.storage")      # what a study read needs (workers.py: a plan's)
+
+
+def _warm_up() -> None:
+    """The imports the first study read would wait for (pandas, optuna and SQLAlchemy take seconds on a busy
+    machine), made once at start, in the background."""
+    import importlib
+    for name in WARM_UP:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:       # the request that needs it says so
+            log.debug("warm-up: %s", e)
 
 
 def _methods(app: FastAPI, scope) -> list[str]:

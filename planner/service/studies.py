@@ -3,9 +3,9 @@ default) or every study in one --storage URL. A study's JSON is `report --json`'
 plus its trials and throughput-versus-VRAM fronts, for the API and the web view.
 
 Reading a study costs a query per trial table and a DataFrame (~0.1-1 s); many clients read the same studies while
-one worker writes a trial every few seconds. So what is read from an SQLite file is kept until the file changes
+one worker writes a trial every second or so. So what is read from an SQLite file is kept until the file changes
 (its and its WAL's size and modification time: a commit changes one of them), and one read of a study runs at a
-time, the clients that ask meanwhile getting its answer. A server database (PostgreSQL) is read every time."""
+time (StudyStore._cached). A server database (PostgreSQL) is read every time."""
 from __future__ import annotations
 
 import json
@@ -63,6 +63,17 @@ def _version(url: str) -> tuple | None:
     return tuple(out)
 
 
+def _read(url: str, read):
+    """read(); a storage error as StorageBusy (503: retry)."""
+    try:
+        return read()
+    except InputError:
+        raise
+    except Exception as e:       # optuna's StorageInternalError, SQLAlchemy's OperationalError
+        log.warning("reading %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise StorageBusy(f"the storage {url} did not answer ({type(e).__name__}); retry in a moment") from None
+
+
 class StudyStore:
     def __init__(self, storage: str | None, studies_dir: Path):
         self.url = storage
@@ -73,36 +84,43 @@ class StudyStore:
         self._reading: dict[tuple, threading.Lock] = {}        # one read of each at a time
 
     def _cached(self, key: tuple, url: str, read):
-        """read(), kept until URL's storage changes; a storage error as StorageBusy (503: retry)."""
+        """read(), kept until URL's storage changes. One read of KEY at a time: a client that asks while the
+        changed storage is being read gets the answer kept from before (as if it had asked a moment earlier) rather
+        than waiting; one that asks when nothing is under way gets the storage as it is."""
         version = _version(url)       # taken before reading: a commit during the read makes the next call read
+        if version is None:
+            return _read(url, read)
         with self._lock:
-            lock = self._reading.setdefault(key, threading.Lock())
-        with lock:
             kept = self._kept.get(key)
-            if version is not None and kept is not None and kept[0] == version:
+            lock = self._reading.setdefault(key, threading.Lock())
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        if not lock.acquire(blocking=kept is None):
+            return kept[1]
+        try:
+            kept = self._kept.get(key)
+            if kept is not None and kept[0] == version:
                 return kept[1]
-            try:
-                value = read()
-            except InputError:
-                raise
-            except Exception as e:       # optuna's StorageInternalError, SQLAlchemy's OperationalError
-                log.warning("reading %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
-                raise StorageBusy(f"the storage {url} did not answer ({type(e).__name__}); retry in a moment") \
-                    from None
-            if version is not None:
-                self._kept[key] = (version, value)
+            value = _read(url, read)
+            self._kept[key] = (version, value)
             return value
+        finally:
+            lock.release()
 
     def storage_for_new(self, name: str) -> str:
         """Where a tune the server starts writes study NAME (what `tune` does with the same --storage)."""
         return self.url or f"sqlite:///{self.studies_dir / (name + '.db')}"
 
     def _storage(self, url: str):
-        """One RDBStorage per URL for the server's life (opening one costs a schema check)."""
+        """One storage per URL for the server's life (opening one costs a schema check), behind Optuna's trial
+        cache (what load_study puts in front of an RDBStorage, kept here rather than made anew per read): a read
+        fetches only the trials new or unfinished since the last."""
         with self._lock:
             if url not in self._storages:
+                import optuna
+
                 from ..tuner.storage import make_storage
-                self._storages[url] = make_storage(url)
+                self._storages[url] = optuna.storages.get_storage(make_storage(url))
             return self._storages[url]
 
     def _urls(self) -> list[str]:

@@ -41,9 +41,9 @@ def _gib(v: Any) -> str:
 
 @router.get("/")
 async def index(request: Request):
-    store, jobs, compute = request.app.state.store, request.app.state.jobs, request.app.state.compute
+    store, jobs, reads = request.app.state.store, request.app.state.jobs, request.app.state.reads
     rows = []
-    for s in await compute(store.listing):
+    for s in await reads(store.listing):
         live = jobs.for_study(s["study"])
         counts = ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
         rows.append(f"<tr><td><a href=\"/studies/{e(s['study'])}\">{e(s['study'])}</a>"
@@ -64,9 +64,9 @@ async def index(request: Request):
 
 @router.get("/studies/{name}")
 async def study_page(name: str, request: Request):
-    store, compute = request.app.state.store, request.app.state.compute
+    store, reads = request.app.state.store, request.app.state.reads
     try:
-        d = await compute(store.detail, name)
+        d = await reads(store.detail, name)
     except NotFound as err:
         return page("no such study", f"<h1>No such study</h1><p class=error>{e(one_line(str(err)))}</p>")
     s = d.get("settings", {})
