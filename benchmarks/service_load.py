@@ -143,6 +143,15 @@ def peak_rss_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds the process has used (user + system); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def children(pid: int) -> list[int]:
     """The server's own processes: its plan/explain workers (planner/service/workers.py) and their tracker."""
     try:
@@ -179,10 +188,10 @@ class Load:
         await asyncio.sleep(rng.random() * self.think_s)          # the clients do not all start in the same instant
         while time.monotonic() < deadline:
             t0 = time.perf_counter()
-            cold = False
+            cold, first_event_s = False, None
             try:
                 if endpoint == "events":
-                    status = await self.stream(c, min(STREAM_S, deadline - time.monotonic()), t0)
+                    status, first_event_s = await self.stream(c, min(STREAM_S, deadline - time.monotonic()), t0)
                 else:
                     method, path, body = self.request(endpoint, rng)
                     key = json.dumps(body, sort_keys=True) if body else None
@@ -192,7 +201,7 @@ class Load:
                     status = r.status_code
             except httpx.HTTPError as e:
                 status = type(e).__name__
-            latency = self.first_event_s if endpoint == "events" and status == 200 else time.perf_counter() - t0
+            latency = first_event_s if endpoint == "events" and status == 200 else time.perf_counter() - t0
             self.records.append(Record(endpoint, status, latency, cold))
             await asyncio.sleep(self.think_s)
 
@@ -204,19 +213,19 @@ class Load:
         return "GET", {"studies": "/api/studies", "study": f"/api/studies/{self.study}",
                        "study page": f"/studies/{self.study}"}[endpoint], None
 
-    async def stream(self, c: httpx.AsyncClient, for_s: float, t0: float) -> int:
-        """Read the study's progress events for FOR_S; the time to the first is self.first_event_s."""
-        self.first_event_s = TIMEOUT_S
+    async def stream(self, c: httpx.AsyncClient, for_s: float, t0: float) -> tuple[int | str, float | None]:
+        """Read the study's progress events for FOR_S: the status and the time to the first event."""
+        first = None
         async with c.stream("GET", f"/api/studies/{self.study}/events") as r:
             if r.status_code != 200:
-                return r.status_code
+                return r.status_code, None
             end = time.monotonic() + for_s
             async for line in r.aiter_lines():
-                if line.startswith("event: progress") and self.first_event_s == TIMEOUT_S:
-                    self.first_event_s = time.perf_counter() - t0
+                if line.startswith("event: progress") and first is None:
+                    first = time.perf_counter() - t0
                 if time.monotonic() > end:
                     break
-        return 200 if self.first_event_s < TIMEOUT_S else "no event"
+        return (200, first) if first is not None else ("no event", None)
 
 
 def pct(xs: list[float], p: float) -> float | None:
@@ -248,7 +257,16 @@ def measure(workdir: Path, clients: int, seconds: float, think_s: float) -> dict
         rss_idle = peak_rss_bytes(server.pid)
         quiet = study_window(workdir, "quiet", seconds, None)
         load = Load(url, "loaded", seconds, think_s)
-        loaded = study_window(workdir, "loaded", seconds, lambda: asyncio.run(load.run(clients)))
+        cpu = {}
+
+        def during() -> None:       # the load, and the CPU each side used meanwhile
+            procs = {"server": [server.pid], "workers": children(server.pid)}
+            before = {k: sum(cpu_s(p) for p in ps) for k, ps in procs.items()}
+            clients_before = time.process_time()
+            asyncio.run(load.run(clients))
+            cpu.update({f"{k}_cpu_s": round(sum(cpu_s(p) for p in ps) - before[k], 1) for k, ps in procs.items()})
+            cpu["clients_cpu_s"] = round(time.process_time() - clients_before, 1)
+        loaded = study_window(workdir, "loaded", seconds, during)
         quiet_after = study_window(workdir, "quiet-after", seconds, None)      # the machine may have changed
         health = httpx.get(url + "/api/health", timeout=TIMEOUT_S).json()
         rss_peak = peak_rss_bytes(server.pid)
@@ -265,7 +283,7 @@ def measure(workdir: Path, clients: int, seconds: float, think_s: float) -> dict
             "answers_kept": health.get("answers_kept"), "server_rss_idle_bytes": rss_idle,
             "server_rss_peak_bytes": rss_peak, "workers_rss_peak_bytes": workers_peak, "study_quiet": quiet,
             "study_loaded": loaded, "study_quiet_after": quiet_after,
-            "study_slowdown": slowdown, "server_tracebacks": log.count("Traceback")}
+            "study_slowdown": slowdown, "server_tracebacks": log.count("Traceback"), "cpu_under_load": cpu}
 
 
 def study_window(workdir: Path, name: str, seconds: float, during) -> dict:
@@ -279,9 +297,11 @@ def study_window(workdir: Path, name: str, seconds: float, during) -> dict:
         if rest > 0:
             time.sleep(rest)
         n1, wall = finished_trials(db), time.perf_counter() - t0
+        tune_cpu = cpu_s(proc.pid)
     finally:
         stop(proc)
-    return {"trials": n1 - n0, "window_s": round(wall, 2), "rate_per_s": (n1 - n0) / wall}
+    return {"trials": n1 - n0, "window_s": round(wall, 2), "rate_per_s": (n1 - n0) / wall,
+            "tune_cpu_s_since_start": round(tune_cpu, 1)}
 
 
 def machine() -> dict:
@@ -310,7 +330,9 @@ def markdown(f: dict) -> str:
                      f"{s(e['p99_s'])} | {s(e['max_s'])} | {e['cold']} | {s(e['cold_p95_s'])} | {e['goal_p95_s']} | "
                      f"{ok} |")
     slow = f["study_slowdown"]
-    lines += ["", f"Requests: {f['requests']}, errors: {f['errors']}; the server's answer memo: "
+    lines += ["", f"CPU seconds used in the loaded window: {f['cpu_under_load']} (2 cores x the window's seconds "
+                  "is what there was, for these, the study and anything else on the machine).",
+              "", f"Requests: {f['requests']}, errors: {f['errors']}; the server's answer memo: "
                   f"{f['answers_kept']}; server tracebacks in its log: {f['server_tracebacks']}.", "",
               f"Server RSS: {f['server_rss_idle_bytes'] / 2**20:.0f} MiB idle, peak "
               f"{f['server_rss_peak_bytes'] / 2**20:.0f} MiB; its plan/explain worker processes: peak "
