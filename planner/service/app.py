@@ -241,9 +241,11 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/api/studies/{name}", summary="one study: report --json's summary (best, fronts, baselines, ratios) "
                                             "plus every trial", **answers("study", errors=(404, 503)))
     async def study(name: str):
-        d = await reads(store.detail, name)
+        detail = await reads(store.derived, name, "json", lambda d: json.dumps(d, default=str).encode())
         job = jobs.for_study(name)
-        return as_json(dict(d, job=job.to_json() if job else None))
+        # the kept JSON (a study of hundreds of trials: serialized once per read, not per request) plus the job
+        job_json = json.dumps(clean(job.to_json()) if job else None).encode()
+        return Response(detail[:-1] + b', "job": ' + job_json + b"}", media_type="application/json")
 
     @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
                                                    "runs)", **answers(None, errors=(404, 503), stream=True))

@@ -4,14 +4,16 @@ plus its trials and throughput-versus-VRAM fronts, for the API and the web view.
 
 Reading a study costs a query per trial table and a DataFrame (~0.1-1 s); many clients read the same studies while
 one worker writes a trial every second or so. So what is read from an SQLite file is kept until the file changes
-(its and its WAL's size and modification time: a commit changes one of them), and one read of a study runs at a
-time (StudyStore._cached). A server database (PostgreSQL) is read every time."""
+(its and its WAL's size and modification time: a commit changes one of them), one read of a study runs at a time,
+and a study's summary is read at most once a second (StudyStore._cached). A server database (PostgreSQL) is read
+every time."""
 from __future__ import annotations
 
 import json
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from ..tuner.storage import sqlite_path
 from .security import NotFound, ServiceError
 
 log = logging.getLogger(__name__)
+MIN_AGE_S = 1.0        # a study's summary and trials are read at most once a second (its progress: every commit)
 
 
 @dataclass(frozen=True)
@@ -80,20 +83,22 @@ class StudyStore:
         self.studies_dir = studies_dir
         self._storages: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._kept: dict[tuple, tuple[tuple, Any]] = {}        # (what, url, name) -> (version, value)
+        self._kept: dict[tuple, tuple[tuple, Any, float]] = {}   # (what, url, name) -> (version, value, when)
         self._reading: dict[tuple, threading.Lock] = {}        # one read of each at a time
 
-    def _cached(self, key: tuple, url: str, read):
-        """read(), kept until URL's storage changes. One read of KEY at a time: a client that asks while the
-        changed storage is being read gets the answer kept from before (as if it had asked a moment earlier) rather
-        than waiting; one that asks when nothing is under way gets the storage as it is."""
+    def _cached(self, key: tuple, url: str, read, min_age_s: float = 0.0):
+        """read(), kept until URL's storage changes, and at least MIN_AGE_S (a study a worker writes several times a
+        second is not read again for every client: its answer is at most that old). One read of KEY at a time: a
+        client that asks while the changed storage is being read gets the answer kept from before (as if it had
+        asked a moment earlier) rather than waiting; one that asks when nothing is under way gets the storage as it
+        is, MIN_AGE_S aside."""
         version = _version(url)       # taken before reading: a commit during the read makes the next call read
         if version is None:
             return _read(url, read)
         with self._lock:
             kept = self._kept.get(key)
             lock = self._reading.setdefault(key, threading.Lock())
-        if kept is not None and kept[0] == version:
+        if kept is not None and (kept[0] == version or time.monotonic() - kept[2] < min_age_s):
             return kept[1]
         if not lock.acquire(blocking=kept is None):
             return kept[1]
@@ -102,10 +107,16 @@ class StudyStore:
             if kept is not None and kept[0] == version:
                 return kept[1]
             value = _read(url, read)
-            self._kept[key] = (version, value)
+            self._kept[key] = (version, value, time.monotonic())
             return value
         finally:
             lock.release()
+
+    def derived(self, name: str, what: str, make):
+        """make(detail(NAME)) kept with the detail (the API's serialized JSON, the study page's HTML): built once per
+        read of the study, not per request."""
+        r = self.ref(name)
+        return self._cached((what, r.storage, name), r.storage, lambda: make(self.detail(name)), MIN_AGE_S)
 
     def storage_for_new(self, name: str) -> str:
         """Where a tune the server starts writes study NAME (what `tune` does with the same --storage)."""
@@ -182,7 +193,7 @@ class StudyStore:
         return out
 
     def brief(self, r: StudyRef) -> dict[str, Any]:
-        return self._cached(("brief", r.storage, r.name), r.storage, lambda: self._brief(r))
+        return self._cached(("brief", r.storage, r.name), r.storage, lambda: self._brief(r), MIN_AGE_S)
 
     def _brief(self, r: StudyRef) -> dict[str, Any]:
         from ..tuner.records import StudyRecord
@@ -195,7 +206,7 @@ class StudyStore:
     def detail(self, name: str) -> dict[str, Any]:
         """`report --json` (planner.tuner.report.study_summary) plus every trial and the VRAM fronts."""
         r = self.ref(name)
-        return self._cached(("detail", r.storage, name), r.storage, lambda: self._detail(r))
+        return self._cached(("detail", r.storage, name), r.storage, lambda: self._detail(r), MIN_AGE_S)
 
     def _detail(self, r: StudyRef) -> dict[str, Any]:
         from ..tuner.report import study_summary, trials_frame, vram_front

@@ -66,9 +66,13 @@ async def index(request: Request):
 async def study_page(name: str, request: Request):
     store, reads = request.app.state.store, request.app.state.reads
     try:
-        d = await reads(store.detail, name)
+        body = await reads(store.derived, name, "page", lambda d: _study_body(name, d))   # once per read
     except NotFound as err:
         return page("no such study", f"<h1>No such study</h1><p class=error>{e(one_line(str(err)))}</p>")
+    return page(name, body, scripts=("chart.umd.min.js", "study.js"))
+
+
+def _study_body(name: str, d: dict[str, Any]) -> str:
     s = d.get("settings", {})
     budget = d.get("budget_bytes")
     head = (f"<h1>{e(name)} <span id=live class=live hidden>running</span></h1>"
@@ -88,9 +92,8 @@ async def study_page(name: str, request: Request):
              f"<table class=grid id=trials><thead><tr>{th}</tr></thead><tbody>{_trial_rows(d['trials'])}</tbody>"
              "</table>")
     data = json.dumps(d, default=str).replace("</", "<\\/")
-    body = (head + charts + panel + table +
+    return (head + charts + panel + table +
             f'<script id=study-data type="application/json">{data}</script>')
-    return page(name, body, scripts=("chart.umd.min.js", "study.js"))
 
 
 def _trial_rows(trials: list[dict[str, Any]]) -> str:

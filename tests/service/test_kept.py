@@ -10,6 +10,7 @@ import pytest
 
 from planner.app import PlanRequest
 from planner.service.memo import Memo
+from planner.service import studies
 from planner.service.studies import StorageBusy, StudyStore
 from planner.tuner.storage import make_storage
 
@@ -72,6 +73,7 @@ def test_a_study_is_read_again_after_each_commit_and_not_before(tmp_path, monkey
     url = f"sqlite:///{d / 's.db'}"
     study = optuna.create_study(study_name="s", storage=make_storage(url))
     _trial(study, 1.0)
+    monkeypatch.setattr(studies, "MIN_AGE_S", 0.0)        # the once-a-second bound: its own test below
     store = StudyStore(None, d)
     reads = []
     real = StudyStore._open
@@ -96,3 +98,19 @@ def test_a_storage_that_does_not_answer_is_a_503_not_a_500(tmp_path, monkeypatch
     with pytest.raises(StorageBusy, match="did not answer") as e:
         store.progress("s")
     assert e.value.status == 503
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_a_study_written_many_times_a_second_is_summarised_at_most_once_a_second(tmp_path, monkeypatch):
+    d = tmp_path / "studies"
+    d.mkdir()
+    study = optuna.create_study(study_name="s", storage=make_storage(f"sqlite:///{d / 's.db'}"))
+    _trial(study, 1.0)
+    monkeypatch.setattr(studies, "MIN_AGE_S", 0.5)
+    store = StudyStore(None, d)
+    assert store.detail("s")["n_trials"] == 1
+    _trial(study, 2.0)
+    assert store.detail("s")["n_trials"] == 1              # kept: computed less than 0.5 s ago
+    assert store.progress("s")["n_trials"] == 2            # the progress events: every commit
+    time.sleep(0.6)
+    assert store.detail("s")["n_trials"] == 2
