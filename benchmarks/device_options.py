@@ -111,10 +111,11 @@ def copy_sqlite(db: Path, dest: Path) -> None:
         src.backup(dst)
 
 
-def pack_state(workdir: Path, db_name: str, dest: Path) -> None:
+def pack_state(workdir: Path, db_name: str | None, dest: Path) -> None:
     """A resumable benchmark's state as one tar.gz: workdir/results (a file per result) and a consistent copy of
-    its study database; written under a temporary name and renamed, so a call cut off while it writes still
-    brings the previous one back. A fresh machine goes on from `tar -xzf DEST -C WORKDIR`."""
+    its study database (`db_name`; None: results only); written under a temporary name and renamed, so a call cut
+    off while it writes still brings the previous one back. A fresh machine goes on from `tar -xzf DEST -C
+    WORKDIR`."""
     import tarfile
     import tempfile
     part = dest.with_name(dest.name + ".partial")
@@ -122,7 +123,7 @@ def pack_state(workdir: Path, db_name: str, dest: Path) -> None:
         for p in sorted((workdir / "results").glob("*")):
             if p.is_file() and not p.name.endswith((".lock", ".tmp", ".partial")):
                 tar.add(p, arcname=f"results/{p.name}")
-        if (workdir / db_name).exists():
+        if db_name is not None and (workdir / db_name).exists():
             copy = Path(tmp) / db_name
             copy_sqlite(workdir / db_name, copy)
             tar.add(copy, arcname=db_name)

@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write_report() -> None:
         report(meta, lg.load_results(results_dir, "plan"), out, args.name)
-        opts.pack_state(workdir, "none.db", state)
+        opts.pack_state(workdir, None, state)
 
     done = True
     if "memory" in steps:
