@@ -67,9 +67,9 @@ def test_kill_9_of_a_tune_leaves_no_llama_bench_running(llama_bench, tmp_path):
                        uniform_recipe("Q4_0"))[0]
     mark = new_mark()
     argv = [sys.executable, "-m", "planner.cli", "tune", str(model), "--engine", "llamacpp", "--llama-bench",
-            str(llama_bench), "--cpu-stand-in", "--gpu", "1GiB", "--keep-free", "0", "--trials", "20", "--n-prompt", "64", "--n-gen",
-            "4096", "--reps", "20", "--study", "k", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--no-report",
-            "--quiet", "--pool", "20"]
+            str(llama_bench), "--cpu-stand-in", "--gpu", "1GiB", "--keep-free", "0", "--trials", "20", "--n-prompt",
+            "64", "--n-gen", "4096", "--reps", "20", "--study", "k", "--storage", f"sqlite:///{tmp_path / 's.db'}",
+            "--no-report", "--quiet", "--pool", "20"]
     tuner = subprocess.Popen(argv, cwd=tmp_path, env={**os.environ, **mark, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
