@@ -1,2 +1,2 @@
 """The service tests' fixtures live in serving.py (imported by the tests too)."""
-from serving import server, workdir  # noqa: F401
+from serving import chrome, server, workdir  # noqa: F401

@@ -96,6 +96,21 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def chrome():
+    """A headless Chromium driven by Selenium (browser.py), one per test module; skipped where there is none."""
+    import browser
+    try:
+        b = browser.find()
+    except browser.Unavailable as e:
+        pytest.skip(f"no headless Chromium: {e}")
+    d = browser.driver(b)
+    d.set_page_load_timeout(60)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    yield d
+    d.quit()
+
+
 @pytest.fixture(scope="session")
 def server(workdir: Path):
     s = start_server(workdir, "--models", str(workdir / "models"))

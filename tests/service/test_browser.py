@@ -9,21 +9,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-import browser
 from serving import HW, MODEL, SCREENSHOTS, STUDY, wait_job
-
-
-@pytest.fixture(scope="module")
-def chrome():
-    try:
-        b = browser.find()
-    except browser.Unavailable as e:
-        pytest.skip(f"no headless Chromium: {e}")
-    d = browser.driver(b)
-    d.set_page_load_timeout(60)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    yield d
-    d.quit()
 
 
 def wait(pred, timeout=30.0, what="condition"):

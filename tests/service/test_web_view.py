@@ -14,21 +14,7 @@ import time
 
 import pytest
 
-import browser
 from serving import HW, MODEL, SCREENSHOTS, STUDY, cli, env, start_server
-
-
-@pytest.fixture(scope="module")
-def chrome():
-    try:
-        b = browser.find()
-    except browser.Unavailable as e:
-        pytest.skip(f"no headless Chromium: {e}")
-    d = browser.driver(b)
-    d.set_page_load_timeout(60)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    yield d
-    d.quit()
 
 
 @pytest.fixture(autouse=True)
