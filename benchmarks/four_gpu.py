@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
@@ -186,9 +187,43 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], out: Path, name: s
         speeds = f"{m['pp_tps']:.1f} | {m['tg_tps']:.2f}" if m["ok"] else f"failed: {m['error'][:80]} | -"
         L.append(f"| {p['name']} | {speeds} | " + " | ".join(cells) + f" | {ok} |")
     L += ["", "Plans:", ""] + [f"- {p['name']}: {p['what']}. `{p['flags']}`" for p in plans]
+    if plot(plans, out / f"{name}.png"):
+        L += ["", f"![memory per GPU]({name}.png)"]
     if meta.get("note"):
         L += ["", meta["note"]]
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
+
+
+def plot(plans: list[dict[str, Any]], path: Path) -> bool:
+    """Per plan: the VRAM measured on each GPU (each GPU's share of the model) and the error of the prediction on
+    each GPU against the goal's band. False when no plan was measured."""
+    rows = [p for p in plans if p["within_goal"] is not None]
+    if not rows:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_mib, ax_err) = plt.subplots(1, 2, figsize=(13, 0.42 * len(rows) + 1.6), sharey=True)
+    height = 0.8 / len(GPUS)
+    for k, d in enumerate(GPUS):
+        ys = [i + (k - (len(GPUS) - 1) / 2) * height for i in range(len(rows))]
+        measured = [(p["devices"].get(d) or {}).get("measured_mib") or 0 for p in rows]
+        errors = [(p["devices"].get(d) or {}).get("error_mib") or 0 for p in rows]
+        ax_mib.barh(ys, [m / 1024 for m in measured], height, label=d)
+        ax_err.barh(ys, errors, height, label=d)
+    ax_err.axvspan(-256, 256, color="0.9", zorder=0, label="within 256 MiB")
+    ax_err.axvline(0, color="0.3", lw=0.8)
+    ax_mib.set_yticks(range(len(rows)), [p["name"] for p in rows], fontsize=8)
+    ax_mib.invert_yaxis()
+    ax_mib.set_xlabel("measured peak VRAM per GPU (GiB)")
+    ax_err.set_xlabel("predicted - measured (MiB; > 0: predicted high)")
+    ax_mib.legend(fontsize=8, loc="lower right")
+    ax_err.legend(fontsize=8, loc="lower right")
+    fig.suptitle("Four GPUs: each GPU's share and the prediction's error per plan", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     opts.add_step_options(ap, STEPS)
     ap.add_argument("--llama-bench", type=Path, help="default <llamacpp_gpu workdir>/llama.cpp-cuda/build/bin/...")
     ap.add_argument("--note", type=Path, help="a Markdown file of notes for the report")
+    ap.add_argument("--report-only", type=Path, metavar="JSON", help="rewrite the report from <workdir>'s results, "
+                    "running nothing, with the meta (machine, binary, model) of this earlier four_gpu report")
     args = opts.resolve(ap, ap.parse_args(argv), DEFAULTS)
     steps = opts.parse_steps(ap, args.steps, STEPS)
     t_start = time.monotonic()
@@ -209,6 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     results_dir = workdir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
+    if args.report_only:
+        try:
+            meta = json.loads(args.report_only.read_text())["meta"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"four_gpu: --report-only {args.report_only}: not a four_gpu report ({e})", file=sys.stderr)
+            return 2
+        if args.note:
+            meta["note"] = args.note.read_text()
+        report(meta, lg.load_results(results_dir, "plan"), out, args.name)
+        return 0
     wl = BenchWorkload(args.n_prompt, args.n_gen, 0, args.reps)
     if args.cpu:
         from runtime.llamacpp_build import ensure_built
@@ -222,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if "memory" in steps:
-        lg.write_model(model, args.cpu, preset=PRESET, tiny_spec_args=TINY_SPEC)
+        lg.write_model(model, args.cpu, preset=PRESET, tiny_spec_args=TINY_SPEC,
+                       vocab=not args.cpu)     # with a vocabulary: workload_vs_fit serves this same file
     inv = load_inventory(model) if model.exists() else None
     if inv is None:
         print(f"four_gpu: no model at {model}: run the memory step first", file=sys.stderr)

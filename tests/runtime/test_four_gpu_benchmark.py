@@ -67,3 +67,21 @@ def test_four_gpu_dry_run_reports_and_resumes(bench, llama_bench, tmp_path):
     assert bench.main(argv) == 0                                  # resumed: nothing measured again
     assert (work / "results" / "plan-ts-1-1-1-1.json").stat().st_mtime_ns == mtime
     assert bench.main([*argv[:-2], "--plans", "nope"]) == 2
+
+
+def test_four_gpu_report_only_rewrites_the_h100x4_report(bench, tmp_path):
+    """The committed four-H100 run, its state unpacked as a fresh machine would: --report-only rewrites the report
+    (table, figure) from the results with the machine's meta, running nothing; a file that is no report: exit 2."""
+    import tarfile
+    reported = bench.ROOT / "benchmarks" / "reported"
+    work, out = tmp_path / "work", tmp_path / "out"
+    with tarfile.open(reported / "multi_gpu_h100x4_state.tar.gz") as tar:
+        tar.extractall(work, filter="data")
+    argv = ["--workdir", str(work), "--out", str(out), "--name", "r"]
+    assert bench.main([*argv, "--report-only", str(reported / "multi_gpu_h100x4.json")]) == 0
+    rep = json.loads((out / "r.json").read_text())
+    assert rep["summary"]["plans_within_goal"] == rep["summary"]["plans_measured"] == 14
+    assert rep["summary"]["gpu_rows_within_goal"] == 56 and rep["meta"]["gpu"].count("H100") == 4
+    assert "![memory per GPU](r.png)" in (out / "r.md").read_text() and (out / "r.png").stat().st_size > 10_000
+    (tmp_path / "bad.json").write_text("[]")
+    assert bench.main([*argv, "--report-only", str(tmp_path / "bad.json")]) == 2

@@ -102,6 +102,29 @@ def test_a_two_class_replay_reuses_the_cached_prefix(engine, inv, server):
     assert m.peak_bytes == {} and m.host_bytes > 1 << 20          # no GPU here; the server's VmHWM
 
 
+def test_a_growing_context_is_prefilled_once(engine, inv, server, monkeypatch):
+    """Classes whose cached context grows (an agent's history): each warm request prefills only what the slot did
+    not hold; a shorter context is the longer one's start, all cached. The timed requests are as with fresh
+    prefixes: exactly the new tokens processed after the whole context from the cache."""
+    import runtime.llamaserver as ls
+    seen: list[tuple[int, int, int]] = []              # (prompt length, n_predict, prompt_n the server processed)
+    real = ls.completion
+
+    def observed(port, body, timeout_s):
+        r = real(port, body, timeout_s)
+        seen.append((len(body["prompt"]), body["n_predict"], r.prompt_n))
+        return r
+    monkeypatch.setattr(ls, "completion", observed)
+    grow = Workload("grow", (RequestClass(8, 32, 2), RequestClass(8, 48, 2), RequestClass(8, 16, 2)))
+    e = engine(repetitions=1)
+    m = e.measure_workload(inv, cpu_plan(inv, e.info.dialect), grow)
+    assert m.ok, m.error + "\n" + m.raw["log_tail"]
+    warm = [(n, done) for n, n_predict, done in seen if n_predict == 0]
+    assert [n for n, _ in warm] == [32, 48, 16]
+    assert warm[0][1] == 32 and warm[1][1] <= 16 + 1 and warm[2][1] <= 1      # not 48 and 16 again
+    assert [(r["prompt_n"], r["cached_n"]) for r in m.raw["classes"]] == [(8, 32), (8, 48), (8, 16)]
+
+
 def test_a_bench_workload_is_one_request_class(engine, inv):
     e = engine(repetitions=5)
     m = e.measure(inv, cpu_plan(inv, e.info.dialect), BenchWorkload(n_prompt=16, n_gen=3, depth=32, repetitions=1))
