@@ -277,11 +277,12 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/api/studies/{name}", summary="one study: report --json's summary (best, fronts, baselines, ratios) "
                                             "plus every trial", **answers("study", errors=(404, 503)))
     async def study(name: str):
-        detail = await reads(store.derived, name, "json", lambda d: json.dumps(d, default=str).encode())
+        detail, writer = await reads(store.derived, name, "json", lambda d: json.dumps(d, default=str).encode())
         job = jobs.for_study(name)
-        # the kept JSON (a study of hundreds of trials: serialized once per read, not per request) plus the job
-        job_json = json.dumps(clean(job.to_json()) if job else None).encode()
-        return Response(detail[:-1] + b', "job": ' + job_json + b"}", media_type="application/json")
+        # the kept JSON (a study of hundreds of trials: serialized once per read, not per request) plus who writes
+        # the study and this server's job, both as they are now
+        live = json.dumps(clean({"writer": writer, "job": job.to_json() if job else None})).encode()
+        return Response(detail[:-1] + b", " + live[1:], media_type="application/json")
 
     @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
                                                    "runs)", **answers(None, errors=(404, 503), stream=True))

@@ -112,11 +112,14 @@ class StudyStore:
         finally:
             lock.release()
 
-    def derived(self, name: str, what: str, make):
-        """make(detail(NAME)) kept with the detail (the API's serialized JSON, the study page's HTML): built once per
-        read of the study, not per request."""
+    def derived(self, name: str, what: str, make) -> tuple[Any, str | None]:
+        """make(NAME's detail as kept, without its writer) kept with the detail (the API's serialized JSON, the
+        study page's HTML): built once per read of the study, not per request; and the study's writer now, asked on
+        this call (never kept: a tune stopped or killed leaves the file as it was, so what was kept with a writer
+        would say it runs until the next commit), for the caller to add to what it serves."""
         r = self.ref(name)
-        return self._cached((what, r.storage, name), r.storage, lambda: make(self.detail(name)), MIN_AGE_S)
+        made = self._cached((what, r.storage, name), r.storage, lambda: make(self._kept_detail(r)), MIN_AGE_S)
+        return made, self.writer(r)
 
     def storage_for_new(self, name: str) -> str:
         """Where a tune the server starts writes study NAME (what `tune` does with the same --storage)."""
@@ -207,8 +210,10 @@ class StudyStore:
     def detail(self, name: str) -> dict[str, Any]:
         """`report --json` (planner.tuner.report.study_summary) plus every trial and the VRAM fronts."""
         r = self.ref(name)
-        kept = self._cached(("detail", r.storage, name), r.storage, lambda: self._detail(r), MIN_AGE_S)
-        return dict(kept, writer=self.writer(r))
+        return dict(self._kept_detail(r), writer=self.writer(r))
+
+    def _kept_detail(self, r: StudyRef) -> dict[str, Any]:
+        return self._cached(("detail", r.storage, r.name), r.storage, lambda: self._detail(r), MIN_AGE_S)
 
     def _detail(self, r: StudyRef) -> dict[str, Any]:
         from ..tuner.report import study_summary, trials_frame, vram_front

@@ -98,21 +98,21 @@ def _tune_form(config) -> str:
 async def study_page(name: str, request: Request):
     store, reads, jobs = request.app.state.store, request.app.state.reads, request.app.state.jobs
     job = jobs.for_study(name)
-    try:
-        if job is None:       # the same page for every client: built once per read
-            body = await reads(store.derived, name, "page", lambda d: _study_body(name, d))
-        else:                 # this server's own tune: its page carries the job (the stop button)
-            body = _study_body(name, await reads(store.detail, name), job.to_json())
+    try:       # the same page for every client, built once per read
+        body, writer = await reads(store.derived, name, "page", lambda d: _study_body(name, d))
     except NotFound as err:
         if job is not None:       # a tune this server just started: its worker has not made the study yet
             return page(name, f"<h1>{e(name)} <span class=live>starting</span></h1><p>The tune's worker is "
                               "creating the study; this page reloads in 2 s.</p>", refresh_s=2)
         return page("no such study", f"<h1>No such study</h1><p class=error>{e(one_line(str(err)))}</p>")
-    return page(name, body, scripts=("common.js", "chart.umd.min.js", "study.js"))
+    # who writes the study and this server's job (the stop button) as they are now, never kept with the page
+    live = json.dumps({"writer": writer, "job": job.to_json() if job else None}, default=str).replace("</", "<\\/")
+    return page(name, body + f'<script id=study-live type="application/json">{live}</script>',
+                scripts=("common.js", "chart.umd.min.js", "study.js"))
 
 
-def _study_body(name: str, d: dict[str, Any], job: dict[str, Any] | None = None) -> str:
-    d = dict(d, job=job)
+def _study_body(name: str, d: dict[str, Any]) -> str:
+    """The study's page without who writes it (study-live, added per request: study_page)."""
     s = d.get("settings", {})
     budget = d.get("budget_bytes")
     waiting = int(d.get("counts", {}).get("waiting", 0))

@@ -114,3 +114,27 @@ def test_a_study_written_many_times_a_second_is_summarised_at_most_once_a_second
     assert store.progress("s")["n_trials"] == 2            # the progress events: every commit
     time.sleep(0.6)
     assert store.detail("s")["n_trials"] == 2
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat")
+def test_what_is_kept_of_a_study_never_keeps_its_writer(tmp_path):
+    # a tune stopped or killed leaves the SQLite file as it was: the JSON and page kept from before must not say
+    # it still runs (the writer is asked on every call, beside what is kept)
+    import fcntl
+
+    from planner.service.studies import flock_held
+    d = tmp_path / "studies"
+    d.mkdir()
+    study = optuna.create_study(study_name="s", storage=make_storage(f"sqlite:///{d / 's.db'}"))
+    _trial(study, 1.0)
+    lock = d / "s.db.lock"
+    if flock_held(lock) is None:
+        pytest.skip("no /proc/locks here")
+    store, made = StudyStore(None, d), []
+    with open(lock, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)          # a tune writes it
+        value, writer = store.derived("s", "json", lambda dt: made.append(dt) or "x")
+        assert value == "x" and "SQLite lock" in writer and store.detail("s")["writer"] == writer
+    value, writer = store.derived("s", "json", lambda dt: made.append(dt) or "y")
+    assert value == "x" and writer is None and store.detail("s")["writer"] is None   # kept, but nobody writes
+    assert len(made) == 1 and "writer" not in made[0]
