@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -36,6 +37,25 @@ def answer(command: str, req: Any) -> bytes:
     return json.dumps(clean(outcome.to_json()), default=str).encode()
 
 
+PARENT_POLL_S = 0.5      # a worker notices within this that its server is gone
+
+
+def _die_with(server: int) -> None:
+    """A worker's initializer: end this worker when its server (pid SERVER) is gone, kill -9 included.
+
+    Pool workers otherwise outlive it: each waits on its call queue, whose pipe it holds both ends of, so it never
+    reads an end of file (nor does the resource tracker, whose pipe they hold). planner/children.py's
+    PR_SET_PDEATHSIG does not fit these: the kernel signals when the *thread* that started the child exits, and a
+    ProcessPoolExecutor starts its spawned workers on whichever thread submits (here the service's worker threads,
+    which anyio ends after 10 s idle: the signal would kill healthy workers). So a daemon thread watches the parent:
+    once getppid() is no longer SERVER (the worker was handed to init or a subreaper), the worker exits."""
+    def watch() -> None:
+        while os.getppid() == server:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+    threading.Thread(target=watch, name="die-with-server", daemon=True).start()
+
+
 def _warm() -> int:
     from ..app import explain_outcome, plan_outcome  # noqa: F401  (the imports, once per worker)
     return os.getpid()
@@ -43,7 +63,7 @@ def _warm() -> int:
 
 class Pool:
     """Worker processes, spawned (not forked from a threaded server), the first started at once with its imports
-    done; a pool whose worker died is replaced."""
+    done; a pool whose worker died is replaced. Each worker dies with the server (_die_with)."""
 
     def __init__(self, n: int):
         self.n = n
@@ -51,7 +71,8 @@ class Pool:
         self._pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
-        pool = ProcessPoolExecutor(self.n, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(self.n, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with,
+                                   initargs=(os.getpid(),))
         pool.submit(_warm)
         return pool
 
