@@ -85,7 +85,7 @@ PINNED: dict[str, Build] = {
 }
 
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)")
-_SPEC = re.compile(r"^(mainline|ik)(?::(\d+|pinned))?$")
+_SPEC = re.compile(r"(mainline|ik)(?::([0-9]+|pinned))?")      # fullmatch; ASCII digits, as the schema says
 
 
 def from_version(text: str, dialect: Dialect) -> Build:
@@ -100,7 +100,7 @@ def parse_build(spec: str | None, dialect: Dialect) -> Build:
     """--build DIALECT[:NUMBER|:pinned] or None (the pinned build of `dialect`); InputError otherwise."""
     if spec is None or spec == "pinned":
         return PINNED[dialect]
-    m = _SPEC.match(spec.strip())
+    m = _SPEC.fullmatch(spec)
     if m is None:
         raise InputError(f"--build {spec!r}: expected DIALECT[:NUMBER] with DIALECT one of {', '.join(DIALECTS)} "
                          "and NUMBER the build number `llama-server --version` prints (e.g. ik:4840, "

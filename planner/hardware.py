@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import cache
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -19,7 +20,8 @@ MiB = 1 << 20
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": MiB, "mb": 10**6, "mib": MiB,
           "g": GiB, "gb": 10**9, "gib": GiB, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits and spaces only (the service's schema says the same: planner/service/bodies.py SIZE)
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
 
 
 MAX_SIZE = 1 << 50            # 1 PiB: far above any GPU or host memory; a larger "size" is a typo
@@ -42,7 +44,7 @@ def parse_size(text: str | int, allow_zero: bool = False) -> int:
     Whole bytes from 1 (0 with allow_zero: a margin may be none, a GPU may not) to 1 PiB."""
     if isinstance(text, bool):
         raise InputError(f"bad size {text!r}: use e.g. 24GiB, 24G, 24576MiB or a number of bytes")
-    m = None if isinstance(text, int) else _SIZE.match(str(text))
+    m = None if isinstance(text, int) else _SIZE.fullmatch(str(text))
     unit = m.group(2).lower() if m else None
     if not isinstance(text, int) and (m is None or unit not in _UNITS):
         raise InputError(f"bad size {str(text)[:60]!r}: use e.g. 24GiB, 24G, 24576MiB or a number of bytes")
@@ -241,9 +243,14 @@ def _gpu_sizes(sizes: str) -> list[int]:
     return parsed
 
 
+@cache
+def _preset_names() -> tuple[str, ...]:
+    return tuple(sorted(p.name[:-5] for p in resources.files("planner").joinpath("hardware_presets").iterdir()
+                        if p.name.endswith(".json")))
+
+
 def preset_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("planner").joinpath("hardware_presets").iterdir()
-                  if p.name.endswith(".json"))
+    return list(_preset_names())
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
@@ -257,10 +264,16 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise InputError(f"hardware profile {name_or_path} is not JSON: {str(e)[:100]}") from e
         return HardwareProfile.from_dict(data, f"hardware profile {name_or_path}")
-    res = resources.files("planner").joinpath(f"hardware_presets/{name_or_path}.json")
-    if not res.is_file():
+    if name_or_path not in preset_names():
         raise InputError(f"unknown hardware preset {name_or_path!r}; known: {', '.join(preset_names())}")
-    return HardwareProfile.from_dict(json.loads(res.read_text()))
+    return _preset(name_or_path)
+
+
+@cache
+def _preset(name: str) -> HardwareProfile:
+    """A preset of the package: read once (the service plans on them many times a second)."""
+    return HardwareProfile.from_dict(json.loads(resources.files("planner").joinpath(f"hardware_presets/{name}.json")
+                                                .read_text()))
 
 
 def from_gpu_sizes(sizes: str) -> HardwareProfile:

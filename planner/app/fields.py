@@ -7,6 +7,7 @@ writes its OpenAPI schema with them (service/bodies.py): one spelling of every o
 of every bad value, wherever the request comes from."""
 from __future__ import annotations
 
+import re
 import types
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
@@ -17,6 +18,10 @@ from ..errors import InputError
 # str, int, float: one value; bool: a switch (store_true); choice: one of a Literal's values; list: a tuple of
 # strings (a comma list on the command line); other: no flag or key (a study spec's space limits)
 Kind = Literal["str", "int", "float", "bool", "choice", "list", "other"]
+# a number as text: ASCII digits only (int() and float() would also take '1_000', '٣', ' 5 ', 'nan' and 'inf');
+# the service's schema gives the same patterns for a number sent as text
+INT_TEXT = r"[+-]?[0-9]+"
+FLOAT_TEXT = r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?"
 
 
 def opt(default: Any = MISSING, *, help: str, flag: str | None = None, choices: tuple[str, ...] = ()) -> Any:
@@ -41,14 +46,15 @@ class Option:
         """TEXT as the field's value; an InputError worded as argparse words its own type errors."""
         if self.kind == "int":
             try:
-                return int(text)
-            except ValueError:
-                raise InputError(f"invalid int value: {text!r}") from None
+                if re.fullmatch(INT_TEXT, text):
+                    return int(text)
+            except ValueError:                   # over Python's 4300 digits
+                pass
+            raise InputError(f"invalid int value: {text[:60]!r}")
         if self.kind == "float":
-            try:
-                return float(text)
-            except ValueError:
-                raise InputError(f"invalid float value: {text!r}") from None
+            if not re.fullmatch(FLOAT_TEXT, text):
+                raise InputError(f"invalid float value: {text[:60]!r}")
+            return float(text)
         if self.kind == "choice" and text not in self.choices:
             raise InputError(f"invalid choice: {text!r} (choose from {', '.join(map(repr, self.choices))})")
         return text

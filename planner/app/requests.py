@@ -244,7 +244,6 @@ class ServerConfig:
     max_tunes: int = opt(1, help="tune workers at once (default 1)")
     max_trials: int = opt(200, help="trials one tune request may ask for (default 200)")
     max_body: int = 64 * 1024            # bytes of a request body
-    max_args: int = 512                  # llama.cpp arguments of one explain request
     compute_threads: int = 4             # plan/explain/inspect computed at once (the rest wait)
     max_waiting: int = 256               # requests waiting for a compute slot before 503
 

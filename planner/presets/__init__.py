@@ -35,7 +35,8 @@ class Preset:
         return _inventory(self.key, self.quant)
 
 
-def _read(name: str) -> dict:
+@cache
+def _read(name: str) -> dict:            # a package file, read once (callers only read it)
     return json.loads(resources.files(__package__).joinpath(name).read_text())
 
 
@@ -50,6 +51,16 @@ def _index() -> dict[str, dict]:
 
 def preset_names() -> list[str]:
     return sorted(d["name"] for d in _index().values())
+
+
+def preset_models() -> list[str]:
+    """Every preset as MODEL spells it: preset:NAME and preset:NAME:QUANT for each of its quants (the service's
+    schema lists them)."""
+    out = []
+    for d in _index().values():
+        quants = d["quants"] + [q for q in _every_model_quants() if q not in d["quants"]]
+        out += [f"preset:{d['name']}", *(f"preset:{d['name']}:{q}" for q in quants)]
+    return sorted(out)
 
 
 def _more_bits(i: int, n: int) -> bool:

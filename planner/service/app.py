@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import tempfile
+import threading
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -26,14 +27,18 @@ from ..app.serve import check_bind, is_loopback
 from ..engines import spec
 from ..errors import InputError
 from . import bodies
+from .answers import BODY, answers, without_422
 from .jobs import Jobs
+from .memo import Memo
+from .workers import Workers
 from .security import TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok, token_ok
-from .studies import StudyStore, clean
+from .studies import StorageBusy, StudyStore, clean
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # fullmatch (a '$' would let a newline end it)
 EVENT_INTERVAL_S = 1.0
+READ_THREADS = 4                 # study reads at once (their own threads: a read never waits behind a plan)
 KEEPALIVE_S = 15.0
 
 
@@ -122,12 +127,14 @@ def _cookie(header: str, name: str) -> str | None:
 
 
 class Compute:
-    """plan/explain/inspect run in worker threads, a few at a time (they are CPU-bound): the rest wait, and past
-    max_waiting a request is told to come back (503) rather than queueing without bound."""
+    """Work off the event loop, in worker threads, THREADS at a time: the rest wait, and past max_waiting a request
+    is told to come back (503) rather than queueing without bound. Two of them: plan/explain/inspect (CPU-bound:
+    config.compute_threads) and the study reads (quick once kept, studies.py: READ_THREADS), so that a read never
+    waits behind a plan."""
 
-    def __init__(self, config: ServerConfig):
-        self.limiter = anyio.CapacityLimiter(config.compute_threads)
-        self.max_waiting = config.max_waiting
+    def __init__(self, threads: int, max_waiting: int):
+        self.limiter = anyio.CapacityLimiter(threads)
+        self.max_waiting = max_waiting
         self.waiting = 0
 
     async def __call__(self, fn: Callable, *args: Any) -> Any:
@@ -162,13 +169,13 @@ CONFIRM_FRESH_DOC = {"type": "boolean", "description": "with fresh: true, says y
                                                        "without it"}
 
 
-def _doc(command: str, summary: str) -> dict[str, Any]:
+def _doc(command: str, summary: str, limits: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """OpenAPI for a body read by hand (bodies.py, not pydantic, checks it and words the errors as the CLI does)."""
-    schema = bodies.schema(command)
+    schema = bodies.schema(command, limits)
     if command == "tune":
         schema["properties"][CONFIRM_FRESH] = CONFIRM_FRESH_DOC
     return {"summary": summary, "openapi_extra": {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": schema}}}}}
+        "application/json": {"schema": schema, "example": bodies.EXAMPLES[command]}}}}}
 
 
 def fresh_confirmed(body: Any) -> bool:
@@ -188,18 +195,25 @@ def create_app(config: ServerConfig) -> FastAPI:
     store = StudyStore(config.storage, config.studies_dir.resolve())
     jobs = Jobs(config, state_dir)
     paths = PathPolicy(config.model_dirs)
-    compute = Compute(config)
+    compute = Compute(config.compute_threads, config.max_waiting)
+    reads = Compute(READ_THREADS, config.max_waiting)
+    memo = Memo()
+    workers = Workers()
+    threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
 
     @asynccontextmanager
     async def lifespan(app):
         yield
+        workers.shutdown()
         await anyio.to_thread.run_sync(jobs.shutdown)
 
     # /docs is the package's own page (views.py: the OpenAPI document as HTML), not swagger-ui from a CDN
     app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
     app.state.config, app.state.store, app.state.jobs = config, store, jobs
-    app.state.paths, app.state.compute = paths, compute
+    app.state.paths, app.state.compute, app.state.reads, app.state.memo = paths, compute, reads, memo
+    fastapi_openapi = app.openapi
+    app.openapi = lambda: app.openapi_schema or without_422(fastapi_openapi())
 
     @app.exception_handler(InputError)
     async def _input_error(request: Request, e: InputError):
@@ -214,61 +228,72 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException):
-        return error(e.status_code, str(e.detail))
+        response = error(e.status_code, str(e.detail))
+        if e.status_code == 405:      # every method of the path (Starlette names only the first route's)
+            response.headers["Allow"] = ", ".join(_methods(app, request.scope))
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error(500, f"internal error ({type(e).__name__}); the server log has the details")
 
-    async def run_command(request: Request, command: str, result: Callable[[Any], Any]) -> Response:
+    async def run_command(request: Request, command: str) -> Response:
         body = await read_json(request)
 
-        def work():
-            return result(bodies.request(command, body, paths)).to_json()
-        return as_json(await compute(work))
+        def work() -> bytes:
+            req = bodies.request(command, body, paths)
+            return memo.get(command, req, lambda: workers.run(command, req))
+        return Response(await compute(work), media_type="application/json")
 
-    @app.get("/api/health", summary="liveness, version, what this server allows")
+    @app.get("/api/health", summary="liveness, version, what this server allows", **answers("health"))
     async def health():
         return as_json({"ok": True, "version": _version(), "engines": list(config.engines),
                         "storage": config.storage or f"sqlite:///{config.studies_dir}/STUDY.db",
                         "max_tunes": config.max_tunes, "max_trials": config.max_trials,
-                        "models": [str(p) for p in paths.roots]})
+                        "models": [str(p) for p in paths.roots],
+                        "answers_kept": {"hits": memo.hits, "misses": memo.misses}})
 
-    @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"))
+    @app.post("/api/inspect", **_doc("inspect", "offload-tuner inspect MODEL --json"),
+              **answers("inspect", errors=BODY))
     async def inspect(request: Request):
-        from ..app import inspect_model
-        return await run_command(request, "inspect", inspect_model)
+        return await run_command(request, "inspect")
 
-    @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"))
+    @app.post("/api/plan", **_doc("plan", "offload-tuner plan MODEL ... --json"), **answers("plan", errors=BODY))
     async def plan(request: Request):
-        from ..app import plan_outcome
-        return await run_command(request, "plan", plan_outcome)
+        return await run_command(request, "plan")
 
-    @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"))
+    @app.post("/api/explain", **_doc("explain", "offload-tuner explain MODEL ... --json -- ARGS"),
+              **answers("explain", errors=BODY))
     async def explain(request: Request):
-        from ..app import explain_outcome
-        return await run_command(request, "explain", explain_outcome)
+        return await run_command(request, "explain")
 
-    @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds")
+    @app.get("/api/studies", summary="every study in the server's storage, with counts and best speeds",
+             **answers("studies", errors=(503,)))
     async def studies():
-        return as_json({"studies": await compute(store.listing),
+        return as_json({"studies": await reads(store.listing),
                         "running": [j.to_json() for j in jobs.running()]})
 
     @app.get("/api/studies/{name}", summary="one study: report --json's summary (best, fronts, baselines, ratios) "
-                                            "plus every trial")
+                                            "plus every trial", **answers("study", errors=(404, 503)))
     async def study(name: str):
-        d = await compute(store.detail, name)
+        detail, writer = await reads(store.derived, name, "json", lambda d: json.dumps(d, default=str).encode())
         job = jobs.for_study(name)
-        return as_json(dict(d, job=job.to_json() if job else None))
+        # the kept JSON (a study of hundreds of trials: serialized once per read, not per request) plus who writes
+        # the study and this server's job, both as they are now
+        live = json.dumps(clean({"writer": writer, "job": job.to_json() if job else None})).encode()
+        return Response(detail[:-1] + b", " + live[1:], media_type="application/json")
 
     @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
-                                                   "runs)")
+                                                   "runs)", **answers(None, errors=(404, 503), stream=True))
     async def study_events(name: str, request: Request):
-        await compute(store.ref, name)          # 404 now, not inside the stream
+        await reads(store.ref, name)          # 404 now, not inside the stream
         return _sse(request, name, None)
 
-    @app.post("/api/tunes", status_code=202, **_doc("tune", "start offload-tuner tune ... --json in a worker"))
+    server_limits = {"trials": {"maximum": config.max_trials}, "engine": {"enum": list(config.engines)}}
+
+    @app.post("/api/tunes", **_doc("tune", "start offload-tuner tune ... --json in a worker", server_limits),
+              **answers("job", 202, errors=(*BODY, 409, 429)))
     async def start_tune(request: Request):
         from ..app import tune_inputs
         body = await read_json(request)
@@ -284,7 +309,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             if opts.trials > config.max_trials:
                 raise InputError(f"--trials {opts.trials}: this server runs at most {config.max_trials} per tune")
             inputs = tune_inputs(opts)       # tune's own checks, before a worker starts
-            if not STUDY_NAME.match(inputs.study):
+            if not STUDY_NAME.fullmatch(inputs.study):
                 raise InputError(f"study name {inputs.study[:120]!r}: letters, digits, '.', '_' and '-' only")
             if opts.fresh and not confirmed:
                 # one POST must not wipe a study of hours: the deletion is said out loud
@@ -302,22 +327,25 @@ def create_app(config: ServerConfig) -> FastAPI:
         job = jobs.start(worker, name, storage)
         return as_json(job.to_json(), 202)
 
-    @app.get("/api/tunes", summary="tunes this server started")
+    @app.get("/api/tunes", summary="tunes this server started", **answers("tunes"))
     async def tunes():
         return as_json({"tunes": [j.to_json() for j in jobs.all()]})
 
-    @app.get("/api/tunes/{job_id}", summary="one tune: state, command, error, and tune --json's output when done")
+    @app.get("/api/tunes/{job_id}", summary="one tune: state, command, error, and tune --json's output when done",
+             **answers("tune", errors=(404,)))
     async def tune(job_id: str):
         job = jobs.get(job_id)
         return as_json(dict(job.to_json(), result=job.result()))
 
     @app.post("/api/tunes/{job_id}/stop", summary="stop a tune within a second (SIGINT, then SIGKILL; finished "
-                                                           "trials are kept, resumable)")
+                                                           "trials are kept, resumable)",
+              **answers("job", errors=(404,)))
     async def stop_tune(job_id: str):
         job = await anyio.to_thread.run_sync(jobs.stop, job_id)     # over within a second (Jobs.stop)
         return as_json(job.to_json())
 
-    @app.get("/api/tunes/{job_id}/events", summary="server-sent progress events of a tune, until it ends")
+    @app.get("/api/tunes/{job_id}/events", summary="server-sent progress events of a tune, until it ends",
+             **answers(None, errors=(404, 503), stream=True))
     async def tune_events(job_id: str, request: Request):
         job = jobs.get(job_id)
         return _sse(request, job.study, job)
@@ -327,7 +355,10 @@ def create_app(config: ServerConfig) -> FastAPI:
             last, quiet_since = None, anyio.current_time()
             while not await request.is_disconnected():
                 try:
-                    snap = await compute(store.progress, name)
+                    snap = await reads(store.progress, name)
+                except (StorageBusy, Overloaded):      # this time only: the next tick asks again
+                    await anyio.sleep(EVENT_INTERVAL_S)
+                    continue
                 except InputError:      # the worker has not created the study yet
                     snap = {"n_trials": 0, "counts": {}}
                 live = job or jobs.for_study(name)
@@ -349,6 +380,31 @@ def create_app(config: ServerConfig) -> FastAPI:
     from .views import router
     app.include_router(router)
     return Guard(app, config)
+
+
+WARM_UP = ("pandas", "optuna", "sqlalchemy.orm", "optuna.storages._rdb.storage", "planner.tuner.report",
+           "planner.tuner.records", "planner.tuner.storage")      # what a study read needs (workers.py: a plan's)
+
+
+def _warm_up() -> None:
+    """The imports the first study read would wait for (pandas, optuna and SQLAlchemy take seconds on a busy
+    machine), made once at start, in the background."""
+    import importlib
+    for name in WARM_UP:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:       # the request that needs it says so
+            log.debug("warm-up: %s", e)
+
+
+def _methods(app: FastAPI, scope) -> list[str]:
+    """The methods the routes of SCOPE's path take."""
+    from starlette.routing import Match
+    methods = set()
+    for route in app.router.routes:
+        if getattr(route, "methods", None) and route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 def _version() -> str:

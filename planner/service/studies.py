@@ -1,20 +1,29 @@
 """Studies as the service reads them: the SQLite files under studies/ (one per study, as `tune` writes them by
 default) or every study in one --storage URL. A study's JSON is `report --json`'s summary (planner.tuner.report)
-plus its trials and throughput-versus-VRAM fronts, for the API and the web view."""
+plus its trials and throughput-versus-VRAM fronts, for the API and the web view.
+
+Reading a study costs a query per trial table and a DataFrame (~0.1-1 s); many clients read the same studies while
+one worker writes a trial every second or so. So what is read from an SQLite file is kept until the file changes
+(its and its WAL's size and modification time: a commit changes one of them), one read of a study runs at a time,
+and a study's summary is read at most once a second (StudyStore._cached). A server database (PostgreSQL) is read
+every time."""
 from __future__ import annotations
 
 import json
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .security import NotFound
+from ..tuner.storage import sqlite_path
+from .security import NotFound, ServiceError
 
 log = logging.getLogger(__name__)
+MIN_AGE_S = 1.0        # a study's summary and trials are read at most once a second (its progress: every commit)
 
 
 @dataclass(frozen=True)
@@ -36,23 +45,96 @@ def clean(o: Any) -> Any:
     return o
 
 
+class StorageBusy(ServiceError):
+    """The storage did not answer this time (an SQLite file a worker is creating or holds locked): retry."""
+    status = 503
+
+
+def _version(url: str) -> tuple | None:
+    """What changes with every commit to URL's SQLite file: its and its WAL's (size, mtime); None where that is
+    not known (a server database)."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    out = []
+    for p in (path, path.with_name(path.name + "-wal")):
+        try:
+            st = p.stat()
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _read(url: str, read):
+    """read(); a storage error as StorageBusy (503: retry)."""
+    try:
+        return read()
+    except InputError:
+        raise
+    except Exception as e:       # optuna's StorageInternalError, SQLAlchemy's OperationalError
+        log.warning("reading %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise StorageBusy(f"the storage {url} did not answer ({type(e).__name__}); retry in a moment") from None
+
+
 class StudyStore:
     def __init__(self, storage: str | None, studies_dir: Path):
         self.url = storage
         self.studies_dir = studies_dir
         self._storages: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._kept: dict[tuple, tuple[tuple, Any, float]] = {}   # (what, url, name) -> (version, value, when)
+        self._reading: dict[tuple, threading.Lock] = {}        # one read of each at a time
+
+    def _cached(self, key: tuple, url: str, read, min_age_s: float = 0.0):
+        """read(), kept until URL's storage changes, and at least MIN_AGE_S (a study a worker writes several times a
+        second is not read again for every client: its answer is at most that old). One read of KEY at a time: a
+        client that asks while the changed storage is being read gets the answer kept from before (as if it had
+        asked a moment earlier) rather than waiting; one that asks when nothing is under way gets the storage as it
+        is, MIN_AGE_S aside."""
+        version = _version(url)       # taken before reading: a commit during the read makes the next call read
+        if version is None:
+            return _read(url, read)
+        with self._lock:
+            kept = self._kept.get(key)
+            lock = self._reading.setdefault(key, threading.Lock())
+        if kept is not None and (kept[0] == version or time.monotonic() - kept[2] < min_age_s):
+            return kept[1]
+        if not lock.acquire(blocking=kept is None):
+            return kept[1]
+        try:
+            kept = self._kept.get(key)
+            if kept is not None and kept[0] == version:
+                return kept[1]
+            value = _read(url, read)
+            self._kept[key] = (version, value, time.monotonic())
+            return value
+        finally:
+            lock.release()
+
+    def derived(self, name: str, what: str, make) -> tuple[Any, str | None]:
+        """make(NAME's detail as kept, without its writer) kept with the detail (the API's serialized JSON, the
+        study page's HTML): built once per read of the study, not per request; and the study's writer now, asked on
+        this call (never kept: a tune stopped or killed leaves the file as it was, so what was kept with a writer
+        would say it runs until the next commit), for the caller to add to what it serves."""
+        r = self.ref(name)
+        made = self._cached((what, r.storage, name), r.storage, lambda: make(self._kept_detail(r)), MIN_AGE_S)
+        return made, self.writer(r)
 
     def storage_for_new(self, name: str) -> str:
         """Where a tune the server starts writes study NAME (what `tune` does with the same --storage)."""
         return self.url or f"sqlite:///{self.studies_dir / (name + '.db')}"
 
     def _storage(self, url: str):
-        """One RDBStorage per URL for the server's life (opening one costs a schema check)."""
+        """One storage per URL for the server's life (opening one costs a schema check), behind Optuna's trial
+        cache (what load_study puts in front of an RDBStorage, kept here rather than made anew per read): a read
+        fetches only the trials new or unfinished since the last."""
         with self._lock:
             if url not in self._storages:
+                import optuna
+
                 from ..tuner.storage import make_storage
-                self._storages[url] = make_storage(url)
+                self._storages[url] = optuna.storages.get_storage(make_storage(url))
             return self._storages[url]
 
     def _urls(self) -> list[str]:
@@ -62,11 +144,14 @@ class StudyStore:
             return []
         return [f"sqlite:///{p}" for p in sorted(self.studies_dir.glob("*.db")) if p.stat().st_size > 0]
 
+    def _names(self, url: str) -> list[str]:
+        return self._cached(("names", url), url, lambda: [s.study_name for s in self._storage(url).get_all_studies()])
+
     def refs(self) -> list[StudyRef]:
         out = []
         for url in self._urls():
             try:
-                out += [StudyRef(s.study_name, url) for s in self._storage(url).get_all_studies()]
+                out += [StudyRef(name, url) for name in self._names(url)]
             except Exception as e:     # an unreadable file must not hide the others
                 log.warning("skipping %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return out
@@ -77,8 +162,10 @@ class StudyStore:
             if path.is_file() and "/" not in name:
                 url = f"sqlite:///{path}"
                 try:
-                    if any(s.study_name == name for s in self._storage(url).get_all_studies()):
+                    if name in self._names(url):
                         return StudyRef(name, url)
+                except StorageBusy:
+                    raise
                 except InputError:
                     pass
         for r in self.refs():
@@ -88,9 +175,7 @@ class StudyStore:
         raise NotFound(f"no study {name!r} in {self.url or str(self.studies_dir) + '/'}; studies there: {known}")
 
     def load(self, name: str):
-        import optuna
-        r = self.ref(name)
-        return optuna.load_study(study_name=name, storage=self._storage(r.storage))
+        return self._open(self.ref(name))
 
     def exists(self, name: str) -> bool:
         try:
@@ -111,40 +196,45 @@ class StudyStore:
         return out
 
     def brief(self, r: StudyRef) -> dict[str, Any]:
-        import optuna
+        kept = self._cached(("brief", r.storage, r.name), r.storage, lambda: self._brief(r), MIN_AGE_S)
+        return dict(kept, writer=self.writer(r))
 
+    def _brief(self, r: StudyRef) -> dict[str, Any]:
         from ..tuner.records import StudyRecord
-        study = optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
-        p = dict(progress(study), writer=self.writer(study, r))
+        study = self._open(r)
+        p = progress(study)
         s = StudyRecord.of(study).settings
         return {"study": r.name, "storage": r.storage, "model": s.get("model"), "engine": s.get("engine"),
                 "hardware": hardware_words(s), "objective": s.get("objective"), **p}
 
     def detail(self, name: str) -> dict[str, Any]:
         """`report --json` (planner.tuner.report.study_summary) plus every trial and the VRAM fronts."""
-        import optuna
-
-        from ..tuner.report import study_summary, trials_frame, vram_front
         r = self.ref(name)
-        study = optuna.load_study(study_name=name, storage=self._storage(r.storage))
+        return dict(self._kept_detail(r), writer=self.writer(r))
+
+    def _kept_detail(self, r: StudyRef) -> dict[str, Any]:
+        return self._cached(("detail", r.storage, r.name), r.storage, lambda: self._detail(r), MIN_AGE_S)
+
+    def _detail(self, r: StudyRef) -> dict[str, Any]:
+        from ..tuner.report import study_summary, trials_frame, vram_front
+        study = self._open(r)
         df = trials_frame(study)
         s = study_summary(study, df)
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
         return clean(dict(s.to_dict(), storage=r.storage, trials=trials, vram_fronts=fronts,
-                          hardware_words=hardware_words(s.settings), writer=self.writer(study, r)))
+                          hardware_words=hardware_words(s.settings)))
 
     def progress(self, name: str) -> dict[str, Any]:
         r = self.ref(name)
-        import optuna
-        study = optuna.load_study(study_name=name, storage=self._storage(r.storage))
-        return dict(progress(study), writer=self.writer(study, r))
+        kept = self._cached(("progress", r.storage, name), r.storage, lambda: progress(self._open(r)))
+        return dict(kept, writer=self.writer(r))
 
-    def writer(self, study, r: StudyRef) -> str | None:
-        """Why the storage says a tune writes STUDY now, whoever started it (this server, a CLI `tune`, a
+    def writer(self, r: StudyRef) -> str | None:
+        """Why the storage says a tune writes the study now, whoever started it (this server, a CLI `tune`, a
         worker on another machine), or None: the SQLite file's worker lock is held (planner.tuner.storage
         lock_sqlite), or a trial is RUNNING with a heartbeat (or, without one, a start) newer than the grace
-        Optuna gives a heartbeat."""
+        Optuna gives a heartbeat. Asked on every read (never kept: a tune takes the lock before it writes)."""
         from ..tuner.storage import sqlite_path
         path = sqlite_path(r.storage)
         if path is not None:
@@ -154,7 +244,11 @@ class StudyStore:
             held = flock_held(path.resolve().with_name(path.name + ".lock"))
             if held is not None:
                 return "a tune holds the study's SQLite lock" if held else None
-        return running_trial(study, self._storage(r.storage))
+        return running_trial(self._open(r), self._storage(r.storage))
+
+    def _open(self, r: StudyRef):
+        import optuna
+        return optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
 
 
 def hardware_words(settings: dict[str, Any]) -> str:

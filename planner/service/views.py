@@ -44,9 +44,9 @@ def _gib(v: Any) -> str:
 
 @router.get("/")
 async def index(request: Request):
-    store, jobs, compute = request.app.state.store, request.app.state.jobs, request.app.state.compute
+    store, jobs, reads = request.app.state.store, request.app.state.jobs, request.app.state.reads
     rows = []
-    for s in await compute(store.listing):
+    for s in await reads(store.listing):
         live = jobs.for_study(s["study"]) or s.get("writer")
         counts = dict(s["counts"])
         waiting = counts.pop("waiting", 0)
@@ -96,16 +96,23 @@ def _tune_form(config) -> str:
 
 @router.get("/studies/{name}")
 async def study_page(name: str, request: Request):
-    store, compute, jobs = request.app.state.store, request.app.state.compute, request.app.state.jobs
+    store, reads, jobs = request.app.state.store, request.app.state.reads, request.app.state.jobs
     job = jobs.for_study(name)
-    try:
-        d = await compute(store.detail, name)
+    try:       # the same page for every client, built once per read
+        body, writer = await reads(store.derived, name, "page", lambda d: _study_body(name, d))
     except NotFound as err:
         if job is not None:       # a tune this server just started: its worker has not made the study yet
             return page(name, f"<h1>{e(name)} <span class=live>starting</span></h1><p>The tune's worker is "
                               "creating the study; this page reloads in 2 s.</p>", refresh_s=2)
         return page("no such study", f"<h1>No such study</h1><p class=error>{e(one_line(str(err)))}</p>")
-    d = dict(d, job=job.to_json() if job else None)
+    # who writes the study and this server's job (the stop button) as they are now, never kept with the page
+    live = json.dumps({"writer": writer, "job": job.to_json() if job else None}, default=str).replace("</", "<\\/")
+    return page(name, body + f'<script id=study-live type="application/json">{live}</script>',
+                scripts=("common.js", "chart.umd.min.js", "study.js"))
+
+
+def _study_body(name: str, d: dict[str, Any]) -> str:
+    """The study's page without who writes it (study-live, added per request: study_page)."""
     s = d.get("settings", {})
     budget = d.get("budget_bytes")
     waiting = int(d.get("counts", {}).get("waiting", 0))
@@ -133,9 +140,8 @@ async def study_page(name: str, request: Request):
              "<p class=muted id=unrun-why></p>"
              f"<table class=grid id=unrun><thead><tr>{plain}</tr></thead><tbody></tbody></table></section>")
     data = json.dumps(d, default=str).replace("</", "<\\/")
-    body = (head + answer + charts + panel + table +
+    return (head + answer + charts + panel + table +
             f'<script id=study-data type="application/json">{data}</script>')
-    return page(name, body, scripts=("common.js", "chart.umd.min.js", "study.js"))
 
 
 def _trial_rows(trials: list[dict[str, Any]]) -> str:

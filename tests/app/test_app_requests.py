@@ -86,7 +86,7 @@ def test_the_choices_are_the_listed_ones():
 COMMANDS = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest, "tune": TuneOptions,
             "report": ReportRequest, "demo": DemoRequest, "serve": ServerConfig}
 POSITIONAL = {"model", "study"}
-NO_FLAG = {"args", "space_limits", "workdir", "max_body", "max_args", "compute_threads", "max_waiting"}
+NO_FLAG = {"args", "space_limits", "workdir", "max_body", "compute_threads", "max_waiting"}
 
 
 @pytest.mark.parametrize("command", COMMANDS)

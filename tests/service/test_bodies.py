@@ -2,10 +2,12 @@
 CLI's flags make, the same message for a bad value, the server's keys refused, the schema from the fields."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from planner import cli
-from planner.app import PlanRequest, TuneOptions
+from planner.app import PlanRequest, TuneOptions, plan_outcome
 from planner.app.fields import options
 from planner.errors import InputError
 from planner.service import bodies
@@ -71,8 +73,9 @@ def test_the_schema_is_the_requests_fields_with_their_help(command):
         assert prop.get("description"), (command, name)
     assert s["required"] == (["model", "args"] if command == "explain" else ["model"])
     if command == "tune":
-        assert s["properties"]["n_prompt"] == {"type": "integer",
-                                               "description": options(TuneOptions)["n_prompt"].help}
+        assert s["properties"]["n_prompt"] == {   # a JSON integer or the command line's text
+            "oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[+-]?[0-9]+$"}],
+            "description": options(TuneOptions)["n_prompt"].help}
         assert s["properties"]["engine"]["enum"] == ["sim", "torch", "llamacpp", "llamaserver"]   # the registry
 
 
@@ -83,3 +86,21 @@ def test_a_workload_over_http_is_a_preset_not_a_file_of_the_servers(tmp_path):
     for command in ("plan", "tune"):
         with pytest.raises(InputError, match="a workload file is the server's"):
             bodies.request(command, {"model": M, "workload": str(tmp_path / "w.toml")}, PATHS)
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"model": M, "gpu": 24}, "gpu: expected a string, got a number"),            # a size is text: 24 is not 24GiB
+    ({"model": M, "margin": 0}, "margin: expected a string, got a number"),
+    ({"model": M, "ctx": 8192.5}, "ctx: expected an integer (or its text), got a number"),
+    ({"model": M, "ctx": True}, "ctx: expected an integer (or its text), got true or false"),
+    ({"model": M, "ctx": "1_000"}, "invalid int value: '1_000'"),                 # int() would take these
+    ({"model": M, "ctx": "\u0663"}, "invalid int value"),
+    ({"model": M, "ctx": " 5"}, "invalid int value"),
+    ({"model": M, "gpu": "\u0662\u0664GiB"}, "bad size"),                          # Arabic-Indic 24
+    ({"model": M, "gpu": "16GiB", "build": "mainline:\u0661"}, "expected DIALECT[:NUMBER]"),
+])
+def test_a_value_is_its_json_type_or_the_command_lines_ascii_text(body, words):
+    """What the schema says is what the code takes: a string field a string, a number a JSON number or its
+    ASCII text (the fuzz's invalid data found each of these accepted)."""
+    with pytest.raises(InputError, match=re.escape(words)):
+        plan_outcome(bodies.request("plan", body, PATHS))

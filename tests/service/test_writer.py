@@ -55,7 +55,7 @@ def test_running_trial_by_heartbeat(tmp_path):
     assert running_trial(study, storage)
     store = StudyStore(url, tmp_path)
     if flock_held(tmp_path / "s.db.lock") is not None:
-        assert store.writer(study, StudyRef("s", url)) is None
+        assert store.writer(StudyRef("s", url)) is None
         with open(tmp_path / "s.db.lock", "a+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            assert "SQLite lock" in store.writer(study, StudyRef("s", url))
+            assert "SQLite lock" in store.writer(StudyRef("s", url))
