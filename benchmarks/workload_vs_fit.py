@@ -195,7 +195,24 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
     return finished
 
 
-def cell_row(study, cell: Cell) -> dict[str, Any]:
+def split_words(command: str | None, inv, n_gpus: int) -> str | None:
+    """How a served command shares the model out over several GPUs (planner.residency.gpu_shares), or None: one
+    GPU, no model to read, or a --fit that moves experts itself at load (its share is the VRAM it used)."""
+    if not command or inv is None or n_gpus < 2:
+        return None
+    from planner.errors import InputError
+    from planner.flags import parse
+    from planner.residency import gpu_shares
+    try:
+        parsed = parse(command, inv, "mainline", tool="server", n_gpus=n_gpus)
+    except InputError:
+        return None
+    if parsed.fit_moves_experts:
+        return None
+    return "; ".join(s.words() for s in gpu_shares(inv, parsed.to_plan(inv.name)).values())
+
+
+def cell_row(study, cell: Cell, inv=None) -> dict[str, Any]:
     from planner.tuner.served import partial_record
     attrs = StudyRecord.of(study)
     rec = attrs.served or partial_record(attrs, cell.budgets()) or {}
@@ -219,7 +236,8 @@ def cell_row(study, cell: Cell) -> dict[str, Any]:
             "served_runs": len(serving.get("rows", [])), "reference": side(ref), "pick": side(pick),
             "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[cell.workload],
             "headline": headline(rec) if rec else None, "gives_up": rec.get("gives_up", []),
-            "results": rec.get("results", [])}
+            "results": [dict(x, split=split_words(x.get("command"), inv, cell.n_gpus))
+                        for x in rec.get("results", [])]}
 
 
 def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, name: str) -> None:
@@ -271,15 +289,19 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
             if meta["explore"] == "sim":       # records served before 2026-11-27 17:00 call any study run llama-bench
                 line = line.replace("llama-bench ", "sim ")
             L.append(f"- {r['budget']} {r['workload']} {x['name']}: {line}")
-    L += ["", "Every contender (median mean request time s, TTFT s, PP / TG t/s, VRAM MiB, failures):", ""]
+    L += ["", "Every contender (median mean request time s, TTFT s, PP / TG t/s, VRAM MiB (per GPU), how several GPUs "
+          "share the model (a --fit chooses at load: its VRAM says), failures):", ""]
     for r in rows:
         for x in r["results"]:
             rs = x["request_s"]
+            vram = x["vram_device_bytes"]
+            per_gpu = f" ({' + '.join(f'{vram[d] / MiB:.0f}' for d in sorted(vram))})" if len(vram) > 1 else ""
             got = (f"{rs['median']:.2f} s, TTFT {x['ttft_s']['median']:.2f}, PP {x['pp']['median']:.0f} / TG "
-                   f"{x['tg']['median']:.1f}, {sum(x['vram_device_bytes'].values()) / MiB:.0f} MiB"
+                   f"{x['tg']['median']:.1f}, {sum(vram.values()) / MiB:.0f} MiB{per_gpu}"
                    if rs["samples"] else "no sample")
             failed = f"; failed: {x['errors'][0][:160]}" if x["errors"] else ""
-            L.append(f"- {r['budget']} {r['workload']} {x['name']}: {got}{failed}")
+            split = f"; split: {x['split']}" if x.get("split") else ""
+            L.append(f"- {r['budget']} {r['workload']} {x['name']}: {got}{split}{failed}")
     if meta.get("note"):
         L += ["", meta["note"]]
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
@@ -316,7 +338,9 @@ def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
     tag = model_tag(args.preset)
-    rows = [cell_row(optuna.load_study(study_name=c.name(args.series, tag), storage=storage), c)
+    model = sqlite_path(args.storage).parent / model_rel(args.preset)
+    inv = load_inventory(model) if not args.cpu and model.exists() else None      # for the several-GPU splits
+    rows = [cell_row(optuna.load_study(study_name=c.name(args.series, tag), storage=storage), c, inv)
             for c in cells if c.name(args.series, tag) in names]
     write_report(rows, meta, out, args.name)
     save_state(sqlite_path(args.storage), out / f"{args.name}_state.db.gz")

@@ -5,6 +5,8 @@ the cost model (cost.py) and the torch engine read these; facts: docs/llamacpp.m
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .model import ModelInventory, Tensor
 from .plan import Knobs, Plan
 
@@ -21,6 +23,49 @@ def home_devices(inv: ModelInventory, plan: Plan) -> list[str]:
 def output_device(inv: ModelInventory, plan: Plan) -> str:
     name = "output_norm.weight" if inv.tied_output else "output.weight"
     return plan.assignment.get(name, "CPU")
+
+
+def gpu_shares(inv: ModelInventory, plan: Plan) -> dict[str, GpuShare]:
+    """Per GPU: the blocks homed on it (their KV cache with them), the routed-expert and other weight bytes it holds,
+    and whether it holds the output layer: the choices a several-GPU plan makes, as a report names them."""
+    homes = home_devices(inv, plan)
+    out = output_device(inv, plan)
+    by_name = {t.name: t for t in inv.allocated()}
+    shares: dict[str, GpuShare] = {}
+    for name, dev in plan.assignment.items():
+        t = by_name.get(name)
+        if t is None or dev == "CPU":
+            continue
+        s = shares.setdefault(dev, GpuShare(dev))
+        if t.is_expert:
+            s.expert_bytes += t.nbytes
+        else:
+            s.other_bytes += t.nbytes
+    for dev in set(homes) - {"CPU"}:
+        shares.setdefault(dev, GpuShare(dev))
+    for s in shares.values():
+        s.layers = homes.count(s.device)
+        s.output = out == s.device
+    from .plan import device_sort_key
+    return {d: shares[d] for d in sorted(shares, key=device_sort_key)}
+
+
+@dataclass
+class GpuShare:
+    device: str
+    layers: int = 0
+    expert_bytes: int = 0
+    other_bytes: int = 0
+    output: bool = False
+
+    def words(self) -> str:
+        """`CUDA1: 47 layers, 20.1 GiB of experts, the output layer`."""
+        parts = [f"{self.layers} layer{'s' if self.layers != 1 else ''}"]
+        if self.expert_bytes:
+            parts.append(f"{self.expert_bytes / 2 ** 30:.1f} GiB of experts")
+        if self.output:
+            parts.append("the output layer")
+        return f"{self.device}: {', '.join(parts)}"
 
 
 # ---- KV cache ---------------------------------------------------------------------------------------------------

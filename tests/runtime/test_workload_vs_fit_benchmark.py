@@ -58,3 +58,21 @@ def test_cells_name_one_or_several_gpus(bench_script):
     assert bench.model_tag("Qwen3-235B-A22B:Q8_0") == "235b-a22b"
     with pytest.raises(SystemExit, match="--preset"):
         bench.main(["--preset", "Nope:Q4_0", "--report-only", "x.json"])
+
+
+def test_a_served_two_gpu_command_says_how_it_shares_the_model_out(bench_script):
+    """The report's split of a finalist as served (its -ts and -ot read back), none for a --fit that moves experts
+    itself at load, nor for one GPU."""
+    from planner.presets import load_preset
+    bench = bench_script("workload_vs_fit")
+    inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
+    cmd = ("llama-server -m m.gguf -ngl 99 -ts 1,3 -ot blk\\.([0-9]|1[0-9])\\.ffn_(up|down|gate)_exps=CPU "
+           "-c 4096 --no-webui")
+    words = bench.split_words(cmd, inv, 2)
+    cuda0, cuda1 = words.split("; ")
+    # 49 slots by 1:3 (48 blocks + the output layer) as llama.cpp rounds them: 13 blocks on CUDA0, whose experts
+    # sit in RAM (blocks 0-19), 35 and the output layer on CUDA1
+    assert cuda0 == "CUDA0: 13 layers" and cuda1.startswith("CUDA1: 35 layers, ")
+    assert cuda1.endswith("GiB of experts, the output layer")
+    assert bench.split_words("llama-server -m m.gguf --fit on -c 4096", inv, 2) is None
+    assert bench.split_words(cmd, inv, 1) is None and bench.split_words(None, inv, 2) is None
