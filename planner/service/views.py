@@ -202,6 +202,8 @@ def _explain_result(o) -> str:
         span = f"blk {r['first']}" if r["first"] == r["last"] else f"blk {r['first']}-{r['last']}"
         rows.append((span, "/".join(r["dense"]), ", ".join(f"{k}:{v}" for k, v in r["experts"].items()) or "-"))
     layers = "".join(f"<tr><td>{e(x)}</td><td>{e(y)}</td><td>{e(z)}</td></tr>" for x, y, z in rows)
+    # a command as the user runs it, against the whole card (explain's over-the-card warning): not a plan's budget,
+    # which keeps memory free on each GPU
     budgets = {f"CUDA{i}": g.vram_bytes for i, g in enumerate(o.hw.gpus)}
     dev_rows = []
     devices = o.mem.to_dict()["devices"]
@@ -222,7 +224,7 @@ def _explain_result(o) -> str:
             f"<th>tensor</th><th>device</th></tr></thead><tbody>{tensors}</tbody></table></details>"
             f"<h2>Memory per device</h2><table class=grid id=devices><thead><tr><th>device</th><th>weights</th>"
             f"<th>KV</th><th>compute</th><th>overhead</th>{'<th>pool</th>' if pool else ''}<th>total</th>"
-            f"<th>budget</th></tr></thead>"
+            f"<th>card</th></tr></thead>"
             f"<tbody>{''.join(dev_rows)}</tbody></table>"
             f"<p id=predicted>predicted: PP {o.pred.pp_tps:.1f} t/s, TG {o.pred.tg_tps:.2f} t/s</p>"
             + (f"<h2>Warnings</h2><ul id=warnings>{warns}</ul>" if warns else ""))
