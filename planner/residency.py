@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model import ModelInventory, Tensor
-from .plan import Knobs, Plan
+from .plan import Knobs, Plan, device_sort_key
 
 
 # ---- where things are -----------------------------------------------------------------------------------------
@@ -46,7 +46,6 @@ def gpu_shares(inv: ModelInventory, plan: Plan) -> dict[str, GpuShare]:
     for s in shares.values():
         s.layers = homes.count(s.device)
         s.output = out == s.device
-    from .plan import device_sort_key
     return {d: shares[d] for d in sorted(shares, key=device_sort_key)}
 
 
