@@ -118,6 +118,17 @@ def server(workdir: Path):
     s.stop()
 
 
+def wait(pred, timeout: float = 30.0, what: str = "condition"):
+    """pred()'s first true value, asked every 0.1 s (a browser's page state), or an AssertionError after timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def wait_job(client: httpx.Client, job_id: str, timeout: float = 240) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -4,22 +4,11 @@ explain page shows the per-device table, a running study updates live. Screensho
 from __future__ import annotations
 
 import shlex
-import time
 from urllib.parse import urlencode
 
 import pytest
 
-from serving import HW, MODEL, SCREENSHOTS, STUDY, wait_job
-
-
-def wait(pred, timeout=30.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+from serving import HW, MODEL, SCREENSHOTS, STUDY, wait, wait_job
 
 
 def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):

@@ -14,23 +14,13 @@ import time
 
 import pytest
 
-from serving import HW, MODEL, SCREENSHOTS, STUDY, cli, env, start_server
+from serving import HW, MODEL, SCREENSHOTS, STUDY, cli, env, start_server, wait
 
 
 @pytest.fixture(autouse=True)
 def window(chrome):
     chrome.set_window_size(1400, 1000)
     yield
-
-
-def wait(pred, timeout=30.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def open_study(chrome, server, name=STUDY):
