@@ -300,6 +300,7 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
                    f"{x['tg']['median']:.1f}, {sum(vram.values()) / MiB:.0f} MiB{per_gpu}"
                    if rs["samples"] else "no sample")
             failed = f"; failed: {x['errors'][0][:160]}" if x["errors"] else ""
+            failed += f"; not served again: {x['dropped']:.2f}x behind" if x.get("dropped") else ""
             split = f"; split: {x['split']}" if x.get("split") else ""
             L.append(f"- {r['budget']} {r['workload']} {x['name']}: {got}{split}{failed}")
     if meta.get("note"):

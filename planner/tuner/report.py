@@ -497,6 +497,8 @@ def _served_markdown(s: StudySummary) -> list[str]:
         rs = r["request_s"]
         mark = " (reference)" if r["key"] == v.get("reference") else ""
         mark += " **pick**" if r["key"] == v.get("pick") else ""
+        if r.get("dropped"):
+            mark += f" (not served again: {r['dropped']:.2f}x behind)"
         got = (f"{rs['median']:.2f} [{rs['lo']:.2f}-{rs['hi']:.2f}] | {r['ttft_s']['median']:.2f} | "
                f"{r['pp']['median']:.0f} | {r['tg']['median']:.1f}" if rs["samples"]
                else f"failed: {(r['errors'] or ['?'])[0][:120]} | - | - | -")

@@ -18,7 +18,11 @@ rag finalists of the H100 benchmark peaked 0.3-1.0 GiB under the budget, where -
 finalist gets a filled twin ("fill:N"): its plan with experts moved from RAM onto its GPUs until the memory model,
 shifted by what the server measured against it, reaches the budget less FILL_LEFT. It is served like the others.
 
-    # C contenders (references + finalists), R rounds: R x C server runs, each replaying the whole workload
+    # C contenders (references + finalists), R rounds: at most R x C server runs, each replaying the whole workload
+
+A contender far behind after its first run is not served again (DROP_BEHIND, far_behind): a reference against the
+fastest reference, a finalist against the fastest of all. The fastest of each keeps every round, so the verdict
+still rests on repeats and their spread.
 """
 from __future__ import annotations
 
@@ -45,6 +49,10 @@ PP_GIVE_UP = 0.5          # a pick under half the reference's PP says so in its 
 TG_GIVE_UP = 0.95         # ... and one more than 5% under its TG
 BENCH_SERVER_GAP = 0.05   # llama-bench and llama-server further apart than this: a warning in the report
 FILL_LEFT = 128 * MiB     # a filled twin aims its server peak this far under the budget (run-to-run peaks vary less)
+# A contender whose best run is this many times slower than the best it must beat is not served again: it can be
+# neither the reference nor the pick, and on a 235B model one server run costs a minute or more of a GPU machine.
+# Runs inside one device call differ by a few percent (the H100 rounds: 1-8%), far under this gap.
+DROP_BEHIND = 1.3
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,8 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
             *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
     rt = study.request_time or {}
     rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
-                        rt.get("workload", "workload"), ttft_limit_s=rt.get("ttft_limit_s"))
+                        rt.get("workload", "workload"), ttft_limit_s=rt.get("ttft_limit_s"),
+                        drop_behind=serving.get("drop_behind"))
     return dict(rec, partial=True)
 
 
@@ -171,13 +180,34 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str
             "command": raw.get("command"), "seconds": raw.get("wall_s")}
 
 
+def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | None = DROP_BEHIND) -> dict[str, float]:
+    """{key: how many times slower}: the contenders whose best good run is over `factor` x the best they must beat
+    (a reference: the fastest reference's best; a finalist: the fastest run of all). Computed from the stored rows
+    alone, so a resumed confirmation drops the same ones; {} when `factor` is None."""
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.get("ok") and r.get("request_s"):
+            best[r["key"]] = min(best.get(r["key"], math.inf), float(r["request_s"]))
+    refs = [best[c.key] for c in cs if "reference" in c.roles and c.key in best]
+    if factor is None or not best:
+        return {}
+    out = {}
+    for c in cs:
+        bar = min(refs, default=math.inf) if "reference" in c.roles else min(best.values())
+        if c.key in best and best[c.key] > factor * bar:
+            out[c.key] = best[c.key] / bar
+    return out
+
+
 def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
-                   deadline: float | None = None, progress: Any = None, fill: bool = True) -> dict[str, Any]:
+                   deadline: float | None = None, progress: Any = None, fill: bool = True,
+                   drop_behind: float | None = DROP_BEHIND) -> dict[str, Any]:
     """Serve the references and the finalists interleaved for `rounds` rounds, and (`fill`) each finalist's filled
-    twin from its first good run on (filled_plan; it joins the round under way and the rounds after it). Each
-    sample is stored as it comes (the study attr "serving"), so a killed confirmation resumes. Returns the record
-    (served_record, also stored as "served"), or {} when a sample was left because it would not end before
-    `deadline` (call again to go on)."""
+    twin from its first good run on (filled_plan; it joins the round under way and the rounds after it); a
+    contender `drop_behind` x slower than the best it must beat is not served again (far_behind; None: every
+    contender every round). Each sample is stored as it comes (the study attr "serving"), so a killed
+    confirmation resumes. Returns the record (served_record, also stored as "served"), or {} when a sample was left
+    because it would not end before `deadline` (call again to go on)."""
     if tuner.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     base = contenders(tuner, n_finalists)
@@ -192,24 +222,27 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
             _add_twins(tuner, base, rows, fills)
         _add_kv_references(tuner, base, rows, kv_refs)
         cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
+        dropped = far_behind(cs, rows, drop_behind)
         todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
-                if not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
+                if c.key not in dropped and not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
         if not todo:
             break
         rnd, c = todo[0]
-        # how long this one will take: its own longest run so far, a twin's first its parent's
-        took = [r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")]
+        # how long this one will take: its own longest run so far, a twin's first its parent's, a first run the
+        # longest of any (on a 235B model a run is minutes: one started blind is cut off by the device call's end)
+        took = [r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")] \
+            or [r.get("seconds") or 0 for r in rows]
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         plan = _plan_of(tuner, c, fills)
         rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c, plan)})
         StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
-                                               "kv_refs": kv_refs})
+                                               "kv_refs": kv_refs, "drop_behind": drop_behind})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
     record = served_record(cs, rows, rounds, served_budget(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
-                           tuner.requests.ttft_limit_s)
+                           tuner.requests.ttft_limit_s, drop_behind=drop_behind)
     StudyRecord.save(tuner.study, served=record)
     return record
 
@@ -298,14 +331,18 @@ def _summary(c: Served, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, budget: dict[str, int],
                   workload: str, bench: dict[str, dict[str, Any]] | None = None,
-                  ttft_limit_s: float | None = None) -> dict[str, Any]:
+                  ttft_limit_s: float | None = None, drop_behind: float | None = None) -> dict[str, Any]:
     """Medians and spreads per contender; the reference (the fastest --fit variant); the pick: the fastest of all,
     references included, among the finalists within the budget on every GPU (a reference is what the user would
     run, so its own VRAM never rules it out); its speedup over the reference with a verdict (win / tie / loss by
     the spreads of the request rates); and what the pick gives up, if anything. With a TTFT limit (tune --ttft),
     the reference and the pick are taken among the contenders whose slowest class's median TTFT meets it, where
-    any does (else among all, and the headline says the limit was missed)."""
+    any does (else among all, and the headline says the limit was missed). A contender left after its first runs
+    (far_behind at `drop_behind`) says how far behind it was ("dropped": times slower, else None)."""
     s = [_summary(c, rows) for c in cs]
+    dropped = far_behind(cs, rows, drop_behind)
+    for x in s:
+        x["dropped"] = dropped.get(x["key"])
     for x in s:
         if bench and x["key"] in bench:
             x["bench"] = bench[x["key"]]

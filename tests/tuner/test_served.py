@@ -180,9 +180,10 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
             raise Killed
     # killed after 4 samples, then resumed by a new process's tuner: nothing runs twice, nothing is lost
     with pytest.raises(Killed):
-        confirm_served(t, server, rounds=2, n_finalists=1, progress=kill_at_4)
+        confirm_served(t, server, rounds=2, n_finalists=1, progress=kill_at_4, drop_behind=None)
     assert len(server.runs) == 4
-    rec = confirm_served(tuner(), server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600)
+    rec = confirm_served(tuner(), server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600,
+                         drop_behind=None)
     assert len(server.runs) == 2 * len(rec["results"])
     keys = [r["key"] for r in rec["results"]]
     twin = next(k for k in keys if k.startswith("fill:"))
@@ -211,6 +212,68 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     n = len(server.runs)
     again = confirm_served(tuner(), server, rounds=2, n_finalists=1)
     assert len(server.runs) == n and again["pick"] == twin
+
+
+def test_a_contender_far_behind_is_not_served_again():
+    """far_behind: a reference against the fastest reference, a finalist against the fastest run of all; the
+    fastest of each is never dropped, nor one inside the factor; a failed run is no run."""
+    from planner.tuner.served import far_behind
+    cs = REFS + [Served("fit:4096", "--fit -ub 4096", ("reference",), ubatch=4096),
+                 Served("trial:3", "trial 3", ("finalist",), trial=3), Served("fill:3", "trial 3 filled",
+                                                                             ("finalist",), trial=3, filled=True)]
+    r = (rows("fit:512", [14.0], 3000, 50, 6200) + rows("fit:2048", [10.0], 5000, 50, 6300)
+         + rows("fit:4096", [12.9], 5000, 50, 6300) + rows("trial:3", [8.0], 9000, 49, 6000)
+         + rows("fill:3", [5.0], 9000, 49, 6000, ok=False))
+    # 14/10 > 1.3; 12.9/10 is not; trial 3 is the fastest run of all
+    assert far_behind(cs, r) == {"fit:512": pytest.approx(1.4)}
+    # its twin's good run at 5 s makes trial 3 1.6x behind the fastest of all; references still race each other
+    r += [{"round": 1, "key": "fill:3", "ok": True, "request_s": 5.0}]
+    assert far_behind(cs, r) == {"fit:512": pytest.approx(1.4), "trial:3": pytest.approx(1.6)}
+    assert far_behind(cs, r, None) == {}
+    rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag", drop_behind=1.3)
+    assert {x["key"]: x["dropped"] for x in rec["results"]}["fit:512"] == pytest.approx(1.4)
+    assert rec["reference"] == "fit:2048" and rec["pick"] == "fill:3"
+
+
+def test_confirm_served_drops_the_far_behind_and_resumes_the_same(tmp_path):
+    """With the stand-in server: contenders far behind after their first round are not served in the second; a
+    resumed confirmation serves nothing again and keeps the same record."""
+    import time
+
+    from planner.hardware import resolve
+    from planner.loader import load_model
+    from planner.tuner.objectives import bench_for
+    from planner.tuner.options import TunerOptions
+    from planner.tuner.search import Tuner
+    from planner.tuner.served import DROP_BEHIND, confirm_served
+    from planner.tuner.space import SpaceConfig
+    from planner.workload import preset
+    from runtime.sim import SimEngine
+    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
+    w = preset("rag")
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+
+    def tuner():
+        return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
+                                                          n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
+                                                          storage=storage, config=SpaceConfig(kv_types=("f16",))))
+    t = tuner()
+    t.run(4)
+    server = GpuStandIn(t)
+    rec = confirm_served(t, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600)
+    times = {x["key"]: x["request_s"]["samples"] for x in rec["results"]}
+    best = min(min(v) for v in times.values())
+    dropped = {x["key"] for x in rec["results"] if x["dropped"]}
+    assert dropped, times                          # the stand-in's finalist is far behind its filled twin
+    for x in rec["results"]:
+        bar = min(min(times[k]) for k in ("fit:512", "fit:2048", "fit:4096")) if x["roles"] == ["reference"] \
+            else best
+        assert (len(x["request_s"]["samples"]) == 1) == (x["key"] in dropped)
+        assert (min(x["request_s"]["samples"]) > DROP_BEHIND * bar) == (x["key"] in dropped)
+    assert len(server.runs) == 2 * len(rec["results"]) - len(dropped)
+    n = len(server.runs)
+    again = confirm_served(tuner(), server, rounds=2, n_finalists=1)
+    assert len(server.runs) == n and again["results"] == rec["results"]
 
 
 def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
