@@ -339,6 +339,13 @@ def _gemv_configs():
             for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8) for s in (2, 3)]
 
 
+def on_device(t: torch.Tensor) -> torch.cuda.device:
+    """The CUDA device a Triton launch must run under: Triton launches on the current device, not on its
+    arguments' one, so a kernel over tensors on cuda:1 launched while cuda:0 is current reads cuda:1's addresses
+    in cuda:0's context (an illegal memory access: the torch step's first two-GPU plan on the 4-H100 box)."""
+    return torch.cuda.device(t.device)
+
+
 @lru_cache(maxsize=1)
 def triton_ok() -> bool:
     try:
@@ -425,9 +432,10 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor | None, table: torch.Tensor, per
     _, N, K = table.shape
     x = x.contiguous()
     y = torch.empty(P, N, dtype=torch.float32, device=x.device)
-    _moe_gemv_kernel()[lambda meta: (P, triton.cdiv(N, meta["BN"]))](
-        x, table, ids.reshape(-1).contiguous() if ids is not None else x, y, N, K, x.stride(0), table.stride(0),
-        table.stride(1), A=A, PER_PAIR=per_pair or ids is None, NO_IDS=ids is None)
+    with on_device(x):
+        _moe_gemv_kernel()[lambda meta: (P, triton.cdiv(N, meta["BN"]))](
+            x, table, ids.reshape(-1).contiguous() if ids is not None else x, y, N, K, x.stride(0),
+            table.stride(0), table.stride(1), A=A, PER_PAIR=per_pair or ids is None, NO_IDS=ids is None)
     return y
 
 
@@ -438,9 +446,10 @@ def moe_down_combine(h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, table:
     _, N, K = table.shape
     h = h.contiguous()
     y = torch.empty(T, N, dtype=torch.float32, device=h.device)
-    _moe_down_kernel()[lambda meta: (T, triton.cdiv(N, meta["BN"]))](
-        h, table, ids.reshape(-1).contiguous(), w.reshape(-1).float().contiguous(), y, N, K, h.stride(0),
-        table.stride(0), table.stride(1), A=A)
+    with on_device(h):
+        _moe_down_kernel()[lambda meta: (T, triton.cdiv(N, meta["BN"]))](
+            h, table, ids.reshape(-1).contiguous(), w.reshape(-1).float().contiguous(), y, N, K, h.stride(0),
+            table.stride(0), table.stride(1), A=A)
     return y
 
 
@@ -540,10 +549,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k:
     acc = torch.empty(H, S, bdv, dtype=torch.float32, device=q.device)
     o = torch.empty(H, Dv, dtype=q.dtype, device=q.device)
     partial, merge = _decode_attention_kernels()
-    partial[(H, S)](q, k, v, cache_k, cache_v, pos, m, ll, acc, float(scale), S, q.stride(0), k.stride(0),
-                    v.stride(0), cache_k.stride(0), cache_k.stride(1), cache_v.stride(0), cache_v.stride(1),
-                    G=H // Hkv, DK=Dk, DV=Dv, BDK=bdk, BDV=bdv, BN=DECODE_BLOCK, NEG=_NEG, num_warps=4)
-    merge[(H,)](m, ll, acc, o, S, o.stride(0), DV=Dv, BDV=bdv, BS=32, NEG=_NEG, num_warps=4)
+    with on_device(q):
+        partial[(H, S)](q, k, v, cache_k, cache_v, pos, m, ll, acc, float(scale), S, q.stride(0), k.stride(0),
+                        v.stride(0), cache_k.stride(0), cache_k.stride(1), cache_v.stride(0), cache_v.stride(1),
+                        G=H // Hkv, DK=Dk, DV=Dv, BDK=bdk, BDV=bdv, BN=DECODE_BLOCK, NEG=_NEG, num_warps=4)
+        merge[(H,)](m, ll, acc, o, S, o.stride(0), DV=Dv, BDV=bdv, BS=32, NEG=_NEG, num_warps=4)
     return o
 
 
@@ -621,11 +631,12 @@ def select(logits: torch.Tensor, bias: torch.Tensor | None, n_used: int, gating:
     logits = logits.contiguous()
     ids = torch.empty(T, n_used, dtype=torch.int64, device=logits.device)
     weights = torch.empty(T, n_used, dtype=torch.float32, device=logits.device)
-    _select_kernel()[(T,)](logits, bias if bias is not None else logits, probs_bias if probs_bias is not None
-                           else logits, ids, weights, E, float(scale),
-                           HAS_LB=bias is not None, HAS_SB=probs_bias is not None,
-                           GATING={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating], NORM=norm,
-                           SCALE=scale not in (0.0, 1.0), A=n_used, BE=triton.next_power_of_2(E))
+    with on_device(logits):
+        _select_kernel()[(T,)](logits, bias if bias is not None else logits, probs_bias if probs_bias is not None
+                               else logits, ids, weights, E, float(scale),
+                               HAS_LB=bias is not None, HAS_SB=probs_bias is not None,
+                               GATING={"softmax": 0, "sigmoid": 1, "softmax_weight": 2}[gating], NORM=norm,
+                               SCALE=scale not in (0.0, 1.0), A=n_used, BE=triton.next_power_of_2(E))
     return ids, weights
 
 
@@ -690,10 +701,11 @@ def qk_rope(x: torch.Tensor, norm_w: torch.Tensor | None, pos: torch.Tensor, cos
     o = torch.empty(T, nh, Dk, dtype=x.dtype, device=x.device)
     nw = norm_w.float().contiguous() if norm_w is not None else cos
     bh = min(8, triton.next_power_of_2(nh))
-    _qk_rope_kernel()[(T, triton.cdiv(nh, bh))](
-        x, nw, pos, cos.contiguous(), sin.contiguous(), o, x.stride(0), x.stride(1), nh, float(eps), DK=Dk,
-        BD=triton.next_power_of_2(Dk), BH=bh, NROT=n_rot, NEOX=kind == "neox", HAS_NORM=norm_w is not None,
-        num_warps=4)
+    with on_device(x):
+        _qk_rope_kernel()[(T, triton.cdiv(nh, bh))](
+            x, nw, pos, cos.contiguous(), sin.contiguous(), o, x.stride(0), x.stride(1), nh, float(eps), DK=Dk,
+            BD=triton.next_power_of_2(Dk), BH=bh, NROT=n_rot, NEOX=kind == "neox", HAS_NORM=norm_w is not None,
+            num_warps=4)
     return o
 
 
@@ -738,8 +750,9 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, w: torch.Tensor) -> torch.Te
     T, A = w.shape
     D = y.shape[1]
     o = torch.empty(T, D, dtype=torch.float32, device=y.device)
-    _combine_kernel()[lambda meta: (T, triton.cdiv(D, meta["BD"]))](
-        y, inverse, w.float().contiguous(), o, D, y.stride(0), A=A, BA=triton.next_power_of_2(A))
+    with on_device(y):
+        _combine_kernel()[lambda meta: (T, triton.cdiv(D, meta["BD"]))](
+            y, inverse, w.float().contiguous(), o, D, y.stride(0), A=A, BA=triton.next_power_of_2(A))
     return o
 
 

@@ -13,6 +13,15 @@ from torch_plans import ARCHS, PLACEMENTS, experts_in_ram, knobs, plan_for, rel,
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 GPU_PLACEMENTS = [p for p in PLACEMENTS if p[0] != "two_gpus" or torch.cuda.device_count() > 1]
+# the kernels on cuda:0 and, where there is one, on cuda:1 while cuda:0 is current: Triton launches on the current
+# device, so a launch not guarded by the tensors' device reads another GPU's addresses (kernels.on_device)
+KERNEL_DEVICES = ["cuda:0"] + (["cuda:1"] if torch.cuda.is_available() and torch.cuda.device_count() > 1 else [])
+
+
+@pytest.fixture(params=KERNEL_DEVICES)
+def dev(request) -> torch.device:
+    torch.cuda.set_device(0)
+    return torch.device(request.param)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -65,10 +74,9 @@ def test_prompt_ubatch_graphs_equal_eager(arch: str) -> None:
         m.close()
 
 
-def test_moe_kernels_equal_the_loop() -> None:
+def test_moe_kernels_equal_the_loop(dev: torch.device) -> None:
     torch.manual_seed(0)
     E, D, N, A = 16, 256, 384, 4
-    dev = torch.device("cuda")
     table = torch.randn(E, N, D, device=dev, dtype=torch.bfloat16) / 16          # [E, 2F, D] as ffn_*_exps
     down = torch.randn(E, D, N // 2, device=dev, dtype=torch.bfloat16) / 16
     for T in (1, 3, 8, 64):
@@ -84,9 +92,8 @@ def test_moe_kernels_equal_the_loop() -> None:
 
 @pytest.mark.parametrize("gating,norm,scale,with_bias", [("softmax", True, 0.0, False), ("sigmoid", True, 2.5, True),
                                                          ("softmax_weight", False, 0.0, True)])
-def test_triton_routing_equals_route(gating: str, norm: bool, scale: float, with_bias: bool) -> None:
+def test_triton_routing_equals_route(gating: str, norm: bool, scale: float, with_bias: bool, dev: torch.device) -> None:
     torch.manual_seed(1)
-    dev = torch.device("cuda")
     x = torch.randn(3, 256, device=dev, dtype=torch.bfloat16)
     w = torch.randn(64, 256, device=dev) / 16
     bias = torch.randn(64, device=dev) / 4 if with_bias else None
@@ -100,11 +107,11 @@ def test_triton_routing_equals_route(gating: str, norm: bool, scale: float, with
 
 
 @pytest.mark.parametrize("H,Hkv,Dk,Dv,pos", [(8, 2, 64, 64, 0), (6, 3, 40, 24, 77), (32, 4, 128, 128, 300)])
-def test_decode_attention_kernel_equals_attention(H: int, Hkv: int, Dk: int, Dv: int, pos: int) -> None:
+def test_decode_attention_kernel_equals_attention(H: int, Hkv: int, Dk: int, Dv: int, pos: int,
+                                                  dev: torch.device) -> None:
     """The Triton decode kernels write the token's k/v into cell pos and attend to cells 0..pos, as
     index_copy_ + attention() with the causal mask do."""
     torch.manual_seed(3)
-    dev = torch.device("cuda")
     cells = 512
     ck = torch.randn(Hkv, cells, Dk, device=dev)
     cv = torch.randn(Hkv, cells, Dv, device=dev)
@@ -118,9 +125,8 @@ def test_decode_attention_kernel_equals_attention(H: int, Hkv: int, Dk: int, Dv:
     assert rel(got, want) < 1e-5
 
 
-def test_grouped_experts_on_gpu_match_the_loop() -> None:
+def test_grouped_experts_on_gpu_match_the_loop(dev: torch.device) -> None:
     torch.manual_seed(2)
-    dev = torch.device("cuda")
     T, E, A, D, F = 64, 16, 4, 256, 128
     x = torch.randn(T, D, device=dev, dtype=torch.bfloat16)
     ids = torch.stack([torch.randperm(E, device=dev)[:A] for _ in range(T)])
@@ -134,9 +140,8 @@ def test_grouped_experts_on_gpu_match_the_loop() -> None:
 
 
 @pytest.mark.parametrize("kind,n_rot,normed", [("neox", 128, True), ("norm", 64, True), ("neox", 64, False)])
-def test_qk_rope_kernel_equals_rms_norm_then_rope(kind: str, n_rot: int, normed: bool) -> None:
+def test_qk_rope_kernel_equals_rms_norm_then_rope(kind: str, n_rot: int, normed: bool, dev: torch.device) -> None:
     torch.manual_seed(5)
-    dev = torch.device("cuda")
     T, H, Dk = 100, 6, 128
     qkv = torch.randn(T, H * Dk + 64, device=dev, dtype=torch.bfloat16)
     q = qkv[:, :H * Dk].view(T, H, Dk)                   # a strided view, as the fused QKV output gives
@@ -149,9 +154,8 @@ def test_qk_rope_kernel_equals_rms_norm_then_rope(kind: str, n_rot: int, normed:
     assert rel(got, want) < 1e-2          # bf16: one rounding apart at most
 
 
-def test_combine_kernel_equals_the_torch_weighted_sum() -> None:
+def test_combine_kernel_equals_the_torch_weighted_sum(dev: torch.device) -> None:
     torch.manual_seed(3)
-    dev = torch.device("cuda")
     T, A, D = 300, 8, 2048 + 64          # D not a multiple of the column block: the masked tail
     y = torch.randn(T * A, D, device=dev, dtype=torch.bfloat16)
     inverse = torch.randperm(T * A, device=dev).to(torch.int32)
@@ -162,10 +166,9 @@ def test_combine_kernel_equals_the_torch_weighted_sum() -> None:
 @pytest.mark.parametrize("gating,norm,scale,probs", [("softmax", True, 1.0, False), ("softmax", False, 2.5, False),
                                                      ("sigmoid", True, 2.5, True),
                                                      ("softmax_weight", True, 1.0, False)])
-def test_select_kernel_matches_route(gating: str, norm: bool, scale: float, probs: bool) -> None:
+def test_select_kernel_matches_route(gating: str, norm: bool, scale: float, probs: bool, dev: torch.device) -> None:
     """The prompt-ubatch selection kernel against route(): the same experts, the same weights."""
     torch.manual_seed(4)
-    dev = torch.device("cuda")
     T, E, A = 512, 128, 8
     logits = torch.randn(T, E, device=dev)
     pb = torch.randn(E, device=dev) * 0.1 if probs else None
