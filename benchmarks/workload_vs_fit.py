@@ -213,7 +213,7 @@ def split_words(command: str | None, inv, n_gpus: int) -> str | None:
 
 
 def cell_row(study, cell: Cell, inv=None) -> dict[str, Any]:
-    from planner.tuner.served import partial_record
+    from planner.tuner.served import partial_record, waiting_finalists
     attrs = StudyRecord.of(study)
     rec = attrs.served or partial_record(attrs, cell.budgets()) or {}
     res = {r["key"]: r for r in rec.get("results", [])}
@@ -227,11 +227,13 @@ def cell_row(study, cell: Cell, inv=None) -> dict[str, Any]:
                 "pp": r["pp"]["median"], "tg": r["tg"]["median"],
                 "vram_mib": {d: b / MiB for d, b in r["vram_device_bytes"].items()},
                 "bench": r.get("bench"), "bench_vs_server": r.get("bench_vs_server", [])}
-    speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick else None
+    waiting = waiting_finalists(rec) if rec else []
+    speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick and not waiting else None
     gib = cell.gibs[0] if len(set(cell.gibs)) == 1 else list(cell.gibs)
     return {"budget_gib": gib, "n_gpus": cell.n_gpus, "budget": cell.label, "workload": cell.workload,
             "study": study.study_name,
             "served": bool(rec) and not rec.get("partial"), "partial": bool(rec.get("partial")),
+            "waiting": waiting,
             "explore_runs": sum(1 for t in study.trials if t.state.name == "COMPLETE"),
             "served_runs": len(serving.get("rows", [])), "reference": side(ref), "pick": side(pick),
             "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[cell.workload],
@@ -259,6 +261,11 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
         return f"{s['median']:.2f} [{s['lo']:.2f}-{s['hi']:.2f}]"
     for r in rows:
         ref, pick = r["reference"], r["pick"]
+        if r["waiting"]:
+            L.append(f"| {r['budget']} | {r['workload']} | {ref['name'] if ref else '-'} | "
+                     f"{t(ref['request_s']) if ref else '-'} | - | - | partial: no finalist served yet | "
+                     f"{r['goal']}x | - | - | {r['explore_runs']} + {r['served_runs']} |")
+            continue
         if not (ref and pick):
             L.append(f"| {r['budget']} | {r['workload']} | - | - | - | - | not served yet | "
                      f"{r['goal']}x | - | - | {r['explore_runs']} + {r['served_runs']} |")
@@ -277,7 +284,7 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
     L += ["", "Commands served (llama-server):", ""]
     for r in rows:
         for role in ("reference", "pick"):
-            if r[role] and r[role].get("command"):
+            if r[role] and r[role].get("command") and not (role == "pick" and r["waiting"]):
                 L.append(f"- {r['budget']} {r['workload']}, {role}: `{r[role]['command']}`")
     warn = [(r, x) for r in rows for x in r["results"] if x.get("bench_vs_server")]
     if warn:
@@ -313,7 +320,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    done = [r for r in rows if r["reference"] and r["pick"]]
+    done = [r for r in rows if r["reference"] and r["pick"] and not r.get("waiting")]
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(done) + 2), 4))
     xs = range(len(done))
     for off, role, label in ((-0.2, "reference", "best --fit"), (0.2, "pick", "offload-tuner")):

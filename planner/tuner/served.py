@@ -387,6 +387,15 @@ def gives_up(pick: dict[str, Any], ref: dict[str, Any]) -> list[str]:
     return out
 
 
+def waiting_finalists(record: dict[str, Any]) -> list[str]:
+    """The finalists a partial record (cut off mid-confirmation) has not served yet: while any is left, the
+    record gives no verdict."""
+    if not record.get("partial"):
+        return []
+    return [r["name"] for r in record.get("results", [])
+            if "finalist" in r["roles"] and not r["request_s"]["samples"] and not r["errors"]]
+
+
 def headline(record: dict[str, Any]) -> str:
     """The first line a report and --json give: the pick against the reference on the workload, and what it gives
     up (said first, when it gives anything up)."""
@@ -396,6 +405,12 @@ def headline(record: dict[str, Any]) -> str:
         return f"{record.get('workload')}: no served result (every server run failed; see the rows)"
     t_ref, t_pick = ref["request_s"]["median"], pick["request_s"]["median"]
     vram = sum(pick["vram_device_bytes"].values())
+    waiting = waiting_finalists(record)
+    if waiting:       # cut off before every finalist ran: no verdict to give yet
+        best = min(record["results"], key=lambda r: r["request_s"]["median"] if r["request_s"]["samples"]
+                   else math.inf)
+        return (f"{record['workload']}: partial, no verdict yet ({', '.join(waiting)} not served); so far "
+                f"{best['name']} is the fastest, {best['request_s']['median']:.2f} s mean request")
     if pick is ref:
         within = f" within the {record['ttft_limit_s']:g} s TTFT limit" if record.get("pick_meets_ttft") else ""
         text = (f"{record['workload']}: keep {ref['name']}: no finalist{within} answered faster than its {t_ref:.2f} s "

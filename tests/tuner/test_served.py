@@ -61,6 +61,23 @@ def test_failed_samples_are_kept_and_never_picked():
     assert t9["errors"] == ["boom", "boom"] and t9["request_s"]["samples"] == []
 
 
+def test_a_partial_record_gives_no_verdict_while_a_finalist_waits():
+    """Cut off after the references' runs (the four-H100 rag cell's first call): the first line says which
+    finalist is still to serve and which contender is fastest so far, not "keep --fit"."""
+    from planner.tuner.served import waiting_finalists
+    cs = REFS + [Served("trial:20", "trial 20", ("finalist",), trial=20)]
+    r = rows("fit:512", [244.6], 590, 1.2, 24443) + rows("fit:2048", [137.5], 1210, 2.0, 24525)
+    rec = dict(served_record(cs, r, 2, {"CUDA0": 23552 * MiB}, "rag"), partial=True)
+    assert waiting_finalists(rec) == ["trial 20"]
+    assert headline(rec) == ("rag: partial, no verdict yet (trial 20 not served); so far --fit -ub 2048 is the "
+                             "fastest, 137.50 s mean request")
+    # once it has run (or failed), the partial record judges as a whole one does
+    done = dict(served_record(cs, r + rows("trial:20", [150.0], 1400, 1.9, 23000), 2, {"CUDA0": 23552 * MiB},
+                              "rag"), partial=True)
+    assert waiting_finalists(done) == [] and headline(done).startswith("rag: keep --fit -ub 2048")
+    assert waiting_finalists(dict(rec, partial=False)) == []
+
+
 def test_no_served_result_is_one_line():
     rec = served_record(REFS, rows("fit:512", [1.0], 1, 1, 1, ok=False), 1, {"CUDA0": 1}, "rag")
     assert rec["pick"] is None and "no served result" in headline(rec)
