@@ -39,10 +39,14 @@ from .placement import (
     place_weights, resolve_devices,
 )
 from .scheduler import GraphRunner, OffloadRules, Program, now, run_eager, synchronize
-from .weights import WeightSource, open_source
+from .weights import SyntheticSource, WeightSource, open_source
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "f32": torch.float32, "fp16": torch.float16}
 DECODE_BUCKET = 256            # decode graphs are captured per KV length rounded up to this
+# cuBLAS's workspace on each GPU that runs a matmul, taken from torch's caching allocator at the first one (so in
+# max_memory_allocated, not in the CUDA context): 32 MiB on the H100 with torch 2.11 (the probe's engine.py
+# context_overhead line, benchmarks/reported/torch_memory_probe_h100x2.md)
+CUBLAS_WORKSPACE = 32 << 20
 
 
 def default_threads() -> int:
@@ -86,6 +90,7 @@ class TorchModel:
         self._programs: dict[tuple, Program] = {}
         self._states: dict[tuple, dict[str, Any]] = {}
         self.full_cells = min((c.cells for c in self.caches if not c.swa), default=self.max_pos)
+        self.charge_scratch = False     # a dry run for real GPUs: the accountant charges each op's scratch too
 
     # ---- running -------------------------------------------------------------------------------------------------
 
@@ -125,7 +130,8 @@ class TorchModel:
                 return state[program.outputs["logits"]], state[program.outputs["next"]]
         pos = torch.arange(pos0, pos0 + T, dtype=torch.int64)
         state = self._externals(program, tok, pos)
-        run_eager(program, state, self.counters, self.acct if self.devices.logical else None)
+        run_eager(program, state, self.counters, self.acct if self.devices.logical else None,
+                  scratch=self.charge_scratch)
         return state[program.outputs["logits"]], state[program.outputs["next"]]
 
     def _run_graphs(self, program: Program, tok: torch.Tensor, pos: torch.Tensor) -> dict[str, Any] | None:
@@ -321,8 +327,9 @@ class TorchEngine:
                tuple(g.overhead_bytes for g in hw.gpus))
         hit = self._predictions.get(key)
         if hit is None:
+            source = self._source_for(inv)
             acct = dry_accountant(inv, plan, devices, DTYPES[self.compute_dtype], workload,
-                                  getattr(self._source_for(inv), "metadata", None))
+                                  getattr(source, "metadata", None), source)
             hit = memory_report(acct, devices, hw)
             if len(self._predictions) > 1024:
                 self._predictions.clear()
@@ -435,9 +442,13 @@ def _dry_calls(wl: BenchWorkload, ub: int, n_kv: Any) -> list[tuple[str, int, in
 
 
 def dry_accountant(inv: ModelInventory, plan: Plan, devices: Devices, dtype: torch.dtype, wl: BenchWorkload,
-                   metadata: Mapping[str, Any] | None = None) -> Accountant:
+                   metadata: Mapping[str, Any] | None = None, source: WeightSource | None = None) -> Accountant:
     """The accountant of a measurement of `plan` on `devices`, from a run on the meta device: the placement,
-    KV caches, programs and executor of a real run (TorchModel, run_eager), every tensor shaped but empty."""
+    KV caches, programs and executor of a real run (TorchModel, run_eager), every tensor shaped but empty.
+    For real GPUs (`devices` not logical) it also charges what a CUDA run holds beyond the engine's tensors,
+    seen on two H100s (benchmarks/torch_memory_probe.py): cuBLAS's workspace on every GPU that holds weights,
+    the synthetic `source`'s value pools on each GPU, and each op's scratch (Op.scratch: the grouped experts'
+    temporaries of a prompt ubatch) on top of what is live as it ends."""
     meta = torch.device("meta")
     dry = Devices({d: meta for d in devices.torch_of}, devices.gpus, True,
                   {d: DRY_BUDGET for d in (*devices.gpus, "CPU")})
@@ -445,6 +456,8 @@ def dry_accountant(inv: ModelInventory, plan: Plan, devices: Devices, dtype: tor
     try:
         model = TorchModel(inv, plan, _DrySource(metadata), dry, dtype=dtype, min_cells=min_cells(wl),
                            use_cuda_graphs=False, compile=False, cache=BufferCache(), metadata=metadata)
+        if not devices.logical:
+            _charge_cuda_extras(model, source)
         for how, pos0, n in _dry_calls(wl, plan.knobs.n_ubatch_eff, model._n_kv):
             tokens = torch.zeros(n, dtype=torch.int64)
             if how == "prefill":
@@ -455,6 +468,19 @@ def dry_accountant(inv: ModelInventory, plan: Plan, devices: Devices, dtype: tor
     finally:
         torch.set_num_threads(threads)
     return model.acct
+
+
+def _charge_cuda_extras(model: TorchModel, source: WeightSource | None) -> None:
+    """What a real GPU holds that the engine's tensors do not show (dry_accountant), charged before the calls."""
+    model.charge_scratch = True
+    acct, w = model.acct, model.weights
+    for g in model.devices.gpus:
+        if acct.parts.get(g, {}).get("weights"):
+            acct.reserve(g, CUBLAS_WORKSPACE, "cuBLAS workspace", "library")
+    if isinstance(source, SyntheticSource):
+        placed = {n: (d, w.tensors[n].dtype) for n, d in w.device_of.items() if d in model.devices.gpus}
+        for g, n in source.pool_bytes(placed).items():
+            acct.reserve(g, n, "synthetic weight pools", "library")
 
 
 def memory_report(acct: Accountant, devices: Devices, hw: HardwareProfile | None) -> MemoryReport:

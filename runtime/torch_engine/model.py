@@ -520,7 +520,8 @@ class ForwardBuilder:
             return y                                                                 # float32
         syncs = only_active or (rt.devices.torch(run).type == "cuda" and K.cuda_syncs(T, dtype))
         self.b.add(f"blk.{il}.ffn_moe", run, "moe_matmul", (f"{il}.hn", f"{il}.ids", f"{il}.w"), (f"{il}.moe",),
-                   experts, offloaded=any(u.device != run for u in uses), host_sync=syncs)
+                   experts, offloaded=any(u.device != run for u in uses), host_sync=syncs,
+                   scratch=grouped_scratch(cfg, T, dtype, n_up) if use_grouped and is_gpu(run) else 0)
 
     def _experts_split(self, il: int, T: int, runs: list[str]) -> None:
         """Gate, up and down of one layer run on different devices: one op per device, activations in between."""
@@ -574,6 +575,20 @@ def active_experts(ids: torch.Tensor, n_expert: int) -> list[int]:
     if ids.device.type == "meta":
         return list(range(n_expert))
     return torch.unique(ids).tolist()
+
+
+def grouped_scratch(cfg: ModelConfig, T: int, dtype: torch.dtype, n_up: int) -> int:
+    """Bytes K.grouped_experts holds on a GPU for a T-token ubatch beyond its input and output, at its fullest:
+    the P = T x n_expert_used rows sorted by expert (D wide), gate|up (2F; while two tables are concatenated, both
+    halves and the whole), the activation (F) and the down product (D), in the compute dtype. 0 where the GPU
+    takes another path (T under GROUPED_MIN_T: the Triton GEMVs; not bf16). Seen on two H100s
+    (benchmarks/reported/torch_memory_probe_h100x2.md): 28 + 16 + 6 MiB at 512 tokens of the Qwen3-30B-A3B shape,
+    112 + 64 + 24 at 2048, as this gives."""
+    if T < K.GROUPED_MIN_T or dtype != torch.bfloat16:
+        return 0
+    P, D, F = T * cfg.n_expert_used, cfg.n_embd, cfg.n_ff_exp
+    cat = D + 4 * F if n_up == 2 else 0
+    return P * max(2 * D + 3 * F, cat) * dtype.itemsize
 
 
 def _unfused(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, tables: list[torch.Tensor], down: torch.Tensor,

@@ -45,6 +45,8 @@ class Op:
     host_sync: bool = False     # reads device values on the host (cannot be captured in a CUDA graph)
     src: str = ""               # transfers: the source device
     shape: tuple = ()           # transfers: (shape, dtype) of what the last run moved
+    scratch: int = 0            # bytes the op holds inside on a real GPU beyond its inputs and output (its kernels'
+    #                             temporaries: the grouped experts' sorted rows and products); charged in dry runs
 
 
 # ---- offload decisions -----------------------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ class ProgramBuilder:
         return move
 
     def add(self, name: str, device: str, kind: str, reads: tuple[str, ...], writes: tuple[str, ...], fn: OpFn,
-            offloaded: bool = False, host_sync: bool = False) -> None:
+            offloaded: bool = False, host_sync: bool = False, scratch: int = 0) -> None:
         resolved = tuple(self.on(k, device) for k in reads)
         written = []
         for w in writes:
@@ -157,7 +159,7 @@ class ProgramBuilder:
             self.loc[unique] = device
             self.copies[unique] = {device: unique}
             written.append(unique)
-        self.ops.append(Op(name, device, kind, resolved, tuple(written), fn, offloaded, host_sync))
+        self.ops.append(Op(name, device, kind, resolved, tuple(written), fn, offloaded, host_sync, scratch=scratch))
 
     def finish(self, outputs: tuple[str, ...]) -> Program:
         names = {o: self.current[o] for o in outputs}
@@ -198,11 +200,15 @@ def _apply(op: Op, state: dict[str, Any]) -> None:
 
 
 def run_eager(program: Program, state: dict[str, Any], counters: Counters, acct: Accountant | None = None,
-              free: bool = True) -> None:
-    """Run every op in order. With `acct` (logical GPUs), report the live activations per device after each op."""
+              free: bool = True, scratch: bool = False) -> None:
+    """Run every op in order. With `acct` (logical GPUs), report the live activations per device after each op;
+    with `scratch` (a dry run predicting real GPUs) also each op's scratch on top of what is live as it ends
+    (its inputs and output)."""
     for i, op in enumerate(program.ops):
         _apply(op, state)
         _count(counters, op)
+        if acct is not None and scratch and op.scratch:
+            _observe(program, state, acct, {op.device: op.scratch})
         if free:
             for k in program.free_after[i]:
                 state.pop(k, None)
@@ -210,8 +216,9 @@ def run_eager(program: Program, state: dict[str, Any], counters: Counters, acct:
             _observe(program, state, acct)
 
 
-def _observe(program: Program, state: dict[str, Any], acct: Accountant) -> None:
-    live: dict[str, int] = {}
+def _observe(program: Program, state: dict[str, Any], acct: Accountant, extra: dict[str, int] | None = None
+             ) -> None:
+    live: dict[str, int] = dict(extra or {})
     seen: set[int] = set()
     for k, t in state.items():
         if not isinstance(t, torch.Tensor):

@@ -191,6 +191,17 @@ class SyntheticSource:
             if mean:
                 target.add_(mean)
 
+    def pool_bytes(self, placed: dict[str, tuple[str, torch.dtype]]) -> dict[str, int]:
+        """{device: bytes} of the pools fill() keeps on each device for these tensors ({name: (device, dtype)}):
+        one pool of POOL_ELEMENTS per (std, dtype) among the tensors too large for fresh normals (they stay
+        allocated with the source: 32 MiB each in bf16)."""
+        keys = {(dev, self._law(name)[1], dtype) for name, (dev, dtype) in placed.items()
+                if math.prod(self.inv.by_name[name].shape) > SMALL_ELEMENTS}
+        out: dict[str, int] = {}
+        for dev, _, dtype in keys:          # torch's caching allocator hands out blocks of 512 bytes
+            out[dev] = out.get(dev, 0) + -(-POOL_ELEMENTS * dtype.itemsize // 512) * 512
+        return out
+
     def router_bias(self, layer: int) -> torch.Tensor | None:
         if not self.routing.zipf:
             return None

@@ -78,6 +78,45 @@ def test_real_gpus_add_the_profiles_context_and_nothing_allocates():
     assert rep.devices["CUDA0"].total == pred.devices["CUDA0"].total + rep.devices["CUDA0"].overhead
 
 
+def test_real_gpus_charge_cublas_pools_and_the_grouped_experts_scratch(bench_script):
+    """A dry run for real GPUs charges what the two-H100 probe (benchmarks/reported/torch_memory_probe_h100x2.md)
+    found alive at each GPU's peak beyond the engine's tensors: 32 MiB of cuBLAS workspace per GPU with weights,
+    the synthetic source's pools (three bf16 pools of 32 MiB on a GPU holding blocks and experts: 96 MiB there),
+    and at a 512-token ubatch the grouped experts' 50 MiB of temporaries (xs 16 + gate|up 12 + activation 6 +
+    down 16, the Qwen3-30B-A3B layer shape). Logical GPUs charge none of it."""
+    import torch
+
+    from runtime.torch_engine.engine import CUBLAS_WORKSPACE, dry_accountant
+    from runtime.torch_engine.model import grouped_scratch
+    from runtime.torch_engine.config import config_from_inventory
+    from runtime.torch_engine.placement import resolve_devices
+    from runtime.torch_engine.weights import SyntheticSource
+    mg = bench_script("multi_gpu")
+    inv = mg.torch_inventory(2)
+    hw = mg.torch_hardware(mg.TORCH_HARDWARE)
+    wl = BenchWorkload(512, 2, 0, 1)
+    plan = next(c.plan for c in mg.torch_cases(inv, hw, [4], wl) if c.name == "ts-1-1")
+    logical = resolve_devices(plan.devices(), "logical", None)
+    real = type(logical)(logical.torch_of, logical.gpus, False, {})
+    source = SyntheticSource(inv)
+    a = dry_accountant(inv, plan, logical, torch.bfloat16, wl, source=source)
+    b = dry_accountant(inv, plan, real, torch.bfloat16, wl, source=source)
+    MiB = 1 << 20
+    cfg = config_from_inventory(inv)
+    assert grouped_scratch(cfg, 512, torch.bfloat16, 2) == 50 * MiB
+    assert grouped_scratch(cfg, 2048, torch.bfloat16, 2) == 200 * MiB
+    assert grouped_scratch(cfg, 8, torch.bfloat16, 2) == 0 and grouped_scratch(cfg, 512, torch.float32, 2) == 0
+    # at 2 layers ts-1-1 puts both blocks on CUDA0 (three pools: the stds of 2048- and 4096-wide rows and of the
+    # 768-wide down experts) and the output alone on CUDA1 (one pool)
+    assert b.parts["CUDA0"]["library"] == CUBLAS_WORKSPACE + 3 * 32 * MiB
+    assert b.parts["CUDA1"]["library"] == CUBLAS_WORKSPACE + 32 * MiB
+    assert all("library" not in a.parts[g] for g in ("CUDA0", "CUDA1"))
+    # CUDA0 runs the experts at 512 tokens: their scratch lands on top of what is live as that op ends (its inputs
+    # not yet freed), above the peak between ops; CUDA1 runs none
+    grown = {g: (b.peak[g] - b.static[g]) - (a.peak[g] - a.static[g]) for g in ("CUDA0", "CUDA1")}
+    assert 50 * MiB <= grown["CUDA0"] <= 55 * MiB and grown["CUDA1"] == 0, grown
+
+
 def test_differs_from_planner_memory_where_llamacpp_differs():
     """Experts in RAM with op offload: the engine stages two copies of each uploaded shape on the first GPU, where
     llama.cpp's compute buffer holds its offload copies; the two models disagree there (why the tuner asks the
