@@ -669,7 +669,9 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
     lg.write_json(out_dir / f"{name}.json", {"meta": meta, "memory_summary": summary, "memory": plans,
                                              "torch_summary": memory_summary(torch_recs), "torch": torch_recs,
                                              "budgets": rows})
-    gpu = meta.get("gpu") or ("no GPU (CPU dry run)" if meta.get("cpu_mode") else "-")
+    torch_gpus = next((r["engine"].get("gpus") for r in torch_recs if r.get("engine", {}).get("gpus")), None)
+    gpu = meta.get("gpu") or ("no GPU (CPU dry run)" if meta.get("cpu_mode") else
+                              ", ".join(f"cuda:{i}: {g}" for i, g in enumerate(torch_gpus)) if torch_gpus else "-")
     b = meta.get("binary") or {}
     model = (f"model {Path(meta['model']).name} ({meta['model_gib']:.2f} GiB, {lg.QUANT})" if meta.get("model")
              else "llama.cpp's model: not set up in this call")
@@ -682,79 +684,86 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
     if meta.get("cpu_mode"):
         L += ["**CPU dry run**: every plan ran with all tensors on the CPU; the measured VRAM columns are empty, "
               "the predictions are the two-GPU ones.", ""]
-    wm = meta["memory_workload"]
-    L += ["## Memory per device", "",
-          f"Workload -p {wm['n_prompt']} -n {wm['n_gen']} -r {wm['repetitions']}. error = predicted - measured; "
-          "measured = the GPU's peak memory in use during the run minus its reading before it (CUDA context "
-          "included); goal |error| <= max(3%, 256 MiB) on each GPU. log = llama.cpp's -v buffers on the device "
-          "(model + KV + compute/output of the larger context); pred parts = weights + KV + compute + overhead. "
-          "pp x4: pipeline parallelism predicted (llama.cpp logged it: yes/no).", "",
-          "| plan | flags | PP t/s | TG t/s | pp x4 | CUDA0 measured | predicted | error | ok | CUDA1 measured | "
-          "predicted | error | ok | log CUDA0 | log CUDA1 | pred parts CUDA0 | pred parts CUDA1 |",
-          "|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|---|"]
-    for p in plans:
-        m = p["measurement"]
-        pp = f"{m['pp_tps']:.1f}" if m["ok"] else f"FAILED: {m['error'][:60]}"
-        cells = []
-        for d in GPUS:
-            r = p["devices"][d]
-            cells += _check_cells(r)
-        logs, parts = [], []
-        for d in GPUS:
-            lgd = p["devices"][d]["log"]
-            logs.append("-" if not lgd else f"{_mib(lgd['model'])}+{_mib(lgd['kv'])}+"
-                                            f"{_mib(lgd['compute'] + lgd['output'])}")
-            pr = p["devices"][d]["predicted_parts"]
-            parts.append(_pred_parts(pr))
-        logged = p.get("pipeline_parallel_logged")
-        pipe = ("yes" if p["pipeline_copies"] > 1 else "no") + ("" if logged is None else
-                                                                f" ({'yes' if logged else 'no'})")
-        flags = _flags_cell(p["flags"], 120)
-        L.append(f"| {p['name']} | `{flags}` | {pp} | {m['tg_tps']:.2f} | {pipe} | " + " | ".join(cells) + " | "
-                 + " | ".join(logs) + " | " + " | ".join(parts) + " |")
-    over = [f"{p['name']} {d}" for p, d, r in checked if not r["within_goal"]]
-    L += ["", f"{summary['device_checks_within_goal']} of {summary['device_checks']} per-GPU peaks within the goal "
-          f"({summary['plans_within_goal']} of {summary['plans_measured']} plans on both GPUs)"
-          + (f"; over: {', '.join(over)}" if over else "") + ".", ""]
+    if not plans:
+        L += ["## Memory per device", "", "Not run in the calls of this report (no memory step).", ""]
+    else:
+        wm = meta["memory_workload"]
+        L += ["## Memory per device", "",
+              f"Workload -p {wm['n_prompt']} -n {wm['n_gen']} -r {wm['repetitions']}. error = predicted - measured; "
+              "measured = the GPU's peak memory in use during the run minus its reading before it (CUDA context "
+              "included); goal |error| <= max(3%, 256 MiB) on each GPU. log = llama.cpp's -v buffers on the device "
+              "(model + KV + compute/output of the larger context); pred parts = weights + KV + compute + overhead. "
+              "pp x4: pipeline parallelism predicted (llama.cpp logged it: yes/no).", "",
+              "| plan | flags | PP t/s | TG t/s | pp x4 | CUDA0 measured | predicted | error | ok | CUDA1 measured | "
+              "predicted | error | ok | log CUDA0 | log CUDA1 | pred parts CUDA0 | pred parts CUDA1 |",
+              "|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|---|"]
+        for p in plans:
+            m = p["measurement"]
+            pp = f"{m['pp_tps']:.1f}" if m["ok"] else f"FAILED: {m['error'][:60]}"
+            cells = []
+            for d in GPUS:
+                r = p["devices"][d]
+                cells += _check_cells(r)
+            logs, parts = [], []
+            for d in GPUS:
+                lgd = p["devices"][d]["log"]
+                logs.append("-" if not lgd else f"{_mib(lgd['model'])}+{_mib(lgd['kv'])}+"
+                                                f"{_mib(lgd['compute'] + lgd['output'])}")
+                pr = p["devices"][d]["predicted_parts"]
+                parts.append(_pred_parts(pr))
+            logged = p.get("pipeline_parallel_logged")
+            pipe = ("yes" if p["pipeline_copies"] > 1 else "no") + ("" if logged is None else
+                                                                    f" ({'yes' if logged else 'no'})")
+            flags = _flags_cell(p["flags"], 120)
+            L.append(f"| {p['name']} | `{flags}` | {pp} | {m['tg_tps']:.2f} | {pipe} | " + " | ".join(cells) + " | "
+                     + " | ".join(logs) + " | " + " | ".join(parts) + " |")
+        over = [f"{p['name']} {d}" for p, d, r in checked if not r["within_goal"]]
+        L += ["", f"{summary['device_checks_within_goal']} of {summary['device_checks']} per-GPU peaks within the goal "
+              f"({summary['plans_within_goal']} of {summary['plans_measured']} plans on both GPUs)"
+              + (f"; over: {', '.join(over)}" if over else "") + ".", ""]
     L += torch_section(torch_recs)
-    L += ["## Budgets per GPU: llama.cpp's --fit, the best hand -ncmoe N -ts a,b, and the study", "",
-          f"Workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; at most {meta['runs']} engine runs "
-          f"per cell (baselines, search, {meta['confirm']} rounds of confirmation); TG/PP are confirmed medians over "
-          "runs interleaved in one device call ([min-max]); x: ratio to --fit's median, 'tie' when inside the "
-          "larger spread; VRAM: the largest peak per GPU over the confirmation's runs.", "",
-          "| budget | config | TG t/s | PP t/s | VRAM CUDA0 / CUDA1 MiB | TG x | PP x | flags |",
-          "|---|---|---|---|---|---|---|---|"]
+    if not rows:
+        L += ["## Budgets per GPU", "", "Not run in the calls of this report (no tune step).", ""]
+    else:
+        L += ["## Budgets per GPU: llama.cpp's --fit, the best hand -ncmoe N -ts a,b, and the study", "",
+              f"Workload -p {meta['n_prompt']} -n {meta['n_gen']} -r {meta['reps']}; at most {meta['runs']} engine "
+              f"runs per cell (baselines, search, {meta['confirm']} rounds of confirmation); TG/PP are confirmed "
+              "medians over runs interleaved in one device call ([min-max]); x: ratio to --fit's median, 'tie' when "
+              "inside the larger spread; VRAM: the largest peak per GPU over the confirmation's runs.", "",
+              "| budget | config | TG t/s | PP t/s | VRAM CUDA0 / CUDA1 MiB | TG x | PP x | flags |",
+              "|---|---|---|---|---|---|---|---|"]
 
-    def spread(p: dict[str, Any], k: str, fmt: str) -> str:
-        rng = p.get(f"{k}_range")
-        return f"{p[k]:{fmt}}" + (f" [{rng[0]:{fmt}}-{rng[1]:{fmt}}]" if rng else " (one run)")
+        def spread(p: dict[str, Any], k: str, fmt: str) -> str:
+            rng = p.get(f"{k}_range")
+            return f"{p[k]:{fmt}}" + (f" [{rng[0]:{fmt}}-{rng[1]:{fmt}}]" if rng else " (one run)")
 
-    for r in sorted(rows, key=lambda r: r["budget_gib_per_gpu"]):
-        b = r["budget_gib_per_gpu"]
-        for role, label in (("fit", "--fit (llama-bench -fitt)"), ("fit_server", "--fit's placement in a server"),
-                            ("ncmoe_ts", "best -ncmoe N -ts a,b"), ("best_tg", "study: best TG"),
-                            ("balanced", "study: balanced (PP >= 1.5x --fit)")):
-            p = r.get(role)
-            if not p:
-                if role != "fit_server":
-                    L.append(f"| 2x{b} GiB | {label} | - | - | - | - | - | - |")
-                continue
-            vd = p.get("vram_mib_by_device") or {}
-            vram = " / ".join(f"{vd[d]:,.0f}" if d in vd else "-" for d in GPUS)
-            rat = r["ratios"].get(role) or {}
-            tgx = "1" if role == "fit" else ("-" if rat.get("tg") is None else
-                                             f"{rat['tg']:.3f} {rat.get('tg_verdict') or ''}".strip())
-            ppx = "1" if role == "fit" else ("-" if rat.get("pp") is None else
-                                             f"{rat['pp']:.3f} {rat.get('pp_verdict') or ''}".strip())
-            flags = (p.get("flags") or "").replace("|", "\\|")
-            if len(flags) > 160:
-                flags = flags[:157] + "..."
-            L.append(f"| 2x{b} GiB | {label}{' (unconfirmed)' if p.get('unconfirmed') else ''} | "
-                     f"{spread(p, 'tg', '.2f')} | {spread(p, 'pp', '.0f')} | {vram} | {tgx} | {ppx} | `{flags}` |")
-    if rows:
-        L += ["", "Runs per cell: " + "; ".join(f"2x{r['budget_gib_per_gpu']} GiB: {r['engine_runs']}"
-                                                f"{'' if r['confirmed'] else ' (not confirmed yet)'}, learnt margin "
-                                                f"{r['margin_mib'] or 0:.0f} MiB" for r in rows), ""]
+        for r in sorted(rows, key=lambda r: r["budget_gib_per_gpu"]):
+            b = r["budget_gib_per_gpu"]
+            for role, label in (("fit", "--fit (llama-bench -fitt)"), ("fit_server", "--fit's placement in a server"),
+                                ("ncmoe_ts", "best -ncmoe N -ts a,b"), ("best_tg", "study: best TG"),
+                                ("balanced", "study: balanced (PP >= 1.5x --fit)")):
+                p = r.get(role)
+                if not p:
+                    if role != "fit_server":
+                        L.append(f"| 2x{b} GiB | {label} | - | - | - | - | - | - |")
+                    continue
+                vd = p.get("vram_mib_by_device") or {}
+                vram = " / ".join(f"{vd[d]:,.0f}" if d in vd else "-" for d in GPUS)
+                rat = r["ratios"].get(role) or {}
+                tgx = "1" if role == "fit" else ("-" if rat.get("tg") is None else
+                                                 f"{rat['tg']:.3f} {rat.get('tg_verdict') or ''}".strip())
+                ppx = "1" if role == "fit" else ("-" if rat.get("pp") is None else
+                                                 f"{rat['pp']:.3f} {rat.get('pp_verdict') or ''}".strip())
+                flags = (p.get("flags") or "").replace("|", "\\|")
+                if len(flags) > 160:
+                    flags = flags[:157] + "..."
+                L.append(f"| 2x{b} GiB | {label}{' (unconfirmed)' if p.get('unconfirmed') else ''} | "
+                         f"{spread(p, 'tg', '.2f')} | {spread(p, 'pp', '.0f')} | {vram} | {tgx} | {ppx} | `{flags}` |")
+        if rows:
+            L += ["", "Runs per cell: " + "; ".join(
+                f"2x{r['budget_gib_per_gpu']} GiB: {r['engine_runs']}"
+                f"{'' if r['confirmed'] else ' (not confirmed yet)'}, learnt margin {r['margin_mib'] or 0:.0f} MiB"
+                for r in rows), ""]
     if meta.get("note"):
         L += [meta["note"], ""]
     (out_dir / f"{name}.md").write_text("\n".join(L) + "\n")

@@ -5,9 +5,9 @@ the engine's own line that made them (the innermost frame under runtime/torch_en
 of all. Beside them the accountant's parts (weights, KV, staging) and its activations, so the gap between the
 torch step's measured peaks and TorchEngine.predict_memory gets names.
 
-Why: on two H100s (benchmarks/reported/multi_gpu_h100x2.md) the engine's peak ran 168-201 MiB over the dry-run
-prediction at ubatch 512 and 336 MiB at 2048 on every GPU, also where a GPU held no expert (-cmoe, op offload
-off): not the experts' scratch.
+Why: in the first two-H100 torch step (2026-11-28) the engine's peak ran 168-201 MiB over the dry-run prediction
+at ubatch 512 and 336 MiB at 2048 on every GPU, also where a GPU held no expert (-cmoe, op offload off). What the
+probe named (torch_memory_probe_h100x2.md) is now charged by the dry run for real GPUs (docs/tuning.md).
 
     GPU:  python3 benchmarks/torch_memory_probe.py --plans cmoe-ts-1-1-nopo,ncmoe5-ts-1-1,ts-1-1-ub2048
     here: .venv/bin/python benchmarks/torch_memory_probe.py --cpu    (no GPU: checks the replay on a made-up

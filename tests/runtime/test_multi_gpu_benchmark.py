@@ -134,6 +134,9 @@ def test_torch_step_dry_run_on_two_logical_gpus_resumes(bench, tmp_path):
     assert "## Torch runtime: predicted vs measured per device" in md and "| cmoe-ts-1-1 |" in md
     assert "two logical GPUs" in md and "per-GPU peaks within the goal" in md.split("## Torch runtime")[1]
     assert "the torch engine's own memory model" in md
+    # the steps not run say so in a line, not as empty tables
+    assert "Not run in the calls of this report (no memory step)." in md and "0 of 0" not in md
+    assert "Not run in the calls of this report (no tune step)." in md
     # resumed: nothing measured again; a fresh folder from the state tarball neither
     res = work / "results" / "torch-ts-1-1.json"
     mtime = res.stat().st_mtime_ns
