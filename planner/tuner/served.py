@@ -23,6 +23,10 @@ shifted by what the server measured against it, reaches the budget less FILL_LEF
 A contender far behind after its first run is not served again (DROP_BEHIND, far_behind): a reference against the
 fastest reference, a finalist against the fastest of all. The fastest of each keeps every round, so the verdict
 still rests on repeats and their spread.
+
+Speeds are compared only between runs of one machine (GPU machines of one kind differ by 10% or more): each row
+names the boot it ran in (machine_id), and a confirmation resumed on another machine sets the rows of the first
+aside ("elsewhere" in the stored serving) and serves every contender again.
 """
 from __future__ import annotations
 
@@ -180,6 +184,16 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str
             "command": raw.get("command"), "seconds": raw.get("wall_s")}
 
 
+def machine_id() -> str:
+    """This boot of this machine: the kernel's boot id (a fresh GPU machine has a new one), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+        return socket.gethostname()
+
+
 def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | None = DROP_BEHIND) -> dict[str, float]:
     """{key: how many times slower}: the contenders whose best good run is over `factor` x the best they must beat
     (a reference: the fastest reference's best; a finalist: the fastest run of all). Computed from the stored rows
@@ -214,7 +228,10 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
     keys = [c.key for c in base]
     stored = StudyRecord.of(tuner.study).serving or {}
     same = stored.get("keys") == keys
-    rows = list(stored.get("rows", [])) if same else []
+    here = machine_id()
+    rows = [r for r in stored.get("rows", []) if r.get("machine", here) == here] if same else []
+    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if same
+                                                     and r.get("machine", here) != here]
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
     kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
     while True:
@@ -235,9 +252,10 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         plan = _plan_of(tuner, c, fills)
-        rows.append({"round": rnd, "key": c.key, **_sample(tuner, server, c, plan)})
+        rows.append({"round": rnd, "key": c.key, "machine": here, **_sample(tuner, server, c, plan)})
         StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
-                                               "kv_refs": kv_refs, "drop_behind": drop_behind})
+                                               "kv_refs": kv_refs, "drop_behind": drop_behind,
+                                               "elsewhere": elsewhere})
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]

@@ -293,6 +293,45 @@ def test_confirm_served_drops_the_far_behind_and_resumes_the_same(tmp_path):
     assert len(server.runs) == n and again["results"] == rec["results"]
 
 
+def test_a_confirmation_resumed_on_another_machine_serves_everything_again(tmp_path, monkeypatch):
+    """Rows of a machine that is gone (a GPU machine given back between sessions) are set aside, not compared with
+    the new machine's: every contender is served again there, and the old rows stay in the record."""
+    import time
+
+    from planner.hardware import resolve
+    from planner.loader import load_model
+    from planner.tuner import served
+    from planner.tuner.objectives import bench_for
+    from planner.tuner.options import TunerOptions
+    from planner.tuner.records import StudyRecord
+    from planner.tuner.search import Tuner
+    from planner.tuner.space import SpaceConfig
+    from planner.workload import preset
+    from runtime.sim import SimEngine
+    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
+    w = preset("rag")
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+
+    def tuner():
+        return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
+                                                          n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
+                                                          storage=storage, config=SpaceConfig(kv_types=("f16",))))
+    t = tuner()
+    t.run(4)
+    server = GpuStandIn(t)
+    assert served.machine_id() == served.machine_id() != ""
+    monkeypatch.setattr(served, "machine_id", lambda: "machine-a")
+    served.confirm_served(t, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600, drop_behind=None)
+    first = StudyRecord.of(t.study).serving
+    assert first["rows"] and {r["machine"] for r in first["rows"]} == {"machine-a"} and first["elsewhere"] == []
+    n = len(server.runs)
+    monkeypatch.setattr(served, "machine_id", lambda: "machine-b")
+    rec = served.confirm_served(tuner(), server, rounds=2, n_finalists=1, drop_behind=None)
+    again = StudyRecord.of(t.study).serving
+    assert len(server.runs) == 2 * n and {r["machine"] for r in again["rows"]} == {"machine-b"}
+    assert again["elsewhere"] == first["rows"] and rec["pick"] is not None
+
+
 def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
     cs = REFS + [Served("trial:3", "trial 3", ("finalist",), trial=3), Served("trial:5", "trial 5", ("finalist",),
                                                                               trial=5)]
