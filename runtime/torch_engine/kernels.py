@@ -340,9 +340,7 @@ def _gemv_configs():
 
 
 def on_device(t: torch.Tensor) -> torch.cuda.device:
-    """The CUDA device a Triton launch must run under: Triton launches on the current device, not on its
-    arguments' one, so a kernel over tensors on cuda:1 launched while cuda:0 is current reads cuda:1's addresses
-    in cuda:0's context (an illegal memory access: the torch step's first two-GPU plan on the 4-H100 box)."""
+    """Triton launches on the current device, not its tensors' (cuda:1's under cuda:0: an illegal memory access)."""
     return torch.cuda.device(t.device)
 
 

@@ -298,19 +298,25 @@
         data = d;
         draw(); rows(); answer(); badge(d.job, d.writer);
         document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+        // the study's JSON is kept for up to a second (MIN_AGE_S) while progress is read at every commit: an
+        // answer older than the event that asked for it is asked again once it has aged out (a tune's last event
+        // is followed by no other)
+        if (countsKey(d.counts) !== seenCounts && !again) again = setTimeout(() => { again = null; refresh(); }, 1200);
       });
   }
   window.otRefresh = refresh;           // the browser test calls it as a live update does
 
-  let seen = data.n_trials, seenWriter = data.writer || null;
+  // trials per state: a trial that ends changes them without changing the number of trials
+  function countsKey(c) { return Object.keys(c || {}).sort().map(k => `${k}:${c[k]}`).join(","); }
+  let seenCounts = countsKey(data.counts), seenWriter = data.writer || null, again = null;
   function live() {
     if (!window.EventSource) return;
     const es = new EventSource(`/api/studies/${encodeURIComponent(name)}/events`);
     es.addEventListener("progress", (ev) => {
       const p = JSON.parse(ev.data);
       badge(p.job, p.writer);
-      const changed = p.n_trials !== seen || (p.writer || null) !== seenWriter;
-      seen = p.n_trials; seenWriter = p.writer || null;
+      const changed = countsKey(p.counts) !== seenCounts || (p.writer || null) !== seenWriter;
+      seenCounts = countsKey(p.counts); seenWriter = p.writer || null;
       if (changed) refresh();
     });
   }
