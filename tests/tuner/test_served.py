@@ -160,19 +160,14 @@ class GpuStandIn:
                            raw={"mean_request_s": 9.0 + ubatch / 4096, "ttft_s": 2.0, "wall_s": 1.0})
 
 
-def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_path):
-    """The server peaked under the budget: the twin moves experts onto the GPU up to the budget less FILL_LEFT
-    (by the model shifted by the server's own peak), is served in every round, and can be the pick."""
-    import time
-
+def rag_tuners(tmp_path, kv_type: str):
+    """A maker of one rag time study (Qwen3-30B-A3B Q4_K_M, an 8 GiB RTX 4090 box, the sim engine): each call
+    opens it anew, as a resumed process would."""
     from planner.hardware import resolve
     from planner.loader import load_model
     from planner.tuner.objectives import bench_for
-    from planner.plan import Plan
     from planner.tuner.options import TunerOptions
-    from planner.tuner.records import StudyRecord
     from planner.tuner.search import Tuner
-    from planner.tuner.served import FILL_LEFT, confirm_served, filled_plan
     from planner.tuner.space import SpaceConfig
     from planner.workload import preset
     from runtime.sim import SimEngine
@@ -183,7 +178,19 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     def tuner():
         return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
                                                           n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
-                                                          storage=storage, config=SpaceConfig(kv_types=("q8_0",))))
+                                                          storage=storage, config=SpaceConfig(kv_types=(kv_type,))))
+    return tuner
+
+
+def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_path):
+    """The server peaked under the budget: the twin moves experts onto the GPU up to the budget less FILL_LEFT
+    (by the model shifted by the server's own peak), is served in every round, and can be the pick."""
+    import time
+
+    from planner.plan import Plan
+    from planner.tuner.records import StudyRecord
+    from planner.tuner.served import FILL_LEFT, confirm_served, filled_plan
+    tuner = rag_tuners(tmp_path, "q8_0")
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
@@ -257,23 +264,8 @@ def test_confirm_served_drops_the_far_behind_and_resumes_the_same(tmp_path):
     resumed confirmation serves nothing again and keeps the same record."""
     import time
 
-    from planner.hardware import resolve
-    from planner.loader import load_model
-    from planner.tuner.objectives import bench_for
-    from planner.tuner.options import TunerOptions
-    from planner.tuner.search import Tuner
     from planner.tuner.served import DROP_BEHIND, confirm_served
-    from planner.tuner.space import SpaceConfig
-    from planner.workload import preset
-    from runtime.sim import SimEngine
-    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
-    w = preset("rag")
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-
-    def tuner():
-        return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
-                                                          n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
-                                                          storage=storage, config=SpaceConfig(kv_types=("f16",))))
+    tuner = rag_tuners(tmp_path, "f16")
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
@@ -298,24 +290,9 @@ def test_a_confirmation_resumed_on_another_machine_serves_everything_again(tmp_p
     the new machine's: every contender is served again there, and the old rows stay in the record."""
     import time
 
-    from planner.hardware import resolve
-    from planner.loader import load_model
     from planner.tuner import served
-    from planner.tuner.objectives import bench_for
-    from planner.tuner.options import TunerOptions
     from planner.tuner.records import StudyRecord
-    from planner.tuner.search import Tuner
-    from planner.tuner.space import SpaceConfig
-    from planner.workload import preset
-    from runtime.sim import SimEngine
-    inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
-    w = preset("rag")
-    storage = f"sqlite:///{tmp_path / 's.db'}"
-
-    def tuner():
-        return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
-                                                          n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
-                                                          storage=storage, config=SpaceConfig(kv_types=("f16",))))
+    tuner = rag_tuners(tmp_path, "f16")
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
