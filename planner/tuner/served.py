@@ -198,13 +198,15 @@ def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | Non
     """{key: how many times slower}: the contenders whose best good run is over `factor` x the best they must beat
     (a reference: the fastest reference's best; a finalist: the fastest run of all). Computed from the stored rows
     alone, so a resumed confirmation drops the same ones; {} when `factor` is None."""
+    if factor is None:
+        return {}
     best: dict[str, float] = {}
     for r in rows:
         if r.get("ok") and r.get("request_s"):
             best[r["key"]] = min(best.get(r["key"], math.inf), float(r["request_s"]))
-    refs = [best[c.key] for c in cs if "reference" in c.roles and c.key in best]
-    if factor is None or not best:
+    if not best:
         return {}
+    refs = [best[c.key] for c in cs if "reference" in c.roles and c.key in best]
     out = {}
     for c in cs:
         bar = min(refs, default=math.inf) if "reference" in c.roles else min(best.values())
