@@ -21,6 +21,10 @@ would end past --time-budget (exit 3 while work is left, 0 when every cell is se
     GPU:   python3 benchmarks/workload_vs_fit.py --cells 6:rag,6:agent --time-budget 500
            (after `bash benchmarks/llamacpp_gpu.sh build-server TARBALL`; carry .whl and the workdir's database)
     CPU dry run: .venv/bin/python benchmarks/workload_vs_fit.py --cpu   (tiny model, CPU llama-server, tiny workloads)
+
+Threads: `--serve-threads N` serves every contender, --fit too, at -t N. On a machine whose default thread count is
+not its best (a 64-vCPU four-GPU VM: TG 20x slower at its default -t 64 than at 32, docs/llamacpp.md section 13),
+measure first with benchmarks/threads_sweep.py (its last line is the best count) and pass that.
 """
 from __future__ import annotations
 
@@ -184,6 +188,7 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
         log(f"{t.study_name}: serving the references, {args.finalists} finalists and their filled twins, "
             f"{args.rounds} rounds")
         rec = confirm_served(t, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline,
+                             threads=args.serve_threads,
                              progress=(lambda done, total: checkpoint()) if checkpoint else None)
         if not rec:
             log(f"{t.study_name}: stopped before the deadline: run again")
@@ -375,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="host threads of the plans (-t; default the profile's: 16, the "
                     "H100 box's cores); 0: no -t, llama.cpp's default as --fit has it (the cost model then assumes "
                     "the profile's), for a serving machine whose cores differ from the profile's")
+    ap.add_argument("--serve-threads", type=int, help="serve every contender, --fit too, at -t N (the thread count "
+                    "measured best on the machine; default: each its own, --fit the server's default)")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--name", default="workload_vs_fit")
@@ -412,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     model = model_path(args, workdir)
     inv = load_inventory(Path(os.path.relpath(model, ROOT)))
     hw0 = load_hardware(str(args.hardware))
+    if args.serve_threads is not None and args.serve_threads < 1:
+        raise SystemExit(f"workload_vs_fit: --serve-threads {args.serve_threads}: give 1 or more")
     if args.threads is not None and args.threads < 0:
         raise SystemExit(f"workload_vs_fit: --threads {args.threads}: give 0 (llama.cpp's default) or more")
     if args.threads:

@@ -400,14 +400,15 @@ class LlamaServerEngine:
         return self.run(ServerCommand(str(self.path), tuple(argv), dict(env or {}), tuple(notes)), inv, wl, reps)
 
     def fit_reference(self, inv: ModelInventory, workload: Workload, budgets: Mapping[str, int],
-                      ubatch: int = 512, kv_type: str | None = None) -> Measurement:
+                      ubatch: int = 512, kv_type: str | None = None, threads: int | None = None) -> Measurement:
         """llama-server's own fitting as a user runs it for this budget: `--fit on` (mainline; ik: `--fit`) at the
         workload's context and slots, told to leave free on each GPU what is free now minus the budget (mainline
         -fitt per GPU; ik --fit-margin, one value: the tightest GPU's), at `ubatch` (512 is the server's default;
         larger ones with -b at least as large). The budget is the tuner's per-GPU one; the measured peaks say what
         llama.cpp actually used. On a machine without GPUs the line runs without the fit (a CPU build's fit has
         no device memory to fit). `kv_type`: the KV cache's type for K and V (`-ctk`/`-ctv`, with flash attention,
-        which a quantized V cache needs), as a user would add it to --fit after seeing a pick use it."""
+        which a quantized V cache needs), as a user would add it to --fit after seeing a pick use it. `threads`: -t,
+        when every contender is served at one thread count (None: the server's default)."""
         sampler = self.sampler()
         free = gpumem.per_cuda_device(sampler.free(), os.environ) if sampler is not None else {}
         if sampler is not None and (unknown := sorted(set(budgets) - set(free))):
@@ -426,6 +427,8 @@ class LlamaServerEngine:
             args += ["-ub", str(ubatch), "-b", str(max(ubatch, 2048))]
         if kv_type is not None:
             args += ["-ctk", kv_type, "-ctv", kv_type, "-fa", "on"]
+        if threads:
+            args += ["-t", str(threads)]
         m = self.measure_args(inv, args, workload)
         m.raw["fit_free_bytes"] = free
         return m

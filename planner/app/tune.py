@@ -105,10 +105,12 @@ def load_engine(opts: EngineOptions, hw: HardwareProfile):
 
 def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[str], None]) -> None:
     """The finalists and llama-server's own --fit served on the workload (planner/tuner/served.py)."""
-    from ..tuner.served import SERVED_ROUNDS, confirm_served, headline
+    from ..tuner.served import SERVED_ROUNDS, confirm_served, headline, study_threads
     server = engines.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
-    note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds")
-    rec = confirm_served(tuner, server, SERVED_ROUNDS)
+    threads = study_threads(tuner)
+    note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds"
+         + (f", every one at -t {threads} (the best finalist's)" if threads else ""))
+    rec = confirm_served(tuner, server, SERVED_ROUNDS, threads=threads)
     if rec:
         note(f"# {headline(rec)}")
 

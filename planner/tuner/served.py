@@ -154,6 +154,16 @@ def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served
     return out
 
 
+def study_threads(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> int | None:
+    """The thread count of the study's best finalist (None: it sets none), at which every contender is served: the
+    server's default can be far from it (on a 64-vCPU four-GPU VM llama.cpp's default -t 64 generated 0.6 t/s where
+    -t 32 gave 12.8: docs/engines.md), and a --fit left at it would lose to threads, not to placement."""
+    finalists = [c for c in contenders(tuner, n_finalists) if c.trial is not None]
+    if not finalists:
+        return None
+    return TrialRecord.from_trial(tuner._trial(finalists[0].trial)).plan().knobs.n_threads or None
+
+
 def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | None:
     """The plan a contender serves: its trial's, or its filled twin's (stored); None for a --fit reference."""
     if c.filled:
@@ -163,16 +173,20 @@ def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | No
     return None
 
 
-def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None) -> dict[str, Any]:
-    """One replay of the workload by one contender, as a stored row."""
+def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None, threads: int | None = None) -> dict[str, Any]:
+    """One replay of the workload by one contender, as a stored row; `threads`: -t for every contender (None: the
+    plan's own, the server's default for a reference)."""
     from .interrupt import SIGINT
     budgets = served_budget(tuner.hw)
+    if plan is not None and threads:
+        plan = replace(plan, knobs=replace(plan.knobs, n_threads=threads))
     try:
         with SIGINT.engine_run():
             if plan is not None:
                 m = server.measure_workload(tuner.inv, plan, tuner.requests)
             else:
-                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type)
+                extra = {"threads": threads} if threads else {}
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type, **extra)
     except InputError:
         raise
     except Exception as e:       # an engine bug is a failed sample, not the end of the study
@@ -217,23 +231,30 @@ def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | Non
 
 def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
                    deadline: float | None = None, progress: Any = None, fill: bool = True,
-                   drop_behind: float | None = DROP_BEHIND) -> dict[str, Any]:
+                   drop_behind: float | None = DROP_BEHIND, threads: int | None = None) -> dict[str, Any]:
     """Serve the references and the finalists interleaved for `rounds` rounds, and (`fill`) each finalist's filled
     twin from its first good run on (filled_plan; it joins the round under way and the rounds after it); a
     contender `drop_behind` x slower than the best it must beat is not served again (far_behind; None: every
-    contender every round). Each sample is stored as it comes (the study attr "serving"), so a killed
-    confirmation resumes. Returns the record (served_record, also stored as "served"), or {} when a sample was left
-    because it would not end before `deadline` (call again to go on)."""
+    contender every round). `threads`: every contender at -t `threads` (the thread count measured best on the
+    machine: placement is compared, not the host's default thread count; None: each its own). Each sample is
+    stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another machine or
+    another `threads` are set aside ("elsewhere") and not compared with these. Returns the record (served_record,
+    also stored as "served"), or {} when a sample was left because it would not end before `deadline` (call again
+    to go on)."""
     if tuner.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
+    threads = threads or None
     base = contenders(tuner, n_finalists)
     keys = [c.key for c in base]
     stored = StudyRecord.of(tuner.study).serving or {}
     same = stored.get("keys") == keys
     here = machine_id()
-    rows = [r for r in stored.get("rows", []) if r.get("machine", here) == here] if same else []
-    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if same
-                                                     and r.get("machine", here) != here]
+
+    def ours(r: dict[str, Any]) -> bool:
+        return r.get("machine", here) == here and r.get("threads") == threads
+
+    rows = [r for r in stored.get("rows", []) if ours(r)] if same else []
+    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if same and not ours(r)]
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
     kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
     while True:
@@ -254,7 +275,8 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         plan = _plan_of(tuner, c, fills)
-        rows.append({"round": rnd, "key": c.key, "machine": here, **_sample(tuner, server, c, plan)})
+        rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
+                     **_sample(tuner, server, c, plan, threads)})
         StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
                                                "kv_refs": kv_refs, "drop_behind": drop_behind,
                                                "elsewhere": elsewhere})

@@ -24,6 +24,9 @@ def test_tune_serves_the_finalists_and_the_fit_references(tmp_path, llama_server
     keys = [r["key"] for r in served["results"]]
     assert keys[:3] == ["fit:512", "fit:2048", "fit:4096"] and any(k.startswith("trial:") for k in keys)
     assert all(r["request_s"]["samples"] for r in served["results"])          # 2 rounds, every server answered
+    # one thread count for all, --fit too (the best finalist's): placement is compared, not -t
+    threads = {r["command"].split(" -t ")[1].split()[0] for r in served["results"] if r.get("command")}
+    assert len(threads) == 1 and int(threads.pop()) > 0, served["results"]
     assert subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True).returncode == 1   # none left
     # serving needs the workload: another objective is one line, exit 2
     assert cli.main([*argv[:-2], "--objective", "tg", "--study", "s2"]) == 2

@@ -139,7 +139,7 @@ class GpuStandIn:
     SERVER_LESS = 700 * MiB
 
     def __init__(self, tuner):
-        self.t, self.runs = tuner, []
+        self.t, self.runs, self.threads = tuner, [], []
 
     def measure_workload(self, inv, plan, workload):
         from dataclasses import replace
@@ -150,12 +150,14 @@ class GpuStandIn:
         on_gpu = sum(t.nbytes for t in inv.allocated() if t.is_expert and plan.assignment[t.name] != "CPU")
         secs = 10.0 - on_gpu / (1 << 30)
         self.runs.append(("plan", plan.id))
+        self.threads.append(plan.knobs.n_threads)
         return Measurement(1000.0, 40.0, {"CUDA0": peak}, raw={"mean_request_s": secs, "ttft_s": 1.0,
                                                                 "command": "llama-server ...", "wall_s": 1.0})
 
-    def fit_reference(self, inv, workload, budgets, ubatch, kv_type=None):
+    def fit_reference(self, inv, workload, budgets, ubatch, kv_type=None, threads=None):
         from planner.engine import Measurement
         self.runs.append(("fit", ubatch, kv_type))
+        self.threads.append(threads)
         return Measurement(900.0, 41.0, {"CUDA0": budgets["CUDA0"] + 100 * MiB},
                            raw={"mean_request_s": 9.0 + ubatch / 4096, "ttft_s": 2.0, "wall_s": 1.0})
 
@@ -307,6 +309,28 @@ def test_a_confirmation_resumed_on_another_machine_serves_everything_again(tmp_p
     again = StudyRecord.of(t.study).serving
     assert len(server.runs) == 2 * n and {r["machine"] for r in again["rows"]} == {"machine-b"}
     assert again["elsewhere"] == first["rows"] and rec["pick"] is not None
+
+
+def test_served_at_one_thread_count_every_contender_runs_with_it_and_another_count_serves_again(tmp_path):
+    """threads=N: the references and the finalists (twins too) all at -t N, each row marked; a confirmation at
+    another count (here: each its own) compares none of those rows and serves everything again."""
+    import time
+
+    from planner.tuner import served
+    from planner.tuner.records import StudyRecord
+    tuner = rag_tuners(tmp_path, "f16")
+    t = tuner()
+    t.run(4)
+    server = GpuStandIn(t)
+    served.confirm_served(t, server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600, threads=24)
+    first = StudyRecord.of(t.study).serving["rows"]
+    assert set(server.threads) == {24} and {r["threads"] for r in first} == {24}
+    assert ("plan" in {r[0] for r in server.runs}) and ("fit" in {r[0] for r in server.runs})
+    n = len(server.runs)
+    served.confirm_served(tuner(), server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600)
+    again = StudyRecord.of(t.study).serving
+    assert len(server.runs) == 2 * n and all("threads" not in r for r in again["rows"])
+    assert again["elsewhere"] == first and None in server.threads[n:]
 
 
 def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
