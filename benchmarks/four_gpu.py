@@ -187,43 +187,12 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], out: Path, name: s
         speeds = f"{m['pp_tps']:.1f} | {m['tg_tps']:.2f}" if m["ok"] else f"failed: {m['error'][:80]} | -"
         L.append(f"| {p['name']} | {speeds} | " + " | ".join(cells) + f" | {ok} |")
     L += ["", "Plans:", ""] + [f"- {p['name']}: {p['what']}. `{p['flags']}`" for p in plans]
-    if plot(plans, out / f"{name}.png"):
+    if mg.plot_shares([("llama.cpp (llama-bench)", plans)], GPUS, out / f"{name}.png",
+                      "Four GPUs: each GPU's share and the prediction's error per plan"):
         L += ["", f"![memory per GPU]({name}.png)"]
     if meta.get("note"):
         L += ["", meta["note"]]
     (out / f"{name}.md").write_text("\n".join(L) + "\n")
-
-
-def plot(plans: list[dict[str, Any]], path: Path) -> bool:
-    """Per plan: the VRAM measured on each GPU (each GPU's share of the model) and the error of the prediction on
-    each GPU against the goal's band. False when no plan was measured."""
-    rows = [p for p in plans if p["within_goal"] is not None]
-    if not rows:
-        return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax_mib, ax_err) = plt.subplots(1, 2, figsize=(13, 0.42 * len(rows) + 1.6), sharey=True)
-    height = 0.8 / len(GPUS)
-    for k, d in enumerate(GPUS):
-        ys = [i + (k - (len(GPUS) - 1) / 2) * height for i in range(len(rows))]
-        measured = [(p["devices"].get(d) or {}).get("measured_mib") or 0 for p in rows]
-        errors = [(p["devices"].get(d) or {}).get("error_mib") or 0 for p in rows]
-        ax_mib.barh(ys, [m / 1024 for m in measured], height, label=d)
-        ax_err.barh(ys, errors, height, label=d)
-    ax_err.axvspan(-256, 256, color="0.9", zorder=0, label="within 256 MiB")
-    ax_err.axvline(0, color="0.3", lw=0.8)
-    ax_mib.set_yticks(range(len(rows)), [p["name"] for p in rows], fontsize=8)
-    ax_mib.invert_yaxis()
-    ax_mib.set_xlabel("measured peak VRAM per GPU (GiB)")
-    ax_err.set_xlabel("predicted - measured (MiB; > 0: predicted high)")
-    ax_mib.legend(fontsize=8, loc="lower right")
-    ax_err.legend(fontsize=8, loc="lower right")
-    fig.suptitle("Four GPUs: each GPU's share and the prediction's error per plan", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -764,11 +764,54 @@ def report(meta: dict[str, Any], plans: list[dict[str, Any]], rows: list[dict[st
                 f"2x{r['budget_gib_per_gpu']} GiB: {r['engine_runs']}"
                 f"{'' if r['confirmed'] else ' (not confirmed yet)'}, learnt margin {r['margin_mib'] or 0:.0f} MiB"
                 for r in rows), ""]
+    if plot_shares([("llama.cpp (llama-bench)", plans), ("torch runtime", torch_recs)], GPUS,
+                   out_dir / f"{name}.png", f"Two GPUs: each GPU's share and the prediction's error per plan ({gpu})"):
+        L += [f"![memory per GPU]({name}.png)", ""]
     if meta.get("note"):
         L += [meta["note"], ""]
     (out_dir / f"{name}.md").write_text("\n".join(L) + "\n")
     log(f"report: {out_dir / name}.md and .json ({len(plans)} plans, {len(torch_recs)} torch plans, {len(rows)} "
         "budget cells)")
+
+
+def plot_shares(sections: list[tuple[str, list[dict[str, Any]]]], gpus: tuple[str, ...], path: Path,
+                title: str) -> bool:
+    """Per section (an engine's plans) and plan: the VRAM measured on each GPU (each GPU's share of the model) and
+    the prediction's error on each GPU against the goal's 256 MiB band. False when no plan was measured."""
+    sections = [(label, rows) for label, rows0 in sections
+                if (rows := [p for p in rows0 if p.get("within_goal") is not None])]
+    if not sections:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    heights = [len(rows) + 1.2 for _, rows in sections]
+    fig, axes = plt.subplots(len(sections), 2, figsize=(13, 0.42 * sum(heights) + 1.0), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    height = 0.8 / len(gpus)
+    for (label, rows), (ax_mib, ax_err) in zip(sections, axes):
+        for k, d in enumerate(gpus):
+            ys = [i + (k - (len(gpus) - 1) / 2) * height for i in range(len(rows))]
+            measured = [(p["devices"].get(d) or {}).get("measured_mib") or 0 for p in rows]
+            errors = [(p["devices"].get(d) or {}).get("error_mib") or 0 for p in rows]
+            ax_mib.barh(ys, [m / 1024 for m in measured], height, label=d)
+            ax_err.barh(ys, errors, height, label=d)
+        ax_err.axvspan(-256, 256, color="0.9", zorder=0, label="256 MiB (the goal: max(3%, 256 MiB))")
+        ax_err.axvline(0, color="0.3", lw=0.8)
+        ax_mib.set_yticks(range(len(rows)), [p["name"] for p in rows], fontsize=8)
+        ax_err.set_yticks(range(len(rows)), [""] * len(rows))
+        ax_mib.invert_yaxis()
+        ax_err.invert_yaxis()
+        ax_mib.set_title(label, fontsize=9, loc="left")
+        ax_mib.set_xlabel("measured peak VRAM per GPU (GiB)")
+        ax_err.set_xlabel("predicted - measured (MiB; > 0: predicted high)")
+        ax_mib.legend(fontsize=8, loc="lower right")
+        ax_err.legend(fontsize=7, loc="best", framealpha=0.9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def torch_section(recs: list[dict[str, Any]]) -> list[str]:

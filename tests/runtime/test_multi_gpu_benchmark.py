@@ -216,3 +216,17 @@ def test_multi_gpu_benchmark_dry_run(bench, llama_bench, tmp_path):
         tar.extractall(work)
     assert bench.main(argv) == 0
     assert json.loads((out / "mg.json").read_text())["budgets"][0]["runs"] == row["runs"]
+
+
+def test_report_step_rewrites_the_h100x2_report_with_its_figure(bench, tmp_path):
+    """The committed two-H100 torch run, its state unpacked as a fresh machine would: --steps report rewrites the
+    report from the results (28 GPU rows within the goal) and draws each GPU's share and error per plan."""
+    import tarfile
+    reported = bench.ROOT / "benchmarks" / "reported"
+    work, out = tmp_path / "work", tmp_path / "out"
+    with tarfile.open(reported / "multi_gpu_h100x2_state.tar.gz") as tar:
+        tar.extractall(work, filter="data")
+    assert bench.main(["--steps", "report", "--workdir", str(work), "--out", str(out), "--name", "r"]) == 0
+    rep = json.loads((out / "r.json").read_text())
+    assert rep["torch_summary"]["device_checks_within_goal"] == rep["torch_summary"]["device_checks"] == 28
+    assert "![memory per GPU](r.png)" in (out / "r.md").read_text() and (out / "r.png").stat().st_size > 10_000
