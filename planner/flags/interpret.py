@@ -108,6 +108,14 @@ class _Layout:
     n_gpu_layers: int
 
 
+# What a split mode other than layer does in the pinned builds (docs/llamacpp.md section 14, docs/ik_llama.md)
+_SPLIT_MODE_NOTES = {
+    ("mainline", "row"): "the pinned llama.cpp's CUDA backend has no split buffers and refuses to load the model "
+                         "(\"device CUDA0 does not support split buffers\", measured on 2x H200); ",
+    ("mainline", "tensor"): "tensor parallelism over the GPUs (flash attention on; --fit does not fit it); ",
+}
+
+
 def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence[str], spec: DialectSpec,
             table: ToolTable, n_layer: int, n_gpus: int | None, warnings: list[str]) -> _Layout:
     """GPU count, the devices layers go to (-dev, -sm none/-mg), -ts and -ngl, with their warnings."""
@@ -134,7 +142,8 @@ def _layout(settings: Mapping[str, Any], env: Mapping[str, str], bufts: Sequence
             raise FlagError(f"-mg {mg}: there are only {len(devices)} GPU(s)")
         devices = [devices[mg]]
     elif sm not in ("layer", "none"):
-        warnings.append(f"W013 -sm {sm}: placement is explained as the layer split (-sm layer)")
+        warnings.append(f"W013 -sm {sm}: {_SPLIT_MODE_NOTES.get((spec.name, sm), '')}placement is explained as the "
+                        "layer split (-sm layer)")
     if len(devices) > 1 and ts is None and settings.get("ngl", 1) != 0:
         warnings.append(f"W012 {len(devices)} GPUs and no -ts: llama.cpp splits layers by free memory "
                         f"{'(ik: free memory shared out by cumulative layer bytes) ' if spec.name == 'ik' else ''}"

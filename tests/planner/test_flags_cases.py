@@ -228,6 +228,18 @@ def test_split_mode_none_and_device_list_pick_one_gpu():
     assert set(parse("-ngl 99 -dev CUDA1", INV, "mainline", n_gpus=2).layer_devices) == {"CUDA1"}
 
 
+def test_split_modes_beyond_layer_say_what_the_pinned_builds_do():
+    """-sm row: the pinned mainline's CUDA backend refuses to load (measured); -sm tensor: tensor parallelism; both
+    explained as the layer split; ik's -sm graph too (no note of its own)."""
+    def w013(cmd, dialect):
+        return next(w for w in parse(cmd, INV, dialect).warnings if w.startswith("W013"))
+    assert "does not support split buffers" in w013("-ngl 99 -sm row -ts 1,1", "mainline")
+    assert "tensor parallelism" in w013("-ngl 99 -sm tensor -ts 1,1", "mainline")
+    assert w013("-ngl 99 -sm graph -ts 1,1", "ik") == "W013 -sm graph: placement is explained as the layer split " \
+        "(-sm layer)"
+    assert not any(w.startswith("W013") for w in parse("-ngl 99 -sm layer -ts 1,1", INV, "mainline").warnings)
+
+
 def test_several_gpus_without_ts_warn_and_split_equally():
     p = parse("-ngl 99 -ot blk\\.0\\.attn_q=CUDA1", INV, "mainline")
     assert p.n_gpus == 2 and any(w.startswith("W012") for w in p.warnings)
