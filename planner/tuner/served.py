@@ -157,7 +157,7 @@ def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served
 def study_threads(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> int | None:
     """The thread count of the study's best finalist (None: it sets none), at which every contender is served: the
     server's default can be far from it (on a 64-vCPU four-GPU VM llama.cpp's default -t 64 generated 0.6 t/s where
-    -t 32 gave 12.8: docs/engines.md), and a --fit left at it would lose to threads, not to placement."""
+    -t 32 gave 12.8: docs/llamacpp.md section 13), and a --fit left at it would lose to threads, not to placement."""
     finalists = [c for c in contenders(tuner, n_finalists) if c.trial is not None]
     if not finalists:
         return None
@@ -185,8 +185,8 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None, threads: in
             if plan is not None:
                 m = server.measure_workload(tuner.inv, plan, tuner.requests)
             else:
-                extra = {"threads": threads} if threads else {}
-                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type, **extra)
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type,
+                                         threads=threads)
     except InputError:
         raise
     except Exception as e:       # an engine bug is a failed sample, not the end of the study
