@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.machine is not None:
         machine = cpu_lines(args.machine.read_text(errors="replace"))
     else:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True) if _has("lscpu") else None
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True) if shutil.which("lscpu") else None
         machine = cpu_lines(lscpu.stdout) if lscpu and lscpu.returncode == 0 else {}
     try:
         if args.raw is not None:
@@ -135,11 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{args.name}.md").write_text(markdown(args.name, s, machine, command))
     print(s["best"])
     return 0
-
-
-def _has(program: str) -> bool:
-    from shutil import which
-    return which(program) is not None
 
 
 if __name__ == "__main__":
