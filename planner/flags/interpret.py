@@ -113,6 +113,9 @@ _SPLIT_MODE_NOTES = {
     ("mainline", "row"): "the pinned llama.cpp's CUDA backend has no split buffers and refuses to load the model "
                          "(\"device CUDA0 does not support split buffers\", measured on 2x H200); ",
     ("mainline", "tensor"): "tensor parallelism over the GPUs (flash attention on; --fit does not fit it); ",
+    ("ik", "graph"): "tensor parallelism: every GPU holds a slice of each layer, experts overridden to RAM stay "
+                     "whole, an -ot turns the graph scheduler off unless -smgs, and -ncmoe N puts the last N layers' "
+                     "experts in RAM; ",
 }
 
 

@@ -230,12 +230,14 @@ def test_split_mode_none_and_device_list_pick_one_gpu():
 
 def test_split_modes_beyond_layer_say_what_the_pinned_builds_do():
     """-sm row: the pinned mainline's CUDA backend refuses to load (measured); -sm tensor: tensor parallelism; both
-    explained as the layer split; ik's -sm graph too (no note of its own)."""
+    explained as the layer split; ik's -sm graph too (docs/ik_llama.md: tensor parallel, -ncmoe from the last)."""
     def w013(cmd, dialect):
         return next(w for w in parse(cmd, INV, dialect).warnings if w.startswith("W013"))
     assert "does not support split buffers" in w013("-ngl 99 -sm row -ts 1,1", "mainline")
     assert "tensor parallelism" in w013("-ngl 99 -sm tensor -ts 1,1", "mainline")
-    assert w013("-ngl 99 -sm graph -ts 1,1", "ik") == "W013 -sm graph: placement is explained as the layer split " \
+    graph = w013("-ngl 99 -sm graph -ts 1,1", "ik")
+    assert "tensor parallelism" in graph and "last N layers" in graph and graph.endswith("(-sm layer)")
+    assert w013("-ngl 99 -sm attn -ts 1,1", "ik") == "W013 -sm attn: placement is explained as the layer split " \
         "(-sm layer)"
     assert not any(w.startswith("W013") for w in parse("-ngl 99 -sm layer -ts 1,1", INV, "mainline").warnings)
 
