@@ -232,6 +232,9 @@ def cell_row(study, cell: Cell, inv=None) -> dict[str, Any]:
                 "pp": r["pp"]["median"], "tg": r["tg"]["median"],
                 "vram_mib": {d: b / MiB for d, b in r["vram_device_bytes"].items()},
                 "bench": r.get("bench"), "bench_vs_server": r.get("bench_vs_server", [])}
+    # the tuner's fastest finalist (a twin included), set beside the reference even where the pick is a --fit
+    finalists = [x for x in rec.get("results", []) if "finalist" in x["roles"] and x["request_s"]["samples"]]
+    best = min(finalists, key=lambda x: x["request_s"]["median"], default=None)
     waiting = waiting_finalists(rec) if rec else []
     speed = (ref["request_s"]["median"] / pick["request_s"]["median"]) if ref and pick and not waiting else None
     gib = cell.gibs[0] if len(set(cell.gibs)) == 1 else list(cell.gibs)
@@ -241,6 +244,7 @@ def cell_row(study, cell: Cell, inv=None) -> dict[str, Any]:
             "waiting": waiting,
             "explore_runs": sum(1 for t in study.trials if t.state.name == "COMPLETE"),
             "served_runs": len(serving.get("rows", [])), "reference": side(ref), "pick": side(pick),
+            "best_finalist": side(best), "budget_mib": {d: b / MiB for d, b in (rec.get("budget_bytes") or {}).items()},
             "speedup": speed, "verdict": (rec.get("speedup") or {}).get("verdict"), "goal": GOALS[cell.workload],
             "headline": headline(rec) if rec else None, "gives_up": rec.get("gives_up", []),
             "results": [dict(x, split=split_words(x.get("command"), inv, cell.n_gpus))
@@ -284,6 +288,19 @@ def write_report(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path, na
                  f"{ref['ttft_s']['median']:.2f} / {pick['ttft_s']['median']:.2f} | "
                  f"{sum(ref['vram_mib'].values()):.0f} / {sum(pick['vram_mib'].values()):.0f} | "
                  f"{r['explore_runs']} + {r['served_runs']} |")
+    vs = [(r, r["reference"], r["best_finalist"]) for r in rows
+          if r.get("reference") and r.get("best_finalist") and not r["waiting"]]
+    if vs:
+        L += ["", "The tuner's fastest finalist against the reference (x: ours over --fit, > 1 better for us; VRAM MiB "
+              "per GPU, ours / --fit / the budget):", ""]
+        for r, ref, fin in vs:
+            gpus = sorted(set(fin["vram_mib"]) | set(ref["vram_mib"]))
+            vram = ", ".join(f"{d} {fin['vram_mib'].get(d, 0):,.0f} / {ref['vram_mib'].get(d, 0):,.0f} / "
+                             f"{r['budget_mib'].get(d, 0):,.0f}" for d in gpus)
+            L.append(f"- {r['budget']} {r['workload']}: {fin['name']}: request "
+                     f"{ref['request_s']['median'] / fin['request_s']['median']:.2f}x, TTFT "
+                     f"{ref['ttft_s']['median'] / fin['ttft_s']['median']:.2f}x, PP {fin['pp'] / ref['pp']:.2f}x, "
+                     f"TG {fin['tg'] / ref['tg']:.2f}x; {vram}")
     L += ["", "First lines (what the report of each study says first):", ""]
     L += [f"- {r['budget']} {r['workload']}: {r['headline']}" for r in rows if r["headline"]]
     L += ["", "Commands served (llama-server):", ""]

@@ -33,6 +33,9 @@ def test_workload_vs_fit_dry_run(bench_script, llama_server, tmp_path):
     assert "llama-server" in (ref["command"] or "") and "-c " in ref["command"]
     md = (tmp_path / "out" / "workload_vs_fit.md").read_text()
     assert "| 6 GiB | rag |" in md and (tmp_path / "out" / "workload_vs_fit.png").stat().st_size > 0
+    # the finalist is set beside the reference whichever is the pick
+    fin = cell["best_finalist"]
+    assert fin["name"].startswith("trial ") and f"- 6 GiB rag: {fin['name']}: request " in md
     assert not _servers()
     # a second call finds every cell served and runs nothing more
     assert bench.main(argv) == 0
