@@ -1,6 +1,6 @@
 """TG against the host thread count (-t) with experts in RAM, on the mainline llama-bench (docs/llamacpp.md section
-13): llama.cpp's default (-t left out: every physical core it finds) against a few counts, on one placement. Its
-best count is what benchmarks/workload_vs_fit.py serves every contender at (`--serve-threads`).
+13): a few counts on one placement, all of the CPUs among them (llama.cpp's default where every vCPU shows as a
+core). Its best count is what benchmarks/workload_vs_fit.py serves every contender at (`--serve-threads`).
 
     python3 benchmarks/threads_sweep.py --model M.gguf --name threads_h200x4 [--placement "-ngl 99 -ncmoe 47"]
       [--threads 8,16,32,64] [--n-gen 16] [--reps 3] [--out DIR]
