@@ -13,8 +13,9 @@ Steps (--steps, in this order):
   and whether it is within the goal; rewritten after every plan.
 
 The studies per budget against --fit are benchmarks/workload_vs_fit.py's, with this model and four GPUs (explored
-here first with --prepare and carried as the study database, workload_vs_fit_h200x4_state.db.gz; the served --fit
-and finalists report VRAM per GPU), every contender at the thread count benchmarks/threads_sweep.py finds best:
+here first with --prepare and carried as the study database: the newest state, workload_vs_fit_h200x2_state.db.gz,
+holds every study of that benchmark; the served --fit and finalists report VRAM per GPU), every contender at the
+thread count benchmarks/threads_sweep.py finds best:
     N=$(python3 benchmarks/threads_sweep.py --model MODEL --name threads_KIND --out $OUT | tail -1)
     python3 benchmarks/workload_vs_fit.py --preset Qwen3-235B-A22B:Q8_0 --threads 0 --serve-threads $N \
       --cells 24+16+16+8:rag,4x24:rag,4x16:rag --finalists 1 --name workload_vs_fit_KIND

@@ -112,10 +112,12 @@ class _Layout:
 _SPLIT_MODE_NOTES = {
     ("mainline", "row"): "the pinned llama.cpp's CUDA backend has no split buffers and refuses to load the model "
                          "(\"device CUDA0 does not support split buffers\", measured on 2x H200); ",
-    ("mainline", "tensor"): "tensor parallelism over the GPUs (flash attention on; --fit does not fit it); ",
+    ("mainline", "tensor"): "tensor parallelism over the GPUs (flash attention on; --fit does not fit it; no op "
+                            "offload, so experts in RAM compute the whole prompt on the CPU: PP 0.07x -sm layer, "
+                            "measured on 2x H200); ",
     ("ik", "graph"): "tensor parallelism: every GPU holds a slice of each layer, experts overridden to RAM stay "
                      "whole, an -ot turns the graph scheduler off unless -smgs, and -ncmoe N puts the last N layers' "
-                     "experts in RAM; ",
+                     "experts in RAM (PP and TG 0.84-0.86x -sm layer, measured on 2x H200); ",
 }
 
 

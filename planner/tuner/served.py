@@ -237,10 +237,10 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
     contender `drop_behind` x slower than the best it must beat is not served again (far_behind; None: every
     contender every round). `threads`: every contender at -t `threads` (the thread count measured best on the
     machine: placement is compared, not the host's default thread count; None: each its own). Each sample is
-    stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another machine or
-    another `threads` are set aside ("elsewhere") and not compared with these. Returns the record (served_record,
-    also stored as "served"), or {} when a sample was left because it would not end before `deadline` (call again
-    to go on)."""
+    stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another machine,
+    another `threads` or another set of contenders are set aside ("elsewhere") and not compared with these. Returns
+    the record (served_record, also stored as "served"), or {} when a sample was left because it would not end
+    before `deadline` (call again to go on)."""
     if tuner.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     threads = threads or None
@@ -253,8 +253,9 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
     def ours(r: dict[str, Any]) -> bool:
         return r.get("machine", here) == here and r.get("threads") == threads
 
+    # rows of another contender set (other finalists), machine or thread count are kept aside, never dropped
     rows = [r for r in stored.get("rows", []) if ours(r)] if same else []
-    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if same and not ours(r)]
+    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if not (same and ours(r))]
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
     kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
     while True:

@@ -333,6 +333,26 @@ def test_served_at_one_thread_count_every_contender_runs_with_it_and_another_cou
     assert again["elsewhere"] == first and None in server.threads[n:]
 
 
+def test_a_confirmation_with_other_finalists_keeps_the_first_rows_aside(tmp_path):
+    """Another number of finalists is another set of contenders: everything is served again, and the rows of the
+    first set stay in the record ("elsewhere"), not dropped."""
+    import time
+
+    from planner.tuner import served
+    from planner.tuner.records import StudyRecord
+    tuner = rag_tuners(tmp_path, "f16")
+    t = tuner()
+    t.run(4)
+    server = GpuStandIn(t)
+    served.confirm_served(t, server, rounds=1, n_finalists=2, deadline=time.monotonic() + 3600, drop_behind=None)
+    first = StudyRecord.of(t.study).serving
+    assert first["keys"] != [c.key for c in served.contenders(tuner(), 1)]
+    served.confirm_served(tuner(), server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600,
+                          drop_behind=None)
+    again = StudyRecord.of(t.study).serving
+    assert again["elsewhere"] == first["rows"] and again["rows"] and again["rows"] != first["rows"]
+
+
 def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
     cs = REFS + [Served("trial:3", "trial 3", ("finalist",), trial=3), Served("trial:5", "trial 5", ("finalist",),
                                                                               trial=5)]
