@@ -218,16 +218,6 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(L)
 
 
-def _gpu_name() -> str | None:
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    names = [x.strip() for x in r.stdout.splitlines() if x.strip()]
-    return f"{len(names)}x {names[0]}" if names else None
-
-
 def write(out: Path, meta: dict[str, Any], runs: list[dict[str, Any]]) -> None:
     modes = [tuple(m.split(":")) for m in meta["modes"]]
     rows = summarise(runs, list(meta["placements"]), modes)
@@ -316,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         with runs_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         done[run.key] = rec
-    meta = {"name": args.name, "date": datetime.date.today().isoformat(), "gpu": _gpu_name(),
+    meta = {"name": args.name, "date": datetime.date.today().isoformat(), "gpu": gpumem.gpu_summary(),
             "model": args.model.name, "threads": args.threads, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
             "reps": args.reps, "rounds": args.rounds, "modes": [f"{e}:{m}" for e, m in modes],
             "placements": {p: shlex.join(f) for p, f in placements.items()},

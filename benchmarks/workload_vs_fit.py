@@ -458,21 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     server = LlamaServerEngine(binary=args.server or _default_server(args), model_path=model,
                                timeout_s=args.timeout, repetitions=args.repetitions, cpu_stand_in=args.cpu,
                                progress=lambda what: log(f"  server: {what}") if args.verbose else None)
-    meta["gpu"] = _gpu_name()
+    from runtime.gpumem import gpu_summary
+    meta["gpu"] = gpu_summary()
     finished = serve(args, inv, hw0, cells, deadline, server, bench_engine,
                      checkpoint=lambda: report(args, cells, meta, out))
     rows = report(args, cells, meta, out)
     return 0 if finished and all(r["served"] for r in rows) and len(rows) == len(cells) else 3
-
-
-def _gpu_name() -> str | None:
-    import shutil
-    import subprocess
-    if not shutil.which("nvidia-smi"):
-        return None
-    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-    names = [x.strip() for x in r.stdout.splitlines() if x.strip()]
-    return f"{len(names)}x {names[0]}" if names else None
 
 
 def _default_server(args) -> Path:

@@ -201,6 +201,20 @@ def detect(interval_s: float = 0.05) -> MemorySampler | None:
     return None
 
 
+def gpu_summary() -> str | None:
+    """The GPUs as a report names them ("2x NVIDIA H200", the first one's name), None without nvidia-smi or GPU."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [x.strip() for x in r.stdout.splitlines() if x.strip()]
+    return f"{len(names)}x {names[0]}" if r.returncode == 0 and names else None
+
+
 def cuda_to_smi_index(env: Mapping[str, str] | None = None) -> dict[int, int] | None:
     """CUDA device index -> nvidia-smi index under CUDA_VISIBLE_DEVICES (a list of integers); None when it is
     unset (identity) or uses UUIDs (not mapped)."""

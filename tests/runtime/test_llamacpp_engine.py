@@ -459,6 +459,16 @@ esac
     assert run.gpu_baseline_bytes == {"CUDA0": 7 << 20, "CUDA1": 1000 << 20}
 
 
+def test_the_gpus_named_for_a_report(tmp_path, monkeypatch):
+    script(tmp_path / "nvidia-smi", 'echo "NVIDIA H200"; echo "NVIDIA H200"\n')
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpumem.gpu_summary() == "2x NVIDIA H200"
+    script(tmp_path / "nvidia-smi", "echo 'No devices were found'; exit 6\n")
+    assert gpumem.gpu_summary() is None
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert gpumem.gpu_summary() is None
+
+
 def test_no_gpu_tools_here_means_no_sampler(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setitem(__import__("sys").modules, "pynvml", None)
