@@ -25,7 +25,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -36,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime import gpumem  # noqa: E402
+from runtime.llamacpp_output import classify_failure, parse_bench_output  # noqa: E402
+from runtime.process import run_process  # noqa: E402
 
 BUILDS = ROOT / "benchmarks" / "results" / "llamacpp_gpu"
 DEFAULT_BENCH = {"mainline": BUILDS / "llama.cpp-cuda" / "build" / "bin" / "llama-bench",
@@ -97,46 +98,21 @@ def command(bench: Path, model: Path, flags: list[str], run: Run, args) -> list[
             "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.reps), "-o", "json", "-v"]
 
 
-def error_line(stderr: str, rc: int) -> str:
-    """The line that says why a run failed (runs are -v): the first naming an error, with the line before it when
-    that one is llama.cpp's generic "failed to load model" (the cause is logged just above), else the last line."""
-    lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith("set_abort_callback")]
-    named = [i for i, x in enumerate(lines)
-             if any(w in x.lower() for w in ("error", "failed", "abort", "out of memory"))]
-    if not named:
-        return (lines[-1] if lines else "no output")[:300] + f" (exit {rc})"
-    i = named[0]
-    line = f"{lines[i - 1]} / {lines[i]}" if i > 0 and "failed to load model" in lines[i] else lines[i]
-    return line[:300] + f" (exit {rc})"
-
-
 def measure(cmd: list[str], timeout_s: float, sampler) -> dict[str, Any]:
-    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    base = sampler.used() if sampler else {}
-    if sampler:
-        sampler.start()
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = -9, "", f"timed out after {timeout_s:.0f} s: " + (e.stderr or b"").decode(errors="replace")
-    seconds = time.monotonic() - t0
-    peaks = sampler.stop()[0] if sampler else {}
-    vram = gpumem.per_cuda_device({i: max(0, b - base.get(i, 0)) for i, b in peaks.items()})
-    rec: dict[str, Any] = {"ok": False, "seconds": round(seconds, 1), "vram_mib": {d: b / MiB for d, b in vram.items()}}
-    if rc != 0:
-        return rec | {"error": error_line(err, rc)}
-    try:
-        records = json.loads(out)
-        pp = [r for r in records if r["n_prompt"] > 0 and r["n_gen"] == 0]
-        tg = [r for r in records if r["n_gen"] > 0 and r["n_prompt"] == 0]
-    except (ValueError, KeyError, TypeError) as e:
-        return rec | {"error": f"unreadable llama-bench output: {e}"}
-    if not pp or not tg:
-        return rec | {"error": "llama-bench gave no PP or no TG record"}
-    return rec | {"ok": True, "pp": pp[0]["avg_ts"], "pp_sd": pp[0]["stddev_ts"], "tg": tg[0]["avg_ts"],
-                  "tg_sd": tg[0]["stddev_ts"]}
+    """One llama-bench run (runtime.process: its process group ended past the time limit, VRAM sampled per GPU):
+    its PP and TG, or why it failed (runtime.llamacpp_output.classify_failure; runs are -v, so a load failure
+    names its cause)."""
+    run = run_process(cmd, dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID"), timeout_s, sampler)
+    results = parse_bench_output(run.stdout)
+    pp = next((r for r in results if r.kind == "pp"), None)
+    tg = next((r for r in results if r.kind == "tg"), None)
+    rec: dict[str, Any] = {"ok": False, "seconds": round(run.wall_s, 1),
+                           "vram_mib": {d: b / MiB for d, b in run.gpu_peak_bytes.items()}}
+    failed = classify_failure(run.stdout, run.stderr, run.returncode, timed_out=run.timed_out, timeout_s=timeout_s,
+                              have_results=pp is not None and tg is not None)
+    if failed is not None or pp is None or tg is None:
+        return rec | {"error": failed.message if failed else "llama-bench gave no PP or no TG record"}
+    return rec | {"ok": True, "pp": pp.avg_ts, "pp_sd": pp.stddev_ts, "tg": tg.avg_ts, "tg_sd": tg.stddev_ts}
 
 
 def load_runs(path: Path) -> dict[str, dict[str, Any]]:

@@ -256,7 +256,9 @@ _OOM = (
 )
 _LOAD_FAILED = re.compile(r"failed to load model|unable to load model")
 _CONTEXT_FAILED = re.compile(r"failed to create (?:the )?(?:llama_)?context")
-_LOAD_REASONS = (re.compile(r"gguf_init\w*: (.+)"), re.compile(r"error loading model: (.+)"))
+# why a load failed: the file, the loader's exception, or the device list (a split mode without the devices it needs)
+_LOAD_REASONS = (re.compile(r"gguf_init\w*: (.+)"), re.compile(r"error loading model: (.+)"),
+                 re.compile(r"llama_prepare_model_devices: (.*\b(?:needs|invalid)\b.*)"))
 _CONTEXT_REASON = re.compile(r"(?:llama_init_from_model|llama_context|llama_new_context_with_model): (.*"
                              r"(?:requires|not supported|failed|error|invalid|must).*)", re.I)
 _ERROR_LINE = re.compile(r"(GGML_ASSERT.*|.*\berror\b.*|.*\bfailed\b.*)", re.I)
