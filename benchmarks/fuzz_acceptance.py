@@ -73,7 +73,7 @@ def workers(root: Path, rounds: int) -> dict:
     detail = []
     for r in range(rounds):
         db = root / f"w{r}.db"
-        cmd = [sys.executable, "-m", "planner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim", "--gpu",
+        cmd = [sys.executable, "-m", "offload_tuner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim", "--gpu",
                "16GiB", "--trials", "6", "--study", "shared", "--storage", f"sqlite:///{db}", "--pool", "0",
                "--quiet", "--no-report"]
         procs = [subprocess.Popen(cmd + ["--seed", str(s)], cwd=root, env=env, stdout=subprocess.DEVNULL,

@@ -75,7 +75,7 @@ from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E
 from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan  # noqa: E402
-from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
+from tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from runtime.engine import BenchWorkload  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
 
@@ -370,7 +370,7 @@ def step_study(c: Ctx) -> bool:
 def load_study(storage_url: str, name: str):
     """The Optuna study of that name in that storage, or None."""
     import optuna
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     storage = make_storage(storage_url)
     if name not in {s.study_name for s in storage.get_all_studies()}:
         return None
@@ -401,7 +401,7 @@ def mainline_study(c: Ctx, budget_gib: int):
     if c.args.mainline_series is not None:
         return load_study(url, tvf.cell_name(budget_gib, 0, c.args.mainline_series))
     import optuna
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     first = tvf.cell_name(budget_gib, 0)
     found = [s for s in make_storage(url).get_all_studies()
              if (s.study_name == first or s.study_name.startswith(first + "-")) and StudyRecord.of(s).confirmed]

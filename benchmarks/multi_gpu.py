@@ -29,7 +29,7 @@ Steps (--steps, in this order):
   would triple the RAM plans' time (the H100 torch study: 21-27 s a plan, 136 s the first).
 - tune: per budget per GPU (default 8 and 16 GiB, i.e. 2x8 and 2x16 GiB), benchmarks/tune_vs_fit.py's run_cell
   with two GPUs of that size: llama.cpp's own --fit (llama-bench -fitt, both GPUs), its placement in a server,
-  the best hand `-ngl 99 -ncmoe N -ts a,b` (planner.tuner.baselines.ncmoe_split: the smallest N with a -ts that
+  the best hand `-ngl 99 -ncmoe N -ts a,b` (tuner.baselines.ncmoe_split: the smallest N with a -ts that
   fits both GPUs, the -ts that leaves the most room on the fuller one), and an Optuna study of at most --runs
   engine runs in all; the confirmation re-measures --fit, its server placement, the -ncmoe -ts line and the
   study's picks interleaved (--confirm rounds), started only when it can end in the same device call. Studies
@@ -571,8 +571,8 @@ def run_tune(args, engine: Any, inv: ModelInventory, hw0: HardwareProfile, t_sta
 
 
 def _confirmed(storage: str, name: str) -> bool:
-    from planner.tuner.records import StudyRecord
-    from planner.tuner.storage import make_storage
+    from tuner.records import StudyRecord
+    from tuner.storage import make_storage
     st = make_storage(storage)
     for s in st.get_all_studies():
         if s.study_name == name:
@@ -585,7 +585,7 @@ def budget_rows(storage: str, budgets: list[int]) -> list[dict[str, Any]]:
     import optuna
 
     import tune_vs_fit as tvf
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     st = make_storage(storage)
     names = {s.study_name for s in st.get_all_studies()}
     rows = []

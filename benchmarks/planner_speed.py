@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cli import main as cli_main  # noqa: E402
+from offload_tuner.cli import main as cli_main  # noqa: E402
 from planner.gguf_header import load_inventory, read_header  # noqa: E402
 from planner.hardware import from_gpu_sizes  # noqa: E402
 from planner.plan import Knobs  # noqa: E402
@@ -44,7 +44,7 @@ def timed(fn, reps: int) -> dict:
 
 
 def cli_subprocess(args: list[str]) -> None:
-    r = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "offload_tuner.cli", *args], capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"offload-tuner {' '.join(args)} failed: {r.stderr.strip()}")
 

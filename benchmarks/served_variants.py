@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import workload_vs_fit as wvf  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
-from planner.tuner.confirm import Spread  # noqa: E402
-from planner.tuner.records import StudyRecord  # noqa: E402
+from tuner.confirm import Spread  # noqa: E402
+from tuner.records import StudyRecord  # noqa: E402
 from planner.workload import preset  # noqa: E402
 
 

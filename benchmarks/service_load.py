@@ -11,7 +11,7 @@ trials finished inside the window are counted from the file (one SQL count at ea
 
 Clients: client i asks endpoint ENDPOINTS[i % 6] again THINK_S after each answer (a person or a script polling,
 not a flood). Plan and explain bodies are drawn at random from PLAN_BODIES and EXPLAIN_BODIES, distinct questions
-the server computes once each (planner/service/memo.py keeps the answers); the first answer to each body is also
+the server computes once each (offload_tuner/service/memo.py keeps the answers); the first answer to each body is also
 reported apart ("cold"). A stream client reads the progress events for STREAM_S, then reconnects; its latency is
 the time to the first event.
 
@@ -62,7 +62,7 @@ TIMEOUT_S = 30.0
 
 
 def cli(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "planner.cli", *argv]
+    return [sys.executable, "-m", "offload_tuner.cli", *argv]
 
 
 def env() -> dict[str, str]:
@@ -153,7 +153,7 @@ def cpu_s(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    """The server's own processes: its plan/explain workers (planner/service/workers.py) and their tracker."""
+    """The server's own processes: its plan/explain workers (offload_tuner/service/workers.py) and their tracker."""
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:

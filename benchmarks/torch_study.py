@@ -59,10 +59,10 @@ from planner.engine import MemoryModel, TimedEngine, memory_model, memory_model_
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Room, model_id  # noqa: E402
-from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
-from planner.tuner.search import slug  # noqa: E402
+from tuner.records import StudyRecord, TrialRecord  # noqa: E402
+from tuner.search import slug  # noqa: E402
 from planner.bench_workload import BenchWorkload  # noqa: E402
-from planner.tuner.space import Space, SpaceConfig  # noqa: E402
+from tuner.space import Space, SpaceConfig  # noqa: E402
 
 PHASES = ("grid", "study", "compare")
 GRID_UBATCHES = (512, 2048)
@@ -131,7 +131,7 @@ class Setup:
 
     def engine(self) -> TimedEngine:
         if self._engine is None:
-            from planner.app import load_engine    # one line (InputError) for an engine this machine cannot run
+            from offload_tuner.app import load_engine    # one line (InputError) for an engine this machine cannot run
             from planner.options import EngineOptions
             opts = EngineOptions(engine=self.args.engine, model=self.args.model)
             self._engine = TimedEngine(load_engine(opts, self.hw), self.clock.ran)
@@ -280,8 +280,8 @@ def _checkpoint(storage_url: str, study: Any) -> None:
 
 
 def run_study(s: Setup) -> None:
-    from planner.tuner.search import Tuner, TunerOptions
-    from planner.tuner.storage import load_study, make_storage, study_exists
+    from tuner.search import Tuner, TunerOptions
+    from tuner.storage import load_study, make_storage, study_exists
     done, have_baselines = 0, False
     if study_exists(make_storage(s.storage), s.study_name):
         old = load_study(s.study_name, s.storage)
@@ -327,7 +327,7 @@ def run_study(s: Setup) -> None:
 
 def write_report(s: Setup, study: Any) -> Path | None:
     """The `report` command's output for the study (plots need pandas and matplotlib; without them, one line)."""
-    from planner.tuner.report import write_study_report
+    from tuner.report import write_study_report
     out = s.out / "reports" / s.study_name
     s.report_tried = True
     try:
@@ -353,7 +353,7 @@ def _front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def study_points(study: Any, budget_bytes: int) -> dict[str, Any]:
     """Every measured trial of the study (duplicates of a plan left out), its Pareto front over the successful
-    runs within `budget_bytes` (the tuner fails the others: planner.tuner.search), and its failures."""
+    runs within `budget_bytes` (the tuner fails the others: tuner.search), and its failures."""
     from optuna.trial import TrialState
     trials, failed = [], []
     for t in study.get_trials(deepcopy=False):
@@ -394,7 +394,7 @@ def _best(points: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def compare(s: Setup) -> dict[str, Any]:
-    from planner.tuner.storage import load_study, make_storage, study_exists
+    from tuner.storage import load_study, make_storage, study_exists
     grid = load_grid(s)
     gpts = [{"n_gpu_layers": p["n_gpu_layers"], "ubatch": p["ubatch"], "label": p["label"], "flags": p["flags"],
              "ok": p["measured"]["ok"], "within_budget": p["within_budget"], "tg_tps": p["measured"]["tg_tps"],

@@ -44,10 +44,10 @@ import device_options as opts  # noqa: E402
 from planner.engine import TimedEngine  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
-from planner.tuner.records import StudyRecord, TrialRecord  # noqa: E402
-from planner.tuner.report import study_summary, trials_frame  # noqa: E402
-from planner.tuner.search import Tuner, TunerOptions  # noqa: E402
-from planner.tuner.space import SpaceConfig  # noqa: E402
+from tuner.records import StudyRecord, TrialRecord  # noqa: E402
+from tuner.report import study_summary, trials_frame  # noqa: E402
+from tuner.search import Tuner, TunerOptions  # noqa: E402
+from tuner.space import SpaceConfig  # noqa: E402
 from planner.bench_workload import BenchWorkload  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
 
@@ -239,7 +239,7 @@ def cell_row(study, budget_gib: int, depth: int) -> dict[str, Any]:
 
 def _margin_words(row: dict) -> str:
     """The study's margin as its summary states it (report.margin_text), from the row's MiB."""
-    from planner.tuner.report import margin_text
+    from tuner.report import margin_text
     by_ub = {k: v * MiB for k, v in (row.get("margin_mib_by_ubatch") or {}).items()}
     return margin_text(row["margin_mib"] * MiB, by_ub) or "no safety margin"
 
@@ -437,7 +437,7 @@ def report(args, budgets: list[int], depths: list[int], meta: dict[str, Any], ou
     """The report of the cells of this series, and (with a real run) a gzipped copy of the study database beside
     it, STATE_NAME, to carry into the next machine's workdir (`gunzip -c ... > <workdir>/tune_vs_fit.db`)."""
     import optuna
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}
     cells = [(b, d) for d in depths for b in budgets if cell_name(b, d, args.series) in names]

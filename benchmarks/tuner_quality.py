@@ -7,12 +7,12 @@ Set-up per scenario (preset x VRAM x hardware preset):
   the machine as it really is. The tuner's cost model (its prior, for seeding and pre-screening) is the
   unperturbed preset, i.e. a machine profile that is off the way a spec sheet is off, and it refits itself
   from the runs it makes. Without the perturbation the prior would *be* the engine and seeding alone would win.
-- The space is planner.tuner.space.Space with a coarse SpaceConfig so the grid is computable: every candidate of the
+- The space is tuner.space.Space with a coarse SpaceConfig so the grid is computable: every candidate of the
   grid is decoded (memory-screened) and evaluated on the truth; the grid's best TG and best PP are the targets.
 - Each method gets the same budget of engine runs (a share of the grid's size, --budget, default 5%), objective
   "both" (TG and PP at once); a run is one engine measurement of a distinct plan (duplicates and candidates
   screened by the memory model or the cost model cost no run). Methods:
-    tuner     planner.tuner.search.Tuner as `tune` runs it: proposals + predicted-front seeds, refit, surrogate picks,
+    tuner     tuner.search.Tuner as `tune` runs it: proposals + predicted-front seeds, refit, surrogate picks,
               pre-screening on the refitted cost model, multivariate TPE
     tpe       the same space and Tuner with seeds, surrogate and pre-screening off (plain multi-objective TPE)
     random    the same with Optuna's RandomSampler
@@ -46,8 +46,8 @@ from planner.hardware import GiB, HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.presets import load_preset  # noqa: E402
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload  # noqa: E402
-from planner.tuner.space import Space, SpaceConfig  # noqa: E402
+from tuner.search import Tuner, TunerOptions, BenchWorkload  # noqa: E402
+from tuner.space import Space, SpaceConfig  # noqa: E402
 from runtime.engine import Measurement  # noqa: E402
 from runtime.sim import SimEngine  # noqa: E402
 

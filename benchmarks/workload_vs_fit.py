@@ -2,7 +2,7 @@
 workload preset, a study under the time objective (the workload's mean request time) on the synthetic
 Qwen3-30B-A3B-shaped Q4_0 model of benchmarks/llamacpp_gpu.py, whose finalists and `llama-server --fit on` at
 ubatch 512, 2048 and 4096 are then served as llama-server on the workload itself, interleaved in rounds
-(planner/tuner/served.py). The reference is the fastest --fit variant; the recommendation is the fastest of all
+(tuner/served.py). The reference is the fastest --fit variant; the recommendation is the fastest of all
 within the budget, the references included, so it is never slower than what the user would have run.
 
 Explore: `--explore sim` (default) screens and searches with the cost model calibrated on the H100 box
@@ -44,11 +44,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
-from planner.tuner.objectives import bench_for  # noqa: E402
-from planner.tuner.served import confirm_served, headline  # noqa: E402
-from planner.tuner.records import StudyRecord  # noqa: E402
-from planner.tuner.search import Tuner, TunerOptions  # noqa: E402
-from planner.tuner.space import SpaceConfig  # noqa: E402
+from tuner.objectives import bench_for  # noqa: E402
+from tuner.served import confirm_served, headline  # noqa: E402
+from tuner.records import StudyRecord  # noqa: E402
+from tuner.search import Tuner, TunerOptions  # noqa: E402
+from tuner.space import SpaceConfig  # noqa: E402
 from planner.workload import RequestClass, Workload, preset  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
@@ -218,7 +218,7 @@ def split_words(command: str | None, inv, n_gpus: int) -> str | None:
 
 
 def cell_row(study, cell: Cell, inv=None) -> dict[str, Any]:
-    from planner.tuner.served import partial_record, waiting_finalists
+    from tuner.served import partial_record, waiting_finalists
     attrs = StudyRecord.of(study)
     rec = attrs.served or partial_record(attrs, cell.budgets()) or {}
     res = {r["key"]: r for r in rec.get("results", [])}
@@ -363,7 +363,7 @@ def report(args, cells, meta: dict[str, Any], out: Path) -> list[dict[str, Any]]
     """The report of the cells, and a gzipped copy of the study database beside it (NAME_state.db.gz: the served
     samples a later machine resumes from, `gunzip -c OUT/NAME_state.db.gz > <workdir>/workload_vs_fit.db`)."""
     import optuna
-    from planner.tuner.storage import make_storage, sqlite_path
+    from tuner.storage import make_storage, sqlite_path
     from tune_vs_fit import save_state
     storage = make_storage(args.storage)
     names = {s.study_name for s in storage.get_all_studies()}

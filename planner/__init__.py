@@ -1,7 +1,3 @@
-"""offload-tuner's planner: model inventory, memory and cost models, placements and flags (no torch here)."""
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("offload-tuner")      # pyproject.toml's, as installed (pip install -e . included)
-except PackageNotFoundError:                     # a checkout run without installing it
-    __version__ = "0+unknown"
+"""offload-tuner's core: the model inventory (GGUF files and presets), hardware, workloads, memory and cost models,
+placements and their llama.cpp flags, and the engine protocol with its registry. It imports none of tuner/,
+runtime/ or offload_tuner/, and never torch (tests/test_import_graph.py)."""

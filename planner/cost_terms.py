@@ -1,6 +1,6 @@
 """The cost model's terms as typed keys: what a term prices (its kind) and where (its device).
 
-planner.cost.predict adds seconds per Term; planner.tuner.cost_fit groups them by kind (and, for a per-device
+planner.cost.predict adds seconds per Term; tuner.cost_fit groups them by kind (and, for a per-device
 kind, by whether the device is a GPU), so nothing parses text keys and a kind nobody knows is an error at once
 instead of a term that silently lands in the refit's "fixed" group. docs/cost_model.md describes each kind.
 

@@ -1,9 +1,9 @@
-"""The command line's and the tuner's defaults in one place: the requests (planner/app/requests.py: their defaults
+"""The command line's and the tuner's defaults in one place: the requests (offload_tuner/app/requests.py: their defaults
 and help), the study-spec loader and the `run` command read them from here instead of repeating the numbers.
 
 Defaults that belong to one module's own model stay there and are only named here: DEFAULT_CTX (planner.plan, the
 context emitted commands hold), DEFAULT_MARGIN (planner.propose, the library's margin when none is given) and
-CONFIRM_ROUNDS (planner.tuner.confirm)."""
+CONFIRM_ROUNDS (tuner.confirm)."""
 from __future__ import annotations
 
 from typing import Final
@@ -16,7 +16,7 @@ SPACE_MODES: Final = ("settled", "full")
 
 TUNE_ENGINE: Final = "sim"
 TUNE_TRIALS: Final = 40                 # engine runs a `tune` session adds
-TUNE_OBJECTIVE: Final = "time"          # the workload's mean request time (planner/tuner/objectives.py)
+TUNE_OBJECTIVE: Final = "time"          # the workload's mean request time (tuner/objectives.py)
 TUNE_REQUESTS: Final = "chat"           # the user's workload (planner/workload.py's presets, a TOML or JSONL file)
 # the benchmark run of a study under tg/pp/both/an expression: a 2048-token prompt (PP) and 128 generated tokens
 # (TG) at depth 0, 3 repetitions (under time it is the workload's mean request, objectives.bench_for)

@@ -4,9 +4,8 @@ per-engine behaviour all read this table, and code asks an engine's traits (`tra
 
 planner never imports runtime (tests/test_import_graph.py holds it): the runtime pulls in torch, CUDA probes and
 subprocess machinery the planner and the tuner must work without. Factories are "module:function" strings,
-imported only when an engine is made, so `plan`, `explain` or a sim study never load more than they use.
-RUNTIME names the other runtime functions the CLI calls (its runtime commands' plain functions and probes), the
-same way.
+imported only when an engine is made, so `plan`, `explain` or a sim study never load more than they use. What an
+engine needs of the machine (a GPU, a binary) its factory checks, and says in one InputError line.
 """
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ class EngineTraits:
       pre-screen, nothing to confirm, and the whole search space is cheap to explore);
     memory_error_prior: bytes the memory model may be short of a run's peak before the study has measured any
       (docs/tuning.md "The margin is the memory model's error, learnt");
-    needs_gpu: it measures on CUDA GPUs and cannot start without one;
     dialects: the llama.cpp dialects it speaks;
     replays_requests: it measures a user's Workload (request classes over HTTP), not a BenchWorkload;
     binary: the program it runs (None: none), which the options' `binary` names;
@@ -39,7 +37,6 @@ class EngineTraits:
       does not model repacking)."""
     measured: bool = True
     memory_error_prior: int = 512 * MiB
-    needs_gpu: bool = False
     dialects: tuple[str, ...] = ("mainline", "ik")
     replays_requests: bool = False
     binary: str | None = None
@@ -67,7 +64,7 @@ ENGINES: Final[dict[str, EngineSpec]] = {s.name: s for s in (
     # llama-bench on the H100 box -204..+72 MiB over 74 runs (issue 10); the torch runtime holds 1.4-2.3 GiB of
     # upload staging the llama.cpp model does not count (and predicts itself); sim is the model
     EngineSpec("torch", "runtime.torch_engine:from_options",
-               EngineTraits(memory_error_prior=512 * MiB, needs_gpu=True, dialects=("mainline",)),
+               EngineTraits(memory_error_prior=512 * MiB, dialects=("mainline",)),
                "the bundled PyTorch runtime on this machine's CUDA GPUs"),
     EngineSpec("llamacpp", "runtime.llamacpp:from_options",
                EngineTraits(memory_error_prior=256 * MiB, binary="llama-bench", no_host_probe=True),
@@ -80,20 +77,6 @@ ENGINES: Final[dict[str, EngineSpec]] = {s.name: s for s in (
 
 # an engine object whose name is not registered (a test's stand-in) is taken for a measured one
 UNREGISTERED: Final = EngineTraits()
-
-# what the CLI and the app layer call in runtime/: the runtime commands' plain functions (the CLI parses their
-# flags, planner/cli/runtime_cmds.py) and the probes they need
-RUNTIME: Final = {
-    "run": "runtime.run:prepare_run",                       # a RunRequest checked and made ready to measure
-    "synth": "runtime.synth:synth",
-    "tiny_archs": "runtime.synth:tiny_archs",               # synth --arch's choices, for its help
-    "calibrate": "runtime.calibrate:calibrate_profile",
-    "calibrate_summary": "runtime.calibrate:summary",
-    "build_of_binary": "runtime.llamacpp_binary:build_of_binary",   # a llama.cpp program's dialect and build number
-    "oracle_compare": "runtime.run:oracle_compare",         # llama-fit-params next to our memory model
-    "cuda_available": "runtime.gpumem:cuda_available",      # torch lives in runtime/, imported only there
-}
-
 
 def names() -> tuple[str, ...]:
     return tuple(ENGINES)
@@ -128,17 +111,10 @@ def module_found(module: str) -> bool:
 
 def make_engine(opts: Any, hw: HardwareProfile) -> Any:
     """The Engine `opts.engine` names (opts: planner.options.EngineOptions), made by its factory. An engine this
-    install or machine cannot run (its module missing, a GPU engine without a GPU) is an InputError of one line
-    saying what to use instead."""
+    install or machine cannot run (its module missing here; a GPU engine without a GPU, said by its factory) is an
+    InputError of one line saying what to use instead."""
     s = spec(opts.engine)
     if not module_found(s.module):
         raise InputError(f"engine {s.name} is not available yet (no {s.module} in this install); use --engine sim")
-    if s.traits.needs_gpu and not runtime("cuda_available")():
-        raise InputError(f"engine {s.name} measures plans on CUDA GPUs and this machine has none; use --engine sim "
-                         "(or run the same command where the GPU is)")
     return _load(s.factory)(opts, hw)
 
-
-def runtime(name: str) -> Any:
-    """The runtime function the CLI calls `name` (imports its module now). KeyError for an unknown name."""
-    return _load(RUNTIME[name])

@@ -20,7 +20,7 @@ MiB = 1 << 20
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": MiB, "mb": 10**6, "mib": MiB,
           "g": GiB, "gb": 10**9, "gib": GiB, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
-# ASCII digits and spaces only (the service's schema says the same: planner/service/bodies.py SIZE)
+# ASCII digits and spaces only (the service's schema says the same: offload_tuner/service/bodies.py SIZE)
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
 
 
@@ -30,7 +30,7 @@ MAX_SIZE = 1 << 50            # 1 PiB: far above any GPU or host memory; a large
 # own allocations live there. The same value as llama.cpp's own fit keeps free by default (-fitt/--fit-target,
 # 1024 MiB: common/arg.cpp; planner/flags/interpret.py FIT_TARGET_MIB), so a pick and llama.cpp's --fit are held to
 # the same room. A HardwareProfile built in code keeps none unless told (keep_free_bytes=0): the commands and the
-# service set it (planner/app/common.py hardware).
+# service set it (offload_tuner/app/common.py hardware).
 KEEP_FREE = 1024 * MiB
 
 

@@ -1,6 +1,6 @@
 """EngineOptions: what picks and configures an engine, built once at the edge and passed on frozen (`tune` makes
-one from its TuneOptions, planner/app/requests.py; `run` from its RunRequest, below). RunRequest: what `run`
-measures (the CLI parses it from its flags, planner/cli/runtime_cmds.py; runtime/run.py prepares the run)."""
+one from its TuneOptions, offload_tuner/app/requests.py; `run` from its RunRequest, below). RunRequest: what `run`
+measures (the CLI parses it from its flags, offload_tuner/cli/runtime_cmds.py; runtime/run.py prepares the run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,5 @@
 """`offload-tuner run` (measure one plan on an engine) and `explain --oracle` (llama-fit-params next to our
-memory model): the work, where the runtime is. planner/cli/runtime_cmds.py parses `run`'s flags into a
+memory model): the work, where the runtime is. offload_tuner/cli/runtime_cmds.py parses `run`'s flags into a
 planner.options.RunRequest, calls prepare_run, measures and prints.
 
 The plan comes from a Plan JSON file (`plan --json` output, whose "plan" key is used, or Plan.to_json()) or

@@ -8,7 +8,7 @@ import signal
 import traceback
 from dataclasses import dataclass
 
-from planner import cli
+from offload_tuner import cli
 
 
 class _Hang(Exception):

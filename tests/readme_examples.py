@@ -61,7 +61,7 @@ def examples(text: str) -> list[Example]:
 
 def run(command: str, cwd: Path) -> list[str]:
     """The command's stdout and stderr lines, as a terminal shows them (the CLI in this process)."""
-    from planner import cli
+    from offload_tuner import cli
     head = None
     if (m := re.search(r"\s*\|\s*head -(\d+)\s*$", command)) is not None:
         head, command = int(m.group(1)), command[:m.start()]

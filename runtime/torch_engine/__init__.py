@@ -13,11 +13,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine import TorchEngine, TorchModel
+from planner.errors import InputError
+from ..gpumem import cuda_available
 
 __all__ = ["TorchEngine", "TorchModel", "from_options"]
 
 
-def from_options(opts: Any, hw: Any) -> TorchEngine:
-    """The registry's factory (planner/engines.py): the GPUs of this machine, the runtime's defaults."""
+def __getattr__(name: str) -> Any:
+    """TorchEngine and TorchModel, imported on first use: the factory below says "no GPU" without loading torch."""
+    if name in ("TorchEngine", "TorchModel"):
+        from . import engine
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def from_options(opts: Any, hw: Any) -> Any:
+    """The registry's factory (planner/engines.py): the GPUs of this machine, the runtime's defaults; an InputError
+    of one line on a machine without a CUDA GPU."""
+    if not cuda_available():
+        raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
+                         "(or run the same command where the GPU is)")
+    from .engine import TorchEngine
     return TorchEngine()

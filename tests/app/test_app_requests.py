@@ -1,4 +1,4 @@
-"""The app layer's requests (planner/app/requests.py): TuneOptions renders the `tune` command line that the CLI
+"""The app layer's requests (offload_tuner/app/requests.py): TuneOptions renders the `tune` command line that the CLI
 parses back into the same options (how the service starts a tune worker), and every field of every request is an
 option of its command with the request's own help text."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import get_args
 
 import pytest
 
-from planner import cli
+from offload_tuner import cli
 from planner import defaults as D
-from planner.app import (DemoRequest, ExplainRequest, InspectRequest, PlanRequest, ReportRequest, ServerConfig,
+from offload_tuner.app import (DemoRequest, ExplainRequest, InspectRequest, PlanRequest, ReportRequest, ServerConfig,
                          TuneOptions)
-from planner.app.fields import options
-from planner.app.requests import SpaceMode
+from offload_tuner.app.fields import options
+from offload_tuner.app.requests import SpaceMode
 from planner.errors import InputError
 
 M = "preset:Qwen3-30B-A3B"
@@ -77,7 +77,7 @@ def test_what_no_flag_carries_is_refused_or_respelled():
 
 def test_the_choices_are_the_listed_ones():
     """The space modes are a Literal of the defaults' list; the engines are the registry's names."""
-    from planner.app.fields import options
+    from offload_tuner.app.fields import options
     from planner.engines import names
     assert get_args(SpaceMode) == D.SPACE_MODES
     assert options(TuneOptions)["engine"].choices == names()

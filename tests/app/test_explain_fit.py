@@ -3,8 +3,8 @@ not fit is explained as llama.cpp's fit would run it (experts to RAM, -fitt MiB 
 out-of-memory; the memory the fit leaves unused is pointed out."""
 from __future__ import annotations
 
-from planner.app.explain import explain_outcome
-from planner.app.requests import ExplainRequest
+from offload_tuner.app.explain import explain_outcome
+from offload_tuner.app.requests import ExplainRequest
 from planner.hardware import GiB, MiB
 
 M = "preset:Qwen3-30B-A3B"

@@ -230,7 +230,7 @@ GOOD: list[tuple[str, list[str], str]] = [
 def test_edge_values_that_work(name, argv, needle, env, capsys):
     import contextlib
     import io
-    from planner import cli
+    from offload_tuner import cli
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = cli.main([a.format(**env) for a in argv])

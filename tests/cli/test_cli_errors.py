@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from offload_tuner.cli import main
 from runtime.synth import encode_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_errors_through_the_real_console_script(tmp_path):
     # the same path as a user: a separate process, stderr one line, exit 2
     p = tmp_path / "x.gguf"
     p.write_bytes(b"GGUF\x03\x00\x00\x00")
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", str(p)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "offload_tuner.cli", "inspect", str(p)], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -127,7 +127,7 @@ def sim_study(tmp_path_factory) -> str:
     """The storage URL of a real 3-run sim study."""
     d = tmp_path_factory.mktemp("study")
     url = f"sqlite:///{d / 's.db'}"
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim",
+    r = subprocess.run([sys.executable, "-m", "offload_tuner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim",
                         "--gpu", "16GiB", "--trials", "3", "--study", "s", "--storage", url, "--pool", "0", "--quiet",
                         "--no-report"], cwd=d, capture_output=True, text=True, timeout=400,
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})

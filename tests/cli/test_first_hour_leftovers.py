@@ -7,7 +7,8 @@ from importlib.metadata import version
 
 import pytest
 
-from planner import cli, defaults as D
+from offload_tuner import cli
+from planner import defaults as D
 from planner.hardware import fmt_bytes
 from planner.loader import load_model
 

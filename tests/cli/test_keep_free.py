@@ -8,12 +8,13 @@ from dataclasses import fields
 
 import pytest
 
-from planner import cli, defaults as D
-from planner.app.requests import DEMO, PlanRequest, TuneOptions
+from offload_tuner import cli
+from planner import defaults as D
+from offload_tuner.app.requests import DEMO, PlanRequest, TuneOptions
 from planner.flags.interpret import FIT_TARGET_MIB
 from planner.hardware import KEEP_FREE, MiB, GiB, load_hardware
 from planner.propose import Room
-from planner.tuner.options import Settings, hardware_key
+from tuner.options import Settings, hardware_key
 
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
 GPU = ["--hardware", "rtx4090-ddr5", "--gpu", "16GiB"]
@@ -30,8 +31,8 @@ def test_one_default_everywhere_is_what_llama_cpps_fit_keeps_free():
 
 
 def test_the_service_takes_the_same_default_and_flag():
-    from planner.service import bodies
-    from planner.service.security import PathPolicy
+    from offload_tuner.service import bodies
+    from offload_tuner.service.security import PathPolicy
     paths = PathPolicy(())
     assert bodies.request("plan", {"model": MODEL}, paths).keep_free == D.KEEP_FREE
     assert bodies.request("tune", {"model": MODEL}, paths).keep_free == D.KEEP_FREE

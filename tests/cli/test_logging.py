@@ -1,4 +1,4 @@
-"""The CLI's logging (planner/cli/logs.py), through the real command line: progress lines at INFO by default,
+"""The CLI's logging (offload_tuner/cli/logs.py), through the real command line: progress lines at INFO by default,
 the global -q keeps only warnings and errors, -v adds the library's debug lines; results stay on stdout."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from planner.cli import main
+from offload_tuner.cli import main
+from offload_tuner.cli.logs import OURS
 
 RUN = ["run", "preset:Qwen3-30B-A3B", "--engine", "sim", "--gpu", "24GiB", "--", "-ngl", "99", "-ot", "exps=CPU"]
 PROGRESS = "# sim: measuring plan "          # run's progress line, on stderr
@@ -16,7 +17,7 @@ DEBUG = "offload-tuner: DEBUG: planner.loader: model preset:Qwen3-30B-A3B"
 @pytest.fixture(autouse=True)
 def _reset_levels():
     yield
-    for name in ("planner", "runtime"):      # the next test's logging as if no -v / -q had been given
+    for name in OURS:    # the next test's logging as if no -v / -q had been given
         logging.getLogger(name).setLevel(logging.NOTSET)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from planner.app.requests import PlanRequest
-from planner.cli import main
-from planner.tuner.objectives import parse_objective
+from offload_tuner.app.requests import PlanRequest
+from offload_tuner.cli import main
+from tuner.objectives import parse_objective
 
 PLAN = ["plan", "preset:Qwen3-30B-A3B", "--gpu", "16GiB", "--ctx", "8192", "--json", "--objective"]
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from planner import cli
-from planner.app.common import hardware
+from offload_tuner import cli
+from offload_tuner.app.common import hardware
 from planner.loader import load_model
 from planner.plan import Plan
-from planner.tuner.objectives import predicted_request_s
+from tuner.objectives import predicted_request_s
 from planner.workload import preset
 
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"

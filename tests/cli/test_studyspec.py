@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli
-from planner.app import DEMO, TuneOptions
-from planner.studyspec import load_spec
+from offload_tuner import cli
+from offload_tuner.app import DEMO, TuneOptions
+from offload_tuner.app.studyspec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -54,7 +54,7 @@ def _tune(argv: list[str]) -> dict:
 
 def _trials(url: str, name: str) -> tuple[dict, list[tuple[dict, tuple[float, ...]]]]:
     import optuna
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     study = optuna.load_study(study_name=name, storage=make_storage(url))
     done = [(t.params, tuple(t.values)) for t in study.get_trials(deepcopy=False) if t.values]
     return study.user_attrs["settings"], done

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli, engines
+from offload_tuner import cli
+from planner import engines
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
@@ -22,7 +23,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _tune_cmd(url: str, trials: int) -> list[str]:
-    return [sys.executable, "-m", "planner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
+    return [sys.executable, "-m", "offload_tuner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
             str(trials), "--study", "k", "--storage", url, "--pool", "0", "--quiet", "--no-report", "--objective", "tg"]
 
 
@@ -38,7 +39,7 @@ def _complete(db: Path) -> int:
 
 def _finished(url: str) -> tuple[dict[int, tuple[str, tuple[float, ...] | None]], float]:
     import optuna
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     study = optuna.load_study(study_name="k", storage=make_storage(url))
     trials = {t.number: (t.state.name, tuple(t.values) if t.values else None)
               for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
@@ -94,7 +95,7 @@ def test_sigkill_mid_study_loses_no_finished_trial_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_demo_runs_the_whole_job(tmp_path):
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "demo", "--quiet"], cwd=tmp_path, env=ENV,
+    r = subprocess.run([sys.executable, "-m", "offload_tuner.cli", "demo", "--quiet"], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=180)
     wall = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr
@@ -133,7 +134,7 @@ def test_tune_ttft_limit_is_the_workloads_and_stays_with_the_study(tmp_path, cap
     or another objective is one line, exit 2."""
     import optuna
 
-    from planner.tuner.records import StudyRecord
+    from tuner.records import StudyRecord
     storage = f"sqlite:///{tmp_path / 's.db'}"
     argv = ["tune", MODEL, "--gpu", "12GiB", "--workload", "rag", "--ttft", "2.5s", "--trials", "4", "--pool", "20",
             "--storage", storage, "--study", "s", "--no-report", "--quiet"]

@@ -8,7 +8,7 @@ import io
 import subprocess
 from pathlib import Path
 
-from planner import cli
+from offload_tuner import cli
 
 
 def ours(path: Path) -> tuple[bool, str]:

@@ -66,7 +66,7 @@ def test_kill_9_of_a_tune_leaves_no_llama_bench_running(llama_bench, tmp_path):
     model = write_gguf(tmp_path / "tiny.gguf", tiny_spec("qwen3moe", n_layer=6, n_expert=8, n_expert_used=2),
                        uniform_recipe("Q4_0"))[0]
     mark = new_mark()
-    argv = [sys.executable, "-m", "planner.cli", "tune", str(model), "--engine", "llamacpp", "--llama-bench",
+    argv = [sys.executable, "-m", "offload_tuner.cli", "tune", str(model), "--engine", "llamacpp", "--llama-bench",
             str(llama_bench), "--cpu-stand-in", "--gpu", "1GiB", "--keep-free", "0", "--trials", "20", "--n-prompt",
             "64", "--n-gen", "4096", "--reps", "20", "--study", "k", "--storage", f"sqlite:///{tmp_path / 's.db'}",
             "--no-report", "--quiet", "--pool", "20"]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from planner.builds import PINNED, Build, Feature, from_version, parse_build
-from planner.app import commands_for
+from offload_tuner.app import commands_for
 from planner.errors import InputError
 from planner.flags import parse, render
 from planner.flags.ik_split import ncmoe_spread, split_slots, tensor_split_for
@@ -149,7 +149,7 @@ def test_plan_prints_server_lines_when_llama_bench_cannot_say_op():
 
 def test_deepseek_v3_on_one_24gib_gpu_plans_the_ik_way(capsys):
     # issue 11, item 1: MLA, fused MoE (ik's default), -amb 512, experts in RAM with -ot ...=CPU
-    from planner.cli import main
+    from offload_tuner.cli import main
     assert main(["plan", "preset:DeepSeek-V3", "--gpu", "24GiB", "--dialect", "ik"]) == 0
     out = capsys.readouterr().out
     server = next(line for line in out.splitlines() if line.strip().startswith("llama-server "))
@@ -160,7 +160,7 @@ def test_deepseek_v3_on_one_24gib_gpu_plans_the_ik_way(capsys):
 def test_plan_for_an_older_ik_build_uses_its_flags(capsys):
     # build 3850: op ids of PR 689 (no FUSED_UP_GATE yet), -ts by layer counts (before PR 1466), every expert
     # uploaded (before PR 698): no -ooae / -no-ooae at all
-    from planner.cli import main
+    from offload_tuner.cli import main
     assert main(["plan", "preset:gpt-oss-120b", "--gpu", "24GiB,24GiB", "--dialect", "ik", "--build", "ik:3850"]) == 0
     out = capsys.readouterr().out
     server = next(line for line in out.splitlines() if line.strip().startswith("llama-server "))

@@ -14,7 +14,7 @@ from planner.memory import SCHED_MAX_COPIES, compute_bytes, estimate, pipeline_c
 from planner.plan import Knobs, Plan
 from planner.presets import load_preset
 from planner.propose import Room
-from planner.tuner.baselines import flag_plan, ncmoe_split
+from tuner.baselines import flag_plan, ncmoe_split
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
 KNOBS = Knobs(n_ctx=2112, n_batch=512, n_ubatch=512, n_threads=16)
@@ -106,7 +106,7 @@ class _Recording:
 
 @pytest.mark.slow
 def test_a_two_gpu_study_measures_and_confirms_the_ncmoe_ts_line_beside_fit(inv):
-    from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
+    from tuner.search import Tuner, TunerOptions, BenchWorkload
     hw = two(8)
     engine = _Recording(hw)
     tuner = Tuner(inv, hw, engine, TunerOptions(

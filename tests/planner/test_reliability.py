@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.tuner import storage
+from tuner import storage
 from planner.errors import FlagError, InputError
 from planner.flags import parse
 from planner.flags.common import translate_ecmascript
@@ -43,8 +43,8 @@ def test_missing_driver_is_one_line_naming_the_package(monkeypatch):
 
 
 def _tune(db: Path, seed: int) -> list[str]:
-    return [sys.executable, "-m", "planner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim", "--gpu", "16GiB",
-            "--trials", "4", "--study", "s", "--storage", f"sqlite:///{db}", "--pool", "0", "--quiet",
+    return [sys.executable, "-m", "offload_tuner.cli", "tune", "preset:Qwen3-30B-A3B", "--engine", "sim", "--gpu",
+            "16GiB", "--trials", "4", "--study", "s", "--storage", f"sqlite:///{db}", "--pool", "0", "--quiet",
             "--no-report", "--seed", str(seed)]
 
 

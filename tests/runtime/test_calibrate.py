@@ -6,7 +6,7 @@ import json
 from planner.hardware import LLAMACPP_SHARES, load_hardware
 import pytest
 
-from planner.cli import main
+from offload_tuner.cli import main
 from runtime.calibrate import busy_note, calibrate_profile, merge_sweeps, sweep_spread
 
 

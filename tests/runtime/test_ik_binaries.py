@@ -356,7 +356,7 @@ def test_model_kv_and_compute_buffers_match_the_memory_model(ik_binaries, models
 
 
 def test_plan_reads_the_target_build_from_the_binary(ik_binaries, capsys):
-    from planner.cli import main
+    from offload_tuner.cli import main
     from runtime.llamacpp_binary import build_of_binary
     assert build_of_binary(ik_binaries["llama-cli"]).number == 4840
     assert build_of_binary(ik_binaries["llama-cli"]).dialect == "ik"

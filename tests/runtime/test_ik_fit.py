@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from planner.tuner.baselines import flag_plan
-from planner.cli import main
+from tuner.baselines import flag_plan
+from offload_tuner.cli import main
 from planner.gguf_header import load_inventory
 from planner.plan import Knobs
 from runtime.engine import BenchWorkload

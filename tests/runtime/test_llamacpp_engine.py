@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from offload_tuner.cli import main
 from planner.errors import InputError
 from planner.flags import parse, render
 from planner.gguf_header import load_inventory

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from planner.cli import main
+from offload_tuner.cli import main
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
 pytestmark = pytest.mark.llamacpp

@@ -3,6 +3,8 @@ traits are what the tuner asks instead of names, and no code outside the registr
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,11 +17,6 @@ from planner.hardware import resolve
 from planner.options import EngineOptions
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.parametrize("name", sorted(engines.RUNTIME))
-def test_every_runtime_command_resolves(name):
-    assert callable(engines.runtime(name))
 
 
 @pytest.mark.parametrize("name", sorted(engines.ENGINES))
@@ -44,10 +41,25 @@ def test_unknown_and_unavailable_engines_are_one_line(monkeypatch):
     monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"], factory="runtime.gone:make"))
     with pytest.raises(InputError, match="not available yet"):
         engines.make_engine(EngineOptions(engine="torch", model="m"), hw)
-    monkeypatch.setitem(engines.RUNTIME, "cuda_available", "planner.engines:names")   # a stand-in answer: truthy
     monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"],
                                                           factory="runtime.sim:from_options"))
     assert engines.make_engine(EngineOptions(engine="torch", model="m"), hw).name == "sim"
+
+
+def test_a_gpu_engine_says_no_gpu_in_its_factory_without_loading_torch():
+    """The torch engine's factory checks for a CUDA GPU itself (the registry knows nothing of GPUs) and says so in
+    one line, before torch is imported (a fresh interpreter: the demo's install has no torch)."""
+    from runtime.gpumem import cuda_available
+    if cuda_available():
+        pytest.skip("this machine has a CUDA GPU: the torch engine starts")
+    code = ("import sys\nfrom planner import engines\nfrom planner.errors import InputError\n"
+            "from planner.hardware import resolve\nfrom planner.options import EngineOptions\n"
+            "try:\n    engines.make_engine(EngineOptions(engine='torch', model='m'), resolve('rtx4090-ddr5', None))\n"
+            "except InputError as e:\n    print(e)\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    said, torch_loaded = out.stdout.strip().splitlines()
+    assert said.startswith("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim")
+    assert torch_loaded == "False"
 
 
 def test_an_unregistered_engine_object_is_taken_for_a_measured_one():
@@ -63,7 +75,7 @@ _NAME_CHECK = re.compile(r"""(==|!=|\bin\b)\s*\(?\s*["'](sim|torch|llamacpp|llam
 
 def test_no_code_branches_on_an_engine_name():
     hits = []
-    for folder in ("planner", "runtime"):
+    for folder in ("planner", "tuner", "runtime", "offload_tuner"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path.name == "engines.py" and path.parent.name == "planner":
                 continue

@@ -146,8 +146,8 @@ def test_synth_split_and_errors(tmp_path: Path) -> None:
 
 
 def test_offload_tuner_synth_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Through planner.cli's own parser: a file, and an error as one line with exit status 2."""
-    cli = pytest.importorskip("planner.cli")
+    """Through offload_tuner.cli's own parser: a file, and an error as one line with exit status 2."""
+    cli = pytest.importorskip("offload_tuner.cli")
     out = tmp_path / "c.gguf"
     assert cli.main(["synth", "--arch", "llama4", "--tiny", "--out", str(out), "--seed", "3"]) == 0
     assert capsys.readouterr().out.split() == [str(out)]

@@ -148,7 +148,7 @@ def test_a_torch_study_judges_its_candidates_with_the_engines_prediction():
     """The tuner asks the torch engine (not planner.memory) whether a candidate fits: a candidate's memory is the
     engine's prediction at the study's workload, and the budget check reads it."""
     from planner.hardware import MiB, load_hardware
-    from planner.tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, TunerOptions
     inv = tiny_inventory("qwen3moe")
     hw = load_hardware("rtx4090-ddr5")
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)

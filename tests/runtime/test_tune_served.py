@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from planner import cli
+from offload_tuner import cli
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
 

@@ -29,7 +29,7 @@ def env() -> dict[str, str]:
 
 
 def cli(*argv: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "planner.cli", *argv], cwd=cwd, env=env(), capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "offload_tuner.cli", *argv], cwd=cwd, env=env(), capture_output=True,
                        text=True, timeout=300)
     if check and r.returncode != 0:
         raise AssertionError(f"offload-tuner {' '.join(argv)} -> {r.returncode}: {r.stderr[-2000:]}")
@@ -66,8 +66,8 @@ def start_server(workdir: Path, *extra: str, host: str = "127.0.0.1") -> Server:
     port = free_port()
     log = workdir / f"serve-{port}.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "serve", "--host", host, "--port", str(port),
-                                 *extra], cwd=workdir, env=env(), stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "offload_tuner.cli", "serve", "--host", host, "--port",
+                                 str(port), *extra], cwd=workdir, env=env(), stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:

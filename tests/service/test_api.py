@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from planner.cli import main
+from offload_tuner.cli import main
 
 from serving import HW, MODEL, STUDY, cli, events, start_server, wait_job
 

@@ -1,4 +1,4 @@
-"""A JSON body -> the use case's request (planner/service/bodies.py), without a server: the same dataclass the
+"""A JSON body -> the use case's request (offload_tuner/service/bodies.py), without a server: the same dataclass the
 CLI's flags make, the same message for a bad value, the server's keys refused, the schema from the fields."""
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from planner import cli
-from planner.app import PlanRequest, TuneOptions, plan_outcome
-from planner.app.fields import options
+from offload_tuner import cli
+from offload_tuner.app import PlanRequest, TuneOptions, plan_outcome
+from offload_tuner.app.fields import options
 from planner.errors import InputError
-from planner.service import bodies
-from planner.service.security import PathPolicy
+from offload_tuner.service import bodies
+from offload_tuner.service.security import PathPolicy
 
 M = "preset:Qwen3-30B-A3B"
 PATHS = PathPolicy(())

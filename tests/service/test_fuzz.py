@@ -7,7 +7,7 @@ printed and written to reports/service/fuzz.json.
 
 One check is off: schema-valid data is not always accepted, and cannot be: whether a plan fits, whether a build
 matches the dialect, whether llama.cpp takes the arguments are answers of the use cases (a documented 400), not of
-the schema. What one field alone refuses, the schema says (planner/service/bodies.py: BOUNDS)."""
+the schema. What one field alone refuses, the schema says (offload_tuner/service/bodies.py: BOUNDS)."""
 from __future__ import annotations
 
 import json

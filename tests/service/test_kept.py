@@ -8,11 +8,11 @@ import time
 import optuna
 import pytest
 
-from planner.app import PlanRequest
-from planner.service.memo import Memo
-from planner.service import studies
-from planner.service.studies import StorageBusy, StudyStore
-from planner.tuner.storage import make_storage
+from offload_tuner.app import PlanRequest
+from offload_tuner.service.memo import Memo
+from offload_tuner.service import studies
+from offload_tuner.service.studies import StorageBusy, StudyStore
+from tuner.storage import make_storage
 
 
 def test_the_same_request_is_answered_once_and_an_error_is_not_kept():
@@ -122,7 +122,7 @@ def test_what_is_kept_of_a_study_never_keeps_its_writer(tmp_path):
     # it still runs (the writer is asked on every call, beside what is kept)
     import fcntl
 
-    from planner.service.studies import flock_held
+    from offload_tuner.service.studies import flock_held
     d = tmp_path / "studies"
     d.mkdir()
     study = optuna.create_study(study_name="s", storage=make_storage(f"sqlite:///{d / 's.db'}"))

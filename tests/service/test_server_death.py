@@ -22,7 +22,7 @@ def test_kill_9_of_the_server_stops_its_tune_workers(tmp_path):
     import optuna
     mark = new_mark()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "planner.cli", "serve", "--host", "127.0.0.1", "--port",
+    server = subprocess.Popen([sys.executable, "-m", "offload_tuner.cli", "serve", "--host", "127.0.0.1", "--port",
                                str(port)], cwd=tmp_path, env={**env(), **mark}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

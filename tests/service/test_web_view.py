@@ -222,7 +222,7 @@ def test_queued_trials_are_shown_apart(server, chrome):
 @pytest.mark.slow
 def test_running_badge_for_a_cli_tune_on_the_same_storage(server, chrome):
     from selenium.webdriver.common.by import By
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "tune", MODEL, "--engine", "sim", "--hardware",
+    proc = subprocess.Popen([sys.executable, "-m", "offload_tuner.cli", "tune", MODEL, "--engine", "sim", "--hardware",
                              HW["hardware"], "--gpu", HW["gpu"], "--trials", "200", "--pool", "40", "--study",
                              "web-cli", "--objective", "both", "--no-report", "--quiet"],
                             cwd=server.workdir, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

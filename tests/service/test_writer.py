@@ -1,4 +1,4 @@
-"""Who writes a study, read from the storage (planner/service/studies.py): the SQLite worker lock through
+"""Who writes a study, read from the storage (offload_tuner/service/studies.py): the SQLite worker lock through
 /proc/locks without taking it, and for other storages a RUNNING trial's heartbeat (or its start) within Optuna's
 grace period."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from planner.service.studies import StudyRef, StudyStore, flock_held, running_trial
+from offload_tuner.service.studies import StudyRef, StudyStore, flock_held, running_trial
 
 
 def test_flock_held_reads_without_taking(tmp_path):
@@ -31,7 +31,7 @@ def test_running_trial_by_heartbeat(tmp_path):
     import sqlalchemy
     from optuna.storages._rdb import models
 
-    from planner.tuner.storage import make_storage
+    from tuner.storage import make_storage
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{tmp_path / 's.db'}"
     storage = make_storage(url)

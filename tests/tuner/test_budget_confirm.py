@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 from optuna.trial import TrialState
 
-from planner.cli import main
-from planner.tuner.confirm import Spread, compare, schedule, Contender
+from offload_tuner.cli import main
+from tuner.confirm import Spread, compare, schedule, Contender
 from planner.hardware import GiB, MiB, parse_size
 from planner.memory import estimate
-from planner.tuner.records import TrialRecord
-from planner.tuner.margin import MARGIN_SLACK, OOM_STEP
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
-from planner.tuner.space import SpaceConfig
+from tuner.records import TrialRecord
+from tuner.margin import MARGIN_SLACK, OOM_STEP
+from tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.space import SpaceConfig
 from runtime.sim import SimEngine
 
 WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
@@ -103,7 +103,7 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwe
     # a resumed study starts from what it learnt; the report says it
     again = tuner()
     assert again.ubatch_margins == t.ubatch_margins and again.margin == t.margin
-    from planner.tuner.report import study_summary, summary_markdown
+    from tuner.report import study_summary, summary_markdown
     summary = study_summary(again.study)
     assert summary.margin_by_ubatch == {"512": 0, "4096": 150 * MiB + MARGIN_SLACK}
     assert "safety margin learnt per ubatch: 0 B at ubatch 512, 214.00 MiB at ubatch 4096" in \
@@ -198,7 +198,7 @@ def test_confirmation_interleaves_and_picks_by_the_median(qwen_on_16gib):
     # the report names each pick; with no balanced pick it says how near the finalists came to the PP bar
     from dataclasses import replace
 
-    from planner.tuner.report import _confirmed_markdown, study_summary
+    from tuner.report import _confirmed_markdown, study_summary
     s = study_summary(tuner.study)
     md = "\n".join(_confirmed_markdown(s))
     assert "- picked by median, " in md and ("no balanced pick" in md) == ("balanced" not in rec["picks"])
@@ -259,7 +259,7 @@ def _sweep_run(model_and_box, n_ubatch: int):
     """A -ngl 99 -ncmoe 30 plan emitted at -c 2112 with this ubatch, run the sweep-bench way: (measured peaks,
     the peaks moved to the emitted context, the memory model at the emitted context)."""
     from planner.plan import Knobs
-    from planner.tuner.baselines import flag_plan
+    from tuner.baselines import flag_plan
     inv, hw = model_and_box
     engine = SweepLikeEngine(hw)
     tuner = Tuner(inv, hw, engine, TunerOptions(
@@ -300,7 +300,7 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib,
     call (a new Tuner on the same storage) measures only the rest (issue 10: a 12 GiB depth-8192 cell's
     baselines once ran past the call's 10-minute limit and the call's state was lost with it)."""
     import time
-    import planner.tuner.search as search
+    import tuner.search as search
     inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw)
     kw = dict(objective="both", workload=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
@@ -362,7 +362,7 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     another call); when a whole call cannot hold it, tune_vs_fit confirms at the most repetitions per run that
     fit, stored with the record."""
     from planner.plan import Plan
-    from planner.tuner.confirm import with_repetitions
+    from tuner.confirm import with_repetitions
     inv, hw = qwen_on_16gib
     engine = TimedSimEngine(hw)
     wl = replace(WL, repetitions=3)

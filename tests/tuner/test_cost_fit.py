@@ -9,10 +9,10 @@ import pytest
 
 from planner.cost import Prediction, predict
 from planner.cost_terms import DEVICE_KINDS, KINDS, Term
-from planner.tuner.cost_fit import MACHINE_GROUPS, PP_GROUPS, CostFit, Terms, fit, group_of
+from tuner.cost_fit import MACHINE_GROUPS, PP_GROUPS, CostFit, Terms, fit, group_of
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
-from planner.tuner.space import Space
+from tuner.space import Space
 
 
 def _setup():

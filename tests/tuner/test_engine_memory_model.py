@@ -10,7 +10,7 @@ from planner.engine import memory_model, memory_model_name
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.sim import SimEngine
 
 WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)

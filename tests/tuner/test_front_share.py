@@ -6,7 +6,7 @@ import random
 
 import pandas as pd
 
-from planner.tuner.report import _front_share
+from tuner.report import _front_share
 
 
 def _per_run(df: pd.DataFrame) -> float | None:

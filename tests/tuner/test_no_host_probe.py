@@ -7,10 +7,10 @@ import pytest
 
 from planner.flags import render
 from planner.hardware import GiB, load_hardware
-from planner.tuner.records import TrialRecord
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
-from planner.tuner.seeds import PROBE_NO_HOST, PROBE_RTR
-from planner.tuner.space import Space, SpaceConfig
+from tuner.records import TrialRecord
+from tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.seeds import PROBE_NO_HOST, PROBE_RTR
+from tuner.space import Space, SpaceConfig
 from runtime.sim import SimEngine
 
 WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from planner.errors import InputError
-from planner.tuner.objectives import MAX_EXPR_CHARS, parse_objective
+from tuner.objectives import MAX_EXPR_CHARS, parse_objective
 
 
 @pytest.mark.parametrize("text,kind,n", [("tg", "tg", 1), ("PP", "pp", 1), ("both", "both", 2), ("pareto", "both", 2),
@@ -43,7 +43,7 @@ def test_hostile_expressions_are_one_line_input_errors(text):
 # ---- time: the workload's mean request time ----------------------------------------------------------------------
 
 def test_request_time_by_hand():
-    from planner.tuner.objectives import ClassSpeeds, RequestTime
+    from tuner.objectives import ClassSpeeds, RequestTime
     # class a: 1000 new at 2x the bench PP, 100 out at the bench TG; class b (weight 3): 0 new, 50 out at half TG
     rt = RequestTime("w", (ClassSpeeds(1.0, 1000, 100, 2.0, 1.0), ClassSpeeds(3.0, 0, 50, 1.0, 0.5)))
     # bench PP 500, TG 10: a = 1000/1000 + 100/10 = 11 s; b = 50/5 = 10 s; mean (11 + 3*10)/4 = 10.25 s
@@ -58,7 +58,7 @@ def test_request_time_by_hand():
 
 
 def test_bench_for_the_presets():
-    from planner.tuner.objectives import bench_for
+    from tuner.objectives import bench_for
     from planner.workload import preset
     assert (bench_for(preset("rag")).n_prompt, bench_for(preset("rag")).depth) == (16384, 0)
     agent = bench_for(preset("agent"))
@@ -72,8 +72,8 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     trial's value is the workload's tokens per second at its measured TG and PP."""
     from planner.hardware import resolve
     from planner.loader import load_model
-    from planner.tuner.objectives import bench_for
-    from planner.tuner.search import Tuner, TunerOptions
+    from tuner.objectives import bench_for
+    from tuner.search import Tuner, TunerOptions
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
@@ -91,7 +91,7 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     assert rt.classes[0].tg_scale > 1.0 > rt.classes[2].tg_scale
     done = [tr for tr in t.study.trials if tr.values]
     assert done
-    from planner.tuner.records import TrialRecord
+    from tuner.records import TrialRecord
     for tr in done:
         m = TrialRecord.from_trial(tr).measured
         assert tr.values[0] == pytest.approx(rt.tps(m.tg_tps, m.pp_tps))
@@ -108,7 +108,7 @@ def test_time_never_prefers_a_no_host_config_that_starves_the_prompt(name):
     """The H100 study of the issue: a --no-host config measured TG 56.3 t/s at PP 130 t/s, llama.cpp's --fit TG
     54.1 at PP 3000. Under TG the first wins; under the time objective, with any workload preset (the cost model's
     per-class ratios left at 1), --fit's answers come faster, so the study cannot recommend the slower one."""
-    from planner.tuner.objectives import ClassSpeeds, RequestTime
+    from tuner.objectives import ClassSpeeds, RequestTime
     from planner.workload import preset
     w = preset(name)
     rt = RequestTime(name, tuple(ClassSpeeds(c.weight, c.new_tokens, c.gen_tokens, 1.0, 1.0) for c in w.classes))
@@ -123,7 +123,7 @@ def test_time_never_prefers_a_no_host_config_that_starves_the_prompt(name):
 def test_a_ttft_limit_ranks_every_config_within_it_first():
     """tune --ttft: a config whose slowest class takes longer than the limit to its first token scores below any
     config within it, however fast its requests end; among those over it the quicker first token ranks first."""
-    from planner.tuner.objectives import TTFT_MISS, ClassSpeeds, RequestTime
+    from tuner.objectives import TTFT_MISS, ClassSpeeds, RequestTime
     # 8000 new tokens at the bench PP (a 0.5 s limit), 500 out: PP decides the first token, TG the rest
     rt = RequestTime("w", (ClassSpeeds(1.0, 8000, 500, 1.0, 1.0),), ttft_limit_s=2.0)
     within = rt.tps(20.0, 4000.0)          # TTFT 2.0 s: on the limit; 2 + 25 s

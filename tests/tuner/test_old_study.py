@@ -1,6 +1,6 @@
 """A study database written by an older tuner still resumes and reports (issue 13): the trials' stored shape
-(planner.tuner.records' measured_dict / TrialRecord, the study's StudyRecord) is a format other code has on disk.
-data/old_study_v1.db.gz was written at commit 1d60553, before the tuner moved to planner/tuner/ (data/README.md)."""
+(tuner.records' measured_dict / TrialRecord, the study's StudyRecord) is a format other code has on disk.
+data/old_study_v1.db.gz was written at commit 1d60553, before the tuner moved to tuner/ (data/README.md)."""
 from __future__ import annotations
 
 import gzip
@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from planner import cli
+from offload_tuner import cli
 
 DATA = Path(__file__).resolve().parent / "data" / "old_study_v1.db.gz"
 OLD_COMPLETE = 7     # what the old tuner left: 7 complete trials (6 runs and a reused baseline), 9 waiting

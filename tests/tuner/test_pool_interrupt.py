@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from planner.tuner.interrupt import SIGINT
-from planner.tuner.pool import Pool
+from tuner.interrupt import SIGINT
+from tuner.pool import Pool
 
 
 class CountingSpace:

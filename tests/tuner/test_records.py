@@ -1,4 +1,4 @@
-"""The trial record (planner.tuner.records): what a trial stores, read back typed, in every version this tuner knows
+"""The trial record (tuner.records): what a trial stores, read back typed, in every version this tuner knows
 (version 1: the attrs tuners wrote before records had versions; data/old_study_v1.db.gz is such a study), and a
 newer version refused with one line."""
 from __future__ import annotations
@@ -12,14 +12,14 @@ from pathlib import Path
 import optuna
 import pytest
 
-from planner import cli
+from offload_tuner import cli
 from planner.errors import InputError, RecordError
 from planner.engine import Measurement
-from planner.tuner.cost_fit import Terms
-from planner.tuner.records import (
+from tuner.cost_fit import Terms
+from tuner.records import (
     RECORD_VERSION, CandidateInfo, MeasuredRun, PredictedSpeeds, RecordWriter, TrialRecord,
 )
-from planner.tuner.records import measured_dict as _mdict
+from tuner.records import measured_dict as _mdict
 
 DATA = Path(__file__).resolve().parent / "data" / "old_study_v1.db.gz"
 V1_KEYS = {"source", "plan_id", "plan", "candidate", "pruned_reason", "duplicate_of", "reused_baseline_run",

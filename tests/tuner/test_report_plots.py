@@ -11,9 +11,9 @@ import pytest
 from planner.bench_workload import BenchWorkload
 from planner.hardware import GiB, KEEP_FREE, load_hardware
 from planner.presets import load_preset
-from planner.tuner.report import study_summary, trials_frame
-from planner.tuner.report_plots import PLOTS, figure
-from planner.tuner.search import Tuner, TunerOptions
+from tuner.report import study_summary, trials_frame
+from tuner.report_plots import PLOTS, figure
+from tuner.search import Tuner, TunerOptions
 from runtime.sim import SimEngine
 
 
@@ -78,7 +78,7 @@ def test_budget_reference_and_memory_are_distinct(study, figs):
 
 
 def test_axes_hold_the_points_without_empty_space(study, figs):
-    from planner.tuner.confirm import vram_of
+    from tuner.confirm import vram_of
     df, summary = study
     ok = df[df["ok"] & df["vram_bytes"].notna()]
     base = [b["measured"] for b in summary.baselines if b.get("ok")]

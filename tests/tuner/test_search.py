@@ -10,8 +10,8 @@ from planner.memory import estimate
 from planner.plan import Knobs
 from planner.presets import load_preset
 from planner.propose import best_plans
-from planner.tuner.records import RECORD_VERSION, TrialRecord
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.records import RECORD_VERSION, TrialRecord
+from tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 

@@ -12,8 +12,8 @@ from optuna.trial import TrialState
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from planner.tuner.records import TrialRecord
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.records import TrialRecord
+from tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.engine import Measurement
 from runtime.sim import SimEngine
 

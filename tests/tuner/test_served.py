@@ -1,10 +1,10 @@
-"""planner/tuner/served.py's judgement: the reference is the fastest --fit variant, the pick the fastest config of
+"""tuner/served.py's judgement: the reference is the fastest --fit variant, the pick the fastest config of
 all (references included) within the budget, and what a pick gives up is said first."""
 from __future__ import annotations
 
 import pytest
 
-from planner.tuner.served import Served, headline, served_record
+from tuner.served import Served, headline, served_record
 
 MiB = 1 << 20
 REFS = [Served("fit:512", "--fit", ("reference",), ubatch=512), Served("fit:2048", "--fit -ub 2048", ("reference",),
@@ -64,7 +64,7 @@ def test_failed_samples_are_kept_and_never_picked():
 def test_a_partial_record_gives_no_verdict_while_a_finalist_waits():
     """Cut off after the references' runs (the four-H100 rag cell's first call): the first line says which
     finalist is still to serve and which contender is fastest so far, not "keep --fit"."""
-    from planner.tuner.served import waiting_finalists
+    from tuner.served import waiting_finalists
     cs = REFS + [Served("trial:20", "trial 20", ("finalist",), trial=20)]
     r = rows("fit:512", [244.6], 590, 1.2, 24443) + rows("fit:2048", [137.5], 1210, 2.0, 24525)
     rec = dict(served_record(cs, r, 2, {"CUDA0": 23552 * MiB}, "rag"), partial=True)
@@ -90,9 +90,9 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
 
     from planner.hardware import resolve
     from planner.loader import load_model
-    from planner.tuner.objectives import bench_for
-    from planner.tuner.report import study_summary, summary_markdown
-    from planner.tuner.search import Tuner, TunerOptions
+    from tuner.objectives import bench_for
+    from tuner.report import study_summary, summary_markdown
+    from tuner.search import Tuner, TunerOptions
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
@@ -122,7 +122,7 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
 def test_budgets_are_keyed_by_device_name():
     """Two H100s share the GPU name "H100": the budgets --fit and the pick are held to are per CUDA device."""
     from planner.hardware import from_gpu_sizes
-    from planner.tuner.served import gpu_memory
+    from tuner.served import gpu_memory
     hw = from_gpu_sizes("6GiB,8GiB")
     assert gpu_memory(hw) == {"CUDA0": 6 << 30, "CUDA1": 8 << 30}
     cs = REFS[:1] + [Served("trial:1", "trial 1", ("finalist",), trial=1)]
@@ -167,10 +167,10 @@ def rag_tuners(tmp_path, kv_type: str):
     opens it anew, as a resumed process would."""
     from planner.hardware import resolve
     from planner.loader import load_model
-    from planner.tuner.objectives import bench_for
-    from planner.tuner.options import TunerOptions
-    from planner.tuner.search import Tuner
-    from planner.tuner.space import SpaceConfig
+    from tuner.objectives import bench_for
+    from tuner.options import TunerOptions
+    from tuner.search import Tuner
+    from tuner.space import SpaceConfig
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "8GiB")
@@ -190,8 +190,8 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     import time
 
     from planner.plan import Plan
-    from planner.tuner.records import StudyRecord
-    from planner.tuner.served import FILL_LEFT, confirm_served, filled_plan
+    from tuner.records import StudyRecord
+    from tuner.served import FILL_LEFT, confirm_served, filled_plan
     tuner = rag_tuners(tmp_path, "q8_0")
     t = tuner()
     t.run(4)
@@ -243,7 +243,7 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
 def test_a_contender_far_behind_is_not_served_again():
     """far_behind: a reference against the fastest reference, a finalist against the fastest run of all; the
     fastest of each is never dropped, nor one inside the factor; a failed run is no run."""
-    from planner.tuner.served import far_behind
+    from tuner.served import far_behind
     cs = REFS + [Served("fit:4096", "--fit -ub 4096", ("reference",), ubatch=4096),
                  Served("trial:3", "trial 3", ("finalist",), trial=3), Served("fill:3", "trial 3 filled",
                                                                              ("finalist",), trial=3, filled=True)]
@@ -266,7 +266,7 @@ def test_confirm_served_drops_the_far_behind_and_resumes_the_same(tmp_path):
     resumed confirmation serves nothing again and keeps the same record."""
     import time
 
-    from planner.tuner.served import DROP_BEHIND, confirm_served
+    from tuner.served import DROP_BEHIND, confirm_served
     tuner = rag_tuners(tmp_path, "f16")
     t = tuner()
     t.run(4)
@@ -292,8 +292,8 @@ def test_a_confirmation_resumed_on_another_machine_serves_everything_again(tmp_p
     the new machine's: every contender is served again there, and the old rows stay in the record."""
     import time
 
-    from planner.tuner import served
-    from planner.tuner.records import StudyRecord
+    from tuner import served
+    from tuner.records import StudyRecord
     tuner = rag_tuners(tmp_path, "f16")
     t = tuner()
     t.run(4)
@@ -316,8 +316,8 @@ def test_served_at_one_thread_count_every_contender_runs_with_it_and_another_cou
     another count (here: each its own) compares none of those rows and serves everything again."""
     import time
 
-    from planner.tuner import served
-    from planner.tuner.records import StudyRecord
+    from tuner import served
+    from tuner.records import StudyRecord
     tuner = rag_tuners(tmp_path, "f16")
     t = tuner()
     t.run(4)
@@ -338,8 +338,8 @@ def test_a_confirmation_with_other_finalists_keeps_the_first_rows_aside(tmp_path
     first set stay in the record ("elsewhere"), not dropped."""
     import time
 
-    from planner.tuner import served
-    from planner.tuner.records import StudyRecord
+    from tuner import served
+    from tuner.records import StudyRecord
     tuner = rag_tuners(tmp_path, "f16")
     t = tuner()
     t.run(4)

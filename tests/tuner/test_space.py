@@ -13,7 +13,7 @@ from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
 from planner.propose import Room, proposals
-from planner.tuner.space import Space, SpaceConfig
+from tuner.space import Space, SpaceConfig
 
 CASES = [  # model, hardware, VRAM per GPU, dialect
     ("Qwen3-30B-A3B:Q4_K_M", "rtx4090-ddr5", [16 * GiB], "mainline"),
@@ -145,7 +145,7 @@ def test_a_float_dimension_asks_optuna_for_its_own_range_and_step_without_a_warn
     (a fill-max seed) warned again as out of range."""
     import warnings
     import optuna
-    from planner.tuner.space import Dim, _steps
+    from tuner.space import Dim, _steps
     dim = Dim("home_frac", "float", _steps(0.25, 1.0, 0.05))
     study = optuna.create_study()
     study.enqueue_trial({"home_frac": 1.0})

@@ -1,4 +1,4 @@
-"""Storage faults on the real thing (planner/tuner/storage.py): the PostgreSQL server restarted under two tune
+"""Storage faults on the real thing (tuner/storage.py): the PostgreSQL server restarted under two tune
 workers, the file system filling up under an SQLite study (a file-size limit on the worker), and damaged SQLite
 files given to tune, report and serve. Each ends in one line naming the storage and exit 2, or carries on; no
 finished trial is lost or stored twice, and the study resumes."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cli_outcome import run_cli
-from planner.tuner import storage as storage_module
+from tuner import storage as storage_module
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -25,7 +25,7 @@ MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
 
 
 def _tune(storage: str, trials: int, seed: int = 1, study: str = "s") -> list[str]:
-    return [sys.executable, "-m", "planner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
+    return [sys.executable, "-m", "offload_tuner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
             str(trials), "--study", study, "--storage", storage, "--pool", "0", "--quiet", "--no-report",
             "--objective", "tg", "--seed", str(seed)]
 

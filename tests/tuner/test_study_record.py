@@ -1,4 +1,4 @@
-"""The study record (planner.tuner.records.StudyRecord): a study's own attrs, typed, in every version this tuner
+"""The study record (tuner.records.StudyRecord): a study's own attrs, typed, in every version this tuner
 knows (version 1: the attrs tuners wrote before it; data/old_study_v1.db.gz is such a study), a newer version
 refused with one line, and nothing a study stores that the record does not name."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from planner import cli
+from offload_tuner import cli
 from planner.errors import RecordError
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
-from planner.tuner.records import STUDY_RECORD_VERSION, STUDY_VERSION_KEY, StudyRecord
-from planner.tuner.search import BenchWorkload, Tuner, TunerOptions
+from tuner.records import STUDY_RECORD_VERSION, STUDY_VERSION_KEY, StudyRecord
+from tuner.search import BenchWorkload, Tuner, TunerOptions
 from runtime.sim import SimEngine
 
 DATA = Path(__file__).resolve().parent / "data" / "old_study_v1.db.gz"

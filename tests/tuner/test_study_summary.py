@@ -1,4 +1,4 @@
-"""A study's report as a StudySummary (planner.tuner.report): typed fields for the code that reads it, and to_dict
+"""A study's report as a StudySummary (tuner.report): typed fields for the code that reads it, and to_dict
 giving the JSON `report --json`, report.json, `tune --json` and the service have always had, key for key."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from planner.hardware import GiB, MiB, load_hardware
 from planner.presets import load_preset
-from planner.tuner.report import BudgetBest, EngineRuns, StudySummary, study_summary, write_study_report
-from planner.tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.report import BudgetBest, EngineRuns, StudySummary, study_summary, write_study_report
+from tuner.search import Tuner, TunerOptions, BenchWorkload
 from runtime.sim import SimEngine
 
 # the report's JSON keys in their order (the service's page and benchmarks/tune_vs_fit.py read them)
@@ -62,7 +62,7 @@ def test_best_tg_is_not_a_dominated_run_within_a_hair_of_it():
     Runs within BEST_TIE of the best TG tie on it: the most PP, then the least VRAM, decides."""
     import pandas as pd
 
-    from planner.tuner.report import BEST_TIE, TOOLS_ORDER, _best
+    from tuner.report import BEST_TIE, TOOLS_ORDER, _best
 
     def run(trial, tg, pp, vram):
         return {"trial": trial, "plan_id": f"p{trial}", "label": "", "source": "", "ok": True, "duplicate_of": None,

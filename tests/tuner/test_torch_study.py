@@ -24,7 +24,7 @@ def _sim(out: Path, *extra: str) -> list[str]:
 
 
 def _runs(db_url: str, name: str, bench) -> int:
-    from planner.tuner.storage import load_study
+    from tuner.storage import load_study
     return bench.engine_runs(load_study(name, db_url))
 
 

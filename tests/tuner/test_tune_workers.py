@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from planner import cli
-from planner.tuner import search, storage as storage_module
-from planner.tuner.storage import make_storage
-from planner.tuner.records import TrialRecord
+from offload_tuner import cli
+from tuner import search, storage as storage_module
+from tuner.storage import make_storage
+from tuner.records import TrialRecord
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
 from runtime.sim import SimEngine
@@ -28,7 +28,7 @@ MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
 
 
 def _tune_cmd(url: str, trials: int, seed: int) -> list[str]:
-    return [sys.executable, "-m", "planner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
+    return [sys.executable, "-m", "offload_tuner.cli", "tune", MODEL, "--engine", "sim", "--gpu", "16GiB", "--trials",
             str(trials), "--study", "shared", "--storage", url, "--pool", "0", "--quiet", "--no-report",
             "--objective", "tg", "--seed", str(seed)]
 

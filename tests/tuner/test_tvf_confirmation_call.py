@@ -55,7 +55,7 @@ def test_a_cell_saves_after_each_phase_and_starts_no_sample_that_would_end_past_
     the cell's baselines and search, never saved: a cell checkpoints after its baselines, its search and each
     confirmation sample, and a sample whose contender's stored run would end past the deadline is not started."""
     tvf = bench_script("tune_vs_fit")
-    from planner.tuner import confirm
+    from tuner import confirm
     inv, hw, engine, args = _cell(tmp_path)
     saves = []
     far = time.monotonic() + 3600

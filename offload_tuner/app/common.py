@@ -1,0 +1,67 @@
+"""What several use cases check the same way: counts, the machine, the target build, whether CUDA is here."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.builds import Build, parse_build
+from planner.errors import BudgetError, InputError
+from planner.hardware import HardwareProfile, fmt_bytes, parse_size, resolve
+
+
+def positive(v: int, flag: str) -> int:
+    if v <= 0:
+        raise InputError(f"{flag} must be positive, got {v}")
+    return v
+
+
+def nonneg(v: int, flag: str) -> int:
+    if v < 0:
+        raise InputError(f"{flag} must be >= 0, got {v}")
+    return v
+
+
+def parse_seconds(text: str, flag: str) -> float:
+    """A duration: a number with s, ms or m ("3s", "500ms", "1.5m"; a bare number is seconds)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m)?\s*", str(text), re.ASCII)
+    if m is None:
+        raise InputError(f"{flag} {text!r}: give a duration such as 3s, 500ms or 1.5m")
+    value = float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+    if value <= 0:
+        raise InputError(f"{flag} {text!r}: a duration above zero")
+    return value
+
+
+def hardware(preset: str | None, gpu: str | None, required: bool = True,
+             keep_free: str | int = 0) -> HardwareProfile | None:
+    """The machine a request names (--hardware PROFILE, --gpu SIZES, or both), keeping `keep_free` (the request's
+    --keep-free: plan's and tune's default is KEEP_FREE; explain, which says what llama.cpp does with the whole
+    card, keeps none) free on each GPU; None when it names none and none is required."""
+    hw = resolve(preset, gpu)
+    if hw is not None:
+        keep = parse_size(keep_free, allow_zero=True)
+        for i, g in enumerate(hw.gpus):
+            if keep >= g.vram_bytes:
+                raise BudgetError(f"nothing fits on CUDA{i}: --keep-free {keep_free} keeps all of its "
+                                  f"{fmt_bytes(g.vram_bytes)} free; keep less free, or give the GPU's real size "
+                                  "with --gpu")
+        return replace(hw, keep_free_bytes=keep)
+    if required:
+        raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
+    return None
+
+
+def target_build(spec: str | None, dialect: str) -> Build:
+    """--build DIALECT:N, or the path of a llama.cpp program (its --help and --version say), else pinned."""
+    if spec and ("/" in spec or spec.startswith(".")):
+        from runtime.llamacpp_binary import build_of_binary     # runs the program: runtime/, imported here only
+        build = build_of_binary(spec)
+        if build.dialect != dialect:
+            raise InputError(f"--build {spec} is a {build.dialect} program; say --dialect {build.dialect}")
+        return build
+    return parse_build(spec, dialect)
+
+
+def cuda_available() -> bool:
+    from runtime.gpumem import cuda_available as probe     # torch lives in runtime/, imported only there
+    return probe()

@@ -1,0 +1,85 @@
+"""serve: the HTTP API and web view (offload_tuner/service), its configuration checked here.
+
+The one place below offload_tuner/service that reaches it: run_server imports the service inside the function, so the
+CLI starts the server without importing offload_tuner/service (nor FastAPI) itself, and importing the app layer never
+loads it. tests/test_import_graph.py holds that no other module imports offload_tuner/service."""
+from __future__ import annotations
+
+import ipaddress
+
+from planner import engines
+from planner.errors import InputError
+from .common import positive
+from .requests import ServerConfig
+
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Any bind but loopback needs a token (else anyone on the network could start tunes)."""
+    if not is_loopback(host) and not token:
+        raise InputError(f"--host {host} is reachable from other machines: give --token SECRET (or set "
+                         "OFFLOAD_TUNER_TOKEN); without one the server binds to loopback only")
+    if token is not None and len(token) < 16:
+        raise InputError("--token: use at least 16 characters (e.g. python3 -c 'import secrets; "
+                         "print(secrets.token_urlsafe())')")
+
+
+def check_server(config: ServerConfig) -> ServerConfig:
+    """The configuration as `serve` takes it: bind and token, port (free), engines, model folders, storage,
+    bounds."""
+    check_bind(config.host, config.token)
+    if not 0 <= config.port <= 65535:
+        raise InputError(f"--port {config.port}: give 0-65535")
+    check_port_free(config.host, config.port)
+    bad = [e for e in config.engines if e not in engines.ENGINES]
+    if not config.engines or bad:
+        raise InputError(f"--engine {','.join(config.engines)!r}: a comma list of {', '.join(engines.names())}")
+    missing = [str(d) for d in config.model_dirs if not d.is_dir()]
+    if missing:
+        raise InputError(f"--models {missing[0]}: not a folder")
+    if config.storage:
+        from tuner.storage import check_sqlite_file, resolve_url, sqlite_path
+        resolve_url(config.storage)
+        if sqlite_path(config.storage) is not None:      # a truncated or garbage file: said now, not per request
+            check_sqlite_file(sqlite_path(config.storage))
+    positive(config.max_tunes, "--max-tunes")
+    positive(config.max_trials, "--max-trials")
+    return config
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A taken port is one line before the server starts (uvicorn would log its errno text and exit 3). Bound and
+    released here with SO_REUSEADDR, as uvicorn binds: a port in TIME_WAIT is not taken."""
+    import socket
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InputError(f"--host {host}: {e.strerror or e}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise InputError(f"--port {port}: {host}:{port} cannot be bound ({e.strerror or e}; another server "
+                             "there?); give another --port, or 0 for a free one") from None
+
+
+def run_server(config: ServerConfig) -> None:
+    """Checks CONFIG, then serves until the process is stopped (uvicorn, blocking)."""
+    check_server(config)
+    from ..service.app import serve    # the service is a leaf: reached only here, when asked for
+    serve(config)

@@ -1,0 +1,221 @@
+"""tune: start or resume an Optuna study of placements and knobs (tuner) from TuneOptions: the inputs
+checked, the storage locked, the engine made, the space configured, the search run and confirmed, the report
+written. The CLI's `tune`, the service's workers (which run the CLI) and the benchmarks call start_tune."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner import defaults as D, engines
+from planner.errors import BudgetError, InputError
+from planner.hardware import HardwareProfile, fmt_bytes, kept_free_text, parse_size
+from planner.model import ModelInventory
+from planner.options import EngineOptions
+from planner.plan import DEFAULT_CTX
+from tuner.confirm import CONFIRM_ROUNDS
+from tuner.interrupt import SIGINT
+from planner.validate import check_dialect
+from .common import hardware, nonneg, parse_seconds, positive
+from .report import write_report
+from .requests import TuneOptions
+
+if TYPE_CHECKING:
+    from planner.bench_workload import BenchWorkload
+    from tuner.objectives import Objective
+    from tuner.report import StudySummary
+    from tuner.search import TuneResult
+    from planner.workload import Workload
+
+
+@dataclass(frozen=True)
+class TuneInputs:
+    """tune's options checked (before any storage or engine is touched): the service checks a tune request
+    with the same function before it starts a worker."""
+    inv: ModelInventory
+    hw: HardwareProfile
+    objective: Objective
+    workload: BenchWorkload
+    margin: int | None
+    study: str
+    requests: Workload | None = None     # the user's workload, under the time objective
+
+    @property
+    def n_ctx(self) -> int | None:
+        """The context the emitted commands hold when --ctx is not given: under the time objective the workload's
+        (its slots x its longest request, in whole 256-token steps, at least DEFAULT_CTX); else the Tuner's."""
+        if self.requests is None:
+            return None
+        return max(DEFAULT_CTX, -(-self.requests.ctx // 256) * 256)
+
+
+def tune_inputs(args: TuneOptions) -> TuneInputs:
+    from planner.loader import load_model
+    from tuner.objectives import parse_objective
+    from tuner.search import slug
+    from planner.bench_workload import BenchWorkload
+    from tuner.objectives import bench_for
+    from planner.workload import load as load_workload
+    positive(args.trials, "--trials")
+    nonneg(args.pool, "--pool")
+    inv = load_model(args.model)
+    hw = hardware(args.hardware, args.gpu, keep_free=args.keep_free)
+    objective = parse_objective(args.objective)
+    if args.llama_server and objective.kind != "time":       # said now, not after a study of minutes
+        raise InputError("--llama-server serves the workload: it needs the time objective (--objective time)")
+    if args.ttft is not None and objective.kind != "time":
+        raise InputError("--ttft limits the workload's requests: it needs the time objective (--objective time)")
+    requests = load_workload(args.workload, Path(args.spec).parent if args.spec else None) \
+        if objective.kind == "time" else None
+    if requests is not None and args.ttft is not None:
+        requests = replace(requests, ttft_limit_s=parse_seconds(args.ttft, "--ttft"))
+    base = bench_for(requests, positive(args.reps, "--reps")) if requests is not None else D.TUNE_WORKLOAD
+
+    def pick(v: int | None, default: int, flag: str) -> int:
+        return default if v is None else nonneg(v, flag)
+    n_prompt, n_gen = pick(args.n_prompt, base.n_prompt, "--n-prompt"), pick(args.n_gen, base.n_gen, "--n-gen")
+    if n_prompt == 0 and n_gen == 0:
+        raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
+    workload = BenchWorkload(n_prompt=n_prompt, n_gen=n_gen, depth=pick(args.depth, base.depth, "--depth"),
+                             repetitions=positive(args.reps, "--reps"))
+    margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
+    _check_budget(hw, margin or 0)
+    name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
+    return TuneInputs(inv, hw, objective, workload, margin, name, requests)
+
+
+def _check_budget(hw: HardwareProfile, margin: int) -> None:
+    """Nothing can fit when a GPU's memory minus what is kept free and the margin does not even hold the CUDA
+    context."""
+    for i, g in enumerate(hw.gpus):
+        free = g.vram_bytes - hw.keep_free_bytes - margin
+        if free <= g.overhead_bytes:
+            raise BudgetError(f"nothing fits on CUDA{i}: {fmt_bytes(g.vram_bytes)} minus "
+                              f"{fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(margin)} margin "
+                              f"leaves {fmt_bytes(free)}, not even the CUDA context ({fmt_bytes(g.overhead_bytes)}); "
+                              "give more --gpu memory, a smaller --keep-free or a smaller --margin")
+
+
+def load_engine(opts: EngineOptions, hw: HardwareProfile):
+    """The Engine `opts` names, made through planner.engines' registry (one line and exit 2 for an engine this
+    install or machine cannot run)."""
+    return engines.make_engine(opts, hw)
+
+
+def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[str], None]) -> None:
+    """The finalists and llama-server's own --fit served on the workload (tuner/served.py)."""
+    from tuner.served import SERVED_ROUNDS, confirm_served, headline, study_threads
+    server = engines.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
+    threads = study_threads(tuner)
+    note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds"
+         + (f", every one at -t {threads} (the best finalist's)" if threads else ""))
+    rec = confirm_served(tuner, server, SERVED_ROUNDS, threads=threads)
+    if rec:
+        note(f"# {headline(rec)}")
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT: how the service stops a worker) stopped the study at a safe point; every finished trial
+    is saved and the same options resume it."""
+
+    def __init__(self, finished: int, storage: str):
+        super().__init__(f"{finished} finished trials are saved in {storage}")
+        self.finished, self.storage = finished, storage
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """A tune session's result: the study's summary (the report's, when one was written), this session's run,
+    where the study lives and where its report went (None with no_report)."""
+    summary: StudySummary
+    run: TuneResult
+    storage: str
+    out: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.run
+        return dict(self.summary.to_dict(), storage=self.storage,
+                    run={"measured": r.measured, "trials": r.trials, "engine_runs": self.summary.engine_runs.to_dict(),
+                         "elapsed_s": round(r.elapsed_s, 3), "stopped": r.stopped})
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
+               progress: Callable[[Any, Any], None] | None = None) -> TuneOutcome:
+    """Start or resume the study ARGS describe and run ARGS.trials more engine runs, then the confirmation rounds
+    and the report. `note` gets a line as the study starts and as the confirmation starts (the CLI writes them to
+    stderr); `progress(tuner, trial)` is called after each trial (the CLI's progress bar). InputError for bad
+    options (before any storage or engine is touched where it can be told then), BudgetError when no config
+    fitted, TuneInterrupted on SIGINT (every finished trial saved), StorageError when the storage fails (a damaged
+    file, a full disk, a server gone: every finished trial saved)."""
+    from tuner.storage import default_storage
+    from offload_tuner.app.studyspec import storage_beside
+    t = tune_inputs(args)
+    hw, name = t.hw, t.study
+    storage = args.storage or (storage_beside(args.spec, name) if args.spec else default_storage(name))
+    out = Path(args.out) if args.out else Path("reports") / name
+    if not args.no_report:                        # checked now, not after a study of minutes
+        from tuner.storage import check_output_folder
+        check_output_folder(out, "--out")
+    engine = load_engine(args.engine_options(), hw)
+    from tuner.storage import STUDIES_DIR, make_storage, sqlite_path, storage_errors
+    if sqlite_path(storage) is not None:          # one worker per SQLite file, before its schema is made
+        from tuner.storage import check_sqlite_folder, lock_sqlite
+        check_sqlite_folder(sqlite_path(storage), create=sqlite_path(storage).parent == STUDIES_DIR)
+        lock_sqlite(sqlite_path(storage))
+    make_storage(storage)                         # the driver, the folder, the database answer
+    with storage_errors(storage):                 # a full disk, a server gone: one line naming the storage
+        return _run_study(args, t, engine, storage, out, note, progress)
+
+
+def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out: Path,
+               note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> TuneOutcome:
+    """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
+    from tuner.search import Tuner, TunerOptions
+    from tuner.space import SpaceConfig
+    inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
+    info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
+    dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    check_dialect(inv, dialect)
+    config = SpaceConfig(kv_types=args.kv_types)
+    measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm
+    if (args.space or ("settled" if measured else "full")) == "settled":
+        # threads settle at llama.cpp's own default (0: no -t, its physical cores), what the user runs: a profile's
+        # count can be another machine's (the 2x H100 box has 32 cores; its plans carried the H100 box's -t 16)
+        config = config.settled(0, dialect)
+    config = config.for_engine(engine, dialect)        # --no-host (and its probe run), ik bench's one -op switch
+    config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
+    rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
+    nonneg(rounds, "--confirm")
+    tuner = Tuner(inv, hw, engine, TunerOptions(
+        model=args.model, objective=objective, workload=workload, dialect=dialect,
+        n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin, config=config,
+        study_name=name, storage=storage, fresh=args.fresh, seed=args.seed, pool_size=args.pool, requests=t.requests))
+    note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}, "
+         f"{kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in {storage}, "
+         f"objective {objective.text}, {args.trials} runs")
+    try:
+        with SIGINT.guard():            # Ctrl-C stops at a safe point (tuner/interrupt.py)
+            result = tuner.run(args.trials, progress=progress)
+            if rounds:
+                note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
+                tuner.confirm(rounds)
+            if args.llama_server:
+                _serve(args, tuner, hw, note)
+            SIGINT.check()
+    except KeyboardInterrupt as e:
+        n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
+        raise TuneInterrupted(n, storage) from e
+    from optuna.trial import TrialState
+    if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
+                          f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "
+                          f"({result.trials} trials, none complete); give more --gpu memory, a smaller --keep-free or "
+                          "a smaller --margin")
+    from tuner.report import study_summary
+    summary = None if args.no_report else write_report(tuner.study, out)
+    return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)

@@ -1,0 +1,79 @@
+"""offload-tuner command line: argparse entry point over the use cases of offload_tuner/app (and, by name, the
+runtime's own commands).
+
+A thin layer, one module per command (inspect, plan, explain, runtime_cmds: run/synth/calibrate, tune, report,
+serve, demo), each with its cmd_* function and its add_parser: the flags, made from the request's fields, parsed
+into the use case's request; its outcome printed. common.py holds what several share.
+Results go to stdout (tables, or JSON with --json); progress lines and diagnostics go through logging to stderr
+(logs.py: -v adds debug lines, -q keeps only warnings and errors). Expected errors print one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from planner.errors import InputError
+from . import demo, explain, inspect, logs, plan, report, runtime_cmds, serve, tune
+from .demo import cmd_demo
+from .explain import cmd_explain
+from .inspect import cmd_inspect
+from .plan import cmd_plan
+from .report import cmd_report
+from .runtime_cmds import cmd_calibrate, cmd_run, cmd_synth
+from .serve import cmd_serve
+from .tune import cmd_tune, tune_options
+
+__all__ = ["build_parser", "cmd_calibrate", "cmd_demo", "cmd_explain", "cmd_inspect", "cmd_plan", "cmd_report",
+           "cmd_run", "cmd_serve", "cmd_synth", "cmd_tune", "main", "tune_options"]
+
+COMMANDS = (inspect, plan, explain, runtime_cmds, tune, report, serve, demo)   # the order --help lists them in
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):   # one line, exit 2 (argparse's default prints usage first)
+        raise InputError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from offload_tuner import __version__
+    ap = _Parser(prog="offload-tuner",
+                 description="Find the fastest GPU+RAM placement for MoE GGUF models in llama.cpp")
+    ap.add_argument("--version", action="version", version=f"offload-tuner {__version__}")
+    loud = ap.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", dest="log_verbose", action="store_true",
+                      help="debug lines too, on stderr (give it before the command)")
+    loud.add_argument("-q", "--quiet", dest="log_quiet", action="store_true",
+                      help="no progress lines or bars: only warnings and errors on stderr (before the command)")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C / SIGINT is how a tune is stopped and kept resumable (the service's stop sends it); a process
+        # started in the background by a non-interactive shell inherits SIGINT ignored, which would turn a stop
+        # into a study that runs to its end
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        # everything after the first "--" belongs to llama.cpp (explain), never to our own parser
+        cut = argv.index("--") if "--" in argv else len(argv)
+        args = build_parser().parse_args(argv[:cut])
+        args.llama_args = argv[cut + 1:]
+        # progress lines and diagnostics from the modules (a fast path dropped for its fallback, ...) on stderr
+        logs.configure(logs.level(args.log_verbose, args.log_quiet))
+        return args.func(args) or 0
+    except InputError as e:
+        hint = ("; llama.cpp's arguments go after --: explain MODEL --gpu 8GiB -- -ngl 99 ..."
+                if argv[:1] == ["explain"] and "--" not in argv and "unrecognized arguments" in str(e) else "")
+        print(f"offload-tuner: error: {e}{hint}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        print("offload-tuner: interrupted", file=sys.stderr)
+        return 130

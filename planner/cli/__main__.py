@@ -1,6 +1,0 @@
-"""`python -m planner.cli`: the offload-tuner command line."""
-import sys
-
-from . import main
-
-sys.exit(main())

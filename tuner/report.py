@@ -1,0 +1,624 @@
+"""The autotuner's study reports (Markdown, HTML, CSV, JSON, plots); the plain text tables are planner/tables.py's."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
+from .cost_fit import CostFit
+from .records import StudyRecord, TrialRecord
+from .report_plots import write_plots      # the plots: their own module
+from planner.hardware import fmt_bytes
+
+
+# ---- study reports (the autotuner's) ----------------------------------------------------------------------------
+#
+# Everything comes from the study's storage: each trial's user attrs hold its plan id, label, rendered commands,
+# predicted and measured speeds and peak bytes (planner/search.py), so a report needs neither the model file nor
+# the engine. Layout of reports/<study>/: summary.md, summary.html, report.json, trials.csv and, as PNG and SVG,
+# throughput_vs_vram (TG and PP against peak VRAM, the VRAM-Pareto front highlighted, baselines marked),
+# pareto (TG against PP) and history (objective per trial, best so far).
+
+TOOLS_ORDER = ("llama-server", "llama-cli", "llama-bench")
+
+
+def trials_frame(study: Any) -> Any:
+    """One row per trial (pandas DataFrame): state, source, plan, measured and predicted speeds, peak bytes."""
+    import pandas as pd
+    rows = []
+    names = StudyRecord.of(study).objective_names
+    for t in study.get_trials(deepcopy=False):
+        rec = TrialRecord.from_trial(t)
+        m = rec.measured
+        ok = m is not None and m.ok
+        pred = rec.candidate.predicted if rec.candidate is not None else None
+        peak = m.command_peak_bytes if m is not None else {}     # at the emitted context (search.peaks_at_ctx)
+        predicted_gpu = rec.candidate.gpu_bytes if rec.candidate is not None else {}
+        row: dict[str, Any] = {
+            "trial": t.number, "state": t.state.name.lower(), "source": rec.source,
+            "plan_id": rec.plan_id, "label": rec.label,
+            "ok": ok and t.state.name == "COMPLETE",
+            "tg_tps": m.tg_tps if ok else None, "pp_tps": m.pp_tps if ok else None,
+            "pred_tg_tps": pred.tg_tps if pred else None, "pred_pp_tps": pred.pp_tps if pred else None,
+            "prior_tg_tps": pred.prior_tg_tps if pred else None, "prior_pp_tps": pred.prior_pp_tps if pred else None,
+            "vram_bytes": sum(peak.values()) if peak else (sum(predicted_gpu.values()) or None),
+            "vram_source": "measured" if peak else "predicted",
+            "host_bytes": m.host_bytes if m is not None else None, "cv": m.cv if m is not None else None,
+            "engine_run": rec.engine_run,
+            "duplicate_of": rec.duplicate_of,
+            "error": (m.error if m is not None else "") or rec.pruned_reason or "",
+        }
+        if t.state.name == "FAIL" and not row["error"]:
+            row["error"] = "no result recorded (interrupted, or the worker died)"
+        if t.state.name == "COMPLETE" and rec.duplicate_of is not None:
+            row["ok"] = True
+            vals = t.values or []
+            if names == ["tg_tps", "pp_tps"] and len(vals) == 2:
+                row["tg_tps"], row["pp_tps"] = vals
+        for d, v in sorted(peak.items()):
+            row[f"peak_{d}"] = v
+        for d, v in sorted(predicted_gpu.items()):
+            row[f"pred_bytes_{d}"] = v
+        if t.values is not None:
+            for i, v in enumerate(t.values):
+                row[f"value{i}"] = v
+        for k, v in sorted(t.params.items()):
+            row[f"param.{k}"] = v
+        commands = rec.commands
+        for tool in TOOLS_ORDER:
+            row[tool] = commands.get(tool, "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+BEST_TIE = 0.005     # runs within 0.5% of the best speed tie on it: the other speed, then less VRAM, decides
+
+
+def _best(df: Any, col: str, vram_max: float | None = None) -> dict[str, Any] | None:
+    """The run with the best `col` (tg_tps or pp_tps), among those within BEST_TIE of it the one with the best other
+    speed, then the least VRAM: a TG 0.0006% higher is no reason to give up 9.5x the PP (as a 30-trial sim study of
+    gpt-oss-120b at 24 GiB once picked), and the web view's top point is the same run."""
+    ok = df[df["ok"] & df[col].notna() & (df["duplicate_of"].isna())]
+    if vram_max is not None:
+        ok = ok[ok["vram_bytes"].notna() & (ok["vram_bytes"] <= vram_max)]
+    if ok.empty:
+        return None
+    other = "pp_tps" if col == "tg_tps" else "tg_tps"
+    top = ok[col].max()
+    ok = ok[ok[col] >= top * (1 - BEST_TIE)]
+    ok = ok.assign(_v=ok["vram_bytes"].fillna(float("inf")))
+    r = ok.sort_values([other, "_v", col], ascending=[False, True, False]).iloc[0]
+    return _row(r)
+
+
+def _row(r: Any) -> dict[str, Any]:
+    out = {"trial": int(r["trial"]), "plan_id": r["plan_id"], "label": r["label"], "source": r["source"],
+           "tg_tps": _num(r["tg_tps"]), "pp_tps": _num(r["pp_tps"]), "vram_bytes": _num(r["vram_bytes"]),
+           "cv": _num(r.get("cv")),
+           "commands": {tool: r[tool] for tool in TOOLS_ORDER if r.get(tool)}}
+    return out
+
+
+def _num(v: Any) -> Any:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else (int(f) if f.is_integer() and abs(f) > 1e6 else f)
+
+
+def _front_rows(df: Any) -> list[dict[str, Any]]:
+    """Trials on the TG/PP Pareto front (measured, both maximised), one per distinct point, by TG."""
+    ok = df[df["ok"] & df["tg_tps"].notna() & df["pp_tps"].notna() & df["duplicate_of"].isna()]
+    ok = ok.sort_values(["tg_tps", "pp_tps", "vram_bytes"], ascending=[False, False, True])
+    out, best_pp = [], -1.0
+    for _, r in ok.iterrows():
+        if r["pp_tps"] > best_pp:
+            out.append(_row(r))
+            best_pp = r["pp_tps"]
+    return out
+
+
+def vram_front(df: Any, col: str) -> Any:
+    """Trials that are the fastest (col) for their VRAM or less: the throughput-vs-VRAM Pareto front."""
+    ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()]
+    ok = ok.sort_values(["vram_bytes", col], ascending=[True, False])
+    keep, best = [], -1.0
+    for i, r in ok.iterrows():
+        if r[col] > best:
+            keep.append(i)
+            best = r[col]
+    return ok.loc[keep]
+
+
+# One configuration of a report, as its JSON has it: trial, plan_id, label, source, tg_tps, pp_tps, vram_bytes,
+# cv, commands; the ratios to the reference (tg_x, pp_x, vram_x, budget_share) where there is one; a best row also
+# its memory per device ("devices") and its stored measurement ("measurement"); the objective's best its "value".
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EngineRuns:
+    """Engine runs the study made: the baselines', the search's (trials that ran), the confirmation's."""
+    baselines: int
+    trials: int
+    confirmation: int
+
+    @property
+    def total(self) -> int:
+        return self.baselines + self.trials + self.confirmation
+
+    def to_dict(self) -> dict[str, int]:
+        return {"baselines": self.baselines, "trials": self.trials, "confirmation": self.confirmation,
+                "total": self.total}
+
+
+@dataclass(frozen=True)
+class BudgetBest:
+    """The best TG and the best PP among the runs that used at most `budget_bytes` of VRAM (all GPUs)."""
+    budget_bytes: int
+    tg: Row | None
+    pp: Row | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "tg": self.tg, "pp": self.pp}
+
+
+@dataclass(frozen=True)
+class FailedTrial:
+    trial: int
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial": self.trial, "error": self.error}
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """A study's report: what `report --json`, report.json, `tune --json` and the service's study page give
+    (to_dict, the same keys in the same order as ever), and what the Markdown and the plots are written from.
+    The study's own records (settings, confirmation, cost fit, baselines) are kept as the study stores them."""
+    study: str
+    settings: dict[str, Any]                    # search.Settings as stored
+    engine_runs: EngineRuns
+    budget_bytes: int | None                    # all GPUs' memory less what is kept free and the margin asked for
+    reference: str | None                       # the baseline ratios are to: --fit, else its imitation
+    confirmed: dict[str, Any] | None            # tuner.confirm's record, when confirmation ran
+    front_share: float | None                   # share of the runs within 10% of the front
+    counts: dict[str, int]                      # trials per state
+    n_trials: int
+    margin_bytes: int | None
+    margin_events: list[dict[str, Any]]
+    cost_fit: dict[str, Any] | None             # CostFit.to_dict() as stored
+    best: dict[str, Row | None]                 # tg, pp (and objective, for an expression)
+    pareto: list[Row]                           # the TG/PP front, by TG
+    per_budget: list[BudgetBest]
+    baselines: list[dict[str, Any]]             # the study's baseline records, with their ratios
+    failed: list[FailedTrial]
+    files: tuple[str, ...] | None = None        # what write_study_report wrote (not in the JSON before that)
+    margin_by_ubatch: dict[str, int] = field(default_factory=dict)   # a learnt margin's per-ubatch values
+    headline: str | None = None                 # a time-objective study's first line (what it recommends)
+    served: dict[str, Any] | None = None        # tuner.served's record, when the finalists were served
+    keep_free_bytes: int = 0                    # GPU memory kept free on each GPU (--keep-free)
+
+    def to_dict(self) -> dict[str, Any]:
+        # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
+        out: dict[str, Any] = {"headline": self.headline} if self.headline else {}
+        out |= {"study": self.study, "settings": self.settings, "engine_runs": self.engine_runs.to_dict(),
+               "budget_bytes": self.budget_bytes, "reference": self.reference, "confirmed": self.confirmed,
+               "front_share": self.front_share, "counts": self.counts, "n_trials": self.n_trials,
+               "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
+               "best": self.best, "pareto": self.pareto, "per_budget": [b.to_dict() for b in self.per_budget],
+               "baselines": self.baselines, "failed": [f.to_dict() for f in self.failed],
+               "margin_by_ubatch": self.margin_by_ubatch, "keep_free_bytes": self.keep_free_bytes}
+        if self.served is not None:
+            out["served"] = self.served
+        if self.files is not None:
+            out["files"] = list(self.files)
+        return out
+
+
+def study_summary(study: Any, df: Any | None = None) -> StudySummary:
+    """A study's report: settings, counts, best config per objective and per VRAM budget, baselines."""
+    from .pool import budget_levels
+    df = trials_frame(study) if df is None else df
+    record = StudyRecord.of(study)
+    settings = record.settings
+    total_vram = sum(v for _, v in settings.get("hardware", {}).get("gpus", [])) or 0
+    counts = df["state"].value_counts().to_dict() if not df.empty else {}
+    best: dict[str, Any] = {}
+    if not df.empty:
+        best = {"tg": _best(df, "tg_tps"), "pp": _best(df, "pp_tps")}
+        if settings.get("objective") not in ("tg", "pp", "both") and "value0" in df:
+            ok = df[df["ok"] & df["value0"].notna() & df["duplicate_of"].isna()]
+            if not ok.empty:
+                best["objective"] = _row(ok.sort_values("value0", ascending=False).iloc[0]) | {
+                    "value": float(ok["value0"].max())}
+    per_budget = [BudgetBest(lv, _best(df, "tg_tps", lv), _best(df, "pp_tps", lv))
+                  for lv in (budget_levels(total_vram) if total_vram and not df.empty else [])]
+    by_number: dict[int, list[Row]] = {}
+    for r in [*best.values(), *(x for b in per_budget for x in (b.tg, b.pp))]:
+        if r:
+            by_number.setdefault(r["trial"], []).append(r)
+    for t in study.get_trials(deepcopy=False):     # memory per device and the measurement, as --json promises
+        if t.number not in by_number:
+            continue
+        rec = TrialRecord.from_trial(t)
+        memory = (rec.candidate.memory if rec.candidate is not None else None) or {}
+        for r in by_number[t.number]:
+            r["devices"] = memory.get("devices", {})
+            r["measurement"] = rec.measured.to_dict() if rec.measured is not None else {}
+    baselines = record.baselines or []
+    ref = reference(baselines)
+    budget = _budget_bytes(settings, record)
+    front = _front_rows(df) if not df.empty else []
+    for r in [*front, *best.values(), *(x for b in per_budget for x in (b.tg, b.pp))]:
+        if r:
+            r.update(_ratios(r, ref, budget))
+    for b in baselines:
+        if b.get("ok") and b is not ref:
+            b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
+                              "vram_bytes": vram_of(b["measured"])}, ref, budget))
+    runs = EngineRuns(baselines=int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
+                      trials=int(df["engine_run"].sum()) if not df.empty else 0,
+                      confirmation=len((record.confirmation or {}).get("rows", [])))
+    return StudySummary(
+        study=study.study_name, settings=settings, engine_runs=runs, budget_bytes=budget,
+        reference=ref["name"] if ref else None, confirmed=record.confirmed,
+        front_share=_front_share(df, ref) if not df.empty else None,
+        counts={str(k): int(v) for k, v in counts.items()}, n_trials=int(len(df)),
+        margin_bytes=record.margin_bytes, margin_events=record.margin_events,
+        margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
+        pareto=front, per_budget=per_budget, baselines=baselines,
+        failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
+        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served,
+        keep_free_bytes=keep_free_of(settings))
+
+
+def keep_free_of(settings: dict[str, Any]) -> int:
+    """The GPU memory a study keeps free on each GPU (none in a study stored before --keep-free)."""
+    return int(settings.get("hardware", {}).get("keep_free", 0))
+
+
+def _headline(settings: dict[str, Any], rec: StudyRecord, best: dict[str, Any], ref: dict[str, Any] | None
+              ) -> str | None:
+    """A time-objective study's first line: the served verdict when its finalists were served
+    (tuner.served.headline), else its best trial's mean request time from the benchmark runs, with what it
+    gives up against the reference baseline's speeds said first."""
+    if settings.get("objective") != "time":
+        return None
+    from .served import PP_GIVE_UP, TG_GIVE_UP, headline
+    if rec.served:
+        return headline(rec.served)
+    row = best.get("objective")
+    rt = rec.request_time
+    if row is None or rt is None:
+        return f"{(rt or {}).get('workload', 'workload')}: no config measured yet"
+    from .objectives import RequestTime
+    req = RequestTime.from_dict(rt)
+    text = (f"{req.workload}: trial {row['trial']} answers in {req.mean_s(row['tg_tps'], row['pp_tps']):.2f} s mean "
+            "(from its benchmark run; served on llama-server: not yet)")
+    if ref is not None:
+        m = ref["measured"]
+        text += f"; {ref['name']}: {req.mean_s(m['tg_tps'], m['pp_tps']):.2f} s"
+        given = [f"{k.upper()} {row[f'{k}_tps'] / m[f'{k}_tps']:.2f}x {ref['name']}'s"
+                 for k, floor in (("pp", PP_GIVE_UP), ("tg", TG_GIVE_UP))
+                 if m.get(f"{k}_tps") and row[f"{k}_tps"] < floor * m[f"{k}_tps"]]
+        if given:
+            text = f"gives up {'; '.join(given)}: " + text
+    return text
+
+
+def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
+    """A study's safety margin in words, per ubatch where it was learnt so ('' when it has none); bytes."""
+    if by_ubatch:
+        each = ", ".join(f"{fmt_bytes(int(v))} at ubatch {k}"
+                         for k, v in sorted(by_ubatch.items(), key=lambda kv: int(kv[0])))
+        return f"safety margin learnt per ubatch: {each}; {fmt_bytes(int(margin or 0))} at any other"
+    return f"safety margin {fmt_bytes(int(margin))}" if margin else ""
+
+
+def _budget_bytes(settings: dict[str, Any], rec: StudyRecord) -> int | None:
+    """All GPUs' memory less what is kept free and the margin asked for (none when it is learnt): what a config
+    may use."""
+    total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
+    if not total:
+        return None
+    n = len(settings.get("hardware", {}).get("gpus", []))
+    asked = 0 if rec.margin_rule == "learnt" else int(rec.margin_bytes or 0)
+    return total - n * (asked + keep_free_of(settings))
+
+
+def _ratios(r: dict[str, Any], ref: dict[str, Any] | None, budget: int | None) -> dict[str, Any]:
+    """TG x, PP x and VRAM x of a config against the reference (--fit), from single runs; and its budget use."""
+    out: dict[str, Any] = {}
+    if budget and r.get("vram_bytes"):
+        out["budget_share"] = r["vram_bytes"] / budget
+    if ref is not None:
+        m = ref["measured"]
+        for key, have, base in (("tg_x", r.get("tg_tps"), m.get("tg_tps")), ("pp_x", r.get("pp_tps"), m.get("pp_tps")),
+                                ("vram_x", r.get("vram_bytes"), vram_of(m))):
+            out[key] = have / base if have is not None and base else None
+    return out
+
+
+def _front_share(df: Any, ref: dict[str, Any] | None) -> float | None:
+    """Share of the engine runs that landed near the placement front: within 10% of the best TG or of the best
+    PP measured at no more VRAM (the rest went to configs far below it)."""
+    import numpy as np
+    runs = df[df["engine_run"] & df["ok"] & df["vram_bytes"].notna()]
+    if runs.empty:
+        return None
+    # the best speed at no more VRAM than each run's: running maxima over the runs sorted by VRAM (NaN skipped),
+    # read at the last run of no more VRAM (one pass, not a filter per run: the web view asks on every trial)
+    vram = runs["vram_bytes"].to_numpy(float)
+    order = np.argsort(vram, kind="stable")
+    last = np.searchsorted(vram[order], vram, side="right") - 1
+    near = np.zeros(len(runs), dtype=bool)
+    for col in ("tg_tps", "pp_tps"):
+        speed = runs[col].to_numpy(float)
+        best = np.fmax.accumulate(speed[order])[last]
+        with np.errstate(invalid="ignore"):
+            near |= speed >= 0.9 * best
+    return int(near.sum()) / len(runs)
+
+
+def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
+    from planner.hardware import fmt_bytes
+    if not r:
+        return "-", "-", "-"
+    vram = fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"
+    return f"{r['tg_tps']:.2f}" if r.get("tg_tps") is not None else "-", \
+        f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram
+
+
+# one piece: the report's sections top to bottom, in the order a reader meets them (the confirmed and served ones
+# are their own functions)
+def summary_markdown(s: StudySummary) -> str:
+    from planner.hardware import fmt_bytes, kept_free_text
+    st = s.settings
+    w = st.get("workload", {})
+    L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
+         f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
+         f"- hardware: {st.get('hardware', {}).get('name', '')}: "
+         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))
+         + f"; {kept_free_text(s.keep_free_bytes)} per GPU",
+         f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
+         f"depth {w.get('depth')}; context {st.get('n_ctx')}",
+         f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
+         + (f"; {m}" if (m := margin_text(s.margin_bytes, s.margin_by_ubatch)) else ""), ""]
+    runs = s.engine_runs
+    L.append(f"- engine runs: {runs.total} (baselines {runs.baselines}, search {runs.trials}, confirmation "
+             f"{runs.confirmation})"
+             + (f"; {s.front_share:.0%} of the search and baseline runs landed within 10% of the front"
+                if s.front_share is not None else ""))
+    if s.budget_bytes:
+        ctx_note = (" VRAM is the peak the emitted command uses at its context: measured at the engine's own "
+                    "context, plus the memory model's difference to the emitted one where it is larger.")
+        L.append(f"- budget: {fmt_bytes(s.budget_bytes)} of VRAM (all GPUs, less what is kept free and any margin "
+                 "asked for);" + ctx_note)
+    fit = s.cost_fit or {}
+    if fit.get("err_prior"):
+        L.append(f"- cost model refit on {fit.get('n')} runs: mean error TG {fit['err_prior'].get('tg', 0):.1%} -> "
+                 f"{fit['err_fit'].get('tg', 0):.1%}, PP {fit['err_prior'].get('pp', 0):.1%} -> "
+                 f"{fit['err_fit'].get('pp', 0):.1%}; terms moved: {CostFit.from_dict(fit).describe_moves()}")
+        L.append("")
+    L += ["![throughput vs VRAM](throughput_vs_vram.png)", "", "![TG vs PP](pareto.png)", ""]
+    L += _served_markdown(s)
+    L += _confirmed_markdown(s)
+    L += ["## Best configurations (single runs)", ""]
+    sections = [("Best TG", s.best.get("tg")), ("Best PP", s.best.get("pp"))]
+    if s.best.get("objective"):
+        sections.insert(0, (f"Best `{st.get('objective')}` = {s.best['objective']['value']:.4g}",
+                            s.best["objective"]))
+    for title, r in sections:
+        if not r:
+            continue
+        tg, pp, vram = _fmt_row(r)
+        L += [f"### {title}: TG {tg} t/s, PP {pp} t/s, VRAM {vram} (trial {r['trial']}, {r['label']})", ""]
+        for tool, cmd in r["commands"].items():
+            L += [f"{tool}:", "", "```", cmd, "```", ""]
+    if s.pareto:
+        ref = s.reference or "the reference"
+        L += ["## TG/PP Pareto front", "", f"Ratios are to {ref}, from single runs.", "",
+              "| trial | TG t/s | PP t/s | VRAM | of budget | TG x | PP x | VRAM x | run CV | placement |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in s.pareto:
+            tg, pp, vram = _fmt_row(r)
+            cv = r.get("cv")
+            noisy = "-" if cv is None else f"{cv:.1%}" + (" noisy" if cv > NOISY_CV else "")
+            L.append(f"| {r['trial']} | {tg} | {pp} | {vram} | {_pct(r.get('budget_share'))} | {_x(r.get('tg_x'))} | "
+                     f"{_x(r.get('pp_x'))} | {_x(r.get('vram_x'))} | {noisy} | {r['label']} |")
+        L.append("")
+    if s.per_budget:
+        L += ["## Best per VRAM budget", "", "| VRAM budget | best TG (t/s, trial) | best PP (t/s, trial) |",
+              "|---|---|---|"]
+        for b in s.per_budget:
+            tg = f"{b.tg['tg_tps']:.2f} (#{b.tg['trial']})" if b.tg else "-"
+            pp = f"{b.pp['pp_tps']:.1f} (#{b.pp['trial']})" if b.pp else "-"
+            L.append(f"| {fmt_bytes(b.budget_bytes)} | {tg} | {pp} |")
+        L.append("")
+        for b in s.per_budget:
+            for key, r in (("tg", b.tg), ("pp", b.pp)):
+                if r and r["commands"].get("llama-server"):
+                    L += [f"- {fmt_bytes(b.budget_bytes)}, best {key.upper()} (trial {r['trial']}):", "",
+                          "  ```", "  " + r["commands"]["llama-server"], "  ```"]
+        L.append("")
+    if s.baselines:
+        L += ["## Baselines", "", "| baseline | TG t/s | PP t/s | VRAM | TG x | PP x | note |",
+              "|---|---|---|---|---|---|---|"]
+        for b in s.baselines:
+            m = b.get("measured") or {}
+            vram = vram_of(m)
+            note = b.get("error") or b.get("note") or ""
+            if b.get("over_budget"):
+                note = (note + "; " if note else "") + f"over the budget: {b['over_budget']}"
+            L.append(f"| {b['name']} | {m.get('tg_tps', 0):.2f} | {m.get('pp_tps', 0):.1f} | "
+                     f"{fmt_bytes(vram) if vram else '-'} | {_x(b.get('tg_x'))} | {_x(b.get('pp_x'))} | {note} |")
+        L.append("")
+        for b in s.baselines:
+            for tool in ("llama-server", "llama-bench"):
+                if b.get("commands", {}).get(tool):
+                    L += [f"- {b['name']} ({tool}): `{b['commands'][tool]}`"]
+                    break
+        L.append("")
+    if s.failed:
+        L += ["## Failed trials", ""] + [f"- trial {f.trial}: {f.error}" for f in s.failed[:20]] + [""]
+    L += ["![history](history.png)", "", "Files: trials.csv (every trial), report.json, *.png / *.svg plots.", ""]
+    return "\n".join(L)
+
+
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
+
+
+ROLE_NAMES = {"fit": "reference", "fit_server": "--fit's placement as a server runs it",
+              "best_tg": "best TG at <= its VRAM", "runner_up": "TG runner-up",
+              "balanced": "balanced (PP >= 1.5x)", "best_pp": "best PP",
+              "best_tg_over_fit_vram": "best TG (all over its VRAM)", "ncmoe": "best -ncmoe (a baseline)"}
+
+
+def _served_markdown(s: StudySummary) -> list[str]:
+    """The finalists and the --fit references served on the workload: median mean request time [spread], time to
+    first token, PP, TG, VRAM per GPU as the server used it, llama-bench against llama-server."""
+    v = s.served
+    if not v:
+        return []
+    L = [f"## Served on llama-server: the `{v.get('workload')}` workload, {v.get('rounds')} interleaved rounds", "",
+         "| config | mean request s | TTFT s | PP t/s | TG t/s | VRAM (server) | llama-bench vs server | command |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r in v.get("results", []):
+        rs = r["request_s"]
+        mark = " (reference)" if r["key"] == v.get("reference") else ""
+        mark += " **pick**" if r["key"] == v.get("pick") else ""
+        if r.get("dropped"):
+            mark += f" (not served again: {r['dropped']:.2f}x behind)"
+        got = (f"{rs['median']:.2f} [{rs['lo']:.2f}-{rs['hi']:.2f}] | {r['ttft_s']['median']:.2f} | "
+               f"{r['pp']['median']:.0f} | {r['tg']['median']:.1f}" if rs["samples"]
+               else f"failed: {(r['errors'] or ['?'])[0][:120]} | - | - | -")
+        vram = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in r["vram_device_bytes"].items()) or "-"
+        L.append(f"| {r['name']}{mark} | {got} | {vram} | {'; '.join(r.get('bench_vs_server') or []) or '-'} | "
+                 f"`{r.get('command') or ''}` |")
+    return L + [""]
+
+
+def _confirmed_markdown(s: StudySummary) -> list[str]:
+    """The confirmed finalists against the reference: medians, spread, ratios with their verdicts, noisy runs."""
+    from planner.hardware import fmt_bytes
+    c = s.confirmed or {}
+    if not c.get("results"):
+        return []
+    L = ["## Confirmed against " + (s.reference or "the reference"), "",
+         f"Each config re-measured {c['rounds']} times, interleaved with the others (A B C A B C ..., the order "
+         "rotated each round); medians with [min-max]. A ratio whose edge is inside the larger relative spread of "
+         "the two sides (at least 1%) is a tie.", "",
+         "| config | role | TG t/s | PP t/s | VRAM | TG x | PP x | TG x (server --fit) | runs noisy (CV > 5%) |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    def sp(r: dict, k: str) -> str:
+        d = r[k]
+        return f"{d['median']:.2f} [{d['lo']:.2f}-{d['hi']:.2f}]" if d["samples"] else "-"
+
+    def vs(r: dict, k: str, tag: str = "fit") -> str:
+        v = r.get(f"{k}_vs_{tag}")
+        return f"{v['ratio']:.3f}x {v['verdict']}" if v else "-"
+    for r in c["results"]:
+        roles = ", ".join(ROLE_NAMES.get(x, x) for x in r["roles"])
+        noisy = ("yes" + (": " + "; ".join(r["seen"])[:120] if r["seen"] else "")) if r["noisy"] else "no"
+        vram = fmt_bytes(r["vram_bytes"]) if r["vram_bytes"] else "-"
+        L.append(f"| {r['name']} | {roles} | {sp(r, 'tg')} | {sp(r, 'pp')} | {vram} "
+                 f"| {vs(r, 'tg')} | {vs(r, 'pp')} | {vs(r, 'tg', 'fit_server')} | {noisy} |")
+    L.append("")
+    names = {r["key"]: r["name"] for r in c["results"]}
+    for role, key in c.get("picks", {}).items():
+        L.append(f"- picked by median, {ROLE_NAMES.get(role, role)}: {names.get(key, key)}")
+    if c.get("reference") and "balanced" not in c.get("picks", {}):
+        # the search's balanced finalist can fall under the PP bar in the confirmation: say by how much
+        near = [(r["pp_vs_fit"]["ratio"], r["name"]) for r in c["results"] if r.get("pp_vs_fit")
+                and r["key"] != c["reference"] and "ncmoe" not in r["roles"] and "fit_server" not in r["roles"]]
+        best = max(near, default=None)
+        L.append(f"- no balanced pick: no finalist kept {BALANCED_PP}x the reference's PP by median"
+                 + (f" (the most: {best[1]}, {best[0]:.2f}x)" if best else ""))
+    L.append("")
+    return L
+
+
+def summary_html(s: StudySummary, markdown: str) -> str:
+    """A self-contained page: the same content as the Markdown, with the SVG plots inline by reference."""
+    import html
+    body = []
+    in_code = False
+    for line in markdown.splitlines():
+        if line.strip().startswith("```"):
+            body.append("</pre>" if in_code else "<pre>")
+            in_code = not in_code
+            continue
+        if in_code:
+            body.append(html.escape(line.strip()))
+            continue
+        if line.startswith("!["):
+            alt, src = line[2:].split("](", 1)
+            body.append(f'<p><img alt="{html.escape(alt)}" src="{html.escape(src[:-1].replace(".png", ".svg"))}" '
+                        'style="max-width:100%"></p>')
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if all(set(c) <= {"-"} for c in cells):
+                continue
+            tag = "th" if not body or not body[-1].startswith("<tr") and not body[-1].startswith("<table") else "td"
+            if not body or not (body[-1].startswith("<tr") or body[-1].startswith("<table")):
+                body.append("<table>")
+                tag = "th"
+            body.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+        else:
+            if body and body[-1].startswith("<tr"):
+                body.append("</table>")
+            if line.strip():
+                body.append(f"<p>{_inline(line.lstrip('- ').strip()) if line.startswith('- ') else _inline(line)}</p>")
+    if body and body[-1].startswith("<tr"):
+        body.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}pre{background:#f4f4f4;"
+             "padding:.6em;overflow-x:auto;white-space:pre-wrap}table{border-collapse:collapse}td,th{border:1px solid "
+             "#ccc;padding:.2em .6em;text-align:left}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>offload-tuner {html.escape(s.study)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _inline(text: str) -> str:
+    import html
+    import re
+    out = html.escape(text)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def write_study_report(study: Any, out: Path) -> StudySummary:
+    """Write reports/<study>/ (see the layout above); returns the summary with the list of files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    df = trials_frame(study)
+    summary = study_summary(study, df)
+    df.to_csv(out / "trials.csv", index=False)
+    files = ["trials.csv"] + write_plots(df, summary, out)
+    md = summary_markdown(summary)
+    (out / "summary.md").write_text(md)
+    (out / "summary.html").write_text(summary_html(summary, md))
+    files += ["summary.md", "summary.html", "report.json"]
+    summary = replace(summary, files=tuple(str(out / f) for f in files))
+    (out / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=_json_default))
+    return summary
+
+
+def _json_default(o: Any) -> Any:
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:
+        pass
+    return str(o)

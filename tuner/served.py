@@ -1,0 +1,473 @@
+"""Confirmation on the server the user runs: the study's finalists and the `--fit` a knowledgeable user would run,
+each started as llama-server and sent the user's workload, interleaved in rounds, judged by the median mean
+request time.
+
+llama-bench is not what users run: its -fitt fits another context than the server's, it has no prompt cache and
+no parallel slots. So a study whose objective is the workload's request time ends here (tune's `--served`, the
+workload_vs_fit benchmark): the engine is the llamaserver engine (runtime/llamaserver.py), which starts the
+emitted command, replays the workload over HTTP and measures each request.
+
+The reference is the best of `llama-server --fit on` at the workload's context with the default ubatch (512),
+with `-ub 2048` and with `-ub 4096` (ik: its own --fit likewise): the fastest of them on the workload, by median.
+It is itself a candidate, so what is recommended is never slower than what the user would have run: when no
+finalist beats it, the recommendation is that --fit line.
+
+A finalist's first served run also says how much of the budget the server left unused: the study judged its plans
+on llama-bench's memory and a margin, and llama-server at the workload's context uses another amount (the 6 GiB
+rag finalists of the H100 benchmark peaked 0.3-1.0 GiB under the budget, where --fit's experts filled it). So each
+finalist gets a filled twin ("fill:N"): its plan with experts moved from RAM onto its GPUs until the memory model,
+shifted by what the server measured against it, reaches the budget less FILL_LEFT. It is served like the others.
+
+    # C contenders (references + finalists), R rounds: at most R x C server runs, each replaying the whole workload
+
+A contender far behind after its first run is not served again (DROP_BEHIND, far_behind): a reference against the
+fastest reference, a finalist against the fastest of all. The fastest of each keeps every round, so the verdict
+still rests on repeats and their spread.
+
+Speeds are compared only between runs of one machine (GPU machines of one kind differ by 10% or more): each row
+names the boot it ran in (machine_id), and a confirmation resumed on another machine sets the rows of the first
+aside ("elsewhere" in the stored serving) and serves every contender again.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+from planner.hardware import MiB, fmt_bytes
+from planner.plan import Plan
+from planner.propose import Room, fill_experts
+from .confirm import Spread, compare, schedule
+from .records import StudyRecord, TrialRecord
+
+if TYPE_CHECKING:
+    from planner.hardware import HardwareProfile
+    from .search import Tuner
+
+REFERENCE_UBATCHES = (512, 2048, 4096)     # --fit as llama-server defaults it, and the two a user tries next
+SERVED_ROUNDS = 2
+SERVED_FINALISTS = 3
+PP_GIVE_UP = 0.5          # a pick under half the reference's PP says so in its first line
+TG_GIVE_UP = 0.95         # ... and one more than 5% under its TG
+BENCH_SERVER_GAP = 0.05   # llama-bench and llama-server further apart than this: a warning in the report
+FILL_LEFT = 128 * MiB     # a filled twin aims its server peak this far under the budget (run-to-run peaks vary less)
+# A contender whose best run is this many times slower than the best it must beat is not served again: it can be
+# neither the reference nor the pick, and on a 235B model one server run costs a minute or more of a GPU machine.
+# Runs inside one device call differ by a few percent (the H100 rounds: 1-8%), far under this gap.
+DROP_BEHIND = 1.3
+
+
+@dataclass(frozen=True)
+class Served:
+    """One config to serve: a reference (--fit at an ubatch) or a trial's plan."""
+    key: str                           # "fit:512", "fit:2048", "fit:4096", "trial:N" or "fill:N"
+    name: str
+    roles: tuple[str, ...]             # "reference" or "finalist"
+    trial: int | None = None
+    ubatch: int | None = None
+    filled: bool = False               # trial N's plan with experts moved onto the GPU up to the budget
+    kv_type: str | None = None         # a reference at the KV type a finalist uses ("fit:UB:TYPE")
+
+
+def gpu_memory(hw: HardwareProfile) -> dict[str, int]:
+    """{"CUDA0": bytes, ...}: each GPU's memory (--gpu) under the device name llama.cpp gives it (a GPU's own
+    `name` is its model, "H100", and two of them share it)."""
+    return {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}
+
+
+def served_budget(hw: HardwareProfile) -> dict[str, int]:
+    """{"CUDA0": bytes, ...}: what the served plans may use on each GPU, its memory less what is kept free
+    (hw.keep_free_bytes); llama-server's own --fit is told to keep the rest free (-fitt)."""
+    return {d: b - hw.keep_free_bytes for d, b in gpu_memory(hw).items()}
+
+
+def served_of(key: str) -> Served:
+    """The contender a stored key stands for: "fit:UB" a reference ("fit:UB:TYPE" at that KV type), "trial:N" a
+    finalist, "fill:N" its twin."""
+    kind, _, n = key.partition(":")
+    if kind == "fit":
+        ub_text, _, kv = n.partition(":")
+        ub = int(ub_text)
+        name = "--fit" + (f" -ub {ub}" if ub != 512 else "") + (f" -ctk/-ctv {kv}" if kv else "")
+        return Served(key, name, ("reference",), ubatch=ub, kv_type=kv or None)
+    if kind == "fill":
+        return Served(key, f"trial {n} filled", ("finalist",), trial=int(n), filled=True)
+    return Served(key, f"trial {n}", ("finalist",), trial=int(n))
+
+
+def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
+    """`plan` with experts moved from RAM onto its GPUs, as far as the server's measured `peaks` leave room under
+    each GPU's budget less FILL_LEFT: the memory model's prediction for the served plan is shifted by what the
+    server measured (the model's error at this plan), and planner.propose.fill_experts fills up to it, in the
+    order the plan already has (first layers first when those are the ones on the GPU). None when no expert
+    moves (no room for one, no measured peak: a CPU-only run)."""
+    wl = tuner.requests
+    if wl is None or not peaks:
+        return None
+    served = replace(plan, knobs=replace(plan.knobs, n_ctx=wl.ctx, n_seq=wl.slots))
+    pred = tuner.estimate(tuner.inv, served, tuner.hw).devices
+    room = {}
+    for d, budget in served_budget(tuner.hw).items():
+        if d in pred and d not in peaks:
+            return None
+        if d in pred:
+            room[d] = pred[d].total + budget - FILL_LEFT - peaks[d]
+    on_gpu = sorted({t.layer for t in tuner.inv.allocated()
+                     if t.is_expert and t.layer is not None and plan.assignment.get(t.name, "CPU") != "CPU"})
+    order = "first" if on_gpu and on_gpu[0] == min(tuner.inv.moe_layers()) else "last"
+    out = fill_experts(tuner.inv, served, Room(room, tuner.hw.host.ram_bytes), tuner.hw, order=order,
+                       estimate=tuner.estimate)
+    if out.assignment == served.assignment:
+        return None
+    return replace(out, knobs=plan.knobs, label=f"{plan.label} filled to the served budget".strip())
+
+
+def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any] | None:
+    """A confirmation cut off before its last sample, judged on the samples it has (marked "partial"), so a report
+    can show it; None when none was started."""
+    serving = study.serving or {}
+    if not serving.get("rows"):
+        return None
+    keys = [*serving["keys"], *serving.get("kv_refs", []),
+            *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
+    rt = study.request_time or {}
+    rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
+                        rt.get("workload", "workload"), ttft_limit_s=rt.get("ttft_limit_s"),
+                        drop_behind=serving.get("drop_behind"))
+    return dict(rec, partial=True)
+
+
+def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served]:
+    """The references, then the study's best trials by its objective (distinct plans, measured ok)."""
+    from optuna.trial import TrialState
+    out = [served_of(f"fit:{ub}") for ub in REFERENCE_UBATCHES]
+    ranked = []
+    for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        r = TrialRecord.from_trial(t)
+        if r.measured is not None and r.measured.ok and r.duplicate_of is None and r.plan_json is not None \
+                and t.values:
+            ranked.append((tuner.objective.scalar(r.measured.tg_tps, r.measured.pp_tps), t.number))
+    for _, number in sorted(ranked, reverse=True)[:n_finalists]:
+        out.append(served_of(f"trial:{number}"))
+    return out
+
+
+def study_threads(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> int | None:
+    """The thread count of the study's best finalist (None: it sets none), at which every contender is served: the
+    server's default can be far from it (on a 64-vCPU four-GPU VM llama.cpp's default -t 64 generated 0.6 t/s where
+    -t 32 gave 12.8: docs/llamacpp.md section 13), and a --fit left at it would lose to threads, not to placement."""
+    finalists = [c for c in contenders(tuner, n_finalists) if c.trial is not None]
+    if not finalists:
+        return None
+    return TrialRecord.from_trial(tuner._trial(finalists[0].trial)).plan().knobs.n_threads or None
+
+
+def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | None:
+    """The plan a contender serves: its trial's, or its filled twin's (stored); None for a --fit reference."""
+    if c.filled:
+        return Plan.from_json(fills[c.key] or "")
+    if c.trial is not None:
+        return TrialRecord.from_trial(tuner._trial(c.trial)).plan()
+    return None
+
+
+def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None, threads: int | None = None) -> dict[str, Any]:
+    """One replay of the workload by one contender, as a stored row; `threads`: -t for every contender (None: the
+    plan's own, the server's default for a reference)."""
+    from .interrupt import SIGINT
+    budgets = served_budget(tuner.hw)
+    if plan is not None and threads:
+        plan = replace(plan, knobs=replace(plan.knobs, n_threads=threads))
+    try:
+        with SIGINT.engine_run():
+            if plan is not None:
+                m = server.measure_workload(tuner.inv, plan, tuner.requests)
+            else:
+                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type,
+                                         threads=threads)
+    except InputError:
+        raise
+    except Exception as e:       # an engine bug is a failed sample, not the end of the study
+        return {"ok": False, "error": f"engine raised {type(e).__name__}: {e}"}
+    raw = m.raw or {}
+    return {"ok": bool(m.ok), "error": m.error, "request_s": raw.get("mean_request_s"), "ttft_s": raw.get("ttft_s"),
+            "ttft_max_s": raw.get("ttft_max_s"),
+            "pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "peak_bytes": dict(m.peak_bytes),
+            "command": raw.get("command"), "seconds": raw.get("wall_s")}
+
+
+def machine_id() -> str:
+    """This boot of this machine: the kernel's boot id (a fresh GPU machine has a new one), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+        return socket.gethostname()
+
+
+def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | None = DROP_BEHIND) -> dict[str, float]:
+    """{key: how many times slower}: the contenders whose best good run is over `factor` x the best they must beat
+    (a reference: the fastest reference's best; a finalist: the fastest run of all). Computed from the stored rows
+    alone, so a resumed confirmation drops the same ones; {} when `factor` is None."""
+    if factor is None:
+        return {}
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.get("ok") and r.get("request_s"):
+            best[r["key"]] = min(best.get(r["key"], math.inf), float(r["request_s"]))
+    if not best:
+        return {}
+    refs = [best[c.key] for c in cs if "reference" in c.roles and c.key in best]
+    out = {}
+    for c in cs:
+        bar = min(refs, default=math.inf) if "reference" in c.roles else min(best.values())
+        if c.key in best and best[c.key] > factor * bar:
+            out[c.key] = best[c.key] / bar
+    return out
+
+
+def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
+                   deadline: float | None = None, progress: Any = None, fill: bool = True,
+                   drop_behind: float | None = DROP_BEHIND, threads: int | None = None) -> dict[str, Any]:
+    """Serve the references and the finalists interleaved for `rounds` rounds, and (`fill`) each finalist's filled
+    twin from its first good run on (filled_plan; it joins the round under way and the rounds after it); a
+    contender `drop_behind` x slower than the best it must beat is not served again (far_behind; None: every
+    contender every round). `threads`: every contender at -t `threads` (the thread count measured best on the
+    machine: placement is compared, not the host's default thread count; None: each its own). Each sample is
+    stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another machine,
+    another `threads` or another set of contenders are set aside ("elsewhere") and not compared with these. Returns
+    the record (served_record, also stored as "served"), or {} when a sample was left because it would not end
+    before `deadline` (call again to go on)."""
+    if tuner.requests is None:
+        raise InputError("serving a study's finalists needs its workload: tune with --objective time")
+    threads = threads or None
+    base = contenders(tuner, n_finalists)
+    keys = [c.key for c in base]
+    stored = StudyRecord.of(tuner.study).serving or {}
+    same = stored.get("keys") == keys
+    here = machine_id()
+
+    def ours(r: dict[str, Any]) -> bool:
+        return r.get("machine", here) == here and r.get("threads") == threads
+
+    # rows of another contender set (other finalists), machine or thread count are kept aside, never dropped
+    rows = [r for r in stored.get("rows", []) if ours(r)] if same else []
+    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if not (same and ours(r))]
+    fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
+    kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
+    while True:
+        if fill:
+            _add_twins(tuner, base, rows, fills)
+        _add_kv_references(tuner, base, rows, kv_refs)
+        cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
+        dropped = far_behind(cs, rows, drop_behind)
+        todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
+                if c.key not in dropped and not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
+        if not todo:
+            break
+        rnd, c = todo[0]
+        # how long this one will take: its own longest run so far, a twin's first its parent's, a first run the
+        # longest of any (on a 235B model a run is minutes: one started blind is cut off by the device call's end)
+        took = [r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")] \
+            or [r.get("seconds") or 0 for r in rows]
+        if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
+            return {}
+        plan = _plan_of(tuner, c, fills)
+        rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
+                     **_sample(tuner, server, c, plan, threads)})
+        StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
+                                               "kv_refs": kv_refs, "drop_behind": drop_behind,
+                                               "elsewhere": elsewhere})
+        if progress is not None:
+            progress(len(rows), rounds * len(cs))
+    cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
+    record = served_record(cs, rows, rounds, served_budget(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
+                           tuner.requests.ttft_limit_s, drop_behind=drop_behind)
+    StudyRecord.save(tuner.study, served=record)
+    return record
+
+
+def _add_kv_references(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], kv_refs: list[str]) -> None:
+    """--fit at a KV type a finalist uses (K and V alike, not f16): once every reference's first round is in, at the
+    ubatch of the fastest of them, so the reference a user would run with that KV type is served too."""
+    refs = [c for c in base if "reference" in c.roles]
+    firsts = [next((r for r in rows if r["key"] == c.key and r["round"] == 0), None) for c in refs]
+    if kv_refs or not refs or any(r is None for r in firsts):
+        return
+    good = [(r["request_s"], c) for r, c in zip(firsts, refs) if r and r.get("ok") and r.get("request_s")]
+    if not good:
+        return
+    ub = min(good, key=lambda x: x[0])[1].ubatch
+    kinds = []
+    for c in base:
+        if c.trial is not None:
+            k = TrialRecord.from_trial(tuner._trial(c.trial)).plan().knobs
+            if k.type_k == k.type_v and k.type_k != "f16" and k.type_k not in kinds:
+                kinds.append(k.type_k)
+    kv_refs += [f"fit:{ub}:{kv}" for kv in kinds]
+
+
+def _add_twins(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None]) -> None:
+    """Each finalist's filled twin, from its first good run with measured peaks (once: None when nothing moves)."""
+    for c in base:
+        twin = f"fill:{c.trial}"
+        if c.trial is None or twin in fills:
+            continue
+        first = next((r for r in rows if r["key"] == c.key and r.get("ok") and r.get("peak_bytes")), None)
+        if first is not None:
+            new = filled_plan(tuner, _plan_of(tuner, c, fills), first["peak_bytes"])
+            fills[twin] = new.to_json() if new is not None else None
+
+
+def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
+    """Each finalist's run in the study (its engine's: llama-bench, or the sim engine's prediction, at the study's
+    benchmark workload): its speeds and its peaks moved to the emitted context, to set beside the server's."""
+    from planner.engines import traits_of
+    engine = traits_of(tuner.engine).binary or f"the {getattr(tuner.engine, 'name', 'study')} engine"
+    out = {}
+    for c in cs:
+        if c.trial is not None and not c.filled:
+            m = TrialRecord.from_trial(tuner._trial(c.trial)).measured
+            if m is not None:
+                out[c.key] = {"pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "engine": engine,
+                              "peak_bytes": dict(m.peak_at_ctx or m.peak_bytes)}
+    return out
+
+
+def bench_vs_server(bench: dict[str, Any], served: dict[str, Any]) -> list[str]:
+    """Where llama-bench and llama-server disagree by more than BENCH_SERVER_GAP: peak VRAM per GPU (the budget
+    is judged on the server's), PP and TG (the benchmark measures at the workload's mean, the server per class)."""
+    out, engine = [], bench.get("engine", "llama-bench")
+    for d, b in bench.get("peak_bytes", {}).items():
+        s = served["vram_device_bytes"].get(d)
+        if s and abs(s - b) > BENCH_SERVER_GAP * s:
+            out.append(f"{d}: {engine} {fmt_bytes(b)}, llama-server {fmt_bytes(s)}")
+    for name, key in (("PP", "pp"), ("TG", "tg")):
+        b, s = bench.get(f"{key}_tps") or 0.0, served[key].median
+        if s > 0 and abs(b - s) > BENCH_SERVER_GAP * s:
+            out.append(f"{name}: {engine} {b:.1f}, llama-server {s:.1f} t/s")
+    return out
+
+
+def _summary(c: Served, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    mine = [r for r in rows if r["key"] == c.key]
+    good = [r for r in mine if r.get("ok") and r.get("request_s")]
+
+    def spread(k: str) -> Spread:
+        return Spread(tuple(float(r[k]) for r in good if r.get(k) is not None))
+    peaks: dict[str, int] = {}
+    for r in good:
+        for d, b in (r.get("peak_bytes") or {}).items():
+            peaks[d] = max(peaks.get(d, 0), int(b))
+    return {"key": c.key, "name": c.name, "roles": list(c.roles), "trial": c.trial, "ubatch": c.ubatch,
+            "request_s": spread("request_s"), "ttft_s": spread("ttft_s"),
+            # the slowest class's TTFT (what --ttft limits); rows before it was recorded: the mean's
+            "ttft_max_s": spread("ttft_max_s") if all(r.get("ttft_max_s") is not None for r in good)
+            else spread("ttft_s"), "pp": spread("pp_tps"),
+            "tg": spread("tg_tps"), "vram_device_bytes": dict(sorted(peaks.items())),
+            "command": next((r.get("command") for r in good if r.get("command")), None),
+            "errors": [r.get("error", "") for r in mine if not r.get("ok")]}
+
+
+def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, budget: dict[str, int],
+                  workload: str, bench: dict[str, dict[str, Any]] | None = None,
+                  ttft_limit_s: float | None = None, drop_behind: float | None = None) -> dict[str, Any]:
+    """Medians and spreads per contender; the reference (the fastest --fit variant); the pick: the fastest of all,
+    references included, among the finalists within the budget on every GPU (a reference is what the user would
+    run, so its own VRAM never rules it out); its speedup over the reference with a verdict (win / tie / loss by
+    the spreads of the request rates); and what the pick gives up, if anything. With a TTFT limit (tune --ttft),
+    the reference and the pick are taken among the contenders whose slowest class's median TTFT meets it, where
+    any does (else among all, and the headline says the limit was missed). A contender left after its first runs
+    (far_behind at `drop_behind`) says how far behind it was ("dropped": times slower, else None)."""
+    s = [_summary(c, rows) for c in cs]
+    dropped = far_behind(cs, rows, drop_behind)
+    for x in s:
+        x["dropped"] = dropped.get(x["key"])
+    for x in s:
+        if bench and x["key"] in bench:
+            x["bench"] = bench[x["key"]]
+            x["bench_vs_server"] = bench_vs_server(bench[x["key"]], x) if x["request_s"].samples else []
+    ok = [x for x in s if x["request_s"].samples]
+
+    def meets(x: dict[str, Any]) -> bool:
+        return ttft_limit_s is None or x["ttft_max_s"].median <= ttft_limit_s
+
+    def first_that_meet(xs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [x for x in xs if meets(x)] or xs
+    refs = first_that_meet([x for x in ok if "reference" in x["roles"]])
+    ref = min(refs, key=lambda x: x["request_s"].median, default=None)
+
+    def within(x: dict[str, Any]) -> bool:
+        return all(b <= budget.get(d, math.inf) for d, b in x["vram_device_bytes"].items())
+    eligible = first_that_meet([x for x in ok if "reference" in x["roles"] or within(x)])
+    pick = min(eligible, key=lambda x: x["request_s"].median, default=None)
+    out: dict[str, Any] = {"workload": workload, "rounds": rounds, "budget_bytes": budget,
+                           "reference": ref["key"] if ref else None, "pick": pick["key"] if pick else None}
+    if ttft_limit_s is not None:
+        out["ttft_limit_s"] = ttft_limit_s
+        out["pick_meets_ttft"] = pick is not None and meets(pick)
+    if ref is not None and pick is not None:
+        rate = compare(Spread(tuple(1 / v for v in pick["request_s"].samples)),
+                       Spread(tuple(1 / v for v in ref["request_s"].samples)))
+        out["speedup"] = rate.to_dict() if rate else None
+        out["gives_up"] = gives_up(pick, ref)
+    out["results"] = [dict(x, **{k: x[k].to_dict() for k in ("request_s", "ttft_s", "ttft_max_s", "pp", "tg")})
+                      for x in s]
+    return out
+
+
+def gives_up(pick: dict[str, Any], ref: dict[str, Any]) -> list[str]:
+    """What the pick trades away against the reference: under PP_GIVE_UP x its PP, or under TG_GIVE_UP x its TG."""
+    out = []
+    for name, floor in (("pp", PP_GIVE_UP), ("tg", TG_GIVE_UP)):
+        a = pick[name].median if isinstance(pick[name], Spread) else pick[name]["median"]
+        b = ref[name].median if isinstance(ref[name], Spread) else ref[name]["median"]
+        if b > 0 and a < floor * b:
+            out.append(f"{name.upper()} {a / b:.2f}x the reference's ({a:.1f} vs {b:.1f} t/s)")
+    return out
+
+
+def waiting_finalists(record: dict[str, Any]) -> list[str]:
+    """The finalists a partial record (cut off mid-confirmation) has not served yet: while any is left, the
+    record gives no verdict."""
+    if not record.get("partial"):
+        return []
+    return [r["name"] for r in record.get("results", [])
+            if "finalist" in r["roles"] and not r["request_s"]["samples"] and not r["errors"]]
+
+
+def headline(record: dict[str, Any]) -> str:
+    """The first line a report and --json give: the pick against the reference on the workload, and what it gives
+    up (said first, when it gives anything up)."""
+    res = {r["key"]: r for r in record.get("results", [])}
+    ref, pick = res.get(record.get("reference") or ""), res.get(record.get("pick") or "")
+    if ref is None or pick is None:
+        return f"{record.get('workload')}: no served result (every server run failed; see the rows)"
+    t_ref, t_pick = ref["request_s"]["median"], pick["request_s"]["median"]
+    vram = sum(pick["vram_device_bytes"].values())
+    waiting = waiting_finalists(record)
+    if waiting:       # cut off before every finalist ran: no verdict to give yet
+        best = min(record["results"], key=lambda r: r["request_s"]["median"] if r["request_s"]["samples"]
+                   else math.inf)
+        return (f"{record['workload']}: partial, no verdict yet ({', '.join(waiting)} not served); so far "
+                f"{best['name']} is the fastest, {best['request_s']['median']:.2f} s mean request")
+    if pick is ref:
+        within = f" within the {record['ttft_limit_s']:g} s TTFT limit" if record.get("pick_meets_ttft") else ""
+        text = (f"{record['workload']}: keep {ref['name']}: no finalist{within} answered faster than its {t_ref:.2f} s "
+                f"mean request ({fmt_bytes(vram)} VRAM)")
+    else:
+        sp = record.get("speedup") or {}
+        text = (f"{record['workload']}: {pick['name']} answers in {t_pick:.2f} s mean, {ref['name']} in {t_ref:.2f} s: "
+                f"{t_ref / t_pick:.2f}x ({sp.get('verdict', '?')}), at {fmt_bytes(vram)} VRAM "
+                f"(reference {fmt_bytes(sum(ref['vram_device_bytes'].values()))})")
+    first = []
+    if record.get("pick_meets_ttft") is False:
+        worst = (pick.get("ttft_max_s") or pick["ttft_s"])["median"]
+        first.append(f"misses the {record['ttft_limit_s']:g} s TTFT limit (no contender met it; slowest class "
+                     f"{worst:.2f} s)")
+    if record.get("gives_up"):
+        first.append(f"gives up {'; '.join(record['gives_up'])}")
+    return "; ".join(first) + ": " + text if first else text
