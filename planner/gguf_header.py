@@ -25,6 +25,7 @@ import numpy as np
 
 from .archs import make_tensor, spec_from_metadata
 from .errors import GGUFError
+from .files import open_regular
 from .ggml_types import BY_ID, IK_REPACKED_IDS, type_name
 from .model import ModelInventory
 
@@ -408,7 +409,7 @@ def _parse(cur: _Cursor, shard_index: int) -> _File:
 
 def _read_file(path: Path, shard_index: int = 0) -> _File:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "model") as f:       # a FIFO or a device is refused before a byte is read
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise GGUFError(f"{path}: not a GGUF file (empty)")

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import InputError
+from .files import PROFILE_BYTES, read_text
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -258,10 +259,8 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise InputError(f"cannot read hardware profile {name_or_path}: {e.strerror or e}") from e
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            data = json.loads(read_text(path, "hardware profile", PROFILE_BYTES))
+        except (json.JSONDecodeError, RecursionError) as e:
             raise InputError(f"hardware profile {name_or_path} is not JSON: {str(e)[:100]}") from e
         return HardwareProfile.from_dict(data, f"hardware profile {name_or_path}")
     if name_or_path not in preset_names():

@@ -14,6 +14,7 @@ A log is folded into at most MAX_LOG_CLASSES classes (requests of similar size t
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .errors import InputError
+from .files import open_regular, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -224,9 +226,7 @@ def from_mapping(data: Any, name: str, where: str) -> Workload:
 
 def from_toml(path: Path) -> Workload:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"workload {path}: cannot read it ({e})") from e
+        data = tomllib.loads(read_text(path, "workload", MAX_FILE_BYTES))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"workload {path}: not TOML ({e})") from e
     return from_mapping(data, path.stem, f"workload {path}")
@@ -268,7 +268,7 @@ def from_log(path: Path) -> Workload:
     their count as weight; past MAX_LOG_CLASSES groups, the smallest groups join the nearest kept one."""
     groups: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
     try:
-        with open(path, encoding="utf-8") as f:
+        with io.TextIOWrapper(open_regular(path, "workload"), encoding="utf-8") as f:
             for i, line in enumerate(f, 1):
                 if line.strip():
                     u = _usage(line, f"workload {path}:{i}")

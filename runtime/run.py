@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner import defaults as D
 from planner.engines import spec
 from planner.errors import FlagError, InputError
+from planner.files import PLAN_BYTES, read_text
 from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
 from planner.options import EngineOptions, RunRequest
 from planner.plan import DIALECTS, Plan, device_sort_key, gpu_index, is_gpu
@@ -35,10 +35,8 @@ DEFAULT_WORKLOAD = D.RUN_WORKLOAD
 
 def read_plan_file(path: str, inv: ModelInventory, n_gpus: int | None = None) -> Plan:
     try:
-        d = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise InputError(f"cannot read --plan {path}: {e.strerror or e}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        d = json.loads(read_text(path, "--plan", PLAN_BYTES))
+    except (json.JSONDecodeError, RecursionError) as e:
         raise InputError(f"--plan {path} is not JSON: {str(e)[:100]}") from e
     if isinstance(d, dict) and isinstance(d.get("plan"), dict):
         d = d["plan"]                     # `offload-tuner plan --json` output

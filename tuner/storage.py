@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from planner.errors import InputError, StorageError
+from planner.files import check_regular
 
 STUDIES_DIR = Path("studies")
 HEARTBEAT_S = 10
@@ -175,7 +176,7 @@ def make_storage(url: str | None):
                                              or "unique constraint" in text):
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            raise StorageError(f"cannot open storage {_shown(url)}: {_reason(e)}") from e
+            raise StorageError(f"cannot open storage {shown_url(url)}: {_reason(e)}") from e
     if path is not None:
         _sqlite_wal(storage.engine)
     return storage
@@ -227,7 +228,7 @@ def check_sqlite_file(path: Path) -> None:
     """An existing SQLite study file that SQLite reads whole (PRAGMA quick_check, read-only): a truncated or garbage
     file is one StorageError naming it, before Optuna writes to it. An empty or missing file is a new study."""
     import sqlite3
-    if not path.is_file() or path.stat().st_size == 0:
+    if not path.exists() or check_regular(path, "storage") == 0:     # a FIFO or a device: one line, no open
         return
     try:
         con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=60)
@@ -270,7 +271,7 @@ RESUME = "the finished trials are saved: run the same command to resume"
 def storage_failure(url: str, e: BaseException, then: str = RESUME) -> StorageError:
     """One line naming the storage, saying what failed and what to do next (`then`: a study resumes, a report is
     asked for again)."""
-    name, why = _shown(url), _reason(e)
+    name, why = shown_url(url), _reason(e)
     text = why.lower()
     if any(w in text for w in _FULL) or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG)):
         return StorageError(f"storage {name}: the disk is full or the file reached its size limit ({why}); {then} "
@@ -291,7 +292,7 @@ def storage_errors(url: str, then: str = RESUME) -> Iterator[None]:
 
     def hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and any(is_storage_failure(c) for c in _chain(args.exc_value)):
-            log.debug("storage %s failed in thread %s: %s", _shown(url), getattr(args.thread, "name", "?"),
+            log.debug("storage %s failed in thread %s: %s", shown_url(url), getattr(args.thread, "name", "?"),
                       _reason(args.exc_value))
             return
         old_hook(args)
@@ -341,7 +342,7 @@ def _server_gone(url: str, e: BaseException) -> bool:
                        sqlalchemy.exc.DisconnectionError, sqlalchemy.exc.PendingRollbackError)) for c in chain)
 
 
-def _shown(url: str) -> str:
+def shown_url(url: str) -> str:
     """The storage as the user named it: the SQLite file, or the URL without its password."""
     path = sqlite_path(url)
     if path is not None:

@@ -3,7 +3,7 @@
     inspect_model(InspectRequest) -> InspectOutcome        plan_outcome(PlanRequest) -> PlanOutcome
     explain_outcome(ExplainRequest) -> ExplainOutcome      report_study(ReportRequest) -> ReportOutcome
     start_tune(TuneOptions) -> TuneOutcome (start or resume; SIGINT stops it: TuneInterrupted, resumable)
-    demo_options(DemoRequest) -> TuneOptions, then start_tune     run_server(ServerConfig): the HTTP service
+    demo_options(DemoRequest) -> TuneOptions, then start_tune     check_server(ServerConfig): serve's checks
 
 Requests are frozen dataclasses (requests.py), their fields' types and help read by the CLI and the service alike
 (fields.py); outcomes carry what the text printer needs and a to_json() that `--json` prints and the service
@@ -19,7 +19,7 @@ from .plan import TOOLS, Commands, PlanOutcome, commands_for, plan_outcome
 from .report import ReportOutcome, report_study, write_report
 from .requests import (DEMO, DemoRequest, ExplainRequest, InspectRequest, PlanRequest, ReportRequest, ServerConfig,
                        TuneOptions, parse_kv_types)
-from .serve import check_server, run_server
+from .serve import check_server
 from .tune import (TuneInputs, TuneInterrupted, TuneOutcome, load_engine, start_tune,
                    tune_inputs)
 
@@ -27,5 +27,5 @@ __all__ = ["DEMO", "TOOLS", "Commands", "DemoRequest", "ExplainOutcome", "Explai
            "InspectOutcome", "InspectRequest", "PlanOutcome", "PlanRequest", "ReportOutcome", "ReportRequest",
            "ServerConfig", "TuneInputs", "TuneInterrupted", "TuneOptions", "TuneOutcome", "check_server",
            "clear_demo_study", "commands_for", "demo_options", "explain_outcome", "inspect_model", "layer_summary",
-           "load_engine", "parse_kv_types", "plan_outcome", "report_study", "run_server", "start_tune",
+           "load_engine", "parse_kv_types", "plan_outcome", "report_study", "start_tune",
            "tune_inputs", "write_report"]

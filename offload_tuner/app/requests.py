@@ -243,6 +243,8 @@ class ServerConfig:
     llama_bench: str | None = opt(None, help="the llamacpp engine's llama-bench (else $LLAMA_BENCH, else PATH)")
     max_tunes: int = opt(1, help="tune workers at once (default 1)")
     max_trials: int = opt(200, help="trials one tune request may ask for (default 200)")
+    request_limit_s: float = opt(60.0, flag="request-limit", help="seconds a plan, explain or inspect may compute "
+                                 "before its worker is restarted and the request answered 503 (default 60)")
     max_body: int = 64 * 1024            # bytes of a request body
     compute_threads: int = 4             # plan/explain/inspect computed at once (the rest wait)
     max_waiting: int = 256               # requests waiting for a compute slot before 503

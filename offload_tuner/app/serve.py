@@ -1,11 +1,11 @@
-"""serve: the HTTP API and web view (offload_tuner/service), its configuration checked here.
-
-The one place below offload_tuner/service that reaches it: run_server imports the service inside the function, so the
-CLI starts the server without importing offload_tuner/service (nor FastAPI) itself, and importing the app layer never
-loads it. tests/test_import_graph.py holds that no other module imports offload_tuner/service."""
+"""serve: the HTTP API and web view's configuration checked, before anything starts: bind and token, host and
+port, engines, model folders, the storage (reached, its schema there) and bounds. The service itself
+(offload_tuner/service) imports this module for its bind rules; nothing here imports the service: the CLI's
+`serve` starts it (tests/test_import_graph.py)."""
 from __future__ import annotations
 
 import ipaddress
+import math
 
 from planner import engines
 from planner.errors import InputError
@@ -48,13 +48,13 @@ def check_server(config: ServerConfig) -> ServerConfig:
     missing = [str(d) for d in config.model_dirs if not d.is_dir()]
     if missing:
         raise InputError(f"--models {missing[0]}: not a folder")
-    if config.storage:
-        from tuner.storage import check_sqlite_file, resolve_url, sqlite_path
-        resolve_url(config.storage)
-        if sqlite_path(config.storage) is not None:      # a truncated or garbage file: said now, not per request
-            check_sqlite_file(sqlite_path(config.storage))
+    if config.storage:      # reached now (a wrong password, a server down, a garbage file), not per request
+        from tuner.storage import make_storage
+        make_storage(config.storage)
     positive(config.max_tunes, "--max-tunes")
     positive(config.max_trials, "--max-trials")
+    if not (math.isfinite(config.request_limit_s) and config.request_limit_s > 0):
+        raise InputError(f"--request-limit {config.request_limit_s}: give a number of seconds above 0")
     return config
 
 
@@ -62,13 +62,11 @@ def check_port_free(host: str, port: int) -> None:
     """A taken port is one line before the server starts (uvicorn would log its errno text and exit 3). Bound and
     released here with SO_REUSEADDR, as uvicorn binds: a port in TIME_WAIT is not taken."""
     import socket
-    if port == 0:
-        return
     try:
         infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise InputError(f"--host {host}: {e.strerror or e}") from None
-    family, kind, proto, _, addr = infos[0]
+    family, kind, proto, _, addr = infos[0]      # port 0: the host is bound once all the same (a foreign address)
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -77,9 +75,3 @@ def check_port_free(host: str, port: int) -> None:
             raise InputError(f"--port {port}: {host}:{port} cannot be bound ({e.strerror or e}; another server "
                              "there?); give another --port, or 0 for a free one") from None
 
-
-def run_server(config: ServerConfig) -> None:
-    """Checks CONFIG, then serves until the process is stopped (uvicorn, blocking)."""
-    check_server(config)
-    from ..service.app import serve    # the service is a leaf: reached only here, when asked for
-    serve(config)

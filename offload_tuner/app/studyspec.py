@@ -37,6 +37,7 @@ from typing import Any
 from planner import defaults as D
 from planner.engines import names as engine_names
 from planner.errors import InputError
+from planner.files import SPEC_BYTES, read_text
 from planner.plan import DIALECTS, KV_TYPES
 
 if sys.version_info >= (3, 11):
@@ -197,12 +198,7 @@ OLD_KEYS = {"budget": "gpu"}      # a key's older spelling, read as the key (bot
 def load_spec(path: str | Path) -> dict[str, Any]:
     """The TuneOptions fields a spec sets (plus `spec`, and `study` defaulting to the file's stem)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read --spec {p}: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise InputError(f"--spec {p} is not UTF-8 text: {e.reason}") from e
+    text = read_text(p, "--spec", SPEC_BYTES)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

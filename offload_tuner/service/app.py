@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+import shutil
 import tempfile
 import threading
 from contextlib import asynccontextmanager
@@ -26,17 +26,17 @@ from ..app import ServerConfig
 from ..app.serve import check_bind, is_loopback
 from planner.engines import spec
 from planner.errors import InputError
+from tuner.storage import shown_url
 from . import bodies
 from .answers import BODY, answers, without_422
 from .jobs import Jobs
 from .memo import Memo
 from .workers import Workers
 from .security import TOKEN_COOKIE, PathPolicy, ServiceError, TooLarge, Unsupported, host_ok, token_ok
-from .studies import StorageBusy, StudyStore, clean
+from .studies import STUDY_NAME, StorageBusy, StudyStore, clean
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # fullmatch (a '$' would let a newline end it)
 EVENT_INTERVAL_S = 1.0
 READ_THREADS = 4                 # study reads at once (their own threads: a read never waits behind a plan)
 KEEPALIVE_S = 15.0
@@ -198,7 +198,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     compute = Compute(config.compute_threads, config.max_waiting)
     reads = Compute(READ_THREADS, config.max_waiting)
     memo = Memo()
-    workers = Workers()
+    workers = Workers(config.request_limit_s)
     threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
 
     @asynccontextmanager
@@ -206,12 +206,14 @@ def create_app(config: ServerConfig) -> FastAPI:
         yield
         workers.shutdown()
         await anyio.to_thread.run_sync(jobs.shutdown)
+        shutil.rmtree(state_dir, ignore_errors=True)      # the tune workers' logs: this server's alone
 
     # /docs is the package's own page (views.py: the OpenAPI document as HTML), not swagger-ui from a CDN
     app = FastAPI(title="offload-tuner", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="The CLI's --json over HTTP: plan, explain, inspect, studies and tunes.")
     app.state.config, app.state.store, app.state.jobs = config, store, jobs
     app.state.paths, app.state.compute, app.state.reads, app.state.memo = paths, compute, reads, memo
+    app.state.workers = workers
     fastapi_openapi = app.openapi
     app.openapi = lambda: app.openapi_schema or without_422(fastapi_openapi())
 
@@ -249,7 +251,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/api/health", summary="liveness, version, what this server allows", **answers("health"))
     async def health():
         return as_json({"ok": True, "version": _version(), "engines": list(config.engines),
-                        "storage": config.storage or f"sqlite:///{config.studies_dir}/STUDY.db",
+                        "storage": shown_url(config.storage or f"sqlite:///{config.studies_dir}/STUDY.db"),
                         "max_tunes": config.max_tunes, "max_trials": config.max_trials,
                         "models": [str(p) for p in paths.roots],
                         "answers_kept": {"hits": memo.hits, "misses": memo.misses}})
@@ -415,10 +417,24 @@ def _version() -> str:
         return "0"
 
 
+class NoQuery(logging.Filter):
+    """uvicorn's access lines without their query strings: a first visit's ?token= (and a form's values) never
+    reach the log. The access record's args are (client, method, path with query, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        return True
+
+
 def serve(config: ServerConfig) -> None:
-    """Run uvicorn on the app (blocking); offload_tuner/app/serve.py's run_server calls this (the CLI's `serve`)."""
+    """Run uvicorn on the app (blocking): the CLI's `serve`, after offload_tuner/app/serve.py's check_server."""
     import uvicorn
     check_bind(config.host, config.token)
-    # our loggers' level and handler are the CLI's (-v / -q, offload_tuner/cli/logs.py); uvicorn keeps its own
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",
-                timeout_graceful_shutdown=10, limit_concurrency=512)
+    # our loggers' level and handler are the CLI's (-v / -q, offload_tuner/cli/logs.py); uvicorn keeps its own,
+    # configured when its Config is made: the access log's filter goes on after that
+    server = uvicorn.Config(create_app(config), host=config.host, port=config.port, log_level="info",
+                            timeout_graceful_shutdown=10, limit_concurrency=512)
+    logging.getLogger("uvicorn.access").addFilter(NoQuery())
+    uvicorn.Server(server).run()

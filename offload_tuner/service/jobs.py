@@ -85,8 +85,10 @@ class Job:
 
     def to_json(self) -> dict[str, Any]:
         self.refresh()
-        return {"id": self.id, "study": self.study, "storage": self.storage, "state": self.state,
-                "pid": self.proc.pid, "command": ["offload-tuner", *self.argv], "started": self.started,
+        from tuner.storage import shown_url          # a storage URL is shown without its password
+        command = ["offload-tuner", *(shown_url(a) if "://" in a else a for a in self.argv)]
+        return {"id": self.id, "study": self.study, "storage": shown_url(self.storage), "state": self.state,
+                "pid": self.proc.pid, "command": command, "started": self.started,
                 "ended": self.ended, "returncode": self.returncode, "error": self.error}
 
 

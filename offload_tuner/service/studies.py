@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from tuner.storage import sqlite_path
+from tuner.storage import shown_url, sqlite_path
 from .security import NotFound, ServiceError
 
 log = logging.getLogger(__name__)
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # fullmatch (a '$' would let a newline end it)
+MAX_NAME = 1000        # longer is no study's name: refused before any storage is read
 MIN_AGE_S = 1.0        # a study's summary and trials are read at most once a second (its progress: every commit)
 
 
@@ -73,8 +76,9 @@ def _read(url: str, read):
     except InputError:
         raise
     except Exception as e:       # optuna's StorageInternalError, SQLAlchemy's OperationalError
-        log.warning("reading %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise StorageBusy(f"the storage {url} did not answer ({type(e).__name__}); retry in a moment") from None
+        log.warning("reading %s: %s", shown_url(url), str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise StorageBusy(f"the storage {shown_url(url)} did not answer ({type(e).__name__}); retry in a "
+                          "moment") from None
 
 
 class StudyStore:
@@ -85,6 +89,11 @@ class StudyStore:
         self._lock = threading.Lock()
         self._kept: dict[tuple, tuple[tuple, Any, float]] = {}   # (what, url, name) -> (version, value, when)
         self._reading: dict[tuple, threading.Lock] = {}        # one read of each at a time
+
+    @property
+    def shown(self) -> str:
+        """Where the studies are, as the pages, the API and the log may show it: a URL without its password."""
+        return shown_url(self.url) if self.url else str(self.studies_dir) + "/"
 
     def _cached(self, key: tuple, url: str, read, min_age_s: float = 0.0):
         """read(), kept until URL's storage changes, and at least MIN_AGE_S (a study a worker writes several times a
@@ -153,13 +162,19 @@ class StudyStore:
             try:
                 out += [StudyRef(name, url) for name in self._names(url)]
             except Exception as e:     # an unreadable file must not hide the others
-                log.warning("skipping %s: %s", url, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                log.warning("skipping %s: %s", shown_url(url),
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
         return out
 
     def ref(self, name: str) -> StudyRef:
-        if not self.url:      # the file tune writes by default, before scanning every file
+        if len(name) > MAX_NAME or "\0" in name:
+            raise NotFound(f"no study named {name[:60]!r}... ({len(name)} characters; a study name is at most "
+                           f"{MAX_NAME})")
+        # the file tune writes by default, before scanning every file; a name made of other characters than a
+        # study file's (STUDY_NAME) never becomes a path
+        if not self.url and STUDY_NAME.fullmatch(name):
             path = self.studies_dir / f"{name}.db"
-            if path.is_file() and "/" not in name:
+            if path.is_file():
                 url = f"sqlite:///{path}"
                 try:
                     if name in self._names(url):
@@ -172,7 +187,7 @@ class StudyStore:
             if r.name == name:
                 return r
         known = ", ".join(sorted(r.name for r in self.refs())) or "none"
-        raise NotFound(f"no study {name!r} in {self.url or str(self.studies_dir) + '/'}; studies there: {known}")
+        raise NotFound(f"no study {name!r} in {self.shown}; studies there: {known}")
 
     def load(self, name: str):
         return self._open(self.ref(name))

@@ -56,7 +56,7 @@ async def index(request: Request):
                     f"<td class=r>{s['n_trials'] - waiting}</td><td>{_states(counts, waiting, live)}</td>"
                     f"<td class=r>{_num(s.get('best_tg_tps'), '.2f')}</td>"
                     f"<td class=r>{_num(s.get('best_pp_tps'), '.1f')}</td></tr>")
-    where = e(store.url or str(store.studies_dir) + "/")
+    where = e(store.shown)
     table = ("<table class=grid id=studies><thead><tr><th>study</th><th>model</th><th>engine</th><th>hardware</th>"
              "<th>objective</th><th>trials</th><th>states</th><th>best TG t/s</th><th>best PP t/s</th></tr></thead>"
              f"<tbody>{''.join(rows)}</tbody></table>" if rows else
@@ -171,14 +171,14 @@ async def explain_page(request: Request, model: str = "", gpu: str = "", hardwar
         body["gpu"] = gpu.strip()
     if hardware.strip():
         body["hardware"] = hardware.strip()
-    from ..app import explain_outcome
-    paths, compute = request.app.state.paths, request.app.state.compute
-    try:
-        o = await compute(lambda: explain_outcome(bodies.request("explain", body, paths)))
+    state = request.app.state
+    try:       # in a worker, like the API's explain (workers.py: explain-page renders the result there)
+        result = await state.compute(lambda: state.workers.run("explain-page", bodies.request("explain", body,
+                                                                                            state.paths)))
     except InputError as err:
         return page("explain", "<h1>Explain a command line</h1>" + form +
                     f"<p class=error id=explain-error>{e(one_line(str(err)))}</p>")
-    return page("explain", "<h1>Explain a command line</h1>" + form + _explain_result(o))
+    return page("explain", "<h1>Explain a command line</h1>" + form + result.decode())
 
 
 def _explain_form(model: str, gpu: str, hardware: str, dialect: str, cmd: str) -> str:
@@ -193,7 +193,7 @@ def _explain_form(model: str, gpu: str, hardware: str, dialect: str, cmd: str) -
             f"<button type=submit>explain</button></form>")
 
 
-def _explain_result(o) -> str:
+def explain_result(o) -> str:
     from ..app import layer_summary
     a = o.plan.assignment
     out_dev = a.get("output.weight", a.get("output_norm.weight", "CPU"))
@@ -289,10 +289,10 @@ async def plan_page(request: Request, model: str = "", gpu: str = "", hardware: 
     for key, value in (("gpu", gpu), ("hardware", hardware), ("ctx", ctx), ("workload", workload)):
         if value.strip():
             body[key] = value.strip()
-    from ..app import plan_outcome
-    paths, compute = request.app.state.paths, request.app.state.compute
-    try:
-        o = await compute(lambda: plan_outcome(bodies.request("plan", body, paths)).to_json())
+    state = request.app.state
+    try:       # in a worker, the API's plan (its JSON is what the page shows)
+        o = json.loads(await state.compute(lambda: state.workers.run("plan", bodies.request("plan", body,
+                                                                                               state.paths))))
     except InputError as err:
         return page("plan", title + form + f"<p class=error id=plan-error>{e(one_line(str(err)))}</p>")
     return page("plan", title + form + _plan_result(o))
