@@ -37,7 +37,7 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise InputError(f"{what} {path}: cannot open it ({e.strerror or e})") from None
+        raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -62,7 +62,7 @@ def read_bytes(path: str | Path, what: str, limit: int) -> bytes:
         try:
             data = f.read(limit + 1)
         except OSError as e:
-            raise InputError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+            raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
     if len(data) > limit:
         raise InputError(f"{what} {path}: over {_size(limit)}, more than a {what} ever is; is it the right file?")
     return data

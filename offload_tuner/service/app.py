@@ -4,11 +4,13 @@ error: ...` as the CLI prints it, with a 4xx status; an unexpected one is logged
 line, never a traceback."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
 import tempfile
 import threading
+import time
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 EVENT_INTERVAL_S = 1.0
 READ_THREADS = 4                 # study reads at once (their own threads: a read never waits behind a plan)
+PROGRESS_THREADS = 2             # the event streams' progress reads at once (one per study at a time: Latest)
 KEEPALIVE_S = 15.0
 
 
@@ -151,6 +154,34 @@ class Overloaded(ServiceError):
     status = 503
 
 
+class Latest:
+    """A study's progress as the event streams read it: one read at a time per study, shared by every stream that
+    asks meanwhile, and kept for MAX_AGE_S: fifty streams of one study cost one read a second, not fifty, and a
+    stream that connects gets the kept snapshot at once rather than a place in the read queue."""
+
+    def __init__(self, read: Callable[[str], Any], max_age_s: float):
+        self.read, self.max_age_s = read, max_age_s
+        self._kept: dict[str, tuple[float, Any]] = {}
+        self._reading: dict[str, asyncio.Future] = {}
+
+    async def get(self, name: str) -> Any:
+        kept = self._kept.get(name)
+        if kept is not None and time.monotonic() - kept[0] < self.max_age_s:
+            return kept[1]
+        future = self._reading.get(name)
+        if future is None:
+            future = self._reading[name] = asyncio.ensure_future(self._read(name))
+        return await asyncio.shield(future)       # a stream that goes away cancels only its own wait
+
+    async def _read(self, name: str) -> Any:
+        try:
+            value = await self.read(name)
+            self._kept[name] = (time.monotonic(), value)
+            return value
+        finally:
+            del self._reading[name]
+
+
 async def read_json(request: Request) -> Any:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
@@ -198,6 +229,10 @@ def create_app(config: ServerConfig) -> FastAPI:
     compute = Compute(config.compute_threads, config.max_waiting)
     reads = Compute(READ_THREADS, config.max_waiting)
     memo = Memo()
+    # the event streams' reads in threads of their own: a stream's first event never waits behind the study
+    # reads (a summary is ~0.5 s cold), and Latest makes them one read a second per study however many watch
+    progress_reads = Compute(PROGRESS_THREADS, config.max_waiting)
+    latest = Latest(lambda name: progress_reads(store.progress, name), EVENT_INTERVAL_S)
     workers = Workers(config.request_limit_s)
     threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
 
@@ -289,7 +324,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/api/studies/{name}/events", summary="server-sent progress events of a study (live while a tune "
                                                    "runs)", **answers(None, errors=(404, 503), stream=True))
     async def study_events(name: str, request: Request):
-        await reads(store.ref, name)          # 404 now, not inside the stream
+        await latest.get(name)                # 404 now, not inside the stream (and the first event's read done)
         return _sse(request, name, None)
 
     server_limits = {"trials": {"maximum": config.max_trials}, "engine": {"enum": list(config.engines)}}
@@ -357,7 +392,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             last, quiet_since = None, anyio.current_time()
             while not await request.is_disconnected():
                 try:
-                    snap = await reads(store.progress, name)
+                    snap = await latest.get(name)
                 except (StorageBusy, Overloaded):      # this time only: the next tick asks again
                     await anyio.sleep(EVENT_INTERVAL_S)
                     continue

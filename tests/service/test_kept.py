@@ -138,3 +138,32 @@ def test_what_is_kept_of_a_study_never_keeps_its_writer(tmp_path):
     value, writer = store.derived("s", "json", lambda dt: made.append(dt) or "y")
     assert value == "x" and writer is None and store.detail("s")["writer"] is None   # kept, but nobody writes
     assert len(made) == 1 and "writer" not in made[0]
+
+
+def test_the_event_streams_of_a_study_share_one_read_a_second():
+    """Latest (app.py): fifty streams asking at once cost one progress read; a snapshot younger than max_age is
+    answered without a read; an older one is read again; a failed read is not kept (the next ask reads)."""
+    import asyncio
+
+    from offload_tuner.service.app import Latest
+    reads: list[str] = []
+
+    async def read(name: str):
+        reads.append(name)
+        await asyncio.sleep(0.05)
+        if name == "bad":
+            raise StorageBusy("busy")
+        return {"n": len(reads)}
+
+    async def scenario():
+        latest = Latest(read, max_age_s=0.3)
+        got = await asyncio.gather(*(latest.get("s") for _ in range(50)))
+        assert reads == ["s"] and all(g == {"n": 1} for g in got)
+        assert await latest.get("s") == {"n": 1} and reads == ["s"]      # kept: no read
+        await asyncio.sleep(0.35)
+        assert await latest.get("s") == {"n": 2}                          # too old: read again
+        for _ in range(2):
+            with pytest.raises(StorageBusy):
+                await latest.get("bad")
+        assert reads.count("bad") == 2
+    asyncio.run(scenario())
