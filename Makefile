@@ -1,20 +1,29 @@
 # Set-up is two commands on a fresh machine: `make demo` and `make test`. Each creates .venv if missing.
-# torch is installed first, pinned, so pip takes the local CPU build instead of pulling CUDA wheels.
+# `make demo` installs the package alone (the sim demo needs neither torch nor the test tools); everything else
+# installs it all: torch first, pinned, so pip takes the local CPU build instead of pulling CUDA wheels.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+BASE   := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint bench bench-tuner readme clean
+
+$(BASE): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(BASE)
 
-demo: $(STAMP)
+demo: $(BASE)
+	@echo "# make demo: offload-tuner alone (no torch, no test tools; make test installs them too)"
 	$(VENV)/bin/offload-tuner demo --spec studies/demo.toml
 
 test: $(STAMP)
