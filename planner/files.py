@@ -31,17 +31,17 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: str | Path, what: str) -> BinaryIO:
-    """PATH opened for reading in binary, after its descriptor proved a regular file. InputError (one line) for
-    anything else: missing, unreadable, a folder, a FIFO, a device, a socket."""
+def open_regular(path: str | Path, what: str, error: type[InputError] = InputError) -> BinaryIO:
+    """PATH opened for reading in binary, after its descriptor proved a regular file. `error` (an InputError, one
+    line) for anything else: missing, unreadable, a folder, a FIFO, a device, a socket."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+        raise error(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise InputError(f"{what} {path}: {_kind(mode)}, not a file; give the path of a regular file")
+            raise error(f"cannot read {what} {path}: {_kind(mode)}, not a file; give the path of a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

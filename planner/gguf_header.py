@@ -409,7 +409,7 @@ def _parse(cur: _Cursor, shard_index: int) -> _File:
 
 def _read_file(path: Path, shard_index: int = 0) -> _File:
     try:
-        with open_regular(path, "model") as f:       # a FIFO or a device is refused before a byte is read
+        with open_regular(path, "model", GGUFError) as f:       # a FIFO or a device is refused before a byte is read
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise GGUFError(f"{path}: not a GGUF file (empty)")
@@ -428,6 +428,17 @@ def _split_int(f: _File, key: str, path: Path) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise GGUFError(f"{path}: {key} is {value!r}, expected an integer")
     return value
+
+
+def first_shard(path: str) -> str:
+    """The path llama.cpp must be given for a split model: for a shard's name (PREFIX-0000i-of-0000K.gguf) the first
+    shard's, PREFIX-00001-of-0000K.gguf, in the folder as written; any other path as it is. llama.cpp loads a split
+    only from its first shard ("model must be loaded with the first split", src/llama-model-loader.cpp)."""
+    folder, name = os.path.split(path)
+    m = _SPLIT_NAME.match(name)
+    if m is None or int(m["no"]) == 1:
+        return path
+    return os.path.join(folder, f"{m['prefix']}-{1:0{len(m['no'])}d}-of-{m['count']}.gguf")
 
 
 def _shard_paths(path: Path, count: int) -> list[Path]:
@@ -497,5 +508,7 @@ def load_inventory(path: str | os.PathLike[str]) -> ModelInventory:
                   {t.name: t.type_name for t in header.tensors})
     tensors = tuple(make_tensor(hp, t.name, t.shape, t.type_name, t.nbytes) for t in header.tensors)
     name = header.metadata.get("general.name")
-    return ModelInventory(hp.arch, hp, tensors, name=name if isinstance(name, str) else "", source=str(path),
+    # source: for a split the first shard (header.path), the file llama.cpp is given whichever shard was named here
+    source = str(header.path) if len(header.shards) > 1 else str(path)
+    return ModelInventory(hp.arch, hp, tensors, name=name if isinstance(name, str) else "", source=source,
                           file_bytes=header.data_bytes)

@@ -23,7 +23,9 @@ class EngineOptions:
 
     @property
     def model_path(self) -> str | None:
-        return None if self.model.startswith("preset:") else self.model
+        """The file the engine gives llama.cpp: the first shard of a split model, whichever shard was named."""
+        from .gguf_header import first_shard
+        return None if self.model.startswith("preset:") else first_shard(self.model)
 
 
 @dataclass(frozen=True)

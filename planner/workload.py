@@ -10,7 +10,9 @@ object per line, as OpenAI-compatible servers report it (prompt_tokens includes 
     {"prompt_tokens": 18000, "cached_tokens": 16000, "completion_tokens": 300}
     {"usage": {"prompt_tokens": 900, "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens": 40}}
 
-A log is folded into at most MAX_LOG_CLASSES classes (requests of similar size together, weights = counts).
+A log is folded into at most MAX_LOG_CLASSES classes (requests of similar size together, weights = counts); each
+class keeps its members' mean sizes (what a request costs on average) and the longest context among them (what a
+server slot must hold: a log's longest request is never cut to its class's mean).
 """
 from __future__ import annotations
 
@@ -44,12 +46,14 @@ class RequestClass:
     """Requests of one shape. new_tokens: prompt tokens the server must process; cached_tokens: tokens of the
     prompt already in the slot's KV cache (an earlier turn's); gen_tokens: tokens generated; weight: the share of
     requests of this class (any positive scale); in_flight: requests of this class served at once (parallel
-    slots, `-np`)."""
+    slots, `-np`); longest_tokens: the longest context (prompt and generated tokens) of the requests a log folded
+    into this class, whose sizes are their means (None: every request of the class is its size)."""
     new_tokens: int
     cached_tokens: int = 0
     gen_tokens: int = 0
     weight: float = 1.0
     in_flight: int = 1
+    longest_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("new_tokens", "cached_tokens", "gen_tokens"):
@@ -66,6 +70,9 @@ class RequestClass:
         k = self.in_flight
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_IN_FLIGHT:
             raise InputError(f"request class in_flight = {k!r}: give an integer 1..{MAX_IN_FLIGHT}")
+        n = self.longest_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 3 * MAX_TOKENS):
+            raise InputError(f"request class longest_tokens = {n!r}: give an integer 1..{3 * MAX_TOKENS}")
 
     @property
     def prompt_tokens(self) -> int:
@@ -76,6 +83,11 @@ class RequestClass:
     def context_tokens(self) -> int:
         """The KV cache one request of this class fills: its prompt and what it generates."""
         return self.prompt_tokens + self.gen_tokens
+
+    @property
+    def longest_context(self) -> int:
+        """The KV cache the longest request of this class fills (a log's class: its longest member)."""
+        return max(self.context_tokens, self.longest_tokens or 0)
 
 
 @dataclass(frozen=True)
@@ -99,8 +111,8 @@ class Workload:
 
     @property
     def slot_ctx(self) -> int:
-        """Context one slot must hold: the longest request."""
-        return max(c.context_tokens for c in self.classes)
+        """Context one slot must hold: the longest request (of a log: the longest one logged, not a class mean)."""
+        return max(c.longest_context for c in self.classes)
 
     @property
     def ctx(self) -> int:
@@ -118,13 +130,16 @@ class Workload:
         return sum(c.weight * (c.new_tokens + c.gen_tokens) for c in self.classes) / total
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "classes": [asdict(c) for c in self.classes]}
+        # longest_tokens only where a log set it: a preset's or a TOML workload's dict is what it was before
+        d: dict[str, Any] = {"name": self.name, "classes": [
+            {k: v for k, v in asdict(c).items() if k != "longest_tokens" or v is not None} for c in self.classes]}
         if self.ttft_limit_s is not None:         # written only when set: studies before the limit compare equal
             d["ttft_limit_s"] = self.ttft_limit_s
         return d
 
     def describe(self) -> str:
-        """One line: `agent: 3 classes, new 2048-6144, cached 16384-32768, out 300, ctx 39068`."""
+        """One line: `agent: 3 classes, new 2048-6144, cached 16384-32768, out 300, longest request 39212, ctx 39212`
+        (ctx: what the server's -c must be, each of the slots holding the longest request)."""
         def span(vals: Iterable[int]) -> str:
             lo, hi = min(vals := list(vals)), max(vals)
             return str(lo) if lo == hi else f"{lo}-{hi}"
@@ -133,7 +148,7 @@ class Workload:
         limit = f", TTFT <= {self.ttft_limit_s:g} s" if self.ttft_limit_s is not None else ""
         return (f"{self.name}: {len(cs)} class{'es' if len(cs) > 1 else ''}, new {span(c.new_tokens for c in cs)}, "
                 f"cached {span(c.cached_tokens for c in cs)}, out {span(c.gen_tokens for c in cs)}{flight}, "
-                f"ctx {self.ctx}{limit}")
+                f"longest request {self.slot_ctx}, ctx {self.ctx}{limit}")
 
 
 def _chat() -> Workload:
@@ -265,7 +280,8 @@ def _bucket(n: int) -> int:
 def from_log(path: Path) -> Workload:
     """A JSONL request log folded into at most MAX_LOG_CLASSES classes: requests are grouped by the size of their
     new, cached and generated tokens (factors of ~1.4), each group is one class of its members' mean sizes with
-    their count as weight; past MAX_LOG_CLASSES groups, the smallest groups join the nearest kept one."""
+    their count as weight and their longest context as longest_tokens; past MAX_LOG_CLASSES groups, the smallest
+    groups join the nearest kept one."""
     groups: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
     try:
         with io.TextIOWrapper(open_regular(path, "workload"), encoding="utf-8") as f:
@@ -291,5 +307,6 @@ def from_log(path: Path) -> Workload:
         new, cached, gen = (round(sum(m[j] for m in members) / len(members)) for j in range(3))
         if new == 0 and gen == 0:
             gen = 1
-        classes.append(RequestClass(new, cached, gen, weight=float(len(members))))
+        longest = max(sum(m) for m in members)       # new + cached + generated: the context the request filled
+        classes.append(RequestClass(new, cached, gen, weight=float(len(members)), longest_tokens=longest))
     return Workload(path.stem, tuple(sorted(classes, key=lambda c: (c.cached_tokens, c.new_tokens))))

@@ -39,9 +39,9 @@ from collections.abc import Mapping, Sequence
 
 from planner.engine import EngineFit
 from planner.errors import FlagError, InputError
-from planner.flags import parse, render
+from planner.flags import parse, render, slot_rule
 from planner.flags.common import (
-    SLOT_RULES, Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
+    Override, SlotRule, allocated_names, apply_overrides, base_assignment, match_overrides,
     shell_join, slot_devices,
 )
 from planner.hardware import HardwareProfile
@@ -150,10 +150,11 @@ class LlamaCppEngine:
                              "needs (its --help lists no such flag); use a newer llama.cpp build")
 
     def _check_ngl(self, inv: ModelInventory, plan: Plan, argv: Sequence[str], tool: str) -> None:
-        """Refuse a plan that the binary's -ngl rule would place differently from the renderer's rule."""
-        if self.info.ngl_rule == SLOT_RULES[plan.dialect]:
+        """Refuse a plan that the binary's -ngl rule would place differently from the renderer's rule (the build's:
+        mainline's output layer first from PR #18148 on)."""
+        if self.info.ngl_rule == slot_rule(plan.dialect, self.info.build):
             return
-        pc = parse(list(argv), inv, plan.dialect, tool=tool)
+        pc = parse(list(argv), inv, plan.dialect, tool=tool, build=self.info.build)
         devices = [f"CUDA{i}" for i in range(max(pc.n_gpus, 1))]
         slots = slot_devices(inv.hparams.n_layer, pc.n_gpu_layers, self.info.ngl_rule, devices, pc.tensor_split)
         placed, _ = apply_overrides(base_assignment(inv, slots), pc.overrides, allocated_names(inv))
@@ -364,7 +365,7 @@ class LlamaCppEngine:
         try:                                      # engine output is untrusted: any shape is a failed measurement
             pp, tg, tests, backends = self._results(run, cmd)
             bad_output = None
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as e:
             pp, tg, tests, backends = None, None, [], set()
             bad_output = Failure("no_output", f"{self.path.name} printed results we cannot read "
                                               f"({type(e).__name__}: {str(e)[:120]})")

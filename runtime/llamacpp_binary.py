@@ -16,7 +16,7 @@ from typing import Any, Literal
 from collections.abc import Mapping, Sequence
 
 from planner import children
-from planner.builds import Build, from_version
+from planner.builds import FEATURES, Build, Feature, from_version
 from planner.errors import InputError
 from planner.flags.common import SLOT_RULES, SlotRule
 from planner.plan import Plan, gpu_index, is_gpu
@@ -36,8 +36,8 @@ ABILITIES: dict[str, tuple[str, ...]] = {
     "gen_at_depth": ("-gp",),
     "load_mode": ("-lm", "--load-mode"),
 }
-# Mainline build that first has PR #18148 (merged 2025-12-17): approximate; only used when --help cannot tell.
-NGL_OUTPUT_FIRST_BUILD = 7450
+# Mainline build that first has PR #18148 (planner/builds.py FEATURES); used when --help cannot tell.
+NGL_OUTPUT_FIRST_BUILD = FEATURES[Feature.NGL_OUTPUT_FIRST].first_build
 FLAG_TOKEN = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _OUTPUT_FORMATS = re.compile(r"--output <([a-z|]+)>")
 _BUILD = re.compile(r"build[: ]+(\d+)|version: (\d+)")
@@ -169,7 +169,7 @@ def _probe(path: str, mtime_ns: int, size: int) -> BinaryInfo:
         rule, source = "last_slots", "-fitt in --help (llama-bench gained it after PR #18148)"
     elif build is not None:
         rule = "last_slots" if build >= NGL_OUTPUT_FIRST_BUILD else "last_blocks"
-        source = f"build number {build} (PR #18148 ~ build {NGL_OUTPUT_FIRST_BUILD})"
+        source = f"build number {build} (PR #18148 is build {NGL_OUTPUT_FIRST_BUILD})"
     else:
         rule, source = "last_slots", "assumed (no build number, no -fitt): output layer first"
     m = _OUTPUT_FORMATS.search(help_text)

@@ -407,6 +407,8 @@ def synth(out: str, *, preset: str | None = None, arch: str | None = None, tiny:
     the files written. A tqdm bar on stderr counts the bytes (progress_bar, a full write, stderr a TTY).
     InputError on bad arguments."""
     spec, type_of, name, tied = _model_from(preset, arch, tiny, quant, tied_output)
+    if not 0 <= seed <= 2**32 - 1:         # numpy's seed range (else its ValueError, a traceback)
+        raise InputError(f"--seed {str(seed)[:40]}: give 0 to {2**32 - 1}")
     split_max_bytes = None
     if split_max is not None:
         from planner.hardware import parse_size

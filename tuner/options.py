@@ -71,6 +71,10 @@ class Settings:
                 theirs = {f: theirs.get(f, defaults.get(f)) for f in mine[k]}
             if k == "hardware" and isinstance(theirs, dict) and "keep_free" not in theirs:
                 theirs = {**theirs, "keep_free": mine[k]["keep_free"]}   # stored before keep_free: resumes with it
+            if k == "requests" and isinstance(theirs, dict) and mine[k] and not any(
+                    "longest_tokens" in c for c in theirs.get("classes", [])):      # a log folded before the field
+                mine = {**mine, k: {**mine[k], "classes": [{f: v for f, v in c.items() if f != "longest_tokens"}
+                                                           for c in mine[k].get("classes", [])]}}
             if theirs != mine[k]:
                 out.append(k)
         return out

@@ -52,6 +52,7 @@ from planner.cost import predict
 from planner.engine import memory_model
 from planner.engines import traits_of
 from planner.errors import InputError, OffloadTunerError
+from planner.gguf_header import first_shard
 from planner.hardware import HardwareProfile
 from planner.memory import MemoryReport
 from planner.model import ModelInventory
@@ -60,6 +61,7 @@ from planner.propose import best_plans
 from . import baselines as _baselines, confirm as _confirm, seeds as _seeds
 from .confirm import CONFIRM_ROUNDS, Contender
 from .cost_fit import CostFit, Terms, fit
+from .failures import OOM, check_some_run_worked
 from .interrupt import SIGINT
 from .margin import Margins
 from .objectives import RequestTime, parse_objective, request_time
@@ -70,7 +72,7 @@ from .space import Space, SpaceConfig
 from .storage import make_storage, sqlite_path, study_exists
 
 PATIENCE = 60              # trials in a row without a run before a session stops as converged
-_OOM = re.compile(r"out of memory|\boom\b|cudaMalloc|failed to allocate|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+_OOM = OOM                 # an out-of-memory failure text (tuner.failures)
 
 
 class MeasurementFailed(OffloadTunerError):
@@ -388,7 +390,8 @@ class Tuner:
     def _describe(self, plan: Plan, terms: Terms | None = None, memory: Any = None) -> dict[str, Any]:
         from planner.flags import render_shell
         cmds: dict[str, str] = {}
-        model_path = "MODEL.gguf" if self.settings.model.startswith("preset:") else self.settings.model
+        model = self.settings.model      # -m: llama.cpp loads a split model only from its first shard
+        model_path = "MODEL.gguf" if model.startswith("preset:") else first_shard(model)
         for tool in ("server", "cli", "bench") if self.want_commands else ():
             try:
                 cmds[f"llama-{tool}"] = render_shell(plan, self.inv, tool, model_path=model_path,
@@ -624,6 +627,7 @@ class Tuner:
         finally:
             self._deadline = None
         SIGINT.check()
+        check_some_run_worked(self.study, self.storage_url)    # every run crashed: say so, not "more memory"
         return TuneResult(self.study_name, self.storage_url, self.n_measured - start_measured, self.n_trials_session,
                           time.perf_counter() - t0, self.margin, self.fit, stop["why"], self.counts)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
@@ -195,7 +196,7 @@ def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None, threads: in
     return {"ok": bool(m.ok), "error": m.error, "request_s": raw.get("mean_request_s"), "ttft_s": raw.get("ttft_s"),
             "ttft_max_s": raw.get("ttft_max_s"),
             "pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "peak_bytes": dict(m.peak_bytes),
-            "command": raw.get("command"), "seconds": raw.get("wall_s")}
+            "command": raw.get("command"), "seconds": raw.get("wall_s"), "ready_s": raw.get("ready_s")}
 
 
 def machine_id() -> str:
@@ -229,18 +230,35 @@ def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | Non
     return out
 
 
+def run_line(c: Served, row: dict[str, Any], rnd: int, rounds: int, done: int, left: int,
+             rows: list[dict[str, Any]]) -> str:
+    """The line a served run says as it ends: contender, round, load seconds, mean request time, TTFT, VRAM per
+    GPU, runs left and the stage's remaining minutes, guessed from the mean of the runs so far."""
+    if row.get("ok"):
+        vram = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in sorted((row.get("peak_bytes") or {}).items())) or "-"
+        what = (f"loaded in {row.get('ready_s') or 0:.0f} s, {row.get('request_s') or 0:.2f} s mean request, TTFT "
+                f"{row.get('ttft_s') or 0:.2f} s, VRAM {vram}")
+    else:
+        what = f"failed: {' '.join(str(row.get('error') or 'no reason given').split())[:160]}"
+    took = [r.get("seconds") or 0 for r in rows]
+    eta = f", about {math.ceil(left * sum(took) / len(took) / 60)} min" if left and took else ""
+    return f"# served {done}: {c.name}, round {rnd + 1} of {rounds}: {what}; {left} runs left{eta}"
+
+
 def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
                    deadline: float | None = None, progress: Any = None, fill: bool = True,
-                   drop_behind: float | None = DROP_BEHIND, threads: int | None = None) -> dict[str, Any]:
+                   drop_behind: float | None = DROP_BEHIND, threads: int | None = None,
+                   say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Serve the references and the finalists interleaved for `rounds` rounds, and (`fill`) each finalist's filled
     twin from its first good run on (filled_plan; it joins the round under way and the rounds after it); a
     contender `drop_behind` x slower than the best it must beat is not served again (far_behind; None: every
     contender every round). `threads`: every contender at -t `threads` (the thread count measured best on the
     machine: placement is compared, not the host's default thread count; None: each its own). Each sample is
     stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another machine,
-    another `threads` or another set of contenders are set aside ("elsewhere") and not compared with these. Returns
-    the record (served_record, also stored as "served"), or {} when a sample was left because it would not end
-    before `deadline` (call again to go on)."""
+    another `threads` or another set of contenders are set aside ("elsewhere") and not compared with these. `say`
+    gets a line as each run ends (run_line), `progress` (done, total) after it. Returns the record (served_record,
+    also stored as "served"), or {} when a sample was left because it would not end before `deadline` (call again
+    to go on)."""
     if tuner.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     threads = threads or None
@@ -281,6 +299,8 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
                                                "kv_refs": kv_refs, "drop_behind": drop_behind,
                                                "elsewhere": elsewhere})
+        if say is not None:
+            say(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]

@@ -102,7 +102,8 @@ def explain_outcome(req: ExplainRequest) -> ExplainOutcome:
     oracle = None
     if req.oracle:
         from runtime.run import oracle_compare      # runs llama-fit-params: runtime/, imported here only
-        oracle = oracle_compare(inv, plan, mem, req.model, req.oracle)
+        from planner.gguf_header import first_shard     # llama.cpp loads a split only from its first shard
+        oracle = oracle_compare(inv, plan, mem, first_shard(req.model), req.oracle)
     return ExplainOutcome(req.dialect, inv, hw, plan, mem, pred, warnings, oracle, req.oracle)
 
 

@@ -24,8 +24,9 @@ def _knobs(req: PlanRequest) -> Knobs:
     if req.ubatch is not None:
         ub = positive(req.ubatch, "--ubatch")
         k = replace(k, n_ubatch=ub, n_batch=max(k.n_batch, ub))
-    if req.batch is not None:
-        k = replace(k, n_batch=positive(req.batch, "--batch"))
+    if req.batch is not None:       # --ubatch above --batch is refused (PlanRequest); the default ubatch shrinks to
+        b = positive(req.batch, "--batch")       # it, as llama.cpp runs n_ubatch = min(n_batch, n_ubatch)
+        k = replace(k, n_batch=b, n_ubatch=min(k.n_ubatch, b))
     if req.kv_type:
         k = replace(k, type_k=req.kv_type, type_v=req.kv_type)
     if req.threads is not None:
@@ -34,7 +35,9 @@ def _knobs(req: PlanRequest) -> Knobs:
 
 
 def _model_path(model: str) -> str:
-    return "MODEL.gguf" if model.startswith("preset:") else model
+    """-m of the emitted lines: MODEL.gguf for a preset, the first shard for any shard of a split model."""
+    from planner.gguf_header import first_shard
+    return "MODEL.gguf" if model.startswith("preset:") else first_shard(model)
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,11 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
         ranked = sorted(ranked, key=lambda s: times[s.plan.id])
         objective = f"time, workload {requests.name}"
     warnings = []
-    if knobs.n_ctx > inv.hparams.n_ctx_train > 0:      # explain's W029, for the context plan emits
+    if requests is not None and requests.slot_ctx > inv.hparams.n_ctx_train > 0:    # one line says both
+        warnings.append(f"W029 workload {requests.name}: its longest request ({requests.slot_ctx} tokens) is longer "
+                        f"than the model's training context ({inv.hparams.n_ctx_train}); -c {knobs.n_ctx} holds it, "
+                        "but llama.cpp warns of a possible context overflow and quality may suffer")
+    elif knobs.n_ctx > inv.hparams.n_ctx_train > 0:      # explain's W029, for the context plan emits
         warnings.append(f"W029 -c {knobs.n_ctx} is more than the model's training context "
                         f"({inv.hparams.n_ctx_train}): llama.cpp warns of a possible context overflow; quality may "
                         "suffer")

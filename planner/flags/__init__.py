@@ -8,7 +8,8 @@
 A rendered command always parses back to the plan's exact assignment (render verifies it and raises FlagError
 otherwise). Layout: common (regex dialect, matcher, -ngl slots, compaction), placement (plan -> -ngl/-ts/-ot),
 cmdline (the tables' types, table-driven argv in/out), interpret (events -> ParsedCommand), render (Plan ->
-RenderedCommand, verified), mainline and ik (the tables and the op-offload knobs of each dialect).
+RenderedCommand, verified), mainline and ik (the tables and the op-offload knobs of each dialect, per build),
+hints (what to write instead of a flag a build does not read).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .cmdline import (
     TOOLS, WARNINGS, DialectSpec, ParsedCommand, RenderedCommand, env_events, split_command, tool_of_binary, walk,
 )
 from .cmdline import knob_fields as _knob_fields
+from .hints import Hints
 from .interpret import interpret
 from .render import render_plan
 from .common import Override, assign, compile_pattern, int_set_regex, slot_devices
@@ -32,7 +34,7 @@ from .placement import home_devices
 __all__ = [
     "render", "render_shell", "parse", "assign", "home_devices", "knob_fields", "effective_min_batch",
     "RenderedCommand", "ParsedCommand", "Override", "WARNINGS", "SPECS", "int_set_regex", "compile_pattern",
-    "slot_devices",
+    "slot_devices", "slot_rule",
 ]
 
 SPECS: dict[str, DialectSpec] = {"mainline": mainline.SPEC, "ik": ik.SPEC}
@@ -100,8 +102,15 @@ def parse(args: Sequence[str] | str | RenderedCommand, inv: ModelInventory, dial
         raise FlagError(f"unknown tool {tool!r}; expected one of {', '.join(spec.tools)}")
     table = spec.tools[tool]
     warnings: list[str] = []
-    events = env_events(env, table, warnings) + walk(argv, table, warnings)
+    other = "ik" if dialect == "mainline" else "mainline"
+    hints = Hints(dialect, build or PINNED[dialect], SPECS[dialect].tools[tool], SPECS[other].tools[tool])
+    events = env_events(env, table, warnings) + walk(argv, table, warnings, hints)
     return interpret(events, env, inv, spec, table, warnings, n_gpus, _opts(dialect, build, ik_op_table))
+
+
+def slot_rule(dialect: str, build: Build | None = None) -> str:
+    """How `build` (default: the pinned one) counts -ngl: mainline's output layer first only since PR 18148."""
+    return _spec(dialect, build).slot_rule
 
 
 def knob_fields(dialect: str, tool: str) -> frozenset[str]:

@@ -8,6 +8,7 @@ dialects: flags/interpret.py (events -> ParsedCommand) and flags/render.py (Plan
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from functools import cached_property
 from typing import Any, Literal, Protocol
 from collections.abc import Callable, Mapping, Sequence
 
-from ..builds import PINNED, Build
+from ..builds import PINNED, Build, Spelling
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import FULL_PRECISION_KV, Knobs, OffloadPolicy, Plan
@@ -63,6 +64,7 @@ class Flag:
     env_kind: Literal["void", "bool", "value"] = "value"
     sweep: bool = False                  # llama-bench: ',' separates alternative values
     icase: bool = False                  # choice words are case-insensitive
+    since: Spelling | None = None        # the planner/builds.py FLAGS row that says which builds have it
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class ToolTable:
     kv_types: tuple[str, ...]
     moe: MoeRule | None
     max_devices: int = 16                # llama_max_devices()
+    build: Build | None = None           # the build the table is for (None: the pinned one)
+    lacks: Mapping[str, str] = field(default_factory=dict)   # setting key -> why this build has no flag for it
 
     @cached_property
     def lookup(self) -> dict[str, Flag]:
@@ -304,8 +308,25 @@ def _convert(flag: Flag, raw: str, table: ToolTable, name: str, warnings: list[s
     return raw
 
 
-def walk(argv: Sequence[str], table: ToolTable, warnings: list[str]) -> list[Event]:
-    """Typed events for the flags in `table`; other known flags skipped; unknown ones rejected (or warned)."""
+class FlagHints(Protocol):
+    """What to tell a user whose flag the tool does not read (flags/hints.py): '' when there is nothing to add."""
+    def unknown(self, name: str) -> str: ...
+    def bad_value(self, name: str, value: str | None) -> str: ...   # None: the flag ended the command line; a
+    # word after a switch: the value form of a later build
+
+
+def _value_hint(flag: Flag, name: str, value: str | None, hints: FlagHints | None) -> str:
+    """A hint when a flag that takes a value got none, or got the next flag (an old build's bare switch)."""
+    if hints is None or flag.style != "choice" or flag.choices is None:
+        return ""
+    if value is not None and (not value.startswith("-") or (value.lower() if flag.icase else value) in flag.choices):
+        return ""
+    return hints.bad_value(name, value)
+
+
+def walk(argv: Sequence[str], table: ToolTable, warnings: list[str], hints: FlagHints | None = None) -> list[Event]:
+    """Typed events for the flags in `table`; other known flags skipped; unknown ones rejected (or warned), with
+    what to write instead where `hints` knows it."""
     events: list[Event] = []
     i = 0
     while i < len(argv):
@@ -329,9 +350,16 @@ def walk(argv: Sequence[str], table: ToolTable, warnings: list[str]) -> list[Eve
             if flag.style == "switch":
                 if inline is not None:
                     raise FlagError(f"{name} takes no value (got {inline!r})")
+                hint = hints.bad_value(name, argv[i]) if hints is not None and i < len(argv) and \
+                    not argv[i].startswith("-") else ""
+                if hint:                 # -fa on for a build whose -fa is a bare switch
+                    raise FlagError(hint)
                 events.append(Event(flag.key, flag.const, name, len(events)))
                 continue
             if inline is None:
+                hint = _value_hint(flag, name, argv[i] if i < len(argv) else None, hints)
+                if hint:
+                    raise FlagError(hint)
                 if i >= len(argv):
                     raise FlagError(f"{name} expects a value ({table.binary})")
                 inline = argv[i]
@@ -340,11 +368,13 @@ def walk(argv: Sequence[str], table: ToolTable, warnings: list[str]) -> list[Eve
             continue
         n_values = table.known.get(name)
         if n_values is None:
+            hint = hints.unknown(name) if hints is not None else ""
             if table.strict:
-                raise FlagError(f"unknown flag {name!r}: {table.dialect} {table.binary} would reject it")
+                raise FlagError(f"unknown flag {name!r}: {table.dialect} {table.binary} would reject it"
+                                + (f"; {hint}" if hint else ""))
             takes = i < len(argv) and not argv[i].startswith("-") and inline is None
             warnings.append(f"W024 flag {name!r} is not in our {table.dialect} {table.binary} table; ignored"
-                            + (f" with its value {argv[i]!r}" if takes else ""))
+                            + (f" with its value {argv[i]!r}" if takes else "") + (f"; {hint}" if hint else ""))
             i += 1 if takes else 0
             continue
         n_values -= 1 if inline is not None else 0
@@ -457,6 +487,10 @@ def knob_settings(knobs: Knobs, table: ToolTable, notes: list[str], mla_model: b
         value = getattr(knobs, fname)
         setting = (not value) if negated else value
         if key not in keys:
+            if key in table.lacks:      # a flag this build does not have: fine while the build's own way holds
+                if fname not in moot and setting != table.defaults.get(key, setting):
+                    raise FlagError(f"{table.lacks[key]}, so {table.binary} cannot set {fname}={value!r}")
+                continue
             if fname in table.ignored_knobs:
                 if value != getattr(default_knobs, fname) and fname != "n_ctx":
                     notes.append(f"W103 {table.binary} cannot set {fname}={value!r}; it runs with its own")
@@ -497,6 +531,26 @@ def expand_moe(rule: MoeRule, kind: str, n: int, inv: ModelInventory) -> list[Ov
             return [Override(rule.cmoe_pattern, "CPU", "-cmoe")]
         return _expand_ncmoe(rule, ALL_LAYERS, inv, "-cmoe")
     return _expand_ncmoe(rule, n, inv, f"-ncmoe {n}")
+
+
+def for_build(table: ToolTable, build: Build, old: Sequence[Flag] = (), absent: Mapping[str, Any] | None = None,
+              defaults: Mapping[str, Any] | None = None) -> ToolTable:
+    """`table` as `build` reads it: the flags it accepts (each Flag's `since` row in planner/builds.py FLAGS), the
+    spellings of earlier builds in `old` that it still accepts (after the current ones, so the current spelling is
+    written), a setting whose flags it lacks at its `absent` value (what the build does without the flag), and
+    a switch (bare -fa) written only when it changes something."""
+    keep = [f for f in (*table.flags, *old) if f.since is None or build.accepts(f.since)]
+    kept_keys = {f.key for f in keep}
+    kept_spellings = {s for f in keep for s in f.spellings}
+    gone = {s for f in (*table.flags, *old) for s in f.spellings} - kept_spellings
+    lacks = {f.key: build.lacks(f.since) for f in table.flags
+             if f.key not in kept_keys and f.since is not None}
+    new_defaults = {**table.defaults, **(defaults or {})}
+    new_defaults.update({k: v for k, v in (absent or {}).items() if k in lacks})
+    always = frozenset(k for k in table.always if any(f.key == k and f.style != "switch" for f in keep))
+    known = {s: n for s, n in table.known.items() if s not in gone}
+    return dataclasses.replace(table, flags=tuple(keep), known=known, always=always, defaults=new_defaults,
+                               build=build, lacks=lacks)
 
 
 def ik_build(opts: Mapping[str, Any]) -> Build:

@@ -25,11 +25,11 @@ from functools import lru_cache
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from ..builds import PINNED, Build, Feature
+from ..builds import PINNED, Build, Feature, Spelling
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import DEFAULT_MIN_BATCH, KV_TYPES, OP_CLASSES, Knobs, OffloadPolicy, OpRule
-from .cmdline import DialectSpec, Event, Flag, MoeRule, ToolTable
+from .cmdline import DialectSpec, Event, Flag, MoeRule, ToolTable, for_build
 
 # ggml_op enum values per ik build (ggml/include/ggml.h at each change, read from ik's history; ik logs
 # "Setting offload policy for op NAME to ON|OFF" when it applies -op, which the CI test checks).
@@ -57,28 +57,29 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("sm", ("-sm", "--split-mode"), "choice", choices={m: m for m in _SM}, render_as={m: m for m in _SM}),
     Flag("mg", ("-mg", "--main-gpu"), "int"),
     Flag("dev", ("-dev", "--device")),
-    Flag("ot", ("-ot", "--override-tensor")),
-    Flag("cmoe", ("-cmoe", "--cpu-moe"), "switch"),
-    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int"),
-    Flag("fit", ("--fit",), "switch"),
+    Flag("ot", ("-ot", "--override-tensor"), since=Spelling.OVERRIDE_TENSOR),
+    Flag("cmoe", ("-cmoe", "--cpu-moe"), "switch", since=Spelling.CPU_MOE),
+    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int", since=Spelling.N_CPU_MOE),
+    Flag("fit", ("--fit",), "switch", since=Spelling.IK_FIT),
     Flag("ctx", ("-c", "--ctx-size"), "int", env="LLAMA_ARG_CTX_SIZE"),
     Flag("np", ("-np", "--parallel"), "int", env="LLAMA_ARG_N_PARALLEL"),
     Flag("batch", ("-b", "--batch-size"), "int", env="LLAMA_ARG_BATCH"),
     Flag("ubatch", ("-ub", "--ubatch-size"), "int", env="LLAMA_ARG_UBATCH"),
-    Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "on", False: "off"}, icase=True),
-    Flag("fa", ("-no-fa", "--no-flash-attn"), "switch", const=False),
+    Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "on", False: "off"}, icase=True,
+         since=Spelling.FA_VALUE),
+    Flag("fa", ("-no-fa", "--no-flash-attn"), "switch", const=False, since=Spelling.NO_FA),
     Flag("ctk", ("-ctk", "--cache-type-k"), env="LLAMA_ARG_CACHE_TYPE_K"),
     Flag("ctv", ("-ctv", "--cache-type-v"), env="LLAMA_ARG_CACHE_TYPE_V"),
     Flag("threads", ("-t", "--threads"), "int", env="LLAMA_ARG_THREADS"),
     Flag("kv_offload", ("-nkvo", "--no-kv-offload"), "switch", const=False),
     Flag("mmap", ("--no-mmap",), "switch", const=False),
-    Flag("mla", ("-mla", "--mla-use"), "int"),
-    Flag("amb", ("-amb", "--attention-max-batch"), "int"),
-    Flag("fmoe", ("-no-fmoe", "--no-fused-moe"), "switch", const=False),
-    Flag("rtr", ("-rtr", "--run-time-repack"), "switch", const=True),
-    Flag("op", ("-op", "--offload-policy")),
-    Flag("ooae", ("-no-ooae", "--no-offload-only-active-experts"), "switch", const=False),
-    Flag("cuda", ("-cuda", "--cuda-params")),
+    Flag("mla", ("-mla", "--mla-use"), "int", since=Spelling.MLA),
+    Flag("amb", ("-amb", "--attention-max-batch"), "int", since=Spelling.AMB),
+    Flag("fmoe", ("-no-fmoe", "--no-fused-moe"), "switch", const=False, since=Spelling.NO_FMOE),
+    Flag("rtr", ("-rtr", "--run-time-repack"), "switch", const=True, since=Spelling.RTR),
+    Flag("op", ("-op", "--offload-policy"), since=Spelling.OFFLOAD_POLICY),
+    Flag("ooae", ("-no-ooae", "--no-offload-only-active-experts"), "switch", const=False, since=Spelling.NO_OOAE),
+    Flag("cuda", ("-cuda", "--cuda-params"), since=Spelling.CUDA_PARAMS),
 )
 
 # Other ik server/cli options (gpt_params_find_arg) -> number of values.
@@ -163,20 +164,21 @@ _BENCH_FLAGS: tuple[Flag, ...] = (
     Flag("kv_offload", ("-nkvo", "--no-kv-offload"), "choice", choices=_B01_INV, render_as={True: "0", False: "1"},
          sweep=True),
     Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_B01, render_as={True: "1", False: "0"}, sweep=True),
-    Flag("mla", ("-mla", "--mla-attn"), "int", sweep=True),
-    Flag("amb", ("-amb", "--attn-max-batch"), "int", sweep=True),
+    Flag("mla", ("-mla", "--mla-attn"), "int", sweep=True, since=Spelling.MLA),
+    Flag("amb", ("-amb", "--attn-max-batch"), "int", sweep=True, since=Spelling.AMB),
     Flag("mmap", ("-mmp", "--mmap"), "choice", choices=_B01, render_as={True: "1", False: "0"}, sweep=True),
     Flag("ts", ("-ts", "--tensor-split")),
     Flag("reps", ("-r", "--repetitions"), "int"),
     Flag("rtr", ("-rtr", "--run-time-repack"), "choice",
          choices={"1": True, "on": True, "auto": True, "0": False, "off": False}, render_as={True: "1", False: "0"},
-         icase=True),
-    Flag("cuda", ("-cuda", "--cuda-params")),
-    Flag("fmoe", ("-fmoe", "--fused-moe"), "choice", choices=_B01, render_as={True: "1", False: "0"}),
+         icase=True, since=Spelling.RTR),
+    Flag("cuda", ("-cuda", "--cuda-params"), since=Spelling.CUDA_PARAMS),
+    Flag("fmoe", ("-fmoe", "--fused-moe"), "choice", choices=_B01, render_as={True: "1", False: "0"},
+         since=Spelling.BENCH_FMOE),
     Flag("ooae", ("-no-ooae", "--no-offload-only-active-experts"), "choice", choices=_B01_INV,
-         render_as={True: "0", False: "1"}),
-    Flag("ot", ("-ot", "--override-tensor")),
-    Flag("ncmoe", ("--n-cpu-moe",), "int"),
+         render_as={True: "0", False: "1"}, since=Spelling.NO_OOAE),
+    Flag("ot", ("-ot", "--override-tensor"), since=Spelling.BENCH_OVERRIDE_TENSOR),
+    Flag("ncmoe", ("--n-cpu-moe",), "int", since=Spelling.BENCH_N_CPU_MOE),
     Flag("fit", ("--fit",), "choice", choices=_B01, render_as={True: "1", False: "0"}),
 )
 _BENCH_KNOWN: dict[str, int] = {
@@ -342,30 +344,35 @@ def placement_notes(assignment: Mapping[str, str], knobs: Knobs, inv: ModelInven
 
 
 # ---- tables per build ----------------------------------------------------------------------------------------
-
-def _without(flags: tuple[Flag, ...], key: str) -> tuple[Flag, ...]:
-    return tuple(f for f in flags if f.key != key)
+# Server/cli spellings of earlier builds (planner/builds.py FLAGS says which): before PR 863 flash attention and
+# fused MoE were off by default and bare -fa / -fmoe turned them on; between PR 698 and PR 842 -ooae turned on
+# uploading only the active experts (llama-bench had no switch).
+_OLD_SERVER_FLAGS: tuple[Flag, ...] = (
+    Flag("fa", ("-fa", "--flash-attn"), "switch", const=True, since=Spelling.FA_SWITCH),
+    Flag("fmoe", ("-fmoe", "--fused-moe"), "switch", const=True, since=Spelling.FMOE),
+    Flag("ooae", ("-ooae", "--offload-only-active-experts"), "switch", const=True, since=Spelling.OOAE),
+)
+# What a build without the flag does (the setting's value when the flag is missing).
+_ABSENT: dict[str, Any] = {"fa": False, "fmoe": False, "ooae": False, "mla": 0, "amb": 0, "rtr": False}
 
 
 @lru_cache(maxsize=16)
 def spec_for(build: Build) -> DialectSpec:
-    """SPEC with the flags, defaults and -ncmoe rule of `build` (planner/builds.py)."""
+    """SPEC with the flags, defaults and -ncmoe rule of `build` (planner/builds.py FEATURES and FLAGS)."""
     tools: dict[str, ToolTable] = {}
     for tool, table in TABLES.items():
-        flags, defaults, moe = table.flags, dict(table.defaults), table.moe
-        if not build.has(Feature.OFFLOAD_POLICY):
-            flags = _without(flags, "op")
+        bench = tool == "bench"
+        defaults: dict[str, Any] = {}
+        if not build.accepts(Spelling.NO_FA):        # before PR 863: off by default (llama-bench too)
+            defaults.update(fa=False, fmoe=False)
         if not build.has(Feature.OOAE_DEFAULT_ON):
             defaults["ooae"] = False
-            flags = _without(flags, "ooae")
-            if tool != "bench" and build.has(Feature.ONLY_ACTIVE_EXPERTS):
-                flags += (Flag("ooae", ("-ooae", "--offload-only-active-experts"), "switch", const=True),)
-        if tool != "bench":
-            if not build.has(Feature.NGL_AUTO):
-                defaults["ngl"] = 0
-            if moe is not None and not build.has(Feature.NCMOE_LAST_LAYERS):
-                moe = dataclasses.replace(moe, order="first_layers")
-        tools[tool] = dataclasses.replace(table, flags=flags, defaults=defaults, moe=moe)
+        if not bench and not build.has(Feature.NGL_AUTO):
+            defaults["ngl"] = 0
+        table = for_build(table, build, () if bench else _OLD_SERVER_FLAGS, _ABSENT, defaults)
+        if not bench and table.moe is not None and not build.has(Feature.NCMOE_LAST_LAYERS):
+            table = dataclasses.replace(table, moe=dataclasses.replace(table.moe, order="first_layers"))
+        tools[tool] = table
     return dataclasses.replace(SPEC, tools=tools)
 
 

@@ -341,8 +341,8 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
     base = Knobs()
     vals: dict[str, Any] = {}
     for key, (fname, negated) in KNOB_KEYS.items():
-        if key not in keys:
-            continue
+        if key not in keys and key not in table.lacks:
+            continue     # a build without the flag runs as its table's default says (e.g. no MLA before -mla)
         v = settings.get(key, d.get(key, getattr(base, fname) if not negated else not getattr(base, fname)))
         vals[fname] = (not v) if negated else v
     if table.tool != "bench":

@@ -14,12 +14,12 @@ from functools import lru_cache
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from ..builds import Build, Feature
+from ..builds import Build, Feature, Spelling
 from ..errors import FlagError
 from ..model import ModelInventory
 from ..plan import DEFAULT_MIN_BATCH, KV_TYPES, OP_CLASSES, Knobs, OffloadPolicy
 from ._mainline_args import KNOWN_ARGS
-from .cmdline import FALSEY, TRUTHY, DialectSpec, Event, Flag, MoeRule, ToolTable
+from .cmdline import FALSEY, TRUTHY, DialectSpec, Event, Flag, MoeRule, ToolTable, for_build
 
 _ONOFF = {**{w: True for w in TRUTHY}, **{w: False for w in FALSEY}}
 _FA = {**_ONOFF, "auto": None, "-1": None}     # common_arg_utils::is_autoy
@@ -39,29 +39,32 @@ _COMMON_FLAGS: tuple[Flag, ...] = (
          render_as={m: m for m in ("none", "layer", "row", "tensor")}, env="LLAMA_ARG_SPLIT_MODE"),
     Flag("mg", ("-mg", "--main-gpu"), "int", env="LLAMA_ARG_MAIN_GPU"),
     Flag("dev", ("-dev", "--device"), env="LLAMA_ARG_DEVICE"),
-    Flag("ot", ("-ot", "--override-tensor"), env="LLAMA_ARG_OVERRIDE_TENSOR"),
-    Flag("cmoe", ("-cmoe", "--cpu-moe"), "switch", env="LLAMA_ARG_CPU_MOE", env_kind="void"),
-    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int", env="LLAMA_ARG_N_CPU_MOE"),
+    Flag("ot", ("-ot", "--override-tensor"), env="LLAMA_ARG_OVERRIDE_TENSOR", since=Spelling.OVERRIDE_TENSOR),
+    Flag("cmoe", ("-cmoe", "--cpu-moe"), "switch", env="LLAMA_ARG_CPU_MOE", env_kind="void", since=Spelling.CPU_MOE),
+    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int", env="LLAMA_ARG_N_CPU_MOE", since=Spelling.N_CPU_MOE),
     Flag("ncffn", ("-ncffn", "--n-cpu-ffn"), "int", env="LLAMA_ARG_N_CPU_FFN"),
     Flag("ctx", ("-c", "--ctx-size"), "int", env="LLAMA_ARG_CTX_SIZE"),
     Flag("np", ("-np", "--parallel"), "int", env="LLAMA_ARG_N_PARALLEL"),
-    Flag("fit", ("-fit", "--fit"), "choice", choices=_ONOFF, render_as={True: "on", False: "off"}, env="LLAMA_ARG_FIT"),
-    Flag("fitt", ("-fitt", "--fit-target"), env="LLAMA_ARG_FIT_TARGET"),
+    Flag("fit", ("-fit", "--fit"), "choice", choices=_ONOFF, render_as={True: "on", False: "off"}, env="LLAMA_ARG_FIT",
+         since=Spelling.FIT),
+    Flag("fitt", ("-fitt", "--fit-target"), env="LLAMA_ARG_FIT_TARGET", since=Spelling.FIT_TARGET),
     Flag("batch", ("-b", "--batch-size"), "int", env="LLAMA_ARG_BATCH"),
     Flag("ubatch", ("-ub", "--ubatch-size"), "int", env="LLAMA_ARG_UBATCH"),
     Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "on", False: "off"},
-         env="LLAMA_ARG_FLASH_ATTN"),
+         env="LLAMA_ARG_FLASH_ATTN", since=Spelling.FA_VALUE),
     Flag("ctk", ("-ctk", "--cache-type-k"), env="LLAMA_ARG_CACHE_TYPE_K"),
     Flag("ctv", ("-ctv", "--cache-type-v"), env="LLAMA_ARG_CACHE_TYPE_V"),
     Flag("threads", ("-t", "--threads"), "int", env="LLAMA_ARG_THREADS"),
     Flag("kv_offload", ("-nkvo", "--no-kv-offload"), "switch", const=False),
-    Flag("kv_offload", ("-kvo", "--kv-offload"), "switch", const=True, env="LLAMA_ARG_KV_OFFLOAD", env_kind="bool"),
+    Flag("kv_offload", ("-kvo", "--kv-offload"), "switch", const=True, env="LLAMA_ARG_KV_OFFLOAD", env_kind="bool",
+         since=Spelling.NEGATED),
     Flag("mmap", ("-lm", "--load-mode"), "choice", choices=_LOAD_MODE, render_as={False: "none", True: "mmap"},
-         env="LLAMA_ARG_LOAD_MODE"),
-    Flag("swa_full", ("--swa-full",), "switch", env="LLAMA_ARG_SWA_FULL", env_kind="void"),
-    Flag("op_offload", ("--no-op-offload",), "switch", const=False),
-    Flag("op_offload", ("--op-offload",), "switch", const=True),
-    Flag("no_host", ("--no-host",), "switch", const=True, env="LLAMA_ARG_NO_HOST", env_kind="void"),
+         env="LLAMA_ARG_LOAD_MODE", since=Spelling.LOAD_MODE),
+    Flag("swa_full", ("--swa-full",), "switch", env="LLAMA_ARG_SWA_FULL", env_kind="void", since=Spelling.SWA_FULL),
+    Flag("op_offload", ("--no-op-offload",), "switch", const=False, since=Spelling.NO_OP_OFFLOAD),
+    Flag("op_offload", ("--op-offload",), "switch", const=True, since=Spelling.NEGATED),
+    Flag("no_host", ("--no-host",), "switch", const=True, env="LLAMA_ARG_NO_HOST", env_kind="void",
+         since=Spelling.NO_HOST),
 )
 
 _BENCH_FLAGS: tuple[Flag, ...] = (
@@ -75,24 +78,25 @@ _BENCH_FLAGS: tuple[Flag, ...] = (
     Flag("ctv", ("-ctv", "--cache-type-v"), sweep=True),
     Flag("threads", ("-t", "--threads"), "int", sweep=True),
     Flag("ngl", ("-ngl", "--n-gpu-layers"), "ngl", sweep=True),
-    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int", sweep=True),
+    Flag("ncmoe", ("-ncmoe", "--n-cpu-moe"), "int", sweep=True, since=Spelling.BENCH_N_CPU_MOE),
     Flag("sm", ("-sm", "--split-mode"), "choice", choices={m: m for m in ("none", "layer", "row", "tensor")},
          render_as={m: m for m in ("none", "layer", "row", "tensor")}, sweep=True),
     Flag("mg", ("-mg", "--main-gpu"), "int", sweep=True),
     Flag("dev", ("-dev", "--device"), sweep=True),
     Flag("kv_offload", ("-nkvo", "--no-kv-offload"), "choice", choices=_BOOL01_INV, render_as={True: "0", False: "1"},
          sweep=True),
-    Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "1", False: "0"}, sweep=True),
+    Flag("fa", ("-fa", "--flash-attn"), "choice", choices=_FA, render_as={True: "1", False: "0"}, sweep=True,
+         since=Spelling.BENCH_FA_VALUE),
     Flag("mmap", ("-lm", "--load-mode"), "choice", choices=_LOAD_MODE, render_as={False: "none", True: "mmap"},
-         sweep=True),
+         sweep=True, since=Spelling.LOAD_MODE),
     Flag("op_offload", ("-nopo", "--no-op-offload"), "choice", choices=_BOOL01_INV,
-         render_as={True: "0", False: "1"}, sweep=True),
+         render_as={True: "0", False: "1"}, sweep=True, since=Spelling.NO_OP_OFFLOAD),
     Flag("no_host", ("--no-host",), "choice", choices={"0": False, "1": True}, render_as={True: "1", False: "0"},
-         sweep=True),
+         sweep=True, since=Spelling.NO_HOST),
     Flag("ts", ("-ts", "--tensor-split")),
-    Flag("ot", ("-ot", "--override-tensor")),
+    Flag("ot", ("-ot", "--override-tensor"), since=Spelling.BENCH_OVERRIDE_TENSOR),
     Flag("reps", ("-r", "--repetitions"), "int"),
-    Flag("fitt", ("-fitt", "--fit-target"), sweep=True),
+    Flag("fitt", ("-fitt", "--fit-target"), sweep=True, since=Spelling.BENCH_FIT_TARGET),
 )
 # Every other llama-bench option (tools/llama-bench/llama-bench.cpp parse_cmd_params) -> number of values.
 _BENCH_KNOWN: dict[str, int] = {
@@ -163,6 +167,10 @@ def render_policy(knobs: Knobs, table: ToolTable, inv: ModelInventory, opts: Map
     if not enabled.pop():
         settings.append(("op_offload", False))
     mb = batches.pop()
+    build = opts.get("build")
+    if mb != DEFAULT_MIN_BATCH and build is not None and not build.accepts(Spelling.MIN_BATCH_ENV):
+        raise FlagError(f"{build.lacks(Spelling.MIN_BATCH_ENV)}: it offloads ops from batch {DEFAULT_MIN_BATCH}, so it "
+                        f"cannot run knob offload min_batch={mb}")
     env = {ENV_MIN_BATCH: str(mb)} if mb != DEFAULT_MIN_BATCH else {}
     return settings, env
 
@@ -194,23 +202,35 @@ SPEC = DialectSpec(name="mainline", slot_rule="last_slots", tools=TABLES, render
 
 
 # ---- tables per build ----------------------------------------------------------------------------------------
-# Before PR 20834 (Feature.LOAD_MODE) mmap was --no-mmap (server/cli) and -mmp 0|1 (llama-bench); builds between
-# the merge and 10114 still accept --no-mmap as deprecated, so they get the old spelling too.
-_OLD_MMAP: dict[str, Flag] = {
-    "server": Flag("mmap", ("--no-mmap",), "switch", const=False),
-    "bench": Flag("mmap", ("-mmp", "--mmap"), "choice", choices={"0": False, "1": True},
-                  render_as={True: "1", False: "0"}, sweep=True),
+# Spellings of earlier builds (planner/builds.py FLAGS says which): bare -fa (flash attention off by default),
+# llama-bench's -fa 0|1, and --no-mmap / -mmp 0|1 before -lm (builds up to 10587 still take them, deprecated).
+_OLD_FLAGS: dict[str, tuple[Flag, ...]] = {
+    "server": (
+        Flag("fa", ("-fa", "--flash-attn"), "switch", const=True, env="LLAMA_ARG_FLASH_ATTN", env_kind="void",
+             since=Spelling.FA_SWITCH),
+        Flag("mmap", ("--no-mmap",), "switch", const=False, since=Spelling.NO_MMAP),
+    ),
+    "bench": (
+        Flag("fa", ("-fa", "--flash-attn"), "choice", choices={"0": False, "1": True},
+             render_as={True: "1", False: "0"}, sweep=True, since=Spelling.BENCH_FA_01),
+        Flag("mmap", ("-mmp", "--mmap"), "choice", choices={"0": False, "1": True}, render_as={True: "1", False: "0"},
+             sweep=True, since=Spelling.BENCH_MMP),
+    ),
 }
+# What a build without the flag does (the setting's value when the flag is missing).
+_ABSENT: dict[str, Any] = {"fit": False, "fitt": None, "fa": False, "op_offload": True, "no_host": False,
+                           "swa_full": False, "mmap": True}
 
 
 @lru_cache(maxsize=16)
 def spec_for(build: Build) -> DialectSpec:
-    """SPEC with the flags of `build` (planner/builds.py)."""
-    if build.has(Feature.LOAD_MODE):
+    """SPEC with the flags, defaults and -ngl rule of `build` (planner/builds.py FEATURES and FLAGS)."""
+    if build.number is None:
         return SPEC
     tools = {}
     for tool, table in TABLES.items():
-        old = _OLD_MMAP["bench" if tool == "bench" else "server"]
-        flags = tuple(old if f.key == "mmap" else f for f in table.flags)
-        tools[tool] = dataclasses.replace(table, flags=flags)
-    return dataclasses.replace(SPEC, tools=tools)
+        group = "bench" if tool == "bench" else "server"
+        fa_off = not build.accepts(Spelling.BENCH_FA_VALUE if tool == "bench" else Spelling.FA_VALUE)
+        tools[tool] = for_build(table, build, _OLD_FLAGS[group], _ABSENT, {"fa": False} if fa_off else None)
+    slot_rule = "last_slots" if build.has(Feature.NGL_OUTPUT_FIRST) else "last_blocks"
+    return dataclasses.replace(SPEC, tools=tools, slot_rule=slot_rule)

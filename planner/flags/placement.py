@@ -254,13 +254,14 @@ MoeExpander = Callable[[str, int, Sequence[str]], list[Override]]
 def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
           moe_candidates: Callable[[Mapping[str, str], ModelIndex, Sequence[str]], list[tuple[str, int]]],
           expand_moe: MoeExpander, no_ngl0_with_gpu: bool = False,
-          catch_all: Override | None = None) -> PlacementFlags:
+          catch_all: Override | None = None, overrides: bool = True) -> PlacementFlags:
     """-ngl, -ts, -ot and an optional -cmoe/-ncmoe that together place every tensor where `assignment` says.
 
     `moe_candidates(assignment, index, slots)` proposes dialect shortcuts (("cmoe", 0), ("ncmoe", N)) whose
     expansion `expand_moe(kind, n, slots)` only moves tensors the plan has on the CPU; the cheapest rendering
     wins (`slots`: the device of each -ngl slot). `no_ngl0_with_gpu`: never -ngl 0 when a tensor is on a GPU.
     `catch_all` (e.g. `exps=CPU`, the way ik users write it) is tried as a last -ot entry under the exceptions.
+    `overrides` False (a build without -ot): a rendering without -ot wins over any with one, when there is one.
     """
     check_assignment(assignment, inv)
     idx = ModelIndex.of(inv)
@@ -279,7 +280,8 @@ def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
 
     def render_cost(ovs: Sequence[Override], moe: tuple[str, int] | None) -> int:
         moe_len = 0 if moe is None else (6 if moe[0] == "cmoe" else 8 + len(str(moe[1])))   # "-cmoe " / "-ncmoe N "
-        return sum(len(o.text()) + 1 for o in ovs) + (4 if ovs else 0) + moe_len
+        unwritable = 1 << 40 if ovs and not overrides else 0
+        return sum(len(o.text()) + 1 for o in ovs) + (4 if ovs else 0) + moe_len + unwritable
 
     best: tuple[int, list[Override], tuple[str, int] | None] | None = None
     for moe in [None, *moe_candidates(assignment, idx, slots)]:
@@ -291,7 +293,7 @@ def solve(assignment: Mapping[str, str], inv: ModelInventory, rule: SlotRule,
         c = render_cost(ovs, moe)
         if best is None or c < best[0]:
             best = (c, ovs, moe)
-    if catch_all is not None:
+    if catch_all is not None and overrides:
         # the exceptions come first (first match wins), the catch-all takes every other tensor it matches
         start, res = apply_overrides(base, [catch_all], idx.names)
         if res.matched[0]:

@@ -38,7 +38,7 @@ def _moe_candidates(rule: MoeRule | None, table: ToolTable, inv: ModelInventory,
         n = placement.clean_moe_prefix(assignment, idx, order,
                                        lambda i: Override(rule.ncmoe_template.format(i=i), "CPU"))
         out: list[tuple[str, int]] = []
-        if n > 0:
+        if n > 0 and "ncmoe" in table.keys():  # noqa: SIM118 (a ToolTable, not a dict)
             # mainline counts layer indices (leading dense layers included); trim to the last MoE layer covered
             if rule.order == "first_layers":
                 moe = [i for i in moe_layers if i < n]
@@ -118,9 +118,13 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
             return [Override(rule.ncmoe_template.format(i=i), "CPU", f"-ncmoe {n}") for i in spread(n)]
         return expand_moe(rule, kind, n, inv) if rule else []
     ngl0_drops = spec.name == "ik" and ik_build(opts).has(Feature.NGL_AUTO)
+    has_ot = "ot" in table.keys()  # noqa: SIM118 (a ToolTable, not a dict)
     pf = placement.solve(plan.assignment, inv, spec.slot_rule, _moe_candidates(rule, table, inv, spread_of),
                          expand, no_ngl0_with_gpu=ngl0_drops,
-                         catch_all=IK_EXPS_CATCH_ALL if spec.name == "ik" else None)
+                         catch_all=IK_EXPS_CATCH_ALL if spec.name == "ik" else None, overrides=has_ot)
+    if pf.overrides and not has_ot:
+        raise FlagError(f"{table.lacks.get('ot', f'{spec.name} {table.binary} has no -ot')}, and this plan needs "
+                        f"tensor overrides (e.g. {pf.overrides[0].text()})")
     notes.extend(pf.notes)
     settings: list[tuple[str, Any]] = []
     if model_path:
@@ -146,7 +150,7 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
         settings.append(("ot", table.ot_sep.join(o.text() for o in pf.overrides)))
     if pf.moe is not None:
         settings.append(("cmoe", True) if pf.moe[0] == "cmoe" else ("ncmoe", pf.moe[1]))
-    if spec.name == "mainline" and tool != "bench":
+    if spec.name == "mainline" and "fit" in table.keys():  # noqa: SIM118 (a ToolTable; builds before --fit lack it)
         settings.append(("fit", False))
     settings += knob_settings(plan.knobs, table, notes, mla_model=inv.hparams.is_mla)
     pol, env = spec.render_policy(plan.knobs, table, inv, opts)

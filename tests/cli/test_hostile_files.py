@@ -50,7 +50,7 @@ def test_a_file_that_is_not_a_regular_file_is_one_line(tmp_path, argv, what, kin
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert f"{what} {path}: {words}" in lines[0], lines[0]
+    assert f"cannot read {what} {path}: {words}" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("option, suffix, words", [

@@ -105,3 +105,27 @@ def test_an_empty_log_is_an_error(tmp_path):
     f.write_text("\n")
     with pytest.raises(InputError, match="no requests"):
         load(str(f))
+
+
+def test_a_logs_classes_keep_their_longest_request(tmp_path):
+    f = tmp_path / "log.jsonl"
+    # one class: five 28000 + 160 requests and one 32768 + 192 (mean 28795 + 165); many small groups besides,
+    # so that folding (past MAX_LOG_CLASSES) moves a lone long request into its nearest kept class
+    lines = [{"prompt_tokens": 28000, "completion_tokens": 160}] * 5 + \
+        [{"prompt_tokens": 32768, "completion_tokens": 192}] + \
+        [{"prompt_tokens": 100 * 2 ** i, "completion_tokens": 10} for i in range(8) for _ in range(6)] + \
+        [{"prompt_tokens": 45000, "completion_tokens": 300}]
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    w = load(str(f))
+    assert len(w.classes) == MAX_LOG_CLASSES
+    big = max(w.classes, key=lambda c: c.context_tokens)
+    assert big.context_tokens < 32768 + 192 < big.longest_context       # its mean is smaller than its longest
+    assert big.weight == 7 and big.longest_tokens == 45000 + 300         # the lone 45000 + 300, folded in
+    assert w.slot_ctx == 45300 and w.ctx == 45300
+    assert "longest request 45300" in w.describe()
+    assert all("longest_tokens" in c for c in w.to_dict()["classes"])
+    # a preset's classes are their sizes: no longest_tokens in its dict (a study's stored settings compare equal)
+    assert all("longest_tokens" not in c for c in preset("agent").to_dict()["classes"])
+    assert "longest request 39212, ctx 39212" in preset("agent").describe()
+    with pytest.raises(InputError, match="longest_tokens"):
+        RequestClass(10, longest_tokens=0)

@@ -374,3 +374,26 @@ def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
     assert rec["pick"] == "trial:5" and rec["pick_meets_ttft"] is False
     assert headline(rec).startswith("misses the 1 s TTFT limit (no contender met it; slowest class 4.00 s): rag: "
                                     "trial 5 answers in 5.05 s mean")
+
+
+def test_every_served_run_says_a_line_as_it_ends(tmp_path):
+    """Issue 41: a line per server run (contender, round r of R, load and request seconds, TTFT, VRAM per GPU,
+    runs left and the minutes they take by the runs so far), the last with none left."""
+    import re
+    import time
+
+    from tuner.served import confirm_served
+    t = rag_tuners(tmp_path, "f16")()
+    t.run(4)
+    server, lines = GpuStandIn(t), []
+    rec = confirm_served(t, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600, drop_behind=None,
+                         say=lines.append)
+    assert rec and len(lines) == len(server.runs)
+    line = re.compile(r"# served (\d+): (.+), round ([12]) of 2: loaded in \d+ s, (\d+\.\d\d) s mean request, "
+                      r"TTFT \d+\.\d\d s, VRAM CUDA0 [\d.]+ [GM]iB; (\d+) runs left(, about \d+ min)?")
+    parsed = [line.fullmatch(x) for x in lines]
+    assert all(parsed), "\n".join(x for x, m in zip(lines, parsed) if not m)
+    assert [int(m[1]) for m in parsed] == list(range(1, len(lines) + 1))
+    assert {m[2] for m in parsed} >= {"--fit", "--fit -ub 2048", "--fit -ub 4096"}
+    assert int(parsed[-1][5]) == 0 and parsed[-1][6] is None            # the last: nothing left, no estimate
+    assert int(parsed[0][5]) > 0 and parsed[0][6] == ", about 1 min"     # 1 s a run here: rounded up to a minute
