@@ -253,6 +253,8 @@ def _usage(line: str, where: str) -> tuple[int, int, int]:
         obj = json.loads(line)
     except ValueError as e:
         raise InputError(f"{where}: not JSON ({str(e)[:80]})") from None
+    except RecursionError:       # a line nested past the parser's depth: no request log holds one
+        raise InputError(f"{where}: JSON nested too deep to be a request's usage") from None
     if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
         obj = obj["usage"]
     if not isinstance(obj, dict):

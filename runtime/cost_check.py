@@ -108,7 +108,7 @@ def read_runs(path: str | Path, inv: ModelInventory) -> list[Run]:
             args = [str(a) for a in r["llama_bench_args"]]
             env = {str(k): str(v) for k, v in (r.get("env") or {}).items()}
             pp, tg = float(r.get("pp_tps") or 0.0), float(r.get("tg_tps") or 0.0)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as e:
             raise InputError(f"{path}:{i + 1}: not a run (llama_bench_args, env, pp_tps, tg_tps): {e}") from e
         pc = parse(RenderedCommand(args, env=env), inv, "mainline", tool="bench")
         w = pc.workload

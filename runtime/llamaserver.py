@@ -129,7 +129,7 @@ def completion(port: int, body: Mapping[str, Any], timeout_s: float) -> RequestR
         raise ReplayError("timeout", f"/completion sent nothing for {timeout_s:g} s") from e
     except (OSError, http.client.HTTPException) as e:
         raise ReplayError("request", f"/completion failed: {type(e).__name__}: {e}") from e
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
         raise ReplayError("request", f"/completion sent what we cannot read ({type(e).__name__}: {e})") from e
     finally:
         conn.close()

@@ -10,6 +10,7 @@ fields) and `devices` (planner.memory for the same run).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,12 @@ def prepare_run(req: RunRequest) -> PreparedRun:
         v = getattr(req, flag)
         if v is not None and (v < 0 or (flag == "reps" and v < 1)):
             raise InputError(f"--{flag.replace('_', '-')} must be {'>= 1' if flag == 'reps' else '>= 0'}, got {v}")
+        top = D.MAX_REPS if flag == "reps" else D.MAX_TOKENS      # planner/defaults.py says why
+        if v is not None and v > top:
+            raise InputError(f"--{flag.replace('_', '-')} {str(v)[:40]}: at most {top}")
+    if not (math.isfinite(req.timeout_s) and 0 < req.timeout_s <= D.MAX_TIMEOUT_S):
+        raise InputError(f"--timeout {req.timeout_s}: give the seconds one run may take, above 0 and at most "
+                         f"{D.MAX_TIMEOUT_S:.0f} (a week); nan or inf would leave a hung engine running for ever")
     inv = load_model(req.model)
     declared = resolve(req.hardware, req.gpu)
     n_gpus = len(declared.gpus) if declared is not None else None   # devices beyond these do not exist

@@ -30,6 +30,7 @@ from planner.flags import parse
 from planner.model import ModelInventory
 from planner.plan import Dialect, Knobs, Plan
 from planner.propose import Room, proposals
+from .interrupt import SIGINT
 from .records import StudyRecord, measured_dict
 
 if TYPE_CHECKING:
@@ -171,7 +172,8 @@ def measure_baselines(tuner: Tuner, deadline: float | None = None) -> list[dict[
     model_id = tuner.settings.model_id
     own_fit = getattr(tuner.engine, "own_fit", None)
     if own_fit is not None and "--fit" not in done and FIT_LIKE not in done:
-        fit = own_fit(tuner.inv, tuner.workload, Room.from_hardware(tuner.hw, tuner.margin_initial).gpus)
+        with SIGINT.engine_run():          # Ctrl-C ends this run at once, as every measurement's (interrupt.py)
+            fit = own_fit(tuner.inv, tuner.workload, Room.from_hardware(tuner.hw, tuner.margin_initial).gpus)
         if fit is not None:
             keep(fit_record(fit, tuner.margins.over(dict(fit.measurement.peak_bytes))))
             done.add("--fit")

@@ -8,6 +8,7 @@ from typing import Any
 
 from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
 from .cost_fit import CostFit
+from .failures import no_result_text
 from .records import StudyRecord, TrialRecord
 from .report_plots import write_plots      # the plots: their own module
 from planner.hardware import fmt_bytes
@@ -202,6 +203,7 @@ class StudySummary:
     headline: str | None = None                 # a time-objective study's first line (what it recommends)
     served: dict[str, Any] | None = None        # tuner.served's record, when the finalists were served
     keep_free_bytes: int = 0                    # GPU memory kept free on each GPU (--keep-free)
+    no_result: str | None = None                # a study without a complete trial: what it holds (failures.py)
 
     def to_dict(self) -> dict[str, Any]:
         # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
@@ -215,6 +217,8 @@ class StudySummary:
                "margin_by_ubatch": self.margin_by_ubatch, "keep_free_bytes": self.keep_free_bytes}
         if self.served is not None:
             out["served"] = self.served
+        if self.no_result is not None:
+            out["no_result"] = self.no_result
         if self.files is not None:
             out["files"] = list(self.files)
         return out
@@ -261,6 +265,8 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         if b.get("ok") and b is not ref:
             b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
                               "vram_bytes": vram_of(b["measured"])}, ref, budget))
+    failed = [FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()] \
+        if not df.empty else []
     runs = EngineRuns(baselines=int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
                       trials=int(df["engine_run"].sum()) if not df.empty else 0,
                       confirmation=len((record.confirmation or {}).get("rows", [])))
@@ -271,10 +277,9 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         counts={str(k): int(v) for k, v in counts.items()}, n_trials=int(len(df)),
         margin_bytes=record.margin_bytes, margin_events=record.margin_events,
         margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
-        pareto=front, per_budget=per_budget, baselines=baselines,
-        failed=[FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
-        if not df.empty else [], headline=_headline(settings, record, best, ref), served=record.served,
-        keep_free_bytes=keep_free_of(settings))
+        pareto=front, per_budget=per_budget, baselines=baselines, failed=failed,
+        headline=_headline(settings, record, best, ref), served=record.served,
+        keep_free_bytes=keep_free_of(settings), no_result=no_result_text(counts, [f.error for f in failed]))
 
 
 def keep_free_of(settings: dict[str, Any]) -> int:
@@ -381,6 +386,7 @@ def summary_markdown(s: StudySummary) -> str:
     st = s.settings
     w = st.get("workload", {})
     L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
+         *([f"**{s.no_result}**", ""] if s.no_result else []),
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
          + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))
@@ -409,6 +415,8 @@ def summary_markdown(s: StudySummary) -> str:
     L += _served_markdown(s)
     L += _confirmed_markdown(s)
     L += ["## Best configurations (single runs)", ""]
+    if not any(s.best.values()):
+        L += ["None: no trial ran to a result.", ""]
     sections = [("Best TG", s.best.get("tg")), ("Best PP", s.best.get("pp"))]
     if s.best.get("objective"):
         sections.insert(0, (f"Best `{st.get('objective')}` = {s.best['objective']['value']:.4g}",
@@ -599,19 +607,57 @@ def _inline(text: str) -> str:
 
 
 def write_study_report(study: Any, out: Path) -> StudySummary:
-    """Write reports/<study>/ (see the layout above); returns the summary with the list of files written."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write reports/<study>/ (see the layout above); returns the summary with the list of files written. The files
+    are written into a temporary folder beside OUT and moved into place once all are written: a failure (or
+    Ctrl-C) leaves no half-written report, and neither the folder nor the folders above it that it created."""
+    import shutil
+    import tempfile
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        summary = _write_report_files(study, tmp, out)
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:                # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    return summary
+
+
+def _write_report_files(study: Any, tmp: Path, out: Path) -> StudySummary:
+    """The report's files written into TMP; the summary lists them as they will be in OUT."""
     df = trials_frame(study)
     summary = study_summary(study, df)
-    df.to_csv(out / "trials.csv", index=False)
-    files = ["trials.csv"] + write_plots(df, summary, out)
+    df.to_csv(tmp / "trials.csv", index=False)
+    files = ["trials.csv"] + write_plots(df, summary, tmp)
     md = summary_markdown(summary)
-    (out / "summary.md").write_text(md)
-    (out / "summary.html").write_text(summary_html(summary, md))
+    (tmp / "summary.md").write_text(md)
+    (tmp / "summary.html").write_text(summary_html(summary, md))
     files += ["summary.md", "summary.html", "report.json"]
     summary = replace(summary, files=tuple(str(out / f) for f in files))
-    (out / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=_json_default))
+    (tmp / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=_json_default))
     return summary
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """TMP becomes OUT: renamed whole when OUT does not exist, else each file replaces its namesake in OUT (a
+    rename each; other files in OUT stay)."""
+    import os
+    if not out.exists():
+        try:
+            os.rename(tmp, out)
+            return
+        except OSError:
+            if not out.is_dir():       # another report made it meanwhile: the files go in one by one
+                raise
+    for f in sorted(tmp.iterdir()):
+        os.replace(f, out / f.name)
+    tmp.rmdir()
 
 
 def _json_default(o: Any) -> Any:

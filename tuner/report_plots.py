@@ -70,10 +70,12 @@ def write_plots(df: Any, summary: Any, out: Path) -> list[str]:
     files: list[str] = []
     for name in PLOTS:
         fig = figure(df, summary, name)
-        for ext in ("png", "svg"):
-            fig.savefig(out / f"{name}.{ext}", dpi=110 if ext == "png" else None)
-            files.append(f"{name}.{ext}")
-        plt.close(fig)
+        try:
+            for ext in ("png", "svg"):
+                fig.savefig(out / f"{name}.{ext}", dpi=110 if ext == "png" else None)
+                files.append(f"{name}.{ext}")
+        finally:
+            plt.close(fig)
     return files
 
 
@@ -119,11 +121,14 @@ def _limits(ax: Any, xs: list[float], ys: list[float], y_floor_zero: bool = True
 
 
 def _legend_outside(fig: Any, axes: list[Any], loc: str = "outside lower center") -> Any:
-    """One legend for the figure, outside every axes, with each labelled artist once (the panels share them)."""
+    """One legend for the figure, outside every axes, with each labelled artist once (the panels share them); none
+    when nothing is labelled (a study without a finished trial, baseline or GPU: matplotlib refuses ncol=0)."""
     seen: dict[str, Any] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, h)
+    if not seen:
+        return None
     return fig.legend(list(seen.values()), list(seen), loc=loc, ncol=min(len(seen), 4), fontsize=8, frameon=False)
 
 

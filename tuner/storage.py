@@ -6,7 +6,8 @@ driver); `pip install 'offload-tuner[postgres]'` installs psycopg 3. SQLite seri
 and Optuna's RDB storage on it is not safe for two processes enqueueing and telling trials at once (two workers
 on one file lost trials and died in 2 of 4 rounds), so a second worker on the same file is refused at start.
 
-Opening one: make_storage (Optuna's RDBStorage with a heartbeat, SQLite in WAL mode), load_study (for `report`).
+Opening one: make_storage (Optuna's RDBStorage with a heartbeat, SQLite in WAL mode); read_study (for `report`:
+an SQLite file is read through a copy, so the file is never written, and a read-only one reads too).
 
 Faults (docs/reliability.md): an SQLite file is read whole (PRAGMA quick_check) before Optuna opens it, so a
 truncated or garbage file is one line naming it; a database server's connections are checked before each use
@@ -82,6 +83,17 @@ def resolve_url(url: str) -> str:
     return url
 
 
+def in_memory(url: str) -> bool:
+    """An SQLite URL of a database in memory (SQLAlchemy: an empty path, `:memory:`, or a `file:` URI with
+    mode=memory): a study there would be lost with the process, however it ends."""
+    scheme, _, rest = url.partition("://")
+    if not scheme.lower().startswith("sqlite"):
+        return False
+    path = rest[1:] if rest.startswith("/") else rest
+    base = path.split("?", 1)[0]
+    return base in ("", ":memory:", "file::memory:") or "mode=memory" in path.lower()
+
+
 def check_sqlite_folder(path: Path, create: bool) -> None:
     """The folder of an SQLite study file exists (or is created, for the default studies/) and is writable."""
     folder = path.parent
@@ -141,7 +153,7 @@ def default_storage(study: str) -> str:
 def sqlite_path(url: str) -> Path | None:
     if url.startswith("sqlite:///"):
         p = url[len("sqlite:///"):]
-        return None if p in ("", ":memory:") else Path(p)
+        return None if p in ("", ":memory:") or in_memory(url) else Path(p)
     return None
 
 
@@ -151,6 +163,9 @@ def make_storage(url: str | None):
     import optuna
     if url is None:
         return optuna.storages.InMemoryStorage()
+    if in_memory(url):            # a study there is lost with the process: said, not done ("storage sqlite://")
+        raise InputError(f"--storage {url[:80]} is a database in memory: the study and every trial in it would "
+                         "be gone when the process ends; give a file, e.g. --storage sqlite:///study.db")
     path = sqlite_path(url)
     kwargs: dict[str, Any] = {}
     if path is not None:
@@ -354,15 +369,98 @@ def study_exists(storage, name: str) -> bool:
     return any(s.study_name == name for s in storage.get_all_studies())
 
 
-def load_study(name: str, url: str | None):
-    """An existing study (for `report`); InputError naming the studies there when it is missing."""
+def load_study(name: str, url: str | None, storage: Any = None):
+    """An existing study (for `report`); InputError naming the studies there when it is missing. `storage`: the
+    opened storage of `url` (read_study's copy), else make_storage(url)."""
     import optuna
     path = sqlite_path(url) if url else None
     if path is not None and not path.exists():
         raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
-    storage = make_storage(url)
+    storage = storage if storage is not None else make_storage(url)
     with storage_errors(url, then="run the same command again"):
         names = [s.study_name for s in storage.get_all_studies()]
     if name not in names:
         raise InputError(f"no study {name!r} in {url}; studies there: {', '.join(names) or 'none'}")
     return optuna.load_study(study_name=name, storage=storage)
+
+
+# ---- reading a study without writing to it (`report`) ----------------------------------------------------------
+
+@contextlib.contextmanager
+def read_study(name: str, url: str) -> Iterator[Any]:
+    """An existing study to read (load_study's checks), its database untouched. An SQLite file is copied first
+    (snapshot_sqlite: SQLite's backup API on a read-only connection) into a temporary folder and the copy is opened,
+    so Optuna's table creation and schema check, the WAL pragma and any lock or journal touch the copy only: the
+    file keeps its bytes and mtime, and a read-only file (or folder) reads too. The copy goes when the block ends.
+    Another storage (PostgreSQL, MySQL) is opened as tune opens it; reading a study writes nothing there."""
+    import tempfile
+    path = sqlite_path(url)
+    if path is None:
+        yield load_study(name, url)
+        return
+    if not path.exists():
+        raise InputError(f"no study {name!r}: {path} does not exist (give --storage URL where the study lives)")
+    with tempfile.TemporaryDirectory(prefix="offload-tuner-read-") as tmp:
+        copy = Path(tmp) / "study.db"
+        snapshot_sqlite(path, copy)
+        storage = _open_copy(copy, url)
+        try:
+            yield load_study(name, url, storage)
+        finally:
+            storage.engine.dispose()        # the copy's connections closed before its folder goes
+
+
+def snapshot_sqlite(path: Path, copy: Path) -> None:
+    """A consistent copy of the SQLite file PATH (and its WAL) at COPY, PATH opened read-only, then checked whole
+    (PRAGMA quick_check on the copy). Without a -wal or -journal file beside it (no writer, nothing to recover) the
+    file is read as immutable: SQLite then creates no -wal/-shm beside it, which a read-only connection to a WAL
+    database otherwise does (and cannot do in a folder the user may not write). A damaged file is one
+    StorageError naming PATH, as check_sqlite_file says it."""
+    import sqlite3
+    if check_regular(path, "storage") == 0:         # a FIFO or a device: one line, no open; empty: no studies
+        copy.touch()
+        return
+    quiet = not any(path.with_name(path.name + s).exists() for s in ("-wal", "-journal"))
+    uri = path.resolve().as_uri() + ("?mode=ro&immutable=1" if quiet else "?mode=ro")
+    try:
+        src = sqlite3.connect(uri, uri=True, timeout=60)
+        dst = sqlite3.connect(copy)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+    except sqlite3.Error as e:
+        if quiet or not _copy_files(path, copy):
+            raise StorageError(f"storage {path} is not a readable SQLite database ({_reason(e)}): restore it from "
+                               "a copy, or give another --storage") from e
+    try:
+        check_sqlite_file(copy)
+    except StorageError as e:
+        raise StorageError(str(e).replace(f"storage {copy}", f"storage {path}", 1)) from e
+
+
+def _copy_files(path: Path, copy: Path) -> bool:
+    """PATH with its -wal and -journal copied as files (SQLite recovers them in the copy): for a file SQLite cannot
+    open read-only in place (a WAL without its -shm, or a hot journal, in a folder the user may not write). False
+    when that fails too."""
+    import shutil
+    try:
+        shutil.copyfile(path, copy)
+        for suffix in ("-wal", "-journal"):
+            if path.with_name(path.name + suffix).exists():
+                shutil.copyfile(path.with_name(path.name + suffix), copy.with_name(copy.name + suffix))
+    except OSError:
+        return False
+    return True
+
+
+def _open_copy(copy: Path, url: str) -> Any:
+    """Optuna's RDBStorage on the copy; a failure names the study's own storage."""
+    from optuna.storages import RDBStorage
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return RDBStorage(f"sqlite:///{copy}")
+    except Exception as e:      # sqlalchemy.exc.OperationalError, optuna's schema version check
+        raise StorageError(f"cannot open storage {shown_url(url)}: {_reason(e)}") from e

@@ -2,7 +2,7 @@
 
     inspect_model(InspectRequest) -> InspectOutcome        plan_outcome(PlanRequest) -> PlanOutcome
     explain_outcome(ExplainRequest) -> ExplainOutcome      report_study(ReportRequest) -> ReportOutcome
-    start_tune(TuneOptions) -> TuneOutcome (start or resume; SIGINT stops it: TuneInterrupted, resumable)
+    start_tune(TuneOptions) -> TuneOutcome (start or resume; SIGINT, SIGTERM, SIGHUP stop it: TuneInterrupted)
     demo_options(DemoRequest) -> TuneOptions, then start_tune     check_server(ServerConfig): serve's checks
 
 Requests are frozen dataclasses (requests.py), their fields' types and help read by the CLI and the service alike

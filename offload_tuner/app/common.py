@@ -27,6 +27,8 @@ def parse_seconds(text: str, flag: str) -> float:
     if m is None:
         raise InputError(f"{flag} {text!r}: give a duration such as 3s, 500ms or 1.5m")
     value = float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+    if not value < float("inf"):                  # 400 digits read as inf: no limit at all
+        raise InputError(f"{flag} {text[:40]!r}: a duration of finite length")
     if value <= 0:
         raise InputError(f"{flag} {text!r}: a duration above zero")
     return value

@@ -1,12 +1,14 @@
 """A request's fields as the command line and the HTTP service take them: the kind of value (read from the
-dataclass's annotations), the flag that spells it, its help text (the field's metadata), and the one parser of a
-value given as text.
+dataclass's annotations), the flag that spells it, its help text (the field's metadata), the one parser of a
+value given as text, and a number's range (Bounds: the request checks it itself, check_bounds from its
+__post_init__, so a value from a flag, a JSON body, a study spec or Python is refused alike).
 
 cli/ makes its options from these (cli/common.py add_option) and service/ checks a JSON body and writes its
 OpenAPI schema with them (service/bodies.py): one spelling of every option, one help text, one wording of every
 bad value, wherever the request comes from."""
 from __future__ import annotations
 
+import math
 import re
 import types
 from dataclasses import MISSING, dataclass, field, fields
@@ -24,12 +26,48 @@ INT_TEXT = r"[+-]?[0-9]+"
 FLOAT_TEXT = r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?"
 
 
-def opt(default: Any = MISSING, *, help: str, flag: str | None = None, choices: tuple[str, ...] = ()) -> Any:
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a number field: lo..hi (lo itself excluded when `above`), finite; `why` says where hi comes
+    from. Checked by the request itself (check_bounds, from its __post_init__), so a flag, a JSON body and a study
+    spec are refused alike."""
+    lo: float
+    hi: float
+    above: bool = False
+    why: str = ""
+
+    def check(self, flag: str, v: Any) -> None:
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            return
+        shown = _shown(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InputError(f"{flag} {shown}: give a finite number, {'above' if self.above else 'at least'} "
+                             f"{_shown(self.lo)} and at most {_shown(self.hi)}")
+        if v < self.lo or (self.above and v == self.lo):
+            raise InputError(f"{flag} must be {'above' if self.above else '>='} {_shown(self.lo)}, got {shown}"
+                             if self.lo not in (0, 1) or self.above else
+                             f"{flag} must be {'positive' if self.lo == 1 else '>= 0'}, got {shown}")
+        if v > self.hi:
+            raise InputError(f"{flag} {shown}: at most {_shown(self.hi)}" + (f" ({self.why})" if self.why else ""))
+
+
+def _shown(v: int | float) -> str:
+    """A number as a message shows it: whole numbers without a fraction, at most 40 characters."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        v = int(v)
+    if isinstance(v, int) and v.bit_length() > 128:
+        return f"{'-' if v < 0 else ''}(a {v.bit_length()}-bit number)"
+    return str(v)[:40]
+
+
+def opt(default: Any = MISSING, *, help: str, flag: str | None = None, choices: tuple[str, ...] = (),
+        bounds: Bounds | None = None) -> Any:
     """A request field with its help text (the CLI's --help and the service's schema both show it), its flag
-    where the field's name is not the flag's (timeout_s is --timeout), and its choices where a table elsewhere
-    holds them (an engine name: planner.engines' registry) rather than a Literal."""
+    where the field's name is not the flag's (timeout_s is --timeout), its choices where a table elsewhere
+    holds them (an engine name: planner.engines' registry) rather than a Literal, and a number's range."""
     return field(default=default, metadata={"help": help, **({"flag": flag} if flag else {}),
-                                            **({"choices": tuple(choices)} if choices else {})})
+                                            **({"choices": tuple(choices)} if choices else {}),
+                                            **({"bounds": bounds} if bounds else {})})
 
 
 @dataclass(frozen=True)
@@ -41,6 +79,7 @@ class Option:
     choices: tuple[str, ...]        # for kind choice
     help: str
     required: bool                  # the dataclass has no default for it
+    bounds: Bounds | None = None    # a number's range (int, float)
 
     def parse(self, text: str) -> Any:
         """TEXT as the field's value; an InputError worded as argparse words its own type errors."""
@@ -86,5 +125,14 @@ def options(cls: type) -> dict[str, Option]:
         kind, choices = ("choice", f.metadata["choices"]) if "choices" in f.metadata else _kind(hints[f.name])
         out[f.name] = Option(name=f.name, flag=f"--{f.metadata.get('flag', f.name.replace('_', '-'))}", kind=kind,
                              choices=choices, help=f.metadata.get("help", ""),
-                             required=f.default is MISSING and f.default_factory is MISSING)
+                             required=f.default is MISSING and f.default_factory is MISSING,
+                             bounds=f.metadata.get("bounds"))
     return out
+
+
+def check_bounds(request: Any) -> None:
+    """Every number field of REQUEST within its Bounds (an InputError naming the flag, the value and the range);
+    the requests call it from __post_init__."""
+    for name, o in options(type(request)).items():
+        if o.bounds is not None:
+            o.bounds.check(o.flag, getattr(request, name))

@@ -36,11 +36,12 @@ def write_report(study: Any, out: Path) -> StudySummary:
 
 
 def report_study(req: ReportRequest) -> ReportOutcome:
-    from tuner.storage import default_storage, load_study
+    """The study's report, written into OUT; the study is only read (an SQLite file through a copy: read_study)."""
+    from tuner.storage import default_storage, read_study
     from tuner.storage import check_output_folder, storage_errors
     storage = req.storage or default_storage(req.study)
     out = Path(req.out) if req.out else Path("reports") / req.study
     check_output_folder(out, "--out")
-    study = load_study(req.study, storage)
-    with storage_errors(storage, then="run the same command again"):   # damage quick_check missed, a server gone
+    with read_study(req.study, storage) as study, \
+            storage_errors(storage, then="run the same command again"):   # damage quick_check missed, a server gone
         return ReportOutcome(req.study, write_report(study, out), storage, out)

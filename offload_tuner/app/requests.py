@@ -18,7 +18,7 @@ from planner.errors import InputError
 from planner.options import EngineName, EngineOptions
 from planner.plan import DEFAULT_CTX, KV_TYPES, Dialect, KvType
 from tuner.confirm import CONFIRM_ROUNDS
-from .fields import opt, options
+from .fields import Bounds, check_bounds, opt, options
 
 PlanObjective = Literal["tg", "pp", "both", "balanced"]     # balanced: both's old name, read as both
 SpaceMode = Literal["settled", "full"]                      # defaults.SPACE_MODES
@@ -30,6 +30,11 @@ BUILD = ("the engine build the printed lines are for, as `llama-server --version
          "mainline:10114), or the path of the program (its --help and --version are read); default: the pinned "
          "builds (ik 8337e4cd = 4840, mainline as in llama-cpp-python 0.3.36)")
 DIALECT = "mainline or ik (default mainline)"
+# the ranges of the counts (planner/defaults.py says why each maximum)
+TOKENS = Bounds(0, D.MAX_TOKENS, why="16M tokens, above any model's context")
+TOKENS_1 = Bounds(1, D.MAX_TOKENS, why="16M tokens, above any model's context")
+TRIALS = Bounds(1, D.MAX_TRIALS)
+POOL = Bounds(0, D.MAX_POOL, why="each candidate costs 10-30 ms of pre-screening before the first run")
 KEEP_FREE = (f"GPU memory kept free on each GPU for the display, other processes and the driver: no plan uses it "
              f"(default {D.KEEP_FREE}, what llama.cpp's own fit keeps free; 0 allowed)")
 
@@ -46,14 +51,16 @@ class PlanRequest:
     model: str = opt(help=MODEL)
     gpu: str | None = opt(None, help=GPU)
     hardware: str | None = opt(None, help=HARDWARE)
-    ctx: int = opt(DEFAULT_CTX, help=f"context length (default {DEFAULT_CTX})")
-    ubatch: int | None = opt(None, help="-ub (default 512)")
-    batch: int | None = opt(None, help="-b (default 2048, at least --ubatch)")
+    ctx: int = opt(DEFAULT_CTX, help=f"context length (default {DEFAULT_CTX})", bounds=TOKENS_1)
+    ubatch: int | None = opt(None, help="-ub (default 512)", bounds=TOKENS_1)
+    batch: int | None = opt(None, help="-b (default 2048, at least --ubatch)", bounds=TOKENS_1)
     kv_type: KvType | None = opt(None, help="KV cache type for K and V (default f16)")
-    threads: int | None = opt(None, help="-t (default: the hardware's cores)")
+    threads: int | None = opt(None, help="-t (default: the hardware's cores)",
+                              bounds=Bounds(1, D.MAX_THREADS, why="ggml's most threads"))
     dialect: Dialect = opt("mainline", help=DIALECT)
     build: str | None = opt(None, help=BUILD)
-    amb: int | None = opt(None, help="ik -amb in MiB (default 512 for MLA models, else ik's default)")
+    amb: int | None = opt(None, help="ik -amb in MiB (default 512 for MLA models, else ik's default)",
+                          bounds=Bounds(0, D.MAX_AMB_MIB, why="1 TiB"))
     objective: PlanObjective = opt("tg", help="tg, pp or both (the geometric mean of the two speeds, the pick "
                                               "tune's 'both' front holds; 'balanced', its old name, reads as both)")
     workload: str | None = opt(None, help="rank by this workload's predicted mean request time instead of the "
@@ -62,11 +69,16 @@ class PlanRequest:
     keep_free: str = opt(D.KEEP_FREE, help=KEEP_FREE)
     margin: str = opt(D.PLAN_MARGIN, help="GPU memory held back, beyond --keep-free, for the memory model's error "
                                           f"(default {D.PLAN_MARGIN}: the room is the GPU memory less --keep-free)")
-    top: int = opt(D.PLAN_TOP, help=f"candidates to list (default {D.PLAN_TOP})")
+    top: int = opt(D.PLAN_TOP, help=f"candidates to list (default {D.PLAN_TOP})", bounds=Bounds(1, D.MAX_TOP))
 
     def __post_init__(self) -> None:
         if self.objective == "balanced":           # an old command line's word: one objective vocabulary after it
             object.__setattr__(self, "objective", "both")
+        check_bounds(self)
+        if self.ubatch is not None and self.batch is not None and self.ubatch > self.batch:
+            raise InputError(f"--ubatch {self.ubatch} is more than --batch {self.batch}: llama.cpp never runs a "
+                             f"ubatch larger than the batch; give --batch {self.ubatch} (or more), or a smaller "
+                             "--ubatch")
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,8 @@ class TuneOptions:
         f"{s.name}: {s.help}" for s in ENGINES.values()) + f" (default {D.TUNE_ENGINE})", choices=tuple(ENGINES))
     gpu: str | None = opt(None, help=GPU)
     hardware: str | None = opt(None, help=HARDWARE)
-    trials: int = opt(D.TUNE_TRIALS, help=f"engine runs to add to the study (default {D.TUNE_TRIALS})")
+    trials: int = opt(D.TUNE_TRIALS, help=f"engine runs to add to the study (default {D.TUNE_TRIALS})",
+                      bounds=TRIALS)
     study: str | None = opt(None, help="study name (default: the spec's file name, else from model, hardware, "
                                        "engine, objective); resumes it")
     storage: str | None = opt(None, help="SQLAlchemy URL (default sqlite:///studies/STUDY.db, or STUDY.db beside "
@@ -109,15 +122,16 @@ class TuneOptions:
                                       "500ms): configs over it rank below every config within it, and the served "
                                       "pick meets it where any contender does")
     n_prompt: int | None = opt(None, help="prompt tokens of each benchmark run (default: the workload's mean new "
-                                          f"tokens under time, else {D.TUNE_WORKLOAD.n_prompt})")
+                                          f"tokens under time, else {D.TUNE_WORKLOAD.n_prompt})", bounds=TOKENS)
     n_gen: int | None = opt(None, help="generated tokens of each benchmark run (default: the workload's mean, at most "
-                                       f"128, under time, else {D.TUNE_WORKLOAD.n_gen})")
+                                       f"128, under time, else {D.TUNE_WORKLOAD.n_gen})", bounds=TOKENS)
     depth: int | None = opt(None, help="context depth of each benchmark run (default: the workload's mean cached "
-                                       f"tokens under time, else {D.TUNE_WORKLOAD.depth})")
+                                       f"tokens under time, else {D.TUNE_WORKLOAD.depth})", bounds=TOKENS)
     reps: int = opt(D.TUNE_WORKLOAD.repetitions,
-                    help=f"repetitions per measurement (default {D.TUNE_WORKLOAD.repetitions})")
+                    help=f"repetitions per measurement (default {D.TUNE_WORKLOAD.repetitions})",
+                    bounds=Bounds(1, D.MAX_REPS))
     ctx: int | None = opt(None, help=f"context the emitted commands reserve (default max({DEFAULT_CTX}, the "
-                                     "workload's longest request, depth+prompt+gen))")
+                                     "workload's longest request, depth+prompt+gen))", bounds=TOKENS_1)
     dialect: Dialect | None = opt(None, help="mainline or ik (default: the llama.cpp binary's, else mainline)")
     llama_bench: str | None = opt(None, help="llamacpp engine: llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
                                              "else llama-bench on PATH)")
@@ -134,7 +148,7 @@ class TuneOptions:
                                          "not the GPU plans')")
     confirm: int | None = opt(None, help="rounds of interleaved re-measurement of the finalists and --fit before the "
                                          f"study reports (default {CONFIRM_ROUNDS}; 0 for the sim engine, which is "
-                                         "exact)")
+                                         "exact)", bounds=Bounds(0, D.MAX_CONFIRM))
     space: SpaceMode | None = opt(None, help="settled: threads, flash attention, batch, output layer, mmap and op "
                                              "offload fixed at what won on real engines, so runs go to placement, "
                                              "ubatch and KV (default for llamacpp and torch); full: search every "
@@ -142,15 +156,21 @@ class TuneOptions:
     kv_types: tuple[str, ...] = opt(D.TUNE_KV_TYPES, help="KV cache types the search may use (default "
                                                           f"{','.join(D.TUNE_KV_TYPES)})")
     space_limits: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)   # SpaceConfig fields (specs only)
-    seed: int = opt(D.TUNE_SEED, help=f"sampler seed (default {D.TUNE_SEED})")
-    pool: int = opt(D.TUNE_POOL, help=f"candidates the cost model pre-screens (default {D.TUNE_POOL})")
+    seed: int = opt(D.TUNE_SEED, help=f"sampler seed (default {D.TUNE_SEED})",
+                    bounds=Bounds(0, D.MAX_SEED, why="the samplers' seed range, 0 to 2**32-1"))
+    pool: int = opt(D.TUNE_POOL, help=f"candidates the cost model pre-screens (default {D.TUNE_POOL}, at most "
+                                      f"{D.MAX_POOL})", bounds=POOL)
     timeout_s: float | None = opt(None, flag="timeout", help="seconds per measurement (llamacpp; default "
-                                                             f"{D.RUN_TIMEOUT_S:.0f})")
+                                                             f"{D.RUN_TIMEOUT_S:.0f})",
+                                  bounds=Bounds(0, D.MAX_TIMEOUT_S, above=True, why="a week"))
     fresh: bool = opt(False, help="delete the study of that name first")
     out: str | None = opt(None, help="report folder (default reports/STUDY)")
     no_report: bool = opt(False, help="do not write the report at the end")
     quiet: bool = opt(False, help="no progress bar")
     json: bool = opt(False, help="print the outcome as JSON")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(engine=self.engine, model=self.model, llama_bench=self.llama_bench,
@@ -212,9 +232,12 @@ class DemoRequest:
     """`demo`: the main job on the embedded default (or on a spec), a fresh study each run."""
     spec: str | None = opt(None, help="the study to run as the demo (default: the built-in one, which "
                                       "studies/demo.toml spells out)")
-    trials: int | None = opt(None, help=f"engine runs (default {DEMO.trials})")
-    pool: int | None = opt(None, help=f"candidates the cost model pre-screens (default {DEMO.pool})")
+    trials: int | None = opt(None, help=f"engine runs (default {DEMO.trials})", bounds=TRIALS)
+    pool: int | None = opt(None, help=f"candidates the cost model pre-screens (default {DEMO.pool})", bounds=POOL)
     quiet: bool = opt(False, help="no progress bar")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
 
 @dataclass(frozen=True)
@@ -230,7 +253,7 @@ class ServerConfig:
     """`serve`: what the HTTP service is started with. Engines, binaries, storage and model folders are the
     server's to choose; a request only picks among them."""
     host: str = opt("127.0.0.1", help="address to bind (default 127.0.0.1; anything else needs --token)")
-    port: int = opt(8787, help="port (default 8787)")
+    port: int = opt(8787, help="port (default 8787)", bounds=Bounds(0, 65535))
     storage: str | None = opt(None, help="SQLAlchemy URL of the studies (default: one sqlite:///studies/STUDY.db per "
                                          "study, as tune writes them)")
     workdir: Path = field(default_factory=Path.cwd)     # where studies/ lives and tune workers run
@@ -241,13 +264,17 @@ class ServerConfig:
     engines: tuple[str, ...] = opt(("sim",), flag="engine", help="engines a tune request may use, comma list "
                                                                  "(default sim)")
     llama_bench: str | None = opt(None, help="the llamacpp engine's llama-bench (else $LLAMA_BENCH, else PATH)")
-    max_tunes: int = opt(1, help="tune workers at once (default 1)")
-    max_trials: int = opt(200, help="trials one tune request may ask for (default 200)")
+    max_tunes: int = opt(1, help="tune workers at once (default 1)", bounds=Bounds(1, 64))
+    max_trials: int = opt(200, help="trials one tune request may ask for (default 200)", bounds=TRIALS)
     request_limit_s: float = opt(60.0, flag="request-limit", help="seconds a plan, explain or inspect may compute "
-                                 "before its worker is restarted and the request answered 503 (default 60)")
+                                 "before its worker is restarted and the request answered 503 (default 60)",
+                                 bounds=Bounds(0, 86400, above=True, why="a day"))
     max_body: int = 64 * 1024            # bytes of a request body
     compute_threads: int = 4             # plan/explain/inspect computed at once (the rest wait)
     max_waiting: int = 256               # requests waiting for a compute slot before 503
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
     @property
     def studies_dir(self) -> Path:

@@ -15,7 +15,7 @@ from planner.model import ModelInventory
 from planner.options import EngineOptions
 from planner.plan import DEFAULT_CTX
 from tuner.confirm import CONFIRM_ROUNDS
-from tuner.interrupt import SIGINT
+from tuner.interrupt import SIGINT, signal_of
 from planner.validate import check_dialect
 from .common import hardware, nonneg, parse_seconds, positive
 from .report import write_report
@@ -116,12 +116,12 @@ def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[s
 
 
 class TuneInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT: how the service stops a worker) stopped the study at a safe point; every finished trial
-    is saved and the same options resume it."""
+    """Ctrl-C (SIGINT: how the service stops a worker), SIGTERM or SIGHUP stopped the study at a safe point; every
+    finished trial is saved and the same options resume it. `signum`: the signal that came."""
 
-    def __init__(self, finished: int, storage: str):
+    def __init__(self, finished: int, storage: str, signum: int = 2):
         super().__init__(f"{finished} finished trials are saved in {storage}")
-        self.finished, self.storage = finished, storage
+        self.finished, self.storage, self.signum = finished, storage, signum
 
 
 @dataclass(frozen=True)
@@ -191,15 +191,19 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
     config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
     rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
     nonneg(rounds, "--confirm")
-    tuner = Tuner(inv, hw, engine, TunerOptions(
-        model=args.model, objective=objective, workload=workload, dialect=dialect,
-        n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin, config=config,
-        study_name=name, storage=storage, fresh=args.fresh, seed=args.seed, pool_size=args.pool, requests=t.requests))
-    note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}, "
-         f"{kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in {storage}, "
-         f"objective {objective.text}, {args.trials} runs")
+    tuner = None
     try:
-        with SIGINT.guard():            # Ctrl-C stops at a safe point (tuner/interrupt.py)
+        # Ctrl-C, SIGTERM, SIGHUP stop at a safe point (tuner/interrupt.py); in an engine run, the --fit
+        # reference's too, at once. The study's opening writes are under the guard as well
+        with SIGINT.guard():
+            tuner = Tuner(inv, hw, engine, TunerOptions(
+                model=args.model, objective=objective, workload=workload, dialect=dialect,
+                n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
+                config=config, study_name=name, storage=storage, fresh=args.fresh, seed=args.seed,
+                pool_size=args.pool, requests=t.requests))
+            note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}"
+                 f", {kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in "
+                 f"{storage}, objective {objective.text}, {args.trials} runs")
             result = tuner.run(args.trials, progress=progress)
             if rounds:
                 note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
@@ -208,9 +212,12 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
                 _serve(args, tuner, hw, note)
             SIGINT.check()
     except KeyboardInterrupt as e:
-        n = len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
-        raise TuneInterrupted(n, storage) from e
+        n = 0 if tuner is None else len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
+        raise TuneInterrupted(n, storage, signal_of(e)) from e
     from optuna.trial import TrialState
+
+    from tuner.failures import check_some_run_worked
+    check_some_run_worked(tuner.study, storage)      # every run crashed: said so, not "give more memory"
     if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
                           f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "

@@ -6,15 +6,19 @@ serve, demo), each with its cmd_* function and its add_parser: the flags, made f
 into the use case's request; its outcome printed. common.py holds what several share.
 Results go to stdout (tables, or JSON with --json); progress lines and diagnostics go through logging to stderr
 (logs.py: -v adds debug lines, -q keeps only warnings and errors). Expected errors print one line and exit 2.
+SIGTERM and SIGHUP (`timeout`, systemd, `docker stop`, a closed terminal) stop a command as Ctrl-C does: the
+running engine's process group ended, a tune's resume line printed, exit 128 + the signal (130, 143, 129).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
 
 from planner.errors import InputError
+from tuner.interrupt import signal_of, stop_now
 from . import demo, explain, inspect, logs, plan, report, runtime_cmds, serve, tune
 from .demo import cmd_demo
 from .explain import cmd_explain
@@ -54,11 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    old: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C / SIGINT is how a tune is stopped and kept resumable (the service's stop sends it); a process
         # started in the background by a non-interactive shell inherits SIGINT ignored, which would turn a stop
         # into a study that runs to its end
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # SIGTERM and SIGHUP end a run as Ctrl-C does (else Python dies at once: no resume line, and the engine's
+        # process group is left to the kernel); SIGHUP ignored (nohup) stays ignored. Put back when main returns
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                old[sig] = signal.signal(sig, stop_now)
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _main(argv: list[str]) -> int:
     try:
         # everything after the first "--" belongs to llama.cpp (explain), never to our own parser
         cut = argv.index("--") if "--" in argv else len(argv)
@@ -74,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        print("offload-tuner: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:          # Ctrl-C, SIGTERM, SIGHUP: 128 + the signal
+        with contextlib.suppress(OSError):     # SIGHUP: the terminal may be gone
+            print("offload-tuner: interrupted", file=sys.stderr)
+        return 128 + signal_of(e)

@@ -16,6 +16,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     s = o.summary
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))
     print(f"study {o.study}: {s.n_trials} trials ({counts})")
+    if s.no_result:
+        print(s.no_result)
     for k, r in s.best.items():
         if r:
             print(f"best {k}: TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, {r['label']})")

@@ -3,6 +3,7 @@ printed: a progress bar on stderr while it runs, then the runs, the refit, the b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 
@@ -66,11 +67,12 @@ def cmd_tune(args: TuneOptions) -> int:
     console = _Console(args.trials, args.quiet)
     try:
         o = start_tune(args, note=console.note, progress=console.progress)
-    except TuneInterrupted as e:
+    except TuneInterrupted as e:          # Ctrl-C, SIGTERM or SIGHUP: exit 128 + the signal (130, 143, 129)
         console.close()
-        print(f"offload-tuner: interrupted; {e.finished} finished trials are saved in {e.storage}: run the same "
-              "command to resume", file=sys.stderr)
-        return 130
+        with contextlib.suppress(OSError):     # SIGHUP: the terminal may be gone
+            print(f"offload-tuner: interrupted; {e.finished} finished trials are saved in {e.storage}: run the "
+                  "same command to resume", file=sys.stderr)
+        return 128 + e.signum
     finally:
         console.close()
     if args.json:

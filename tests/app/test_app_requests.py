@@ -99,3 +99,42 @@ def test_every_request_field_is_an_option_of_its_command_with_its_help(command, 
             continue
         assert (name if name in POSITIONAL else o.flag) in text, (command, name)
         assert o.help and "".join(o.help.split()) in text, (command, name)
+
+
+# a number out of its range (offload_tuner/app/fields.py Bounds; the maxima in planner/defaults.py): refused by the
+# request itself, so the command line, a JSON body and a study spec all get the same one line (issue 43, item 3)
+OUT_OF_RANGE = [("seed", -1), ("seed", 2**32), ("pool", 10**12), ("trials", 10**12), ("reps", 10**9),
+                ("n_prompt", 10**20), ("depth", -1), ("ctx", 0), ("confirm", 10**9), ("timeout_s", float("nan")),
+                ("timeout_s", float("inf")), ("timeout_s", 0.0), ("timeout_s", -1.0)]
+
+
+@pytest.mark.parametrize("name, value", OUT_OF_RANGE, ids=[f"{n}={v}" for n, v in OUT_OF_RANGE])
+def test_a_number_out_of_range_is_refused_by_the_request_itself(name, value):
+    flag = options(TuneOptions)[name].flag
+    with pytest.raises(InputError, match=flag):               # the Python API, the values a JSON body gives
+        TuneOptions.from_values({"model": M, name: value})
+    from offload_tuner.service import bodies
+    from offload_tuner.service.security import PathPolicy
+    with pytest.raises(InputError, match=flag):               # a JSON body through the service's reader
+        bodies.request("tune", {"model": M, name: value}, PathPolicy(()))
+
+
+@pytest.mark.parametrize("line", ["timeout_s = inf", "timeout_s = nan", "seed = 4294967296", "confirm = 1000000000",
+                                  "[workload]\nreps = 1000000000"])
+def test_a_spec_out_of_range_is_refused(line, tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC.replace("[space]", f"{line}\n\n[space]") if not line.startswith("[") else SPEC + line)
+    with pytest.raises(InputError, match=r"--(timeout|seed|confirm|reps) .*(finite|at most)"):
+        TuneOptions.from_values({"spec": str(spec)})
+
+
+def test_the_other_requests_check_their_numbers():
+    with pytest.raises(InputError, match="--ubatch 4096 is more than --batch 512.*give --batch 4096"):
+        PlanRequest(model=M, ubatch=4096, batch=512)
+    with pytest.raises(InputError, match="--threads"):
+        PlanRequest(model=M, threads=10**6)
+    with pytest.raises(InputError, match="--pool"):
+        DemoRequest(pool=10**12)
+    with pytest.raises(InputError, match="--request-limit"):
+        ServerConfig(request_limit_s=float("inf"))
+    assert PlanRequest(model=M, ubatch=512, batch=512).batch == 512       # equal is fine

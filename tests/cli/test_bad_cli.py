@@ -60,6 +60,8 @@ def env(tmp_path_factory) -> dict[str, str]:
     (tmp / "plan_cuda3.json").write_text(json.dumps({**plan_ok, "assignment": {**names, "output.weight": "CUDA3"}}))
     (tmp / "plan_typed.json").write_text(json.dumps({**plan_ok, "assignment": names, "knobs": {"n_ctx": 1.5}}))
     (tmp / "plan_text.json").write_text("not json")
+    # a workload log line nested 100,000 deep (json.loads: RecursionError)
+    (tmp / "deep.jsonl").write_text('{"usage": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     fake = tmp / "llama-bench"
     fake.write_text("#!/bin/sh\necho 'usage: llama-bench'\n")
     fake.chmod(0o755)
@@ -76,7 +78,7 @@ def env(tmp_path_factory) -> dict[str, str]:
             }
 
 
-BAD: list[tuple[str, list[str]]] = [
+BAD: list = [                 # (name, argv) or a pytest.param of them
     # top level
     ("no command", []),
     ("unknown command", ["frobnicate"]),
@@ -191,6 +193,51 @@ BAD: list[tuple[str, list[str]]] = [
     ("tune ctx small", ["tune", M, "--gpu", "16GiB", "--ctx", "16", "--storage", "sqlite:///{tmp}/t2.db"]),
     ("tune engine torch here", ["tune", M, "--gpu", "16GiB", "--engine", "torch"]),
     ("tune hardware cpu-only", ["tune", M, "--hardware", "{hw_cpuonly}", "--trials", "2"]),
+    # numbers out of range, checked by the request itself (the CLI, a JSON body and a study spec alike; issue 43)
+    ("tune seed -1", ["tune", M, "--gpu", "16GiB", "--seed", "-1"]),
+    ("tune seed 2**32", ["tune", M, "--gpu", "16GiB", "--seed", str(2**32)]),
+    ("tune pool 10**12", ["tune", M, "--gpu", "16GiB", "--pool", str(10**12)]),
+    ("tune trials 10**12", ["tune", M, "--gpu", "16GiB", "--trials", str(10**12)]),
+    ("tune timeout nan", ["tune", M, "--gpu", "16GiB", "--timeout", "nan"]),
+    ("tune timeout inf", ["tune", M, "--gpu", "16GiB", "--timeout", "inf"]),
+    ("tune timeout 0", ["tune", M, "--gpu", "16GiB", "--timeout", "0"]),
+    ("tune timeout -5", ["tune", M, "--gpu", "16GiB", "--timeout", "-5"]),
+    ("tune timeout 1e400", ["tune", M, "--gpu", "16GiB", "--timeout", "1e400"]),
+    ("tune reps 10**9", ["tune", M, "--gpu", "16GiB", "--reps", str(10**9)]),
+    ("tune n-prompt 10**20", ["tune", M, "--gpu", "16GiB", "--n-prompt", str(10**20)]),
+    ("tune n-gen 10**20", ["tune", M, "--gpu", "16GiB", "--n-gen", str(10**20)]),
+    ("tune depth 10**20", ["tune", M, "--gpu", "16GiB", "--depth", str(10**20)]),
+    ("tune ctx 10**20", ["tune", M, "--gpu", "16GiB", "--ctx", str(10**20)]),
+    ("tune confirm 10**9", ["tune", M, "--gpu", "16GiB", "--confirm", str(10**9)]),
+    ("tune ttft 400 digits", ["tune", M, "--gpu", "16GiB", "--objective", "time", "--ttft", "9" * 400]),
+    ("tune storage sqlite://", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--storage", "sqlite://"]),
+    ("tune storage :memory:", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--storage", "sqlite:///:memory:"]),
+    ("tune storage mode=memory", ["tune", M, "--gpu", "16GiB", "--trials", "2", "--storage",
+                                  "sqlite:///file:x?mode=memory&uri=true"]),
+    ("report storage sqlite://", ["report", "nope", "--storage", "sqlite://"]),
+    ("plan ubatch over batch", ["plan", M, "--gpu", "24GiB", "--ubatch", "4096", "--batch", "512"]),
+    ("plan ctx 10**20", ["plan", M, "--gpu", "24GiB", "--ctx", str(10**20)]),
+    ("plan ubatch 10**20", ["plan", M, "--gpu", "24GiB", "--ubatch", str(10**20)]),
+    ("plan batch 0", ["plan", M, "--gpu", "24GiB", "--batch", "0"]),
+    ("plan threads 10**20", ["plan", M, "--gpu", "24GiB", "--threads", str(10**20)]),
+    ("plan amb -1", ["plan", M, "--gpu", "24GiB", "--dialect", "ik", "--amb", "-1"]),
+    ("plan amb 10**20", ["plan", M, "--gpu", "24GiB", "--dialect", "ik", "--amb", str(10**20)]),
+    ("plan top 10**20", ["plan", M, "--gpu", "24GiB", "--top", str(10**20)]),
+    ("plan workload nested 100000 deep", ["plan", M, "--gpu", "24GiB", "--workload", "{tmp}/deep.jsonl"]),
+    ("run timeout nan", ["run", M, "--engine", "sim", "--timeout", "nan", "--", "-ngl", "0"]),
+    ("run timeout inf", ["run", M, "--engine", "sim", "--timeout", "inf", "--", "-ngl", "0"]),
+    ("run timeout 0", ["run", M, "--engine", "sim", "--timeout", "0", "--", "-ngl", "0"]),
+    ("run n-prompt 10**20", ["run", M, "--engine", "sim", "--n-prompt", str(10**20), "--", "-ngl", "0"]),
+    ("run depth 10**20", ["run", M, "--engine", "sim", "--depth", str(10**20), "--", "-ngl", "0"]),
+    ("run reps 10**9", ["run", M, "--engine", "sim", "--reps", str(10**9), "--", "-ngl", "0"]),
+    ("serve max-trials 10**12", ["serve", "--port", "0", "--max-trials", str(10**12)]),
+    ("serve max-tunes 0", ["serve", "--port", "0", "--max-tunes", "0"]),
+    ("serve request-limit 0", ["serve", "--port", "0", "--request-limit", "0"]),
+    ("serve port 70000", ["serve", "--port", "70000"]),
+    ("demo pool 10**12", ["demo", "--pool", str(10**12)]),
+    ("demo trials 10**12", ["demo", "--trials", str(10**12)]),
+    ("synth seed -1", ["synth", "--arch", "qwen3moe", "--tiny", "--out", "{tmp}/s.gguf", "--seed", "-1"]),
+    ("synth seed 2**32", ["synth", "--arch", "qwen3moe", "--tiny", "--out", "{tmp}/s.gguf", "--seed", str(2**32)]),
     # report
     ("report missing study", ["report", "nope", "--storage", "sqlite:///{tmp}/none.db"]),
     ("report out /dev/null/x", ["report", "nope", "--out", "/dev/null/x"]),
@@ -200,7 +247,7 @@ BAD: list[tuple[str, list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize("name, argv", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("name, argv", BAD, ids=[getattr(b, "values", b)[0] for b in BAD])
 def test_bad_command_line_is_one_clean_line(name, argv, env, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)                     # anything written lands here, and is checked below
     if os.geteuid() == 0 and "read-only" in name:

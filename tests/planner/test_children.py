@@ -1,6 +1,7 @@
 """Every process the tuner starts dies with it, kill -9 included (planner/children.py: its own process group, and
 PR_SET_PDEATHSIG on Linux). A real `tune` on the CPU llama-bench is killed with SIGKILL while llama-bench runs,
-and the processes it left are counted; the same for a plain parent of children.popen and children.run."""
+and the processes it left are counted; the same for a plain parent of children.popen and children.run, and for a
+child that is a wrapper script with a child of its own (the reaper ends the wrapper's whole group)."""
 from __future__ import annotations
 
 import os
@@ -55,6 +56,42 @@ def test_a_child_dies_with_its_parent_killed_with_sigkill(how):
         assert not left, f"left running after kill -9 of their parent: {left}"
     finally:
         kill_all([parent.pid, *marked(mark)])
+
+
+@pytest.mark.parametrize("how", ["popen", "run"])
+def test_what_a_wrapper_started_dies_with_its_parent_killed_with_sigkill(how, tmp_path):
+    """A child that starts its own child (a wrapper script around llama-bench): PR_SET_PDEATHSIG ends the wrapper
+    only; the reaper (planner/children.py) ends the rest of its process group."""
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text("#!/bin/sh\nsleep 301 &\nwait\n")
+    wrapper.chmod(0o755)
+    mark = new_mark()
+    code = f"import time\nfrom planner import children\nchildren.{how}([{str(wrapper)!r}])\ntime.sleep(300)\n"
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **mark,
+                                                                          "PYTHONPATH": str(ROOT)})
+    try:
+        procs = _wait_for(mark, "sleep", parent, 60)
+        assert any("wrapper" in cmd for cmd in procs.values())
+        parent.kill()
+        parent.wait(10)
+        left = survivors(mark)
+        assert not left, f"left running after kill -9 of their grandparent: {left}"
+    finally:
+        kill_all([parent.pid, *marked(mark)])
+
+
+def test_run_past_its_time_limit_ends_the_childs_whole_group(tmp_path):
+    """children.run past its time limit ends the wrapper's own child too (subprocess.run kills the child alone)."""
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text("#!/bin/sh\nsleep 302 &\nwait\n")
+    wrapper.chmod(0o755)
+    mark = new_mark()
+    from planner import children
+    with pytest.raises(subprocess.TimeoutExpired):
+        children.run([str(wrapper)], env={**os.environ, **mark}, timeout=1)
+    left = survivors(mark, wait_s=5)
+    kill_all(left)
+    assert not left, f"left running after the time limit: {left}"
 
 
 @pytest.mark.slow

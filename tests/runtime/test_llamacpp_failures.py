@@ -47,6 +47,7 @@ def test_rerun_reason_is_added_to_the_first_cause(tmp_path):
     '{"n_prompt": "eight", "n_gen": [], "avg_ts": {}}',
     '[1, 2, 3]',
     '{"n_prompt": 8' + '[' * 5000,
+    '{"n_prompt": ' + '[' * 100_000 + ']' * 100_000 + '}',      # nested past Python's recursion limit
     '\x00\xff garbage \x1b[31m',
     '',
 ])
