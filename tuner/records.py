@@ -311,7 +311,8 @@ class StudyRecord:
     # the llama-server confirmation (tuner.served): its samples as they come, then the verdict
     serving: dict[str, Any] | None = None
     served: dict[str, Any] | None = None
-    explored: bool = False                              # benchmarks/workload_vs_fit.py: the search is done
+    explored: bool = False                              # the search is done (tune --llama-server resumes serving)
+    threads_probe: dict[str, Any] | None = None         # tuner.threads.ThreadProbe.to_dict(): the -t it settled
 
     @classmethod
     def of(cls, study: Any) -> StudyRecord:

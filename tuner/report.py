@@ -9,6 +9,7 @@ from typing import Any
 from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
 from .cost_fit import CostFit
 from .failures import no_result_text
+from .threads import ThreadProbe
 from .records import StudyRecord, TrialRecord
 from .report_plots import write_plots      # the plots: their own module
 from planner.hardware import fmt_bytes
@@ -204,6 +205,7 @@ class StudySummary:
     served: dict[str, Any] | None = None        # tuner.served's record, when the finalists were served
     keep_free_bytes: int = 0                    # GPU memory kept free on each GPU (--keep-free)
     no_result: str | None = None                # a study without a complete trial: what it holds (failures.py)
+    threads: str | None = None                  # the thread probe's line (tuner/threads.py), when one ran
 
     def to_dict(self) -> dict[str, Any]:
         # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
@@ -219,6 +221,8 @@ class StudySummary:
             out["served"] = self.served
         if self.no_result is not None:
             out["no_result"] = self.no_result
+        if self.threads is not None:
+            out["threads"] = self.threads
         if self.files is not None:
             out["files"] = list(self.files)
         return out
@@ -279,7 +283,8 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
         pareto=front, per_budget=per_budget, baselines=baselines, failed=failed,
         headline=_headline(settings, record, best, ref), served=record.served,
-        keep_free_bytes=keep_free_of(settings), no_result=no_result_text(counts, [f.error for f in failed]))
+        keep_free_bytes=keep_free_of(settings), no_result=no_result_text(counts, [f.error for f in failed]),
+        threads=ThreadProbe.from_dict(record.threads_probe).line() if record.threads_probe else None)
 
 
 def keep_free_of(settings: dict[str, Any]) -> int:
@@ -386,7 +391,7 @@ def summary_markdown(s: StudySummary) -> str:
     st = s.settings
     w = st.get("workload", {})
     L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
-         *([f"**{s.no_result}**", ""] if s.no_result else []),
+         *([f"**{s.no_result}**", ""] if s.no_result else []), *([s.threads, ""] if s.threads else []),
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
          + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))

@@ -545,7 +545,7 @@ class Tuner:
     def _start_before_deadline(self, trial, plan: Plan, source: str, pred: dict[str, float]) -> None:
         """Raise NotBeforeDeadline (and stop the study) when this run, at its predicted speeds, would end past
         run()'s deadline: a device call cut off mid-run loses the run; queued again, a later call runs it."""
-        if self._deadline is None:
+        if self._deadline is None or not traits_of(self.engine).measured:     # the model's runs take no time
             return
         need, left = self.run_seconds(pred["tg_tps"], pred["pp_tps"]), self._deadline - time.monotonic()
         if need <= left:

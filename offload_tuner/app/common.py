@@ -21,12 +21,12 @@ def nonneg(v: int, flag: str) -> int:
 
 
 def parse_seconds(text: str, flag: str) -> float:
-    """A duration: a number with s, ms or m ("3s", "500ms", "1.5m"; a bare number is seconds)."""
+    """A duration: a number with ms, s, m or h ("3s", "500ms", "1.5m", "2h"; a bare number is seconds)."""
     import re
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m)?\s*", str(text), re.ASCII)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*", str(text), re.ASCII)
     if m is None:
-        raise InputError(f"{flag} {text!r}: give a duration such as 3s, 500ms or 1.5m")
-    value = float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+        raise InputError(f"{flag} {text!r}: give a duration such as 3s, 500ms, 1.5m or 2h")
+    value = float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
     if not value < float("inf"):                  # 400 digits read as inf: no limit at all
         raise InputError(f"{flag} {text[:40]!r}: a duration of finite length")
     if value <= 0:

@@ -165,6 +165,10 @@ class TuneOptions:
                                   bounds=Bounds(0, D.MAX_TIMEOUT_S, above=True, why="a week"))
     fresh: bool = opt(False, help="delete the study of that name first")
     out: str | None = opt(None, help="report folder (default reports/STUDY)")
+    time_limit: str | None = opt(None, help="end within this long (e.g. 10m, 1.5h): the search takes its first half "
+                                            "when --llama-server serves after it, else all; the serving ends at a "
+                                            "safe point with its verdict so far marked partial, and the same command "
+                                            "goes on")
     no_report: bool = opt(False, help="do not write the report at the end")
     quiet: bool = opt(False, help="no progress bar")
     json: bool = opt(False, help="print the outcome as JSON")

@@ -3,6 +3,7 @@ checked, the storage locked, the engine made, the space configured, the search r
 written. The CLI's `tune`, the service's workers (which run the CLI) and the benchmarks call start_tune."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from planner.options import EngineOptions
 from planner.plan import DEFAULT_CTX
 from tuner.confirm import CONFIRM_ROUNDS
 from tuner.interrupt import SIGINT, signal_of
+from tuner.records import StudyRecord
 from planner.validate import check_dialect
 from .common import hardware, nonneg, parse_seconds, positive
 from .report import write_report
@@ -58,6 +60,8 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     from tuner.objectives import bench_for
     from planner.workload import load as load_workload
     positive(args.trials, "--trials")
+    if args.time_limit is not None:
+        parse_seconds(args.time_limit, "--time-limit")
     nonneg(args.pool, "--pool")
     inv = load_model(args.model)
     hw = hardware(args.hardware, args.gpu, keep_free=args.keep_free)
@@ -103,16 +107,59 @@ def load_engine(opts: EngineOptions, hw: HardwareProfile):
     return engines.make_engine(opts, hw)
 
 
-def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[str], None]) -> None:
-    """The finalists and llama-server's own --fit served on the workload (tuner/served.py)."""
-    from tuner.served import SERVED_ROUNDS, confirm_served, headline, study_threads
+def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[str], None],
+           deadline: float | None = None) -> bool:
+    """The finalists and llama-server's own --fit served on the workload (tuner/served.py), a line per server run;
+    False when `deadline` came first (the rows so far are stored: the same command goes on from them)."""
+    from tuner.served import SERVED_ROUNDS, confirm_served, headline, partial_record, served_budget, study_threads
     server = engines.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
     threads = study_threads(tuner)
     note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds"
          + (f", every one at -t {threads} (the best finalist's)" if threads else ""))
-    rec = confirm_served(tuner, server, SERVED_ROUNDS, threads=threads)
+    rec = confirm_served(tuner, server, SERVED_ROUNDS, threads=threads, deadline=deadline, say=note)
     if rec:
         note(f"# {headline(rec)}")
+        return True
+    partial = partial_record(StudyRecord.of(tuner.study), served_budget(hw))
+    note("# the --time-limit came before the serving's end: " + (f"so far: {headline(partial)}" if partial
+                                                                 else "no server run finished yet"))
+    return False
+
+
+def _settled_threads(args: TuneOptions, engine: Any, inv: Any, hw: HardwareProfile, dialect: str, storage: str,
+                     name: str, note: Callable[[str], None]) -> tuple[int, Any]:
+    """(the -t the study settles at, the ThreadProbe behind it): the probe stored with the study, else a new one
+    (tuner/threads.py) on the planner's first placement, for a llama-bench study whose threads the user left
+    open; (0, None): llama.cpp's default, nothing probed."""
+    from tuner.threads import ThreadProbe, probe_threads
+    if engines.traits_of(engine).binary != "llama-bench" or "threads" in args.space_limits:
+        return 0, None
+    if not args.fresh:
+        stored = _stored_record(storage, name)
+        if stored is not None and stored.threads_probe is not None:
+            probe = ThreadProbe.from_dict(stored.threads_probe)
+            return probe.pick, probe
+    from planner.propose import propose
+    try:
+        plan = propose(inv, hw, dialect=dialect, margin=engines.traits_of(engine).memory_error_prior)[0]
+    except (InputError, IndexError):
+        return 0, None                       # nothing fits: the study says so itself
+    note("# threads: a short generation at llama.cpp's default -t, at half and three quarters of the cores")
+    with SIGINT.engine_run():
+        probe = probe_threads(engine.measure, inv, plan, say=note)
+    note(f"# {probe.line()}")
+    return probe.pick, probe
+
+
+def _stored_record(storage: str, name: str) -> Any:
+    """The StudyRecord of study NAME in STORAGE, or None when there is no such study yet."""
+    import optuna
+
+    from tuner.storage import make_storage
+    try:
+        return StudyRecord.of(optuna.load_study(study_name=name, storage=make_storage(storage)))
+    except KeyError:
+        return None
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -175,27 +222,32 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
 def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out: Path,
                note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> TuneOutcome:
     """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, TunerOptions, TuneResult
     from tuner.space import SpaceConfig
+    probe = None
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
     dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
     check_dialect(inv, dialect)
     config = SpaceConfig(kv_types=args.kv_types)
     measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm
-    if (args.space or ("settled" if measured else "full")) == "settled":
-        # threads settle at llama.cpp's own default (0: no -t, its physical cores), what the user runs: a profile's
-        # count can be another machine's (the 2x H100 box has 32 cores; its plans carried the H100 box's -t 16)
-        config = config.settled(0, dialect)
-    config = config.for_engine(engine, dialect)        # --no-host (and its probe run), ik bench's one -op switch
-    config = replace(config, **args.space_limits)        # a spec's limits win over the settled values
+    settled = (args.space or ("settled" if measured else "full")) == "settled"
     rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
     nonneg(rounds, "--confirm")
+    limit = parse_seconds(args.time_limit, "--time-limit") if args.time_limit else None
+    start = time.monotonic()
     tuner = None
     try:
         # Ctrl-C, SIGTERM, SIGHUP stop at a safe point (tuner/interrupt.py); in an engine run, the --fit
         # reference's too, at once. The study's opening writes are under the guard as well
         with SIGINT.guard():
+            if settled:
+                # threads settle at llama.cpp's own default (0: no -t), what the user runs, unless the probe found
+                # a count at least 10% faster there (a 64-vCPU VM's default generated 20x slower than half of it)
+                threads, probe = _settled_threads(args, engine, inv, hw, dialect, storage, name, note)
+                config = config.settled(threads, dialect)
+            config = config.for_engine(engine, dialect)    # --no-host (and its probe run), ik bench's one -op switch
+            config = replace(config, **args.space_limits)    # a spec's limits win over the settled values
             tuner = Tuner(inv, hw, engine, TunerOptions(
                 model=args.model, objective=objective, workload=workload, dialect=dialect,
                 n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
@@ -204,12 +256,28 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
             note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}"
                  f", {kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in "
                  f"{storage}, objective {objective.text}, {args.trials} runs")
-            result = tuner.run(args.trials, progress=progress)
-            if rounds:
-                note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
-                tuner.confirm(rounds)
+            if settled and probe is not None:
+                StudyRecord.save(tuner.study, threads_probe=probe.to_dict())
+            record = StudyRecord.of(tuner.study)
+            # a study whose search ended and whose serving did not goes on at the serving (nothing explored again)
+            resume_serving = bool(args.llama_server) and record.explored and record.served is None
+            if resume_serving:
+                note("# the search of this study is done: going on with its serving")
+                result = TuneResult(name, storage, 0, 0, 0.0, tuner.margin, tuner.fit,
+                                    "the search was done: serving only")
+            else:
+                # with a --time-limit the search takes its first half when a serving follows, else all of it
+                share = 0.5 if args.llama_server else 1.0
+                result = tuner.run(args.trials, progress=progress,
+                                   deadline=None if limit is None else start + share * limit)
+                if rounds:
+                    note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
+                    tuner.confirm(rounds)
+                StudyRecord.save(tuner.study, explored=True)
             if args.llama_server:
-                _serve(args, tuner, hw, note)
+                served = _serve(args, tuner, hw, note, None if limit is None else start + limit)
+                if not served:
+                    note(f"# partial: run the same command to go on ({storage}, study {name!r})")
             SIGINT.check()
     except KeyboardInterrupt as e:
         n = 0 if tuner is None else len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
@@ -218,6 +286,10 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
 
     from tuner.failures import check_some_run_worked
     check_some_run_worked(tuner.study, storage)      # every run crashed: said so, not "give more memory"
+    if limit is not None and not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) and \
+            time.monotonic() - start >= limit * (0.5 if args.llama_server else 1.0):
+        raise InputError(f"--time-limit {args.time_limit} came before any run finished ({result.trials} trials "
+                         f"started); give a longer one: the same command goes on from what ran ({storage})")
     if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
                           f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "

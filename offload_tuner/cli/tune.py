@@ -89,6 +89,8 @@ def _print_tune(o: TuneOutcome) -> None:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))
     if s.headline:               # a time-objective study says what it recommends first
         print(s.headline)
+    if s.threads:                # and the thread count every command carries, when the probe chose one
+        print(s.threads)
     print(f"study {s.study}: {result.measured} runs this session in {result.elapsed_s:.1f} s; "
           f"{s.n_trials} trials in all ({counts}); storage {o.storage}")
     if s.budget_bytes:
@@ -142,6 +144,6 @@ def add_parser(sub) -> None:
     add_option(p, TuneOptions, "llama_bench", metavar="PATH")
     add_option(p, TuneOptions, "llama_server", metavar="PATH")
     for name in ("keep_free", "margin", "cpu_stand_in", "confirm", "space", "kv_types", "seed", "pool", "timeout_s",
-                 "fresh", "out", "no_report", "quiet", "json"):
+                 "time_limit", "fresh", "out", "no_report", "quiet", "json"):
         add_option(p, TuneOptions, name)
     p.set_defaults(func=lambda args: cmd_tune(tune_options(args)))

@@ -45,12 +45,15 @@ def test_a_llamacpp_study_measures_fit_keeps_its_baselines_and_reports_ratios(ll
     md = (tmp_path / "report" / "summary.md").read_text()
     assert "## Confirmed against --fit" in md and "| --fit |" in md and "TG x" in md
     assert "-fitt" in md                                             # --fit's own command line is shown
+    # the thread probe ran first (tuner/threads.py) and the report says what it settled at
+    assert s["threads"].startswith("threads: llama.cpp's default -t generated ") and s["threads"] in md
     # a resumed study keeps its baselines (no second --fit run) and adds runs
     assert main(_tune(llama_bench, model, tmp_path, 1)) == 0
     s2 = json.loads(capsys.readouterr().out)
     assert s2["baselines"][0]["measured"] == fit["measured"]
     assert s2["engine_runs"]["baselines"] == runs["baselines"]
     assert s2["engine_runs"]["trials"] == runs["trials"] + 1
+    assert s2["threads"] == s["threads"]                              # the stored probe, not a second one
 
 
 @pytest.mark.slow
