@@ -92,6 +92,10 @@ ARCH_FEATURES: dict[str, frozenset[str]] = {
     "glm4moe": frozenset({"qkv_bias"}), "gpt-oss": frozenset(), "deepseek2": frozenset(),
 }
 SUPPORTED_ARCHS = tuple(LAYER_TENSORS)
+# the architectures whose loaders read <arch>.leading_dense_block_count (the pinned mainline's src/models/*.cpp
+# load_arch_hparams: deepseek2.cpp and glm4-moe.cpp among ours); qwen3moe, qwen2moe, gpt-oss and llama4 never read
+# it, so a file that sets it still loads with every layer MoE there (issue 43: it was a false refusal)
+LEADING_DENSE_ARCHS = frozenset({"deepseek2", "glm4moe"})
 SWA_PATTERN = {"gpt-oss": 2, "llama4": 4}   # load_swa_pattern(ml, N) in the arch's load_arch_hparams
 DEFAULT_SWA = {"llama4": 8192}              # llama4: chunked attention, n_swa = 8192 unless the file says 0
 
@@ -273,7 +277,7 @@ def spec_from_metadata(meta: Mapping[str, Any], tensor_names: set[str] | None = 
     if arch == "llama4" and n_expert:
         n_shared, n_ff_shexp = 1, n_ff_exp        # llama4.cpp: one shared expert of n_ff_exp, whatever the key says
     n_nextn = _int(meta, arch, "nextn_predict_layers", 0, hi=n_layer)
-    lead = _int(meta, arch, "leading_dense_block_count", 0)
+    lead = _int(meta, arch, "leading_dense_block_count", 0) if arch in LEADING_DENSE_ARCHS else 0
     step = _int(meta, arch, "interleave_moe_layer_step", 1 if arch == "llama4" else 0)
     if n_expert == 0:
         moe = (False,) * n_layer

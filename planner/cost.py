@@ -25,6 +25,10 @@ PP (one ubatch of T tokens; a prompt is ceil(n_prompt / T) ubatches):
                  per CPU segment: its input copies as in TG
   launch         kernel launches (no CUDA graphs at batch > 1) and the extra split per uploaded weight
   CUDAi_output / cpu_output   the output layer, for the prompt's last token only (its share per ubatch)
+
+Both, when the weights in RAM outgrow it (planner.host.HostBill.disk_share; predict's `disk_share`):
+  cpu_disk     that share of the weight bytes read from RAM (TG) or read or uploaded from it (PP), read back
+               from disk at host.disk_read_bytes_per_s: the page cache cannot hold them, so a token faults them in
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from .cost_terms import Term, text_keys
 from .ggml_types import by_name as ggml_type
 from .hardware import HardwareProfile
+from .host import disk_share_of
 from .memory import KV_TYPE
 from .model import ModelInventory, Tensor
 from .plan import Plan, gpu_index
@@ -172,8 +177,12 @@ def _round_trips(seq: list[str]) -> int:
 # one piece: the terms of one forward pass, accumulated section by section (weights in graph order, attention over
 # the KV cache, fixed costs) from the same per-plan quantities (devices, ubatch, bandwidths) every section reads
 def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int = 512, depth: int = 0,
-            facts: EngineFacts = LLAMACPP) -> Prediction:
+            facts: EngineFacts = LLAMACPP, disk_share: float | None = None) -> Prediction:
+    """`disk_share`: the share of the weights read from RAM that come from disk (planner.host; default: the memory
+    model's for `hw`'s RAM, 0 where everything fits)."""
     hp, knobs, ov = inv.hparams, plan.knobs, hw.overheads
+    if disk_share is None:
+        disk_share = disk_share_of(inv, plan, hw)
     gpus = [d for d in plan.devices() if d != "CPU"]
     homes = home_devices(inv, plan)
     T = max(1, min(knobs.n_ubatch_eff, n_prompt))
@@ -204,6 +213,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         out_w = Tensor("output.weight", None, "output", emb.shape, emb.ggml_type, emb.nbytes)
     seq_tg: list[str] = []
     seq_pp: list[str] = []
+    ram_tg = ram_pp = 0.0                 # weight bytes read from RAM per token / per ubatch (disk_share of them)
     uploaded_moe_layers: set[int] = set()
     gpu_attn_layers: set[int] = set()     # CPU layers whose attention projections run on the GPU (op offload)
     for t in weights:
@@ -215,6 +225,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
                 add(tg, Term("read", dev), t.nbytes / (gpu_of(dev).mem_bw * ov.gpu_eff))
             else:
                 add(tg, Term("read", "CPU"), t.nbytes / cpu_bw)
+                ram_tg += t.nbytes
             continue
         # TG: batch 1 never reaches the offload threshold; the op runs where its weight is
         seq_tg.append(dev)
@@ -224,6 +235,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
         else:
             rp = facts.cpu_repack_tg_time if repacked(plan, t) else 1.0
             add(tg, Term("read", "CPU"), rp * max(t.nbytes * active / cpu_bw, flops_tok / cpu_rate))
+            ram_tg += t.nbytes * active
         # PP: T tokens; an expert tensor reads the experts the ubatch routes to (a repacked weight has no offload
         # batch: its op stays on the CPU)
         pp_bytes = t.nbytes * (used_pp if t.is_expert else 1.0)
@@ -233,6 +245,7 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
                 max(T * flops_tok / (g.flops * ov.gpu_gemm_eff), pp_bytes / (g.mem_bw * ov.gpu_eff)))
             seq_pp.append(dev)
             continue
+        ram_pp += pp_bytes
         m = offload_min_batch(inv, plan, t)
         if gpus and m is not None and m <= T:
             g = gpu_of(gpus[0])
@@ -265,6 +278,8 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
             s = max(out_w.nbytes / cpu_bw, active_flops / cpu_rate)
             add(tg, Term("read", "CPU"), s * (facts.cpu_repack_tg_time if repacked(plan, out_w) else 1.0))
             add(pp, Term("output", "CPU"), s / n_ub)
+            ram_tg += out_w.nbytes
+            ram_pp += out_w.nbytes / n_ub
         seq_tg.append(out_dev)
     for t in inv.by_layer.get(None, ()):                # output_norm: read with the output
         if len(t.shape) < 2:
@@ -315,6 +330,10 @@ def predict(inv: ModelInventory, plan: Plan, hw: HardwareProfile, n_prompt: int 
     tg[Term("sync")] = _round_trips(seq_tg) * ov.per_split_s * facts.split_inputs
     add(pp, Term("launch"), n_gpu_layers * facts.pp_gpu_ops_per_layer * ov.launch_s + n_cpu_layers * ov.per_layer_cpu_s)
     pp[Term("sync")] += _round_trips(seq_pp) * ov.per_split_s * facts.split_inputs
+    if disk_share > 0:           # the weights the RAM cannot hold, read back from the model's file
+        disk_bw = hw.host.disk_read_bytes_per_s
+        tg[Term("disk", "CPU")] = disk_share * ram_tg / disk_bw
+        pp[Term("disk", "CPU")] = disk_share * ram_pp / disk_bw
     tg_s = sum(tg.values())
     pp_s = sum(pp.values())
     return Prediction(pp_tps=n_prompt / max(n_ub * pp_s, 1e-12), tg_tps=1.0 / tg_s, tg_s=tg_s, pp_ubatch_s=pp_s,

@@ -4,7 +4,8 @@ planner.cost.predict adds seconds per Term; tuner.cost_fit groups them by kind (
 kind, by whether the device is a GPU), so nothing parses text keys and a kind nobody knows is an error at once
 instead of a term that silently lands in the refit's "fixed" group. docs/cost_model.md describes each kind.
 
-    per device (a GPU "CUDAi", or "CPU"):  read, kv (TG); compute, attn, output (PP)
+    per device (a GPU "CUDAi", or "CPU"):  read, kv (TG); compute, attn, output (PP); disk (both, the CPU's only:
+                                           its weights the RAM cannot hold, read back from disk)
     machine-wide (device ""):              upload, upload_calls, sync, launch
 
 str(term) is the text key the breakdown has always been written with (CUDA0_read, cpu_read, upload, ...), so
@@ -16,9 +17,9 @@ from typing import Literal, NamedTuple, get_args
 
 from .plan import is_gpu
 
-TermKind = Literal["read", "kv", "compute", "attn", "output", "upload", "upload_calls", "sync", "launch"]
+TermKind = Literal["read", "kv", "compute", "attn", "output", "disk", "upload", "upload_calls", "sync", "launch"]
 KINDS: tuple[str, ...] = get_args(TermKind)
-DEVICE_KINDS: frozenset[str] = frozenset({"read", "kv", "compute", "attn", "output"})
+DEVICE_KINDS: frozenset[str] = frozenset({"read", "kv", "compute", "attn", "output", "disk"})
 MACHINE_KINDS: frozenset[str] = frozenset(KINDS) - DEVICE_KINDS
 
 

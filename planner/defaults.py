@@ -33,6 +33,7 @@ RUN_WORKLOAD: Final = BenchWorkload()        # `run` without -p/-n: llama-bench'
 KEEP_FREE: Final = f"{KEEP_FREE_BYTES // MiB}MiB"
 PLAN_MARGIN: Final = "0"                # `plan --margin`: beyond KEEP_FREE (tune learns its own: TUNE_MARGIN)
 PLAN_TOP: Final = 8
+PLAN_OBJECTIVE: Final = TUNE_OBJECTIVE  # `plan` ranks as tune does: the workload's (TUNE_REQUESTS) mean request time
 
 # The largest value each count takes (offload_tuner/app/requests.py: the requests check them, so the CLI, a JSON body
 # and a study spec refuse the same values; `run` checks its own in runtime/run.py). Each is far past any real use;
@@ -54,5 +55,5 @@ MAX_TIMEOUT_S: Final = 7 * 86400.0      # seconds one measurement may take: a we
 
 __all__ = ["DEFAULT_CTX", "SPACE_MODES", "TUNE_ENGINE", "TUNE_TRIALS", "TUNE_OBJECTIVE", "TUNE_REQUESTS",
            "TUNE_WORKLOAD", "TUNE_MARGIN", "TUNE_KV_TYPES", "TUNE_SEED", "TUNE_POOL", "RUN_TIMEOUT_S", "RUN_WORKLOAD",
-           "KEEP_FREE", "PLAN_MARGIN", "PLAN_TOP", "MAX_SEED", "MAX_POOL", "MAX_TRIALS", "MAX_CONFIRM", "MAX_REPS",
-           "MAX_TOKENS", "MAX_THREADS", "MAX_AMB_MIB", "MAX_TOP", "MAX_TIMEOUT_S"]
+           "KEEP_FREE", "PLAN_MARGIN", "PLAN_TOP", "PLAN_OBJECTIVE", "MAX_SEED", "MAX_POOL", "MAX_TRIALS",
+           "MAX_CONFIRM", "MAX_REPS", "MAX_TOKENS", "MAX_THREADS", "MAX_AMB_MIB", "MAX_TOP", "MAX_TIMEOUT_S"]

@@ -50,10 +50,17 @@ def open_regular(path: str | Path, what: str, error: type[InputError] = InputErr
 
 
 def check_regular(path: str | Path, what: str) -> int:
-    """PATH's size in bytes when it is a regular file (the same refusals as open_regular); for the readers that
-    open the file themselves (a GGUF's mmap, SQLite)."""
-    with open_regular(path, what) as f:
-        return os.fstat(f.fileno()).st_size
+    """PATH's size in bytes when it is a regular file (the same refusals as open_regular), by stat, never opened:
+    for SQLite, which holds POSIX locks that any close() of the file in this process would drop (a second open
+    and close under a live connection corrupted a study on a full disk)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"cannot read {what} {path}: {_kind(st.st_mode)}, not a file; give the path of a regular "
+                         "file")
+    return st.st_size
 
 
 def read_bytes(path: str | Path, what: str, limit: int) -> bytes:

@@ -75,12 +75,19 @@ class GPU:
     n_sm: int = 0              # streaming multiprocessors (0: unknown); ik's flash attention sizes a temporary by it
 
 
+# What a plan's weights in RAM are read at once they outgrow it: mmap'd pages the page cache cannot hold come back
+# from the model's file on every token. 3 GB/s: a PCIe 3.0 x4 / entry PCIe 4.0 NVMe SSD's sequential read (a SATA
+# SSD reads ~0.5 GB/s, a fast PCIe 4.0 one ~7); a profile says its own with host.disk_read_bytes_per_s.
+DEFAULT_DISK_READ = 3e9
+
+
 @dataclass(frozen=True)
 class Host:
     ram_bytes: int
     mem_bw: float              # bytes/s, effective for quantized GEMV on all threads
     flops: float               # FLOP/s, quantized GEMM on all threads
     n_threads: int = 8
+    disk_read_bytes_per_s: float = DEFAULT_DISK_READ   # where weights that do not fit in RAM are read from
 
 
 @dataclass(frozen=True)
@@ -157,12 +164,17 @@ class HardwareProfile:
         gpus = tuple(replace(self.gpus[i] if i < len(self.gpus) else base, vram_bytes=s) for i, s in enumerate(sizes))
         return replace(self, gpus=gpus)
 
+    def with_ram(self, ram_bytes: int) -> HardwareProfile:
+        """Same machine, host RAM `ram_bytes` (--ram)."""
+        return replace(self, host=replace(self.host, ram_bytes=ram_bytes))
+
 
 GENERIC = "desktop-ddr5"         # the preset whose GPU and link stand in for ones a profile lacks
 
 # The JSON schema is the dataclasses' own fields (GPU, Host, Link, Overheads): a field without a default is
 # required; numbers must be finite and >= 0, and > 0 where a zero would divide (POSITIVE).
-POSITIVE = frozenset({"vram_bytes", "mem_bw", "flops", "ram_bytes", "n_threads", "gpu_eff", "cpu_eff"})
+POSITIVE = frozenset({"vram_bytes", "mem_bw", "flops", "ram_bytes", "n_threads", "gpu_eff", "cpu_eff",
+                      "disk_read_bytes_per_s"})
 MAX_GPUS = 16                    # llama_max_devices()
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 from .errors import BudgetError
 from .hardware import MiB, HardwareProfile, fmt_bytes
+from .host import HostBill
 from .ik_pool import ik_fuses_up_gate
 from .memory import DeviceMemory, MemoryReport, estimate
 from .model import ModelInventory
@@ -335,6 +336,7 @@ class Scored:
     memory: MemoryReport
     pp_tps: float
     tg_tps: float
+    host: HostBill | None = None          # the host's bill against the RAM (no prompt cache counted)
 
     @property
     def plan(self) -> Plan:
@@ -365,9 +367,12 @@ def knob_variants(knobs: Knobs, dialect: Dialect = "mainline") -> list[Knobs]:
 
 def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(), dialect: Dialect = "mainline",
                objective: str = "tg", margin: int = DEFAULT_MARGIN, n_prompt: int = 512) -> list[Scored]:
-    """Every proposal for every knob variant that fits, scored by the cost model, best first.
+    """Every proposal for every knob variant that fits, scored by the cost model, best first. Weights in RAM past
+    the RAM do not keep a plan out (mmap'd, they are read back from disk): the cost model prices them at the disk's
+    rate (planner/host.py), so a plan that fits the RAM ranks above one that does not.
     Raises BudgetError (from propose) when nothing fits at all."""
     from .cost import predict
+    from .host import host_bill
     room = Room.from_hardware(hw, margin)
     scored: dict[str, Scored] = {}
     error: BudgetError | None = None
@@ -380,8 +385,9 @@ def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(),
         for p in props:
             mem = estimate(inv, p.plan, hw)
             if room.fits(mem):
-                pr = predict(inv, p.plan, hw, n_prompt=n_prompt)
-                scored.setdefault(p.plan.id, Scored(p, mem, pr.pp_tps, pr.tg_tps))
+                bill = host_bill(mem, hw.host.ram_bytes)
+                pr = predict(inv, p.plan, hw, n_prompt=n_prompt, disk_share=bill.disk_share)
+                scored.setdefault(p.plan.id, Scored(p, mem, pr.pp_tps, pr.tg_tps, bill))
     if not scored:
         raise error or BudgetError("nothing fits in the given memory")
     return sorted(scored.values(), key=lambda s: s.score(objective), reverse=True)

@@ -4,6 +4,7 @@ another layer for a table."""
 from __future__ import annotations
 
 from .hardware import fmt_bytes
+from .host import HostBill, host_line
 from .memory import MemoryReport
 from .model import ModelInventory
 from .plan import device_sort_key
@@ -23,8 +24,10 @@ def table(headers: list[str], rows: list[list[object]], right: set[int] | None =
     return "\n".join(lines)
 
 
-def memory_table(report: MemoryReport, budgets: dict[str, int] | None = None) -> str:
-    budgets = budgets or {}
+def memory_table(report: MemoryReport, budgets: dict[str, int] | None = None, host: HostBill | None = None) -> str:
+    """Bytes per device and part, each GPU against its budget; with `host`, the CPU against the RAM and the host's
+    row in parts below (planner/host.py: weights mmap'd and pinned, KV, compute, prompt cache, process)."""
+    budgets = {**(budgets or {}), **({"CPU": host.ram} if host is not None else {})}
     pool = any(m.pool for m in report.devices.values())     # ik's CUDA pool: a column only where there is one
     rows = []
     for dev in sorted(report.devices, key=device_sort_key):
@@ -34,7 +37,9 @@ def memory_table(report: MemoryReport, budgets: dict[str, int] | None = None) ->
                      *([fmt_bytes(m.pool)] if pool else []), fmt_bytes(m.total), fmt_bytes(b) if b else "-"])
     text = table(["device", "weights", "kv", "compute", "overhead", *(["pool"] if pool else []), "total", "budget"],
                  rows)
-    if report.host_mapped or report.host_pinned:
+    if host is not None:
+        text += "\n" + host_line(host)
+    elif report.host_mapped or report.host_pinned:
         text += (f"\nCPU weights: {fmt_bytes(report.host_mapped)} mmap'd (page cache, evictable), "
                  f"{fmt_bytes(report.host_pinned)} pinned")
     return text

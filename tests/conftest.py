@@ -5,6 +5,7 @@ pytest (import mode "prepend") puts this folder on sys.path when it imports this
 that folder (tests/planner/tiny.py, gguf_fuzz.py, loader_verdict.py)."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,10 @@ import pytest
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
 TinyGGUF = Callable[..., Path]
+
+# A plan for --gpu alone has this machine's RAM (offload_tuner/app/common.py machine_ram_bytes): every test, and every
+# worker a test starts, sees the generic desktop's 128 GiB instead, whatever machine runs them
+os.environ["OFFLOAD_TUNER_RAM"] = "128GiB"
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 from planner.bench_workload import BenchWorkload
 from planner.hardware import GiB
+from planner.host import host_bill
 from planner.plan import Plan
 from .cost_fit import CostFit, Terms
 from .objectives import Objective
@@ -92,8 +93,7 @@ class Pool:
     def add(self, cand: Candidate) -> None:
         if not cand.fits or cand.key in self.entries or cand.memory is None:
             return
-        cpu = cand.memory.devices.get("CPU")
-        host = cand.memory.host_pinned + (cpu.kv + cpu.compute + cpu.overhead if cpu else 0)
+        host = host_bill(cand.memory, 0).need      # the host bill Space.over_budget holds to the RAM
         self.entries[cand.key] = PoolEntry(dict(cand.params), cand.key, self.terms(cand.plan), cand.gpu_bytes(),
                                            host, cand.plan.knobs.n_ubatch)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ def trials_frame(study: Any) -> Any:
             "vram_bytes": sum(peak.values()) if peak else (sum(predicted_gpu.values()) or None),
             "vram_source": "measured" if peak else "predicted",
             "host_bytes": m.host_bytes if m is not None else None, "cv": m.cv if m is not None else None,
+            **_host_parts(rec.candidate.memory if rec.candidate is not None else None),
             "engine_run": rec.engine_run,
             "duplicate_of": rec.duplicate_of,
             "error": (m.error if m is not None else "") or rec.pruned_reason or "",
@@ -100,7 +102,32 @@ def _row(r: Any) -> dict[str, Any]:
            "tg_tps": _num(r["tg_tps"]), "pp_tps": _num(r["pp_tps"]), "vram_bytes": _num(r["vram_bytes"]),
            "cv": _num(r.get("cv")),
            "commands": {tool: r[tool] for tool in TOOLS_ORDER if r.get(tool)}}
+    host = {k: _num(r.get(f"host_{k}")) for k in HOST_PARTS}
+    if all(v is not None for v in host.values()):
+        out["host"] = host
     return out
+
+
+# The host's bill of a trial's candidate (planner/host.py HostBill's parts), columns host_<part> of trials.csv
+HOST_PARTS = ("weights_mapped", "weights_pinned", "kv", "compute", "process")
+
+
+def _host_parts(memory: dict[str, Any] | None) -> dict[str, Any]:
+    if not memory:
+        return {}
+    from planner.host import HostBill
+    bill = HostBill.from_memory_dict(memory, 0)
+    return {f"host_{k}": getattr(bill, k) for k in HOST_PARTS}
+
+
+def host_text(r: dict[str, Any], ram: int | None) -> str | None:
+    """The host row of a best config (planner/host.py host_line), its prompt cache at the --cache-ram its server
+    line got; None without the parts or the study's RAM."""
+    if not r.get("host") or not ram:
+        return None
+    from planner.host import HostBill, cache_ram_for, host_line, with_prompt_cache
+    bill = HostBill(int(ram), **{k: int(v) for k, v in r["host"].items()})
+    return host_line(with_prompt_cache(bill, cache_ram_for(bill)))
 
 
 def _num(v: Any) -> Any:
@@ -137,7 +164,8 @@ def vram_front(df: Any, col: str) -> Any:
 
 # One configuration of a report, as its JSON has it: trial, plan_id, label, source, tg_tps, pp_tps, vram_bytes,
 # cv, commands; the ratios to the reference (tg_x, pp_x, vram_x, budget_share) where there is one; a best row also
-# its memory per device ("devices") and its stored measurement ("measurement"); the objective's best its "value".
+# its memory per device ("devices") and its stored measurement ("measurement"); the objective's best its "value"
+# (as stored: a time study's is the workload's tokens per second) and, under time, "mean_request_s" (what it means).
 Row = dict[str, Any]
 
 
@@ -206,6 +234,8 @@ class StudySummary:
     keep_free_bytes: int = 0                    # GPU memory kept free on each GPU (--keep-free)
     no_result: str | None = None                # a study without a complete trial: what it holds (failures.py)
     threads: str | None = None                  # the thread probe's line (tuner/threads.py), when one ran
+    request_time: dict[str, Any] | None = None  # a time study's RequestTime as stored (its plots read seconds off
+                                                # it); not in the JSON, whose best objective row says them
 
     def to_dict(self) -> dict[str, Any]:
         # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
@@ -244,6 +274,9 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
             if not ok.empty:
                 best["objective"] = _row(ok.sort_values("value0", ascending=False).iloc[0]) | {
                     "value": float(ok["value0"].max())}
+                seconds = request_seconds(settings, record.request_time, best["objective"])
+                if seconds is not None:      # time: what the stored tokens per second mean, lower is better
+                    best["objective"]["mean_request_s"] = seconds
     per_budget = [BudgetBest(lv, _best(df, "tg_tps", lv), _best(df, "pp_tps", lv))
                   for lv in (budget_levels(total_vram) if total_vram and not df.empty else [])]
     by_number: dict[int, list[Row]] = {}
@@ -284,7 +317,21 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         pareto=front, per_budget=per_budget, baselines=baselines, failed=failed,
         headline=_headline(settings, record, best, ref), served=record.served,
         keep_free_bytes=keep_free_of(settings), no_result=no_result_text(counts, [f.error for f in failed]),
-        threads=ThreadProbe.from_dict(record.threads_probe).line() if record.threads_probe else None)
+        threads=ThreadProbe.from_dict(record.threads_probe).line() if record.threads_probe else None,
+        request_time=record.request_time if settings.get("objective") == "time" else None)
+
+
+def request_seconds(settings: dict[str, Any], request_time: dict[str, Any] | None, row: dict[str, Any]
+                    ) -> float | None:
+    """A time study's row in seconds per mean request (RequestTime.mean_s of its TG and PP): what a time study
+    shows, where it stores the workload's tokens per second (old studies read the same). None under another
+    objective, without the stored request classes, or where the row cannot serve the workload."""
+    if settings.get("objective") != "time" or not request_time or row.get("tg_tps") is None \
+            or row.get("pp_tps") is None:
+        return None
+    from .objectives import RequestTime
+    seconds = RequestTime.from_dict(request_time).mean_s(float(row["tg_tps"]), float(row["pp_tps"]))
+    return seconds if math.isfinite(seconds) else None
 
 
 def keep_free_of(settings: dict[str, Any]) -> int:
@@ -395,7 +442,8 @@ def summary_markdown(s: StudySummary) -> str:
          f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
          f"- hardware: {st.get('hardware', {}).get('name', '')}: "
          + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))
-         + f"; {kept_free_text(s.keep_free_bytes)} per GPU",
+         + f"; {kept_free_text(s.keep_free_bytes)} per GPU"
+         + (f"; host {fmt_bytes(ram)} RAM" if (ram := st.get("hardware", {}).get("host_ram")) else ""),
          f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
          f"depth {w.get('depth')}; context {st.get('n_ctx')}",
          f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
@@ -424,13 +472,17 @@ def summary_markdown(s: StudySummary) -> str:
         L += ["None: no trial ran to a result.", ""]
     sections = [("Best TG", s.best.get("tg")), ("Best PP", s.best.get("pp"))]
     if s.best.get("objective"):
-        sections.insert(0, (f"Best `{st.get('objective')}` = {s.best['objective']['value']:.4g}",
-                            s.best["objective"]))
+        o = s.best["objective"]
+        value = (f"{o['mean_request_s']:.2f} s per mean request ({o['value']:.4g} t/s of the workload)"
+                 if o.get("mean_request_s") is not None else f"{o['value']:.4g}")
+        sections.insert(0, (f"Best `{st.get('objective')}` = {value}", o))
     for title, r in sections:
         if not r:
             continue
         tg, pp, vram = _fmt_row(r)
         L += [f"### {title}: TG {tg} t/s, PP {pp} t/s, VRAM {vram} (trial {r['trial']}, {r['label']})", ""]
+        if (host := host_text(r, st.get("hardware", {}).get("host_ram"))) is not None:
+            L += [f"{host} (predicted)", ""]
         for tool, cmd in r["commands"].items():
             L += [f"{tool}:", "", "```", cmd, "```", ""]
     if s.pareto:

@@ -9,6 +9,7 @@ engine, the budget and the workload, and "predicted" where the engine is the sim
 predicted, not measured)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -218,12 +219,45 @@ def plot_pareto(ok: Any, summary: Any) -> Any:
     return fig
 
 
+def _seconds(summary: Any) -> Callable[[Any], float] | None:
+    """A time study's row (TG, PP) -> seconds per mean request (NaN where it cannot serve the workload); None for
+    any other study, and for a time study stored without its request classes."""
+    if summary.settings.get("objective") != "time" or not getattr(summary, "request_time", None):
+        return None
+    from .objectives import RequestTime
+    req = RequestTime.from_dict(summary.request_time)
+
+    def one(r: Any) -> float:
+        s = req.mean_s(float(r["tg_tps"]), float(r["pp_tps"])) if r["tg_tps"] == r["tg_tps"] else math.inf
+        return s if math.isfinite(s) else math.nan
+    return one
+
+
+def _history(done: Any, col: str, seconds: Callable[[Any], float] | None) -> tuple[list[float], list[float]]:
+    """Each complete trial's value and the best so far by the objective (the highest value stored); under time
+    both in seconds per mean request, the best so far the seconds of the trial with the highest value so far (over
+    a TTFT limit a quicker one may rank lower)."""
+    if seconds is None:
+        return list(done[col]), list(done[col].cummax())
+    ys = [seconds(r) for _, r in done.iterrows()]
+    best: list[float] = []
+    top, at = -math.inf, math.nan
+    for v, y in zip(done[col], ys):
+        if v == v and v > top:
+            top, at = v, y
+        best.append(at)
+    return ys, best
+
+
 def plot_history(df: Any, summary: Any) -> Any:
-    """The objective per trial (TG and PP for "both"), the best so far, failed and pruned trials at the bottom."""
+    """The objective per trial (TG and PP for "both"; a time study's in seconds per mean request, lower is better),
+    the best so far, failed and pruned trials at the worst end."""
     import matplotlib.pyplot as plt
     settings = summary.settings
     unit = ", predicted" if predicted(settings) else ""
+    seconds = _seconds(summary)
     names = [f"TG (t/s{unit})", f"PP (t/s{unit})"] if settings.get("objective") == "both" \
+        else [f"mean request time (s{unit}; lower is better)"] if seconds is not None \
         else [settings.get("objective", "value") + (" (predicted)" if unit else "")]
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names) + 1.2), squeeze=False, layout="constrained")
     for i, name in enumerate(names):
@@ -231,11 +265,13 @@ def plot_history(df: Any, summary: Any) -> Any:
         col = f"value{i}"
         if not df.empty and col in df:
             done = df[df["state"] == "complete"].sort_values("trial")
-            ax.scatter(done["trial"], done[col], s=12, c="C0", label="complete")
-            ax.plot(done["trial"], done[col].cummax(), c="C3", lw=1.5, label="best so far")
+            ys, best = _history(done, col, seconds)
+            ax.scatter(done["trial"], ys, s=12, c="C0", label="complete")
+            ax.plot(done["trial"], best, c="C3", lw=1.5, label="best so far")
             fails = df[df["state"] == "fail"]
             pruned = df[df["state"] == "pruned"]
-            lo = float(done[col].min()) if not done.empty else 0.0
+            finite = [y for y in ys if y == y]
+            lo = (max(finite) if seconds is not None else min(finite)) if finite else 0.0     # the worst end
             ax.scatter(fails["trial"], [lo] * len(fails), marker="x", c="k", s=20, label="failed")
             ax.scatter(pruned["trial"], [lo] * len(pruned), marker="|", c="0.6", s=20, label="pruned / screened")
         ax.set_ylabel(name)

@@ -51,9 +51,10 @@ from planner.bench_workload import BenchWorkload
 from planner.cost import predict
 from planner.engine import memory_model
 from planner.engines import traits_of
-from planner.errors import InputError, OffloadTunerError
+from planner.errors import BudgetError, InputError, OffloadTunerError
 from planner.gguf_header import first_shard
 from planner.hardware import HardwareProfile
+from planner.host import cache_ram_for, host_bill, ram_floor_error
 from planner.memory import MemoryReport
 from planner.model import ModelInventory
 from planner.plan import DEFAULT_CTX, Plan
@@ -135,6 +136,8 @@ class Tuner:
         self.study_name, self.storage_url = o.study_name, o.storage
         if o.margin is not None and o.margin < 0:
             raise InputError(f"--margin must be >= 0, got {o.margin}")
+        if (short := ram_floor_error(inv, hw)) is not None:    # every config would be refused: one line, no study
+            raise BudgetError(short)
         prior = o.margin if o.margin is not None else traits.memory_error_prior
         self.settings = Settings(model=o.model or inv.source or inv.name, model_id=inv.source or inv.name,
                                  engine=getattr(engine, "name", type(engine).__name__), hardware=hardware_key(hw),
@@ -392,10 +395,13 @@ class Tuner:
         cmds: dict[str, str] = {}
         model = self.settings.model      # -m: llama.cpp loads a split model only from its first shard
         model_path = "MODEL.gguf" if model.startswith("preset:") else first_shard(model)
+        memory = memory or self.estimate(self.inv, plan, self.hw)
+        cache_ram = cache_ram_for(host_bill(memory, self.hw.host.ram_bytes))   # the server's prompt cache: what's left
         for tool in ("server", "cli", "bench") if self.want_commands else ():
             try:
                 cmds[f"llama-{tool}"] = render_shell(plan, self.inv, tool, model_path=model_path,
-                                                     workload=self.workload if tool == "bench" else None)
+                                                     workload=self.workload if tool == "bench" else None,
+                                                     cache_ram_mib=cache_ram if tool == "server" else None)
             except InputError as e:
                 cmds[f"llama-{tool}"] = f"# not expressible for llama-{tool}: {e}"
             except Exception as e:    # a renderer bug must not end the study; the trial says what happened
@@ -405,7 +411,7 @@ class Tuner:
         tg_prior, pp_prior = CostFit().predict(terms)
         return {"plan_id": plan.id, "label": plan.label, "commands": cmds, "terms": terms,
                 "predicted": {"tg_tps": tg_fit, "pp_tps": pp_fit, "prior_tg_tps": tg_prior, "prior_pp_tps": pp_prior},
-                "memory": (memory or self.estimate(self.inv, plan, self.hw)).to_dict()}
+                "memory": memory.to_dict()}
 
     # ---- measuring --------------------------------------------------------------------------------------------
 

@@ -242,7 +242,8 @@ def run_line(c: Served, row: dict[str, Any], rnd: int, rounds: int, done: int, l
         what = f"failed: {' '.join(str(row.get('error') or 'no reason given').split())[:160]}"
     took = [r.get("seconds") or 0 for r in rows]
     eta = f", about {math.ceil(left * sum(took) / len(took) / 60)} min" if left and took else ""
-    return f"# served {done}: {c.name}, round {rnd + 1} of {rounds}: {what}; {left} runs left{eta}"
+    runs = f"{left} run{'' if left == 1 else 's'} left"
+    return f"# served {done}: {c.name}, round {rnd + 1} of {rounds}: {what}; {runs}{eta}"
 
 
 def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,

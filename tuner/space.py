@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from planner.engines import traits_of
 from planner.hardware import HardwareProfile, fmt_bytes
+from planner.host import host_bill
 from planner.memory import MemoryReport, estimate
 from planner.model import ModelInventory
 from planner.plan import (DEFAULT_CTX, FULL_PRECISION_KV, Dialect, Knobs, OffloadPolicy, OpRule, Plan,
@@ -350,9 +351,12 @@ class Space:
         budget = Room.from_hardware(self.hw, margin) if margin is not None else self.room_for(n_ubatch)
         for dev, m in mem.devices.items():
             if dev == "CPU":
-                need = mem.host_pinned + m.kv + m.compute + m.overhead
-                if need > budget.host:
-                    return f"host RAM: needs {fmt_bytes(need)} pinned/anonymous, has {fmt_bytes(budget.host)}"
+                # the whole host bill but llama-server's prompt cache (sized to what is left): weights in RAM,
+                # mmap'd ones too, past the RAM are read from disk on every token (planner/host.py)
+                bill = host_bill(mem, budget.host)
+                if bill.need > budget.host:
+                    return (f"host RAM: needs {fmt_bytes(bill.need)} ({fmt_bytes(bill.weights)} of weights in RAM), "
+                            f"has {fmt_bytes(budget.host)}")
             elif m.total > budget.gpus.get(dev, 0):
                 return (f"{dev}: needs {fmt_bytes(m.total)}, budget {fmt_bytes(budget.gpus.get(dev, 0))} "
                         f"(VRAM - {fmt_bytes(self.hw.gpu(dev).vram_bytes - budget.gpus.get(dev, 0))} margin)")

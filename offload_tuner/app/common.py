@@ -35,10 +35,11 @@ def parse_seconds(text: str, flag: str) -> float:
 
 
 def hardware(preset: str | None, gpu: str | None, required: bool = True,
-             keep_free: str | int = 0) -> HardwareProfile | None:
+             keep_free: str | int = 0, ram: str | None = None) -> HardwareProfile | None:
     """The machine a request names (--hardware PROFILE, --gpu SIZES, or both), keeping `keep_free` (the request's
     --keep-free: plan's and tune's default is KEEP_FREE; explain, which says what llama.cpp does with the whole
-    card, keeps none) free on each GPU; None when it names none and none is required."""
+    card, keeps none) free on each GPU, with `ram` of host RAM (--ram; default: a profile's own, and for --gpu alone
+    this machine's, with_ram_of); None when it names none and none is required."""
     hw = resolve(preset, gpu)
     if hw is not None:
         keep = parse_size(keep_free, allow_zero=True)
@@ -47,10 +48,34 @@ def hardware(preset: str | None, gpu: str | None, required: bool = True,
                 raise BudgetError(f"nothing fits on CUDA{i}: --keep-free {keep_free} keeps all of its "
                                   f"{fmt_bytes(g.vram_bytes)} free; keep less free, or give the GPU's real size "
                                   "with --gpu")
-        return replace(hw, keep_free_bytes=keep)
+        return with_ram_of(replace(hw, keep_free_bytes=keep), ram, profile=preset is not None)
     if required:
         raise InputError("say what GPUs there are: --gpu 24GiB[,24GiB] or --hardware PROFILE")
     return None
+
+
+RAM_ENV = "OFFLOAD_TUNER_RAM"      # this machine's RAM as --ram's default says it, where probing is not wanted
+
+
+def machine_ram_bytes() -> int | None:
+    """This machine's memory (os.sysconf SC_PHYS_PAGES x SC_PAGE_SIZE), or $OFFLOAD_TUNER_RAM (a size) when set;
+    None where neither says (no sysconf)."""
+    import os
+    if os.environ.get(RAM_ENV, "").strip():
+        return parse_size(os.environ[RAM_ENV])
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def with_ram_of(hw: HardwareProfile, ram: str | None, profile: bool) -> HardwareProfile:
+    """`hw` with the host RAM a request gives (--ram SIZE); without one, a profile's own ram_bytes, and for a --gpu
+    plan made here (no profile: the generic desktop's 128 GiB is nobody's) this machine's memory."""
+    if ram is not None:
+        return hw.with_ram(parse_size(ram))
+    here = None if profile else machine_ram_bytes()
+    return hw.with_ram(here) if here else hw
 
 
 def target_build(spec: str | None, dialect: str) -> Build:

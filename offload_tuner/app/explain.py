@@ -8,7 +8,8 @@ from planner.hardware import MiB, HardwareProfile, fmt_bytes, from_gpu_sizes
 from planner.model import ModelInventory
 from planner.plan import Plan, gpu_index, is_gpu
 from planner.validate import check_dialect
-from .common import hardware, target_build
+from planner.host import HostBill, host_bill, shortfall_warning
+from .common import hardware, target_build, with_ram_of
 from .requests import ExplainRequest
 
 
@@ -49,11 +50,13 @@ class ExplainOutcome:
     warnings: list
     oracle: tuple | None        # (JSON, text table) of llama-fit-params beside our memory model
     oracle_path: str | None = None
+    host: HostBill | None = None    # host RAM in parts, the prompt cache at the command's --cache-ram
 
     def to_json(self) -> dict:
         return {"model": self.inv.name, "dialect": self.dialect, "hardware": self.hw.name, "plan": self.plan.to_dict(),
                 **self.mem.to_dict(), "predicted": {"pp_tps": self.pred.pp_tps, "tg_tps": self.pred.tg_tps},
                 "layers": layer_summary(self.inv, self.plan.assignment), "warnings": self.warnings,
+                "host_ram": self.host.to_dict() if self.host else None,
                 **({"oracle": self.oracle[0]} if self.oracle else {})}
 
 
@@ -66,14 +69,14 @@ def explain_outcome(req: ExplainRequest) -> ExplainOutcome:
     if not req.args:
         raise InputError("give the llama.cpp arguments after --, e.g. explain MODEL -- -ngl 99 -ot exps=CPU")
     check_dialect(inv, req.dialect)
-    hw = hardware(req.hardware, req.gpu, required=False)
+    hw = hardware(req.hardware, req.gpu, required=False, ram=req.ram)
+    build = target_build(req.build, req.dialect)
     # the declared hardware bounds the device names (llama.cpp refuses a buffer type of a GPU it does not see)
-    parsed = parse(list(req.args), inv, req.dialect, n_gpus=len(hw.gpus) if hw is not None else None,
-                   build=target_build(req.build, req.dialect))
+    parsed = parse(list(req.args), inv, req.dialect, n_gpus=len(hw.gpus) if hw is not None else None, build=build)
     plan = Plan(inv.source or inv.name, parsed.assignment, parsed.knobs, req.dialect, "explained")
     n_gpus = max([gpu_index(d) + 1 for d in plan.assignment.values() if is_gpu(d)] or [0])
     if hw is None:
-        hw = from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1)))
+        hw = with_ram_of(from_gpu_sizes(",".join(["24GiB"] * max(n_gpus, parsed.n_gpus, 1))), req.ram, profile=False)
     mem = estimate(inv, plan, hw)
     warnings = list(parsed.warnings)     # (-nkvo: the parser already warns)
     over = [d for d, m in mem.devices.items()
@@ -98,13 +101,26 @@ def explain_outcome(req: ExplainRequest) -> ExplainOutcome:
         for dev in over:
             warnings.append(f"W100 {dev} needs {fmt_bytes(mem.devices[dev].total)} but has "
                             f"{fmt_bytes(hw.gpu(dev).vram_bytes)}: this command would run out of memory")
-    pred = predict(inv, plan, hw)
+    host = host_bill(mem, hw.host.ram_bytes, prompt_cache_mib(parsed, build))
+    if (short := shortfall_warning(host, hw.host.disk_read_bytes_per_s)) is not None:
+        warnings.append(short)
+    pred = predict(inv, plan, hw, disk_share=host.disk_share)
     oracle = None
     if req.oracle:
         from runtime.run import oracle_compare      # runs llama-fit-params: runtime/, imported here only
         from planner.gguf_header import first_shard     # llama.cpp loads a split only from its first shard
         oracle = oracle_compare(inv, plan, mem, first_shard(req.model), req.oracle)
-    return ExplainOutcome(req.dialect, inv, hw, plan, mem, pred, warnings, oracle, req.oracle)
+    return ExplainOutcome(req.dialect, inv, hw, plan, mem, pred, warnings, oracle, req.oracle, host)
+
+
+def prompt_cache_mib(parsed, build) -> int | None:
+    """The prompt cache a command keeps in RAM, MiB: its --cache-ram, else llama-server's default where the build
+    has one (-1: no limit); None for a program that keeps none."""
+    from planner.builds import Spelling
+    from planner.host import DEFAULT_CACHE_RAM_MIB
+    if parsed.cache_ram_mib is not None:
+        return parsed.cache_ram_mib
+    return DEFAULT_CACHE_RAM_MIB if parsed.tool == "server" and build.accepts(Spelling.CACHE_RAM) else None
 
 
 def _fitted(inv: ModelInventory, plan: Plan, hw: HardwareProfile, target_mib: tuple[int, ...]) -> Plan | None:

@@ -20,12 +20,15 @@ from planner.plan import DEFAULT_CTX, KV_TYPES, Dialect, KvType
 from tuner.confirm import CONFIRM_ROUNDS
 from .fields import Bounds, check_bounds, opt, options
 
-PlanObjective = Literal["tg", "pp", "both", "balanced"]     # balanced: both's old name, read as both
+PlanObjective = Literal["time", "tg", "pp", "both", "balanced"]     # balanced: both's old name, read as both
 SpaceMode = Literal["settled", "full"]                      # defaults.SPACE_MODES
 
 MODEL = "path to a .gguf (first shard of a split) or preset:NAME[:QUANT]"
 GPU = "GPU memory per GPU, e.g. 24GiB or 24GiB,16GiB (a generic desktop otherwise)"
 HARDWARE = "hardware preset name or calibrated JSON (offload-tuner calibrate)"
+RAM = ("host RAM the plan may use, e.g. 128GiB: the weights kept in RAM, KV and compute on the CPU, llama-server's "
+       "prompt cache, the process (default: the --hardware profile's ram_bytes; for --gpu alone, this machine's "
+       "memory)")
 BUILD = ("the engine build the printed lines are for, as `llama-server --version` numbers it (e.g. ik:4840, "
          "mainline:10114), or the path of the program (its --help and --version are read); default: the pinned "
          "builds (ik 8337e4cd = 4840, mainline as in llama-cpp-python 0.3.36)")
@@ -51,7 +54,9 @@ class PlanRequest:
     model: str = opt(help=MODEL)
     gpu: str | None = opt(None, help=GPU)
     hardware: str | None = opt(None, help=HARDWARE)
-    ctx: int = opt(DEFAULT_CTX, help=f"context length (default {DEFAULT_CTX})", bounds=TOKENS_1)
+    ram: str | None = opt(None, help=RAM)
+    ctx: int = opt(DEFAULT_CTX, help=f"context length (default {DEFAULT_CTX}; raised, in whole 256s, to hold the "
+                                     "workload's longest request in each slot)", bounds=TOKENS_1)
     ubatch: int | None = opt(None, help="-ub (default 512)", bounds=TOKENS_1)
     batch: int | None = opt(None, help="-b (default 2048, at least --ubatch)", bounds=TOKENS_1)
     kv_type: KvType | None = opt(None, help="KV cache type for K and V (default f16)")
@@ -61,11 +66,13 @@ class PlanRequest:
     build: str | None = opt(None, help=BUILD)
     amb: int | None = opt(None, help="ik -amb in MiB (default 512 for MLA models, else ik's default)",
                           bounds=Bounds(0, D.MAX_AMB_MIB, why="1 TiB"))
-    objective: PlanObjective = opt("tg", help="tg, pp or both (the geometric mean of the two speeds, the pick "
-                                              "tune's 'both' front holds; 'balanced', its old name, reads as both)")
-    workload: str | None = opt(None, help="rank by this workload's predicted mean request time instead of the "
-                                          "objective: chat, agent, rag, batch, a .toml or a .jsonl log; the context "
-                                          "and slots then hold its longest request")
+    objective: PlanObjective = opt(D.PLAN_OBJECTIVE, help="time (the workload's predicted mean request time, the "
+                                   "default, as tune's), tg, pp or both (the geometric mean of the two speeds, the "
+                                   "pick tune's 'both' front holds; 'balanced', its old name, reads as both)")
+    workload: str | None = opt(None, help="the requests the time objective answers: chat, agent, rag, batch, a .toml "
+                                          f"or a .jsonl log (default {D.TUNE_REQUESTS}); the context and slots hold "
+                                          "its longest request (under tg, pp or both too, where given, its request "
+                                          "times shown beside)")
     keep_free: str = opt(D.KEEP_FREE, help=KEEP_FREE)
     margin: str = opt(D.PLAN_MARGIN, help="GPU memory held back, beyond --keep-free, for the memory model's error "
                                           f"(default {D.PLAN_MARGIN}: the room is the GPU memory less --keep-free)")
@@ -90,6 +97,7 @@ class ExplainRequest:
     build: str | None = opt(None, help=BUILD)
     gpu: str | None = opt(None, help=GPU)
     hardware: str | None = opt(None, help=HARDWARE)
+    ram: str | None = opt(None, help=RAM)
     oracle: str | None = opt(None, help="llama-fit-params binary: its memory estimate beside ours")
 
 
@@ -106,6 +114,7 @@ class TuneOptions:
         f"{s.name}: {s.help}" for s in ENGINES.values()) + f" (default {D.TUNE_ENGINE})", choices=tuple(ENGINES))
     gpu: str | None = opt(None, help=GPU)
     hardware: str | None = opt(None, help=HARDWARE)
+    ram: str | None = opt(None, help=RAM)
     trials: int = opt(D.TUNE_TRIALS, help=f"engine runs to add to the study (default {D.TUNE_TRIALS})",
                       bounds=TRIALS)
     study: str | None = opt(None, help="study name (default: the spec's file name, else from model, hardware, "
@@ -163,12 +172,12 @@ class TuneOptions:
     timeout_s: float | None = opt(None, flag="timeout", help="seconds per measurement (llamacpp; default "
                                                              f"{D.RUN_TIMEOUT_S:.0f})",
                                   bounds=Bounds(0, D.MAX_TIMEOUT_S, above=True, why="a week"))
-    fresh: bool = opt(False, help="delete the study of that name first")
-    out: str | None = opt(None, help="report folder (default reports/STUDY)")
     time_limit: str | None = opt(None, help="end within this long (e.g. 10m, 1.5h): the search takes its first half "
                                             "when --llama-server serves after it, else all; the serving ends at a "
                                             "safe point with its verdict so far marked partial, and the same command "
                                             "goes on")
+    fresh: bool = opt(False, help="delete the study of that name first")
+    out: str | None = opt(None, help="report folder (default reports/STUDY)")
     no_report: bool = opt(False, help="do not write the report at the end")
     quiet: bool = opt(False, help="no progress bar")
     json: bool = opt(False, help="print the outcome as JSON")
@@ -261,8 +270,9 @@ class ServerConfig:
     storage: str | None = opt(None, help="SQLAlchemy URL of the studies (default: one sqlite:///studies/STUDY.db per "
                                          "study, as tune writes them)")
     workdir: Path = field(default_factory=Path.cwd)     # where studies/ lives and tune workers run
-    model_dirs: tuple[Path, ...] = opt((), flag="models", help="folder whose .gguf files and hardware JSON requests "
-                                       "may name (repeatable; default none: presets only)")
+    model_dirs: tuple[Path, ...] = opt((), flag="models", help="folder whose .gguf files, hardware JSON and workload "
+                                       "files (.toml, .jsonl) requests may name (repeatable; default none: presets "
+                                       "only)")
     token: str | None = opt(None, help="secret every request must carry (Authorization: Bearer, or /?token= once in "
                                        "a browser); also $OFFLOAD_TUNER_TOKEN")
     engines: tuple[str, ...] = opt(("sim",), flag="engine", help="engines a tune request may use, comma list "

@@ -64,7 +64,7 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
         parse_seconds(args.time_limit, "--time-limit")
     nonneg(args.pool, "--pool")
     inv = load_model(args.model)
-    hw = hardware(args.hardware, args.gpu, keep_free=args.keep_free)
+    hw = hardware(args.hardware, args.gpu, keep_free=args.keep_free, ram=args.ram)
     objective = parse_objective(args.objective)
     if args.llama_server and objective.kind != "time":       # said now, not after a study of minutes
         raise InputError("--llama-server serves the workload: it needs the time objective (--objective time)")
@@ -222,7 +222,7 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
 def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out: Path,
                note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> TuneOutcome:
     """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
-    from tuner.search import Tuner, TunerOptions, TuneResult
+    from tuner.search import Tuner, TunerOptions
     from tuner.space import SpaceConfig
     probe = None
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
@@ -232,7 +232,10 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
     config = SpaceConfig(kv_types=args.kv_types)
     measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm
     settled = (args.space or ("settled" if measured else "full")) == "settled"
-    rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured else 0)
+    # llama-bench's confirmation is left to the serving where one follows: the same finalists on the server the
+    # user runs (on one H200 its 3 rounds took the minutes a 9-minute --time-limit had left for the serving)
+    rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured and not args.llama_server
+                                                            else 0)
     nonneg(rounds, "--confirm")
     limit = parse_seconds(args.time_limit, "--time-limit") if args.time_limit else None
     start = time.monotonic()
@@ -258,43 +261,55 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
                  f"{storage}, objective {objective.text}, {args.trials} runs")
             if settled and probe is not None:
                 StudyRecord.save(tuner.study, threads_probe=probe.to_dict())
-            record = StudyRecord.of(tuner.study)
-            # a study whose search ended and whose serving did not goes on at the serving (nothing explored again)
-            resume_serving = bool(args.llama_server) and record.explored and record.served is None
-            if resume_serving:
-                note("# the search of this study is done: going on with its serving")
-                result = TuneResult(name, storage, 0, 0, 0.0, tuner.margin, tuner.fit,
-                                    "the search was done: serving only")
-            else:
-                # with a --time-limit the search takes its first half when a serving follows, else all of it
-                share = 0.5 if args.llama_server else 1.0
-                result = tuner.run(args.trials, progress=progress,
-                                   deadline=None if limit is None else start + share * limit)
-                if rounds:
-                    note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
-                    tuner.confirm(rounds)
-                StudyRecord.save(tuner.study, explored=True)
-            if args.llama_server:
-                served = _serve(args, tuner, hw, note, None if limit is None else start + limit)
-                if not served:
-                    note(f"# partial: run the same command to go on ({storage}, study {name!r})")
+            result = _search_and_serve(args, tuner, rounds, limit, start, note, progress)
             SIGINT.check()
     except KeyboardInterrupt as e:
         n = 0 if tuner is None else len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
         raise TuneInterrupted(n, storage, signal_of(e)) from e
+    _check_some_ran(args, tuner, result, limit, start, storage)
+    from tuner.report import study_summary
+    summary = None if args.no_report else write_report(tuner.study, out)
+    return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)
+
+
+def _search_and_serve(args: TuneOptions, tuner: Any, rounds: int, limit: float | None, start: float,
+                      note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> Any:
+    """The search (and llama-bench's confirmation), then the serving where --llama-server asks for it; a study
+    whose search ended and whose serving did not goes on at the serving (nothing explored again). With a
+    --time-limit the search takes its first half when a serving follows, else all of it. The TuneResult."""
+    from tuner.search import TuneResult
+    record = StudyRecord.of(tuner.study)
+    if args.llama_server and record.explored and record.served is None:
+        note("# the search of this study is done: going on with its serving")
+        result = TuneResult(tuner.study_name, tuner.storage_url, 0, 0, 0.0, tuner.margin, tuner.fit,
+                            "the search was done: serving only")
+    else:
+        share = 0.5 if args.llama_server else 1.0
+        result = tuner.run(args.trials, progress=progress, deadline=None if limit is None else start + share * limit)
+        if rounds:
+            note(f"# confirming: the finalists and the reference re-measured interleaved, {rounds} rounds")
+            tuner.confirm(rounds)
+        StudyRecord.save(tuner.study, explored=True)
+    if args.llama_server and not _serve(args, tuner, tuner.hw, note, None if limit is None else start + limit):
+        note(f"# partial: run the same command to go on ({tuner.storage_url}, study {tuner.study_name!r})")
+    return result
+
+
+def _check_some_ran(args: TuneOptions, tuner: Any, result: Any, limit: float | None, start: float,
+                    storage: str) -> None:
+    """A study with no complete trial ends with its real cause: every run crashed, the --time-limit came first,
+    or nothing fitted the memory."""
     from optuna.trial import TrialState
 
     from tuner.failures import check_some_run_worked
     check_some_run_worked(tuner.study, storage)      # every run crashed: said so, not "give more memory"
-    if limit is not None and not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) and \
-            time.monotonic() - start >= limit * (0.5 if args.llama_server else 1.0):
+    if tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return
+    if limit is not None and time.monotonic() - start >= limit * (0.5 if args.llama_server else 1.0):
         raise InputError(f"--time-limit {args.time_limit} came before any run finished ({result.trials} trials "
                          f"started); give a longer one: the same command goes on from what ran ({storage})")
-    if not tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
-                          f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "
-                          f"({result.trials} trials, none complete); give more --gpu memory, a smaller --keep-free or "
-                          "a smaller --margin")
-    from tuner.report import study_summary
-    summary = None if args.no_report else write_report(tuner.study, out)
-    return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)
+    hw = tuner.hw
+    raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
+                      f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "
+                      f"({result.trials} trials, none complete); give more --gpu memory, a smaller --keep-free or "
+                      "a smaller --margin")

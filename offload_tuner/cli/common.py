@@ -72,6 +72,7 @@ def _print_layers(inv, assignment: dict[str, str]) -> None:
 def _add_hw(p: argparse.ArgumentParser, cls: type) -> None:
     add_option(p, cls, "gpu")
     add_option(p, cls, "hardware")
+    add_option(p, cls, "ram", metavar="SIZE")
 
 
 def _add_build(p: argparse.ArgumentParser, cls: type) -> None:

@@ -5,6 +5,7 @@ import argparse
 
 from ..app.explain import explain_outcome
 from ..app.requests import ExplainRequest
+from planner.hardware import fmt_bytes
 from .common import _add_build, _add_hw, _emit_json, _print_layers, add_option, add_positional, request
 
 
@@ -16,11 +17,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 0
     inv, hw, plan, mem, pred, warnings, oracle = o.inv, o.hw, o.plan, o.mem, o.pred, o.warnings, o.oracle
     print(f"model:    {inventory_summary(inv)}")
-    print(f"dialect:  {o.dialect}; hardware for the prediction: {hw.name}")
+    print(f"dialect:  {o.dialect}; hardware for the prediction: {hw.name}, host {fmt_bytes(hw.host.ram_bytes)} RAM")
     print()
     _print_layers(inv, plan.assignment)
     print()
-    print(memory_table(mem, {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}))
+    print(memory_table(mem, {f"CUDA{i}": g.vram_bytes for i, g in enumerate(hw.gpus)}, o.host))
     print()
     print(f"predicted: PP {pred.pp_tps:.1f} t/s, TG {pred.tg_tps:.2f} t/s")
     if oracle:

@@ -3,23 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..app.plan import plan_outcome
+from ..app.plan import op_words as _op_words, plan_outcome
 from ..app.requests import PlanRequest
 from planner.builds import Build
 from planner.hardware import fmt_bytes, kept_free_text
 from planner.plan import Plan
 from .common import _add_build, _add_hw, _emit_json, _print_layers, add_option, add_positional, request
-
-
-def _op_words(plan: Plan) -> str:
-    """on / off, or which op classes are off (ik -op)."""
-    pol = plan.knobs.offload
-    off = [op for op in ("dense_matmul", "moe_matmul", "moe_fused_up_gate", "output") if not pol.rule(op).enabled]
-    if not off:
-        return "on"
-    if len(off) == 4:
-        return "off"
-    return "moe off" if set(off) == {"moe_matmul", "moe_fused_up_gate"} else "partly off"
 
 
 def _mmap_words(plan: Plan, build: Build) -> str:
@@ -40,10 +29,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     best = ranked[0]
     print(f"model:    {inventory_summary(inv)}")
     gpus = ", ".join(f"{g.name} {fmt_bytes(g.vram_bytes)}" for g in hw.gpus)
-    print(f"hardware: {hw.name}: {gpus}; host {hw.host.mem_bw / 1e9:.0f} GB/s, "
+    print(f"hardware: {hw.name}: {gpus}; host {fmt_bytes(hw.host.ram_bytes)} RAM, {hw.host.mem_bw / 1e9:.0f} GB/s, "
           f"PCIe {hw.link.h2d_pinned / 1e9:.0f} GB/s pinned; {kept_free_text(hw.keep_free_bytes)} per GPU")
     mean = f", mean request {o.request_s[best.plan.id]:.2f} s" if o.request_s is not None else ""
-    print(f"best ({o.objective}): {best.plan.label}, op offload {_op_words(best.plan)}, "
+    first = f"{o.gives_up}: " if o.gives_up else ""      # what the pick trades away, said first (as tune's)
+    print(f"best ({o.objective}): {first}{best.plan.label}, op offload {_op_words(best.plan)}, "
           f"{_mmap_words(best.plan, build)} -> predicted PP {best.pp_tps:.1f} t/s, TG {best.tg_tps:.2f} t/s{mean}")
     print(f"target:   {build.describe()}")
     for w in o.warnings:
@@ -51,7 +41,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     _print_layers(inv, best.plan.assignment)
     print()
-    print(memory_table(best.memory, room.gpus))
+    print(memory_table(best.memory, room.gpus, o.host))
     print()
     for tool, line in cmds.lines.items():
         print(f"{tool}:\n  {line}")

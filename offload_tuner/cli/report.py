@@ -20,7 +20,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(s.no_result)
     for k, r in s.best.items():
         if r:
-            print(f"best {k}: TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, {r['label']})")
+            seconds = (f"{r['mean_request_s']:.2f} s per mean request ({r['value']:.4g} t/s of the workload), "
+                       if r.get("mean_request_s") is not None else "")      # a time study's best, as time
+            print(f"best {k}: {seconds}TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, "
+                  f"{r['label']})")
             if r["commands"].get("llama-server"):
                 print(f"  {r['commands']['llama-server']}")
     print(f"report: {o.out}/{REPORT_FILES}")

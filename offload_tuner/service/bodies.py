@@ -24,6 +24,7 @@ ALIASES = {"n_trials": "trials", "study_name": "study", "timeout": "timeout_s"}
 LIST_JOIN = {"gpu"}                       # a comma list on the command line; JSON may give a list
 MAX_STRING = 4096
 MAX_ARG = 512                             # llama.cpp arguments of one explain request
+WORKLOAD_FILES = (".toml", ".jsonl", ".json")   # what planner.workload.load reads as a file
 MODEL = "preset:NAME[:QUANT] or a .gguf under the server's --models folders"
 EXAMPLE_MODEL = "preset:Qwen3-30B-A3B"
 EXAMPLES: dict[str, dict[str, Any]] = {     # one good body per command, shown in the document (and sent by its fuzz)
@@ -93,11 +94,15 @@ def _value(command: str, o: Option, key: str, value: Any, paths: PathPolicy) -> 
         return paths.hardware(text)
     if o.name == "build" and ("/" in text or text.startswith(".")):
         raise InputError("build: give DIALECT:N (e.g. ik:4840); a program path is the server's, not a request's")
-    if o.name == "workload":            # a file would be the server's, read on a client's word
-        from planner.workload import PRESETS
-        if text not in PRESETS:
+    if o.name == "workload":            # a preset, or a file under the server's folders (never one elsewhere: it
+        from planner.workload import PRESETS        # would be the server's, read on a client's word)
+        if text in PRESETS:
+            return text
+        if not paths.roots or not text.endswith(WORKLOAD_FILES):
             raise InputError(f"workload: give one of {', '.join(PRESETS)} (a workload file is the server's, not a "
-                             "request's)")
+                             "request's, unless it is a " + " or ".join(WORKLOAD_FILES) + " under the server's "
+                             "--models folders)")
+        return paths.resolve(text, "workload")
     if o.name == "kv_types":
         from ..app.requests import parse_kv_types
         return parse_kv_types(text, "--kv-types")
@@ -135,6 +140,7 @@ BOUNDS: dict[str, dict[str, Any]] = {
     **{n: {"minimum": 1} for n in ("ctx", "ubatch", "batch", "threads", "top", "trials", "reps")},
     **{n: {"minimum": 0} for n in ("pool", "n_prompt", "n_gen", "depth", "confirm")},
     "margin": {"pattern": f"^({SIZE}|auto)$"},
+    "ram": {"pattern": f"^{SIZE}$"},
     "build": {"pattern": "^(pinned|(mainline|ik)(:([0-9]+|pinned))?)$"},
     "ttft": {"pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m)?\s*$"},
     "study": {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"},
@@ -164,9 +170,10 @@ def _type(o: Option) -> dict[str, Any]:
     if o.name == "hardware":         # a preset, or a profile under the server's folders (a path: '/' or .json)
         return {"anyOf": [{"type": "string", "enum": hardware_names()},
                           {"type": "string", "pattern": r"(/|\.json$)", "maxLength": MAX_STRING}]}
-    if o.name == "workload":
+    if o.name == "workload":         # a preset, or a workload file under the server's folders
         from planner.workload import PRESETS
-        return {"type": "string", "enum": list(PRESETS)}
+        return {"anyOf": [{"type": "string", "enum": list(PRESETS)},
+                          {"type": "string", "pattern": r"\.(toml|jsonl|json)$", "maxLength": MAX_STRING}]}
     return {"type": "string", "maxLength": MAX_STRING, **BOUNDS.get(o.name, {})}
 
 

@@ -60,7 +60,7 @@ def host_ok(host_header: str | None, bound_loopback: bool) -> bool:
 
 
 class PathPolicy:
-    """Model files and hardware profiles a request may name: under one of the server's folders, after
+    """Model files, hardware profiles and workload files a request may name: under one of the server's folders, after
     resolving links and '..'. Presets always pass."""
 
     def __init__(self, roots: tuple[Path, ...]):

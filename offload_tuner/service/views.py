@@ -75,9 +75,25 @@ def _states(counts: dict[str, int], waiting: int, live: Any) -> str:
     return text
 
 
+OBJECTIVES = ("time", "tg", "pp", "both")      # time first: the default of plan and tune, the workload's mean request
+
+
+def _workload_fields(config, workload: str = "", file: str = "") -> str:
+    """The workload: a preset (the default: chat under time), and where the server has --models folders a .toml or
+    .jsonl under them (workload_file; a file anywhere else is the server's, never read on a request's word)."""
+    from planner.workload import PRESETS
+    loads = "".join(f"<option value=\"{e(w)}\"{' selected' if w == workload else ''}>{e(w or 'default (chat)')}"
+                    "</option>" for w in ("", *PRESETS))
+    out = f"<label>workload <select name=workload>{loads}</select></label>"
+    if config.model_dirs:
+        out += (f"<label>workload file <input name=workload_file value=\"{e(file)}\" size=24 "
+                "placeholder=\"a .toml or .jsonl under --models\"></label>")
+    return out
+
+
 def _tune_form(config) -> str:
     engines = "".join(f"<option>{e(x)}</option>" for x in config.engines)
-    objectives = "".join(f"<option>{x}</option>" for x in ("tg", "pp", "both"))
+    objectives = "".join(f"<option>{x}</option>" for x in OBJECTIVES)
     return ("<h2 id=tune>Start a tune</h2><p class=muted>runs <code>offload-tuner tune ...</code> in a worker of this "
             f"server (at most {config.max_tunes} at once, {config.max_trials} trials each); the study page follows "
             "it live and has its stop button</p>"
@@ -87,6 +103,8 @@ def _tune_form(config) -> str:
             "<label>hardware <input name=hardware placeholder=rtx4090-ddr5 size=14></label>"
             f"<label>engine <select name=engine>{engines}</select></label>"
             f"<label>objective <select name=objective>{objectives}</select></label>"
+            + _workload_fields(config) +
+            "<label>TTFT limit <input name=ttft placeholder=\"e.g. 3s (time)\" size=10></label>"
             "<label>trials <input name=trials type=number min=1 value=30 size=5></label>"
             "<label>study <input name=study placeholder=\"(from model and hardware)\" size=20></label>"
             "<label class=check><input name=fresh type=checkbox> fresh (delete the study of that name first)</label>"
@@ -119,7 +137,7 @@ def _study_body(name: str, d: dict[str, Any]) -> str:
     head = (f"<h1>{e(name)} <span id=live class=live hidden>running</span> "
             "<button id=stop type=button hidden>stop</button> <span id=stop-result class=muted></span></h1>"
             f"<p class=muted>{e(str(s.get('model')))} on {e(d['hardware_words'])}; engine {e(str(s.get('engine')))}, "
-            f"objective {e(str(s.get('objective')))}, dialect {e(str(s.get('dialect')))}, "
+            f"objective {e(str(s.get('objective')))}{_time_words(s)}, dialect {e(str(s.get('dialect')))}, "
             f"context {e(str(s.get('n_ctx')))}"
             f"; budget {e(fmt_bytes(budget)) if budget else '-'}; <span id=ntrials>{d['n_trials'] - waiting}</span> "
             "trials (<span id=counts></span>)</p>")
@@ -144,6 +162,15 @@ def _study_body(name: str, d: dict[str, Any]) -> str:
             f'<script id=study-data type="application/json">{data}</script>')
 
 
+def _time_words(settings: dict[str, Any]) -> str:
+    """What a time study's objective means, beside its name: seconds per mean request (it stores tokens per
+    second)."""
+    if settings.get("objective") != "time":
+        return ""
+    name = (settings.get("requests") or {}).get("name", "the workload")
+    return f" ({e(str(name))}: seconds per mean request, lower is better)"
+
+
 def _trial_rows(trials: list[dict[str, Any]]) -> str:
     out = []
     for t in trials:
@@ -156,8 +183,8 @@ def _trial_rows(trials: list[dict[str, Any]]) -> str:
 
 @router.get("/explain")
 async def explain_page(request: Request, model: str = "", gpu: str = "", hardware: str = "",
-                       dialect: str = "mainline", cmd: str = ""):
-    form = _explain_form(model or "preset:Qwen3-30B-A3B", gpu, hardware, dialect, cmd)
+                       dialect: str = "mainline", cmd: str = "", ram: str = ""):
+    form = _explain_form(model or "preset:Qwen3-30B-A3B", gpu, hardware, dialect, cmd, ram)
     if not cmd.strip():
         return page("explain", "<h1>Explain a command line</h1>" + form)
     try:
@@ -171,6 +198,8 @@ async def explain_page(request: Request, model: str = "", gpu: str = "", hardwar
         body["gpu"] = gpu.strip()
     if hardware.strip():
         body["hardware"] = hardware.strip()
+    if ram.strip():
+        body["ram"] = ram.strip()
     state = request.app.state
     try:       # in a worker, like the API's explain (workers.py: explain-page renders the result there)
         result = await state.compute(lambda: state.workers.run("explain-page", bodies.request("explain", body,
@@ -181,12 +210,13 @@ async def explain_page(request: Request, model: str = "", gpu: str = "", hardwar
     return page("explain", "<h1>Explain a command line</h1>" + form + result.decode())
 
 
-def _explain_form(model: str, gpu: str, hardware: str, dialect: str, cmd: str) -> str:
+def _explain_form(model: str, gpu: str, hardware: str, dialect: str, cmd: str, ram: str = "") -> str:
     opts = "".join(f"<option{' selected' if d == dialect else ''}>{d}</option>" for d in ("mainline", "ik"))
     return (f"<form method=get action=/explain id=explain-form class=form>"
             f"<label>model <input name=model value=\"{e(model)}\" size=40></label>"
             f"<label>GPUs <input name=gpu value=\"{e(gpu)}\" placeholder=24GiB size=14></label>"
             f"<label>hardware <input name=hardware value=\"{e(hardware)}\" placeholder=rtx4090-ddr5 size=16></label>"
+            + _ram_field(ram) +
             f"<label>dialect <select name=dialect>{opts}</select></label>"
             f"<label class=wide>command line <textarea name=cmd rows=3 cols=100 "
             f"placeholder=\"llama-server -m model.gguf -ngl 99 -ot exps=CPU -c 8192\">{e(cmd)}</textarea></label>"
@@ -226,6 +256,7 @@ def explain_result(o) -> str:
             f"<th>KV</th><th>compute</th><th>overhead</th>{'<th>pool</th>' if pool else ''}<th>total</th>"
             f"<th>card</th></tr></thead>"
             f"<tbody>{''.join(dev_rows)}</tbody></table>"
+            + host_table(o.host.to_dict() if o.host is not None else None, "host") +
             f"<p id=predicted>predicted: PP {o.pred.pp_tps:.1f} t/s, TG {o.pred.tg_tps:.2f} t/s</p>"
             + (f"<h2>Warnings</h2><ul id=warnings>{warns}</ul>" if warns else ""))
 
@@ -280,13 +311,17 @@ def _schema_type(v: dict[str, Any]) -> str:
 
 @router.get("/plan")
 async def plan_page(request: Request, model: str = "", gpu: str = "", hardware: str = "", dialect: str = "mainline",
-                    ctx: str = "", objective: str = "tg", workload: str = ""):
-    form = _plan_form(model or "preset:Qwen3-30B-A3B", gpu, hardware, dialect, ctx, objective, workload)
+                    ctx: str = "", objective: str = "time", workload: str = "", workload_file: str = "",
+                    ram: str = ""):
+    config = request.app.state.config
+    form = _plan_form(model or "preset:Qwen3-30B-A3B", gpu, hardware, dialect, ctx, objective,
+                      _workload_fields(config, workload, workload_file), ram=ram)
     title = "<h1>Plan a placement</h1>"
     if not model.strip():
         return page("plan", title + form)
     body: dict[str, Any] = {"model": model.strip(), "dialect": dialect, "objective": objective}
-    for key, value in (("gpu", gpu), ("hardware", hardware), ("ctx", ctx), ("workload", workload)):
+    for key, value in (("gpu", gpu), ("hardware", hardware), ("ram", ram), ("ctx", ctx),
+                       ("workload", workload_file or workload)):
         if value.strip():
             body[key] = value.strip()
     state = request.app.state
@@ -298,20 +333,41 @@ async def plan_page(request: Request, model: str = "", gpu: str = "", hardware: 
     return page("plan", title + form + _plan_result(o))
 
 
-def _plan_form(model: str, gpu: str, hardware: str, dialect: str, ctx: str, objective: str, workload: str) -> str:
+def _plan_form(model: str, gpu: str, hardware: str, dialect: str, ctx: str, objective: str, workload: str,
+               ram: str = "") -> str:
     dialects = "".join(f"<option{' selected' if d == dialect else ''}>{d}</option>" for d in ("mainline", "ik"))
-    objectives = "".join(f"<option{' selected' if o == objective else ''}>{o}</option>" for o in ("tg", "pp", "both"))
-    from planner.workload import PRESETS
-    loads = "".join(f"<option{' selected' if w == workload else ''}>{e(w)}</option>" for w in ("", *PRESETS))
+    objectives = "".join(f"<option{' selected' if o == objective else ''}>{o}</option>" for o in OBJECTIVES)
     return (f"<form method=get action=/plan id=plan-form class=form>"
             f"<label>model <input name=model value=\"{e(model)}\" size=40></label>"
             f"<label>GPUs <input name=gpu value=\"{e(gpu)}\" placeholder=24GiB size=14></label>"
             f"<label>hardware <input name=hardware value=\"{e(hardware)}\" placeholder=rtx4090-ddr5 size=16></label>"
+            + _ram_field(ram) +
             f"<label>dialect <select name=dialect>{dialects}</select></label>"
             f"<label>context <input name=ctx value=\"{e(ctx)}\" placeholder=8192 size=8></label>"
             f"<label>objective <select name=objective>{objectives}</select></label>"
-            f"<label>workload <select name=workload>{loads}</select></label>"
-            f"<button type=submit>plan</button></form>")
+            f"{workload}<button type=submit>plan</button></form>")
+
+
+def _ram_field(ram: str) -> str:
+    return (f"<label>RAM <input name=ram value=\"{e(ram)}\" placeholder=\"128GiB (default: the server's)\" "
+            "size=14></label>")
+
+
+def host_table(h: dict[str, Any] | None, table_id: str) -> str:
+    """The host's row in parts (planner/host.py HostBill.to_dict()): weights in RAM mmap'd and pinned, KV and
+    compute on the CPU, llama-server's prompt cache at its --cache-ram, the process, against the RAM."""
+    if not h:
+        return ""
+    cache = f" (--cache-ram {h['cache_ram_mib']})" if h.get("cache_ram_mib") is not None else ""
+    rows = [("weights mmap'd", h["weights_mapped"]), ("weights pinned", h["weights_pinned"]), ("KV", h["kv"]),
+            ("compute", h["compute"]), (f"prompt cache{cache}", h["prompt_cache"]), ("process", h["process"]),
+            ("total", h["total"]), ("RAM", h["ram"])]
+    if h["shortfall"]:
+        rows.append(("short", h["shortfall"]))
+    body = "".join(f"<tr{' class=over' if k == 'short' else ''}><td>{e(k)}</td><td class=r>{e(fmt_bytes(v))}</td>"
+                   "</tr>" for k, v in rows)
+    return (f"<h2>Host RAM</h2><table class=grid id={table_id}><thead><tr><th>part</th><th>bytes</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>")
 
 
 def _plan_result(o: dict[str, Any]) -> str:
@@ -327,19 +383,24 @@ def _plan_result(o: dict[str, Any]) -> str:
     alts = "".join(f"<tr><td>{e(a['label'])}</td><td>{'mmap' if a.get('mmap') else 'no mmap'}"
                    f"{', op offload' if a.get('op_offload') else ''}</td><td class=r>{a['tg_tps']:.2f}</td>"
                    f"<td class=r>{a['pp_tps']:.1f}</td>"
+                   + (f"<td class=r>{a['mean_request_s']:.2f}</td>" if "mean_request_s" in a else "") +
                    f"<td class=r>{e(', '.join(fmt_bytes(v) for v in a['gpu_bytes'].values()))}</td></tr>"
                    for a in o.get("alternatives", []))
     warns = "".join(f"<li>{e(w)}</li>" for w in o.get("warnings", []))
     cannot = "".join(f"<li>{e(k)}: {e(v)}</li>" for k, v in o.get("not_expressible", {}).items())
+    first = f"<strong id=plan-gives-up>{e(o['gives_up'])}</strong>: " if o.get("gives_up") else ""
+    times = "<th>request s</th>" if "mean_request_s" in p else ""
     return (f"<h2>Best predicted placement</h2><p id=plan-predicted>{e(o['model'])} on {e(o['hardware'])}, objective "
-            f"{e(str(o['objective']))}: predicted TG {p.get('tg_tps', 0):.2f} t/s, PP {p.get('pp_tps', 0):.1f} t/s"
+            f"{e(str(o['objective']))}: {first}predicted TG {p.get('tg_tps', 0):.2f} t/s, PP {p.get('pp_tps', 0):.1f} "
+            "t/s"
             + (f", mean request {p['mean_request_s']:.2f} s" if "mean_request_s" in p else "") + "</p>"
             f"<div id=plan-commands class=commands data-commands=\"{e(cmds)}\"></div>"
             + (f"<ul class=muted>{cannot}</ul>" if cannot else "") +
             "<h2>Memory per device</h2><table class=grid id=plan-devices><thead><tr><th>device</th><th>weights</th>"
             "<th>KV</th><th>compute</th><th>overhead</th><th>total</th><th>room</th></tr></thead>"
-            f"<tbody>{''.join(dev_rows)}</tbody></table>"
+            f"<tbody>{''.join(dev_rows)}</tbody></table>" + host_table(o.get("host_ram"), "plan-host")
             + (f"<h2>Warnings</h2><ul id=warnings>{warns}</ul>" if warns else "")
             + ("<h2>Other candidates</h2><table class=grid id=plan-alternatives><thead><tr><th>placement</th><th>knobs"
-               f"</th><th>TG t/s</th><th>PP t/s</th><th>GPU memory</th></tr></thead><tbody>{alts}</tbody></table>"
+               f"</th><th>TG t/s</th><th>PP t/s</th>{times}<th>GPU memory</th></tr></thead><tbody>{alts}</tbody>"
+               "</table>"
                if alts else ""))

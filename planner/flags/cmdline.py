@@ -49,6 +49,7 @@ WARNINGS: dict[str, str] = {
     "W027": "ik -ngl 0 drops overrides",
     "W028": "-b/-ub as llama.cpp runs them", "W029": "context above the training context",
     "W101": "layer homes not expressible", "W102": "token_embd on a GPU", "W103": "knob not expressible in bench",
+    "W104": "host RAM short: weights read from disk",
 }
 
 
@@ -175,6 +176,7 @@ class ParsedCommand:
     # until each GPU keeps fit_target_mib free (-fitt; 1024 MiB by default; docs/llamacpp.md section 7)
     fit_moves_experts: bool = False
     fit_target_mib: tuple[int, ...] = ()
+    cache_ram_mib: int | None = None     # --cache-ram as given (llama-server's prompt cache, MiB; None: not given)
 
     def to_plan(self, model_id: str = "", label: str = "") -> Plan:
         return Plan(model_id=model_id, assignment=dict(self.assignment), knobs=self.knobs,

@@ -80,6 +80,7 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("op", ("-op", "--offload-policy"), since=Spelling.OFFLOAD_POLICY),
     Flag("ooae", ("-no-ooae", "--no-offload-only-active-experts"), "switch", const=False, since=Spelling.NO_OOAE),
     Flag("cuda", ("-cuda", "--cuda-params"), since=Spelling.CUDA_PARAMS),
+    Flag("cache_ram", ("--cache-ram", "-cram"), "int", since=Spelling.CACHE_RAM),   # the server's prompt cache, MiB
 )
 
 # Other ik server/cli options (gpt_params_find_arg) -> number of values.

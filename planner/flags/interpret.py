@@ -331,7 +331,8 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
         assignment=assignment, knobs=knobs, warnings=tuple(warnings), overrides=tuple(overrides),
         dialect=spec.name, tool=table.tool, n_gpu_layers=lay.n_gpu_layers, tensor_split=lay.tensor_split,
         layer_devices=tuple(slots), n_gpus=lay.n_gpus, output_copy_device=output_copy, env=dict(env),
-        workload=workload, fit_moves_experts=fit[0], fit_target_mib=fit[1])
+        workload=workload, fit_moves_experts=fit[0], fit_target_mib=fit[1],
+        cache_ram_mib=int(settings["cache_ram"]) if "cache_ram" in settings else None)
 
 
 def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[str, str], inv: ModelInventory,

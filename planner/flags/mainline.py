@@ -65,6 +65,9 @@ _COMMON_FLAGS: tuple[Flag, ...] = (
     Flag("op_offload", ("--op-offload",), "switch", const=True, since=Spelling.NEGATED),
     Flag("no_host", ("--no-host",), "switch", const=True, env="LLAMA_ARG_NO_HOST", env_kind="void",
          since=Spelling.NO_HOST),
+    # llama-server's prompt cache in host RAM, MiB (8192 by default; -1 no limit, 0 off): not a Knobs field, a plan
+    # emits it sized to the RAM its weights leave (planner/host.py cache_ram_for; ParsedCommand.cache_ram_mib)
+    Flag("cache_ram", ("--cache-ram", "-cram"), "int", env="LLAMA_ARG_CACHE_RAM", since=Spelling.CACHE_RAM),
 )
 
 _BENCH_FLAGS: tuple[Flag, ...] = (

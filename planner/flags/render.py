@@ -155,6 +155,9 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
     settings += knob_settings(plan.knobs, table, notes, mla_model=inv.hparams.is_mla)
     pol, env = spec.render_policy(plan.knobs, table, inv, opts)
     settings += pol
+    cache_ram = opts.get("cache_ram_mib")
+    if cache_ram is not None and tool == "server" and "cache_ram" in table.keys():  # noqa: SIM118 (a ToolTable)
+        settings.append(("cache_ram", cache_ram))     # a build without --cache-ram has no prompt cache to size
     notes.extend(spec.placement_notes(plan.assignment, plan.knobs, inv))
     rc = RenderedCommand(spell(settings, table), env, spec.name, tool, table.binary, notes)
     verify(rc, plan, inv, spec, tool, parse_back)

@@ -34,8 +34,9 @@ def test_plan_ranks_by_the_workloads_request_time_and_sizes_the_context(capsys):
     assert "-c 16640" in out["commands"]["llama-server"]
     # four requests in flight: four slots, each holding the longest request
     assert "-np 4" in _plan(capsys, "--workload", "batch")["commands"]["llama-server"]
-    # without a workload: no request times, ranked by the objective as before
-    assert "mean_request_s" not in _plan(capsys)["predicted"]
+    # tg, pp or both without a workload: no request times, ranked by the objective as before (with none given at
+    # all, plan ranks by the chat workload's request time: test_plan_default_objective.py)
+    assert "mean_request_s" not in _plan(capsys, "--objective", "tg")["predicted"]
 
 
 def _log(tmp_path, requests: list[tuple[int, int]], name: str = "log") -> str:

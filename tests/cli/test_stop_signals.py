@@ -84,7 +84,8 @@ def test_a_stop_during_the_fit_reference_is_at_once_resumable_and_leaves_nothing
     db = tmp_path / "s.db"
     proc = _start(["tune", str(model), "--engine", "llamacpp", "--llama-bench", str(wrapper), "--cpu-stand-in",
                    "--gpu", "1GiB", "--keep-free", "0", "--trials", "2", "--n-prompt", "16", "--n-gen", "4",
-                   "--reps", "1", "--study", "s", "--storage", f"sqlite:///{db}", "--no-report", "--quiet"],
+                   "--reps", "1", "--study", "s", "--storage", f"sqlite:///{db}", "--no-report", "--quiet",
+                   "--space", "full"],         # no thread probe: the --fit reference is the study's first run
                   tmp_path, mark)
     try:
         _wait_for_sleep(mark, proc)

@@ -63,3 +63,21 @@ def test_llama4_interleave_and_chunked_attention():
 def test_unknown_preset_or_quant_lists_the_known_ones(bad):
     with pytest.raises(InputError, match="known|available"):
         load_model(bad)
+
+
+def test_leading_dense_block_count_is_read_only_where_the_loader_reads_it():
+    """A qwen3moe file that sets leading_dense_block_count loads as llama.cpp's qwen3moe loader reads it (the key
+    never read: every layer MoE), where deepseek2 takes its dense lead from it (issue 43 item 7)."""
+    import json
+    from importlib import resources
+
+    from planner.archs import spec_from_metadata
+
+    def meta(name: str, **extra) -> dict:
+        d = json.loads(resources.files("planner.presets").joinpath(f"{name}.json").read_text())
+        return {"general.architecture": d["arch"], **{f"{d['arch']}.{k}": v for k, v in {**d["metadata"],
+                                                                                         **extra}.items()}}
+    qwen = spec_from_metadata(meta("qwen3-30b-a3b", leading_dense_block_count=3)).hparams
+    assert len(qwen.moe_layers) == 48 and all(qwen.moe_layers)
+    ds = spec_from_metadata(meta("deepseek-v3")).hparams
+    assert ds.moe_layers[:4] == (False, False, False, True)

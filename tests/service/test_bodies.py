@@ -88,6 +88,22 @@ def test_a_workload_over_http_is_a_preset_not_a_file_of_the_servers(tmp_path):
             bodies.request(command, {"model": M, "workload": str(tmp_path / "w.toml")}, PATHS)
 
 
+def test_a_workload_file_under_the_servers_folders_is_taken(tmp_path):
+    # what the web forms' workload file field sends: a .toml or .jsonl under --models, nowhere else
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mine.toml").write_text('[[request]]\nnew_tokens = 800\ngen_tokens = 100\n')
+    paths = PathPolicy((tmp_path / "models",))
+    req = bodies.request("plan", {"model": M, "gpu": "16GiB", "workload": "mine.toml"}, paths)
+    assert req.workload == str((tmp_path / "models" / "mine.toml").resolve())
+    assert plan_outcome(req).workload == "mine"
+    assert bodies.request("tune", {"model": M, "workload": "mine.toml"}, paths).workload == req.workload
+    (tmp_path / "elsewhere.toml").write_text('[[request]]\nnew_tokens = 8\n')
+    with pytest.raises(InputError, match="outside the folders this server serves"):
+        bodies.request("tune", {"model": M, "workload": str(tmp_path / "elsewhere.toml")}, paths)
+    with pytest.raises(InputError, match="a workload file is the server's"):
+        bodies.request("plan", {"model": M, "workload": "mine.txt"}, paths)
+
+
 @pytest.mark.parametrize("body,words", [
     ({"model": M, "gpu": 24}, "gpu: expected a string, got a number"),            # a size is text: 24 is not 24GiB
     ({"model": M, "margin": 0}, "margin: expected a string, got a number"),

@@ -94,6 +94,22 @@ def test_answer_names_the_pick_of_a_tg_study(server, chrome):
     assert f"{rep['best']['tg']['tg_x']:.2f}x TG" in says
 
 
+def test_a_time_study_answers_in_seconds_per_mean_request(server, chrome):
+    # issue 40, item 6: the pick's seconds (lower is better), its stored tokens per second beside them
+    from selenium.webdriver.common.by import By
+    cli("tune", MODEL, "--engine", "sim", "--hardware", HW["hardware"], "--gpu", HW["gpu"], "--trials", "4",
+        "--pool", "20", "--study", "web-time", "--no-report", "--quiet", cwd=server.workdir)
+    best = report_json(server, "web-time")["best"]["objective"]
+    open_study(chrome, server, "web-time")
+    assert "objective time (chat: seconds per mean request, lower is better)" in chrome.find_element(
+        By.TAG_NAME, "main").text
+    says = chrome.find_element(By.ID, "answer-says").text
+    assert says.startswith(f"Pick for objective time: trial {best['trial']}, {best['mean_request_s']:.2f} s per mean "
+                           f"request ({best['value']:.1f} t/s of the workload), TG "), says
+    pick = chrome.find_element(By.CSS_SELECTOR, "#answer-table tr.pick td[data-key=name]").text
+    assert pick == f"best time = {best['mean_request_s']:.2f} s (pick)"
+
+
 # ---- charts, the row click, the legend, command lines -----------------------------------------------------------
 
 def test_charts_keep_their_size_across_updates_and_a_resize(server, chrome):

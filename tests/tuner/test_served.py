@@ -390,7 +390,7 @@ def test_every_served_run_says_a_line_as_it_ends(tmp_path):
                          say=lines.append)
     assert rec and len(lines) == len(server.runs)
     line = re.compile(r"# served (\d+): (.+), round ([12]) of 2: loaded in \d+ s, (\d+\.\d\d) s mean request, "
-                      r"TTFT \d+\.\d\d s, VRAM CUDA0 [\d.]+ [GM]iB; (\d+) runs left(, about \d+ min)?")
+                      r"TTFT \d+\.\d\d s, VRAM CUDA0 [\d.]+ [GM]iB; (\d+) runs? left(, about \d+ min)?")
     parsed = [line.fullmatch(x) for x in lines]
     assert all(parsed), "\n".join(x for x, m in zip(lines, parsed) if not m)
     assert [int(m[1]) for m in parsed] == list(range(1, len(lines) + 1))

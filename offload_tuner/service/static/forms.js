@@ -11,6 +11,9 @@
       if (el.type === "checkbox") { if (el.checked) body[el.name] = true; }
       else if (el.value.trim()) body[el.name] = el.type === "number" ? Number(el.value) : el.value.trim();
     }
+    // a workload file under the server's --models folders, where given, stands for the preset chosen
+    if (body.workload_file) body.workload = body.workload_file;
+    delete body.workload_file;
     const out = document.getElementById("tune-error");
     out.textContent = "";
     const r = await ot.postJSON("/api/tunes", body);

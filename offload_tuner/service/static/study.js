@@ -84,7 +84,9 @@
     const best = data.best || {};
     const obj = String((data.settings || {}).objective);
     const rows = [];
-    if (best.objective) rows.push({role: "objective", name: `best ${obj}`, row: best.objective});
+    // a time study's best in seconds per mean request (lower is better), not the tokens per second it stores
+    const secs = best.objective && best.objective.mean_request_s != null ? ` = ${fmt(best.objective.mean_request_s, 2)} s` : "";
+    if (best.objective) rows.push({role: "objective", name: `best ${obj}${secs}`, row: best.objective});
     rows.push({role: "tg", name: "best TG", row: best.tg}, {role: "pp", name: "best PP", row: best.pp});
     const ref = (data.baselines || []).find(b => b.name === data.reference);
     if (ref && ref.ok) {
@@ -117,7 +119,9 @@
       say.textContent = "No measured config yet.";
     } else if (pr) {
       const r = pr.row;
-      say.textContent = `Pick for objective ${obj}: trial ${r.trial}, TG ${fmt(r.tg_tps, 2)} t/s, PP ${fmt(r.pp_tps, 1)} ` +
+      const secs = r.mean_request_s != null ?
+        `${fmt(r.mean_request_s, 2)} s per mean request (${fmt(r.value, 1)} t/s of the workload), ` : "";
+      say.textContent = `Pick for objective ${obj}: trial ${r.trial}, ${secs}TG ${fmt(r.tg_tps, 2)} t/s, PP ${fmt(r.pp_tps, 1)} ` +
         `t/s, ${fmt(r.vram_bytes / GiB, 2)} GiB VRAM` +
         (ref && r.tg_x != null ? ` (${fmt(r.tg_x, 2)}x TG, ${fmt(r.pp_x, 2)}x PP of ${ref.name})` : "") + ".";
     } else {
