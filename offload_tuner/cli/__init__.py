@@ -37,7 +37,9 @@ COMMANDS = (inspect, plan, explain, runtime_cmds, tune, report, serve, demo)   #
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):   # one line, exit 2 (argparse's default prints usage first)
-        raise InputError(f"{self.prog}: {message}")
+        # the line already starts "offload-tuner: error:": name the command alone ("tune: ..."), not the program
+        command = self.prog.removeprefix("offload-tuner").strip()
+        raise InputError(f"{command}: {message}" if command else message)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -109,7 +109,7 @@ def _value(command: str, o: Option, key: str, value: Any, paths: PathPolicy) -> 
     try:
         return o.parse(text)
     except InputError as e:               # as the CLI's parser says it
-        raise InputError(f"offload-tuner {command}: argument {o.flag}: {e}") from None
+        raise InputError(f"{command}: argument {o.flag}: {e}") from None
 
 
 def request(command: str, body: Any, paths: PathPolicy) -> Any:
