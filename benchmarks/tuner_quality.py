@@ -48,7 +48,7 @@ from planner.plan import Plan  # noqa: E402
 from planner.presets import load_preset  # noqa: E402
 from tuner.search import Tuner, TunerOptions, BenchWorkload  # noqa: E402
 from tuner.space import Space, SpaceConfig  # noqa: E402
-from runtime.engine import Measurement  # noqa: E402
+from runtime.engine import Engine, Measurement  # noqa: E402
 from runtime.sim import SimEngine  # noqa: E402
 
 GOAL_SHARE = 0.98
@@ -102,7 +102,7 @@ def truth_of(hw: HardwareProfile) -> HardwareProfile:
                           cpu_eff=ov.cpu_eff * 0.9))
 
 
-class TruthEngine:
+class TruthEngine(Engine):
     """The sim engine on the truth profile, cached by plan id (the grid has measured every candidate already);
     counts the runs each method asks for."""
     name = "sim"

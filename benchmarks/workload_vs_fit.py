@@ -187,7 +187,7 @@ def serve(args, inv, hw0, cells, deadline: float, server, bench_engine, checkpoi
         # a cell served before the finalists had filled twins gets them now (the rows it has are kept)
         log(f"{t.study_name}: serving the references, {args.finalists} finalists and their filled twins, "
             f"{args.rounds} rounds")
-        rec = confirm_served(t, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline,
+        rec = confirm_served(t.measurer, server, rounds=args.rounds, n_finalists=args.finalists, deadline=deadline,
                              threads=args.serve_threads,
                              progress=(lambda done, total: checkpoint()) if checkpoint else None)
         if not rec:

@@ -20,8 +20,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from .errors import InputError
 from .hardware import HardwareProfile
 from .memory import MemoryReport, estimate
 from .model import ModelInventory
@@ -64,42 +67,76 @@ class EngineFit:
     program: str = "llama-bench"              # the benchmark argv is for (ik: llama-sweep-bench)
 
 
-@runtime_checkable
-class Engine(Protocol):
-    """Anything that can measure a Plan. `name` is the name planner.engines registers it under (its traits are there).
-
-    Optional methods the tuner uses when an engine has them (getattr):
-    - `run_context(workload[, plan]) -> int`: the context a run holds when it differs from the plan's -c (llama-bench:
-      its prompt test's; llama-sweep-bench: whole ubatch rows of the plan, hence the plan); the tuner adds the memory
-      model's difference to each measured peak, to judge the emitted command at its own context;
-    - `own_fit(inv, workload, budgets) -> EngineFit | None`: the engine's own --fit at those per-GPU budgets;
-    - `predict_memory(inv, plan, hw, workload) -> MemoryReport | None`: the engine's own prediction of what
-      measure(inv, plan, workload) holds per device (GPU totals comparable with Measurement.peak_bytes, CUDA context
-      included where the measurement includes it; the CPU entry and host_pinned as planner.memory fills them), for
-      an engine whose memory is not llama.cpp's. No allocation, no run: it is called for every candidate a study
-      judges. None (or no such method): planner.memory.estimate, llama.cpp's memory, judges its plans
-      (`memory_model` below picks)."""
+class Engine(ABC):
+    """Anything that can measure a Plan: `measure`, and `name`, the name planner.engines registers it under (its
+    traits are there). Every engine subclasses this one; the capabilities below are declared here with what an
+    engine that lacks them answers, and the tuner calls them as they are (never probes for them):
+    - `measure_args(args, workload, env)`: a run of a command line as given (the --fit references, `run -- ...`);
+      an engine that only runs plans refuses with one InputError line;
+    - `run_context(workload, plan) -> int | None`: the context a run holds when it differs from the plan's -c
+      (llama-bench: its prompt test's; llama-sweep-bench: whole ubatch rows of the plan; None without a plan: the
+      smallest); None: the plan's own -c. The tuner adds the memory model's difference to each measured peak, to
+      judge the emitted command at its own context;
+    - `own_fit(inv, workload, budgets) -> EngineFit | None`: the engine's own --fit at those per-GPU budgets; None:
+      it has none (the tuner imitates one);
+    - `predicts_memory` / `predict_memory(inv, plan, hw, workload) -> MemoryReport | None`: the engine's own
+      prediction of what measure(inv, plan, workload) holds per device (GPU totals comparable with
+      Measurement.peak_bytes, CUDA context included where the measurement includes it; the CPU entry and
+      host_pinned as planner.memory fills them), for an engine whose memory is not llama.cpp's. No allocation, no
+      run: it is called for every candidate a study judges. Without it (or None for a plan),
+      planner.memory.estimate, llama.cpp's memory, judges its plans (`memory_model` below picks);
+    - `op_offload_per_class`: whether its runs set ik's op offload per op class (-op); ik's llama-bench has one
+      switch only (docs/ik_llama.md);
+    - `dialect`: the llama.cpp dialect its program speaks (None: it runs none, any plan's dialect goes);
+    - `shell_command(inv, plan, workload) -> str | None`: the command line a run of the plan executes (None: it runs
+      no program);
+    - `run_memory(inv, plan, workload, hw) -> MemoryReport | None`: what its run of the plan holds where that is
+      not the plan's own (llama-bench: one context per test); None: the plan's (planner.memory.estimate)."""
     name: str
+    predicts_memory: bool = False
+    op_offload_per_class: bool = True
+    dialect: str | None = None
 
+    @abstractmethod
     def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
         ...
+
+    def measure_args(self, args: Sequence[str], workload: BenchWorkload, env: Mapping[str, str] | None = None
+                     ) -> Measurement:
+        raise InputError(f"the {self.name} engine measures plans, not a command line")
+
+    def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int | None:
+        return None
+
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> str | None:
+        return None
+
+    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload,
+                   hw: HardwareProfile | None = None) -> MemoryReport | None:
+        return None
+
+    def own_fit(self, inv: ModelInventory, workload: BenchWorkload, budgets: Mapping[str, int]) -> EngineFit | None:
+        return None
+
+    def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
+                       workload: BenchWorkload) -> MemoryReport | None:
+        return None
 
 
 MemoryModel = Callable[[ModelInventory, Plan, "HardwareProfile | None"], MemoryReport]
 
 
-def memory_model(engine: Any, workload: BenchWorkload) -> MemoryModel:
+def memory_model(engine: Engine, workload: BenchWorkload) -> MemoryModel:
     """The memory model that judges `engine`'s plans at `workload`, with planner.memory.estimate's signature:
-    the engine's `predict_memory` where it has one (planner.memory.estimate for a plan it returns None for),
+    the engine's `predict_memory` where it `predicts_memory` (planner.memory.estimate for a plan it returns None for),
     else planner.memory.estimate itself (the same function object, so callers keep its behaviour exactly)."""
-    predict = getattr(engine, "predict_memory", None)
-    if predict is None:
+    if not engine.predicts_memory:
         return estimate
 
     def model(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = None) -> MemoryReport:
-        report = predict(inv, plan, hw, workload)
+        report = engine.predict_memory(inv, plan, hw, workload)
         return estimate(inv, plan, hw) if report is None else report
-    model.engine_name = getattr(engine, "name", type(engine).__name__)    # type: ignore[attr-defined]
+    model.engine_name = engine.name    # type: ignore[attr-defined]
     return model
 
 
@@ -109,16 +146,35 @@ def memory_model_name(model: MemoryModel) -> str:
     return f"{name} engine" if name else "planner.memory"
 
 
-class TimedEngine:
-    """An engine that times each run it makes (an Engine itself: every other attribute passes through): how long
-    the next runs will take, for a caller that must end inside a time limit (a device call). `on_run(seconds)`
-    hears of each run as it ends."""
+class TimedEngine(Engine):
+    """An engine that times each run it makes: how long the next runs will take, for a caller that must end inside
+    a time limit (a device call). `on_run(seconds)` hears of each run as it ends. The protocol is delegated by name;
+    any other attribute (a binary's `info`) passes through to the engine it wraps."""
 
-    def __init__(self, engine: Any, on_run: Callable[[float], None] | None = None) -> None:
+    def __init__(self, engine: Engine, on_run: Callable[[float], None] | None = None) -> None:
         self.inner, self.on_run, self.times = engine, on_run, []
+        self.name, self.predicts_memory = engine.name, engine.predicts_memory
+        self.op_offload_per_class, self.dialect = engine.op_offload_per_class, engine.dialect
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int | None:
+        return self.inner.run_context(workload, plan)
+
+    def own_fit(self, inv: ModelInventory, workload: BenchWorkload, budgets: Mapping[str, int]) -> EngineFit | None:
+        return self.inner.own_fit(inv, workload, budgets)
+
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> str | None:
+        return self.inner.shell_command(inv, plan, workload)
+
+    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload,
+                   hw: HardwareProfile | None = None) -> MemoryReport | None:
+        return self.inner.run_memory(inv, plan, workload, hw)
+
+    def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
+                       workload: BenchWorkload) -> MemoryReport | None:
+        return self.inner.predict_memory(inv, plan, hw, workload)
 
     def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
         t0 = time.monotonic()

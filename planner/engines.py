@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .errors import InputError
 
 if TYPE_CHECKING:
+    from .engine import Engine
     from .hardware import HardwareProfile
 
 MiB: Final = 1 << 20
@@ -90,9 +91,9 @@ def spec(name: str) -> EngineSpec:
         raise InputError(f"unknown engine {str(name)[:40]!r}: give one of {', '.join(ENGINES)}") from None
 
 
-def traits_of(engine: Any) -> EngineTraits:
+def traits_of(engine: Engine) -> EngineTraits:
     """An engine object's traits: its registered spec's, by the engine's `name`."""
-    s = ENGINES.get(getattr(engine, "name", ""))
+    s = ENGINES.get(engine.name)
     return s.traits if s is not None else UNREGISTERED
 
 

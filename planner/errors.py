@@ -33,3 +33,9 @@ class RecordError(InputError):
 class StorageError(InputError):
     """The study's storage failed: a truncated or garbage SQLite file, a full disk, a database server that went
     away. The message names the storage and what to do next; every trial finished before it is kept."""
+
+
+def error_line(message: object) -> str:
+    """The one line a front end shows for an error (the service's JSON `error`, its pages): the program's prefix
+    and the message with its whitespace folded, so a multi-line message cannot break a log or a page."""
+    return "offload-tuner: error: " + " ".join(str(message).split())

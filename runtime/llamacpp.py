@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from planner.engine import EngineFit
+from planner.engine import Engine, EngineFit
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render, slot_rule
 from planner.flags.common import (
@@ -91,7 +91,7 @@ _UNSET: Any = object()
 
 
 @dataclass
-class LlamaCppEngine:
+class LlamaCppEngine(Engine):
     """Measures plans with a real llama-bench (or ik llama-sweep-bench). See the module docstring."""
     binary: str | Path | None = None
     timeout_s: float = 900.0
@@ -250,6 +250,18 @@ class LlamaCppEngine:
                    hw: HardwareProfile | None = None) -> MemoryReport:
         """What a run of the plan at this workload holds per device (bench_memory: llama-bench's contexts)."""
         return bench_memory(inv, plan, workload, hw)
+
+    @property
+    def dialect(self) -> str:                     # type: ignore[override]
+        return self.info.dialect
+
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> str:
+        return self.command(inv, plan, workload).shell
+
+    @property
+    def op_offload_per_class(self) -> bool:       # type: ignore[override]
+        """ik's llama-sweep-bench takes -op per op class; ik's llama-bench has one switch (docs/ik_llama.md)."""
+        return self.info.dialect == "ik" and self.info.tool != "bench"
 
     def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int:
         """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: the

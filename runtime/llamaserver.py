@@ -55,7 +55,7 @@ from planner.plan import Plan
 from planner.workload import RequestClass, Workload
 
 from . import gpumem
-from .engine import BenchWorkload, Measurement
+from .engine import BenchWorkload, Engine, Measurement
 from .llamacpp_binary import check_devices, device_args
 from .llamacpp_output import tail
 from .server_process import (
@@ -291,7 +291,7 @@ def as_workload(workload: Workload | BenchWorkload) -> tuple[Workload, int | Non
 
 
 @dataclass
-class LlamaServerEngine:
+class LlamaServerEngine(Engine):
     """Measures plans by running llama-server and replaying a workload over HTTP. See the module docstring."""
     binary: str | Path | None = None
     model_path: str | Path | None = None     # default: the inventory's source file
@@ -337,6 +337,13 @@ class LlamaServerEngine:
             raise InputError(f"the llamaserver engine needs the model file; {p or inv.name!r} is not one "
                              "(presets cannot run: write one with `offload-tuner synth`)")
         return str(p)
+
+    @property
+    def dialect(self) -> str:                     # type: ignore[override]
+        return self.info.dialect
+
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: Workload) -> str:  # type: ignore[override]
+        return self.command(inv, plan, workload).shell
 
     def command(self, inv: ModelInventory, plan: Plan, workload: Workload) -> ServerCommand:
         """The llama-server command for the plan serving `workload` (InputError if this binary cannot run it)."""

@@ -158,11 +158,8 @@ def prepare_run(req: RunRequest) -> PreparedRun:
     hw = hardware_for(req, plan)
     if engine is None:
         engine = make_engine(req.engine_options(), hw)
-    command = None
-    if hasattr(engine, "command"):           # an engine that runs a program shows its command line
-        command = engine.command(inv, plan, workload).shell
-    run_memory = getattr(engine, "run_memory", None)     # the memory of its run, where that is not the plan's
-    mem = run_memory(inv, plan, workload, hw) if run_memory else estimate(inv, plan, hw)
+    command = engine.shell_command(inv, plan, workload)      # an engine that runs a program shows its command line
+    mem = engine.run_memory(inv, plan, workload, hw) or estimate(inv, plan, hw)
     return PreparedRun(req, inv, plan, workload, engine, command, mem)
 
 

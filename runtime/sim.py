@@ -16,14 +16,14 @@ from planner.memory import estimate
 from planner.model import ModelInventory
 from planner.plan import Plan, gpu_index, is_gpu
 
-from .engine import Measurement, BenchWorkload
+from .engine import Engine, Measurement, BenchWorkload
 
 if TYPE_CHECKING:
     from planner.options import EngineOptions
 
 
 @dataclass
-class SimEngine:
+class SimEngine(Engine):
     hw: HardwareProfile
     name: str = "sim"
 

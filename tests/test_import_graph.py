@@ -9,6 +9,8 @@ planner/ imports none of the others; nothing but the CLI imports offload_tuner/c
 CLI; nothing imports the service but the CLI's serve command, inside its function (offload_tuner/cli/serve.py);
 no torch at module level outside runtime/; the tuner, the app layer and the service reach no argparse.
 Every import counts, at any depth (inside functions too), relative ones resolved to the module they name.
+No import circle anywhere in the product, no read of another product module's private member, no getattr/hasattr
+probe of an engine's protocol (the tuner's helpers take the Measurer, tuner/measurer.py; issue 42 items 2, 4, 9).
 Sizes (issue 28): no module over 800 lines and no function over 80 in the product unless it says why it is
 one piece (LONG_MODULES; a `# one piece:` comment above the def)."""
 from __future__ import annotations
@@ -255,6 +257,159 @@ def test_the_runtime_check_catches_a_planted_import():
     assert violations("from offload_tuner import cli\n", "runtime.x")
     assert not violations("from planner.engine import EngineFit\n", "runtime.llamacpp")
     assert not violations("from planner.tables import table\n", "runtime.run")
+
+
+# ---- no circles, no private reads across modules, no probing of an engine (issue 42 items 2, 4, 9) -----------------
+
+def import_graph(sources: Mapping[str, str], packages: frozenset[str] = frozenset()) -> dict[str, set[str]]:
+    """{module: the product modules it imports}, every import at any depth (TYPE_CHECKING ones too: a type is an
+    arrow a reader follows). A module's own packages are left out: Python runs a package's __init__ before any of
+    its modules, so that arrow says nothing of the design."""
+    return {mod: {n for n, _, _ in imports(src, mod, mod in packages)
+                  if n in sources and n != mod and not mod.startswith(n + ".")}
+            for mod, src in sources.items()}
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected group of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def defined_privates(source: str) -> set[str]:
+    """The private names a module defines: functions, classes, module and class attributes, `self._x = ...`."""
+    out = set()
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+    return {x for x in out if _private(x)}
+
+
+def private_reads(sources: Mapping[str, str], packages: frozenset[str] = frozenset()) -> list[str]:
+    """Reads of another product module's private member: `x._name` outside `self`/`cls` where `_name` is defined
+    only in other modules of the product, and `from product.module import _name`. Third-party privates (torch's,
+    Optuna's, os._exit) are those libraries' business, not a seam of ours."""
+    owners: dict[str, set[str]] = {}
+    for mod, src in sources.items():
+        for name in defined_privates(src):
+            owners.setdefault(name, set()).add(mod)
+    out = []
+    for mod, src in sources.items():
+        package = mod if mod in packages else mod.rpartition(".")[0]
+        for n in ast.walk(ast.parse(src)):
+            if isinstance(n, ast.Attribute) and _private(n.attr) and isinstance(n.ctx, ast.Load) \
+                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")) \
+                    and mod not in owners.get(n.attr, {mod}):
+                out.append(f"{mod}:{n.lineno} reads {ast.unparse(n)[:60]} ({n.attr} is private to "
+                           f"{', '.join(sorted(owners[n.attr]))})")
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - (n.level - 1)] + ([n.module] if n.module else []))
+                if base in sources and base != mod:
+                    out += [f"{mod}:{n.lineno} imports {a.name} from {base} (private to it)"
+                            for a in n.names if _private(a.name)]
+    return out
+
+
+def engine_probes(source: str, module: str) -> list[str]:
+    """getattr/hasattr on an engine, or inspect.signature: the engine protocol is declared (planner.engine.Engine's
+    hooks), never probed."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if not isinstance(n, ast.Call):
+            continue
+        fn = ast.unparse(n.func)
+        if fn in ("getattr", "hasattr") and len(n.args) >= 2 and "engine" in ast.unparse(n.args[0]).lower() \
+                and isinstance(n.args[1], ast.Constant):      # a named member, not a module's lazy lookup
+            out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (declare it on planner.engine.Engine)")
+        elif fn == "inspect.signature":
+            out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (a protocol method has one signature)")
+    return out
+
+
+def _packages(sources: Mapping[str, tuple[Path, str]]) -> frozenset[str]:
+    return frozenset(m for m, (p, _) in sources.items() if p.name == "__init__.py")
+
+
+def test_no_import_circle_in_the_product():
+    sources = product_sources()
+    found = circles(import_graph({m: s for m, (_, s) in sources.items()}, _packages(sources)))
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_reads_another_modules_private_member():
+    sources = product_sources()
+    bad = private_reads({m: s for m, (_, s) in sources.items()}, _packages(sources))
+    assert not bad, "\n".join(bad)
+
+
+def test_no_engine_is_probed_for_its_protocol():
+    bad = [v for mod, (_, src) in product_sources().items() for v in engine_probes(src, mod)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_seam_checks_catch_planted_cases():
+    # a circle of two, and one of three through a function-level import; a package's own __init__ is no arrow
+    two = {"tuner.a": "from . import b\n", "tuner.b": "from .a import x\n"}
+    assert circles(import_graph(two)) == [["tuner.a", "tuner.b"]]
+    three = {"tuner.a": "from .b import x\n", "tuner.b": "from .c import y\n",
+             "tuner.c": "def f():\n    from .a import z\n", "tuner.d": "from .a import x\n"}
+    assert circles(import_graph(three)) == [["tuner.a", "tuner.b", "tuner.c"]]
+    assert not circles(import_graph({"tuner": "from .a import x\n", "tuner.a": "from tuner import y\n"},
+                                    frozenset({"tuner"})))
+    assert not circles(import_graph({"tuner.a": "from .b import x\n", "tuner.b": "import os\n"}))
+    # private reads: another module's, imported or reached through an object; one's own and self's are fine
+    mods = {"tuner.search": "class Tuner:\n    def _trial(self):\n        return self._x\n",
+            "tuner.served": "def f(tuner):\n    return tuner._trial(1)\n",
+            "tuner.seeds": "from .search import _helper\n",
+            "tuner.pool": "def _own():\n    pass\nclass P:\n    def g(self, o):\n        return o._own, self._y\n",
+            "tuner.x": "import os\ndef h():\n    os._exit(0)\n"}
+    mods["tuner.search"] += "def _helper():\n    pass\n"
+    bad = private_reads(mods)
+    assert len(bad) == 2 and "tuner.served:2 reads tuner._trial" in bad[0] and "_helper from tuner.search" in bad[1]
+    # engine probes
+    assert engine_probes("x = getattr(tuner.engine, 'own_fit', None)\n", "tuner.baselines")
+    assert engine_probes("if hasattr(engine, 'command'):\n    pass\n", "runtime.run")
+    assert engine_probes("import inspect\nn = inspect.signature(f).parameters\n", "tuner.search")
+    assert not engine_probes("x = engine.own_fit(inv, w, b)\ny = getattr(model, 'engine_name', None)\n", "m")
+    assert not engine_probes("def __getattr__(name):\n    return getattr(engine, name)\n", "runtime.torch_engine")
 
 
 # ---- sizes: one idea per module, functions a reader can hold (issue 28) ---------------------------------------------

@@ -34,7 +34,7 @@ from .interrupt import SIGINT
 from .records import StudyRecord, measured_dict
 
 if TYPE_CHECKING:
-    from .search import Tuner
+    from .measurer import Measurer
 
 NCMOE_TRIES = 3           # -ncmoe runs at most: the model's guess and two steps up if it measured over budget
 SERVER_FIT = "--fit's placement in a server"   # llama-fit-params' pick for the whole workload, run as a plan
@@ -149,111 +149,111 @@ def ncmoe_split(inv: ModelInventory, knobs: Knobs, dialect: Dialect, model_id: s
 
 # ---- a study's baselines ------------------------------------------------------------------------------------------
 
-def measure_baselines(tuner: Tuner, deadline: float | None = None) -> list[dict[str, Any]]:
+def measure_baselines(measurer: Measurer, deadline: float | None = None) -> list[dict[str, Any]]:
     """Measure the reference points once per study: the engine's own --fit (or, for an engine without one, the
     --fit-like fill, labelled an imitation), -ngl 99 -cmoe, and the best -ngl 99 -ncmoe N that fits. Each record
     is stored as it is made (a killed study resumes after the last one); once time.monotonic() passes `deadline`
     no further one starts (the list comes back unfinished, the study attr `baselines` unset: the next call goes
     on where this one stopped)."""
-    rec = StudyRecord.of(tuner.study)
-    if rec.baselines is not None or not tuner.want_baselines:
+    rec = StudyRecord.of(measurer.study)
+    if rec.baselines is not None:
         return rec.baselines or []
     out: list[dict[str, Any]] = list(rec.baselines_partial)
     done = {b["name"] for b in out}
 
     def keep(record: dict[str, Any]) -> None:
         out.append(record)
-        StudyRecord.save(tuner.study, baselines_partial=out)
+        StudyRecord.save(measurer.study, baselines_partial=out)
 
     def late() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    knobs = tuner._default_knobs()
-    model_id = tuner.settings.model_id
-    own_fit = getattr(tuner.engine, "own_fit", None)
-    if own_fit is not None and "--fit" not in done and FIT_LIKE not in done:
+    knobs = measurer.default_knobs()
+    model_id = measurer.settings.model_id
+    if "--fit" not in done and FIT_LIKE not in done:
         with SIGINT.engine_run():          # Ctrl-C ends this run at once, as every measurement's (interrupt.py)
-            fit = own_fit(tuner.inv, tuner.workload, Room.from_hardware(tuner.hw, tuner.margin_initial).gpus)
+            budgets = Room.from_hardware(measurer.hw, measurer.margins.initial).gpus
+            fit = measurer.engine.own_fit(measurer.inv, measurer.workload, budgets)
         if fit is not None:
-            keep(fit_record(fit, tuner.margins.over(dict(fit.measurement.peak_bytes))))
+            keep(fit_record(fit, measurer.margins.over(dict(fit.measurement.peak_bytes))))
             done.add("--fit")
             if fit.chosen_args:
-                keep(_server_fit_record(tuner, fit.chosen_args))
+                keep(_server_fit_record(measurer, fit.chosen_args))
     if late():
         return out
     if "--fit" not in done and FIT_LIKE not in done:
         try:
-            margin = tuner.space.margin_for(knobs.n_ubatch)
-            fitlike = next((p.plan for p in proposals(tuner.inv, tuner.hw, knobs, tuner.dialect, margin)
+            margin = measurer.space.margin_for(knobs.n_ubatch)
+            fitlike = next((p.plan for p in proposals(measurer.inv, measurer.hw, knobs, measurer.dialect, margin)
                             if p.strategy == "experts-cpu+fill" and p.order == "last"), None)
-            keep(tuner._plan_record(FIT_LIKE, "fit-like", fitlike, "" if fitlike else "no experts-cpu proposal"))
+            keep(measurer.plan_record(FIT_LIKE, "fit-like", fitlike, "" if fitlike else "no experts-cpu proposal"))
         except InputError as e:
-            keep(tuner._plan_record(FIT_LIKE, "fit-like", None, str(e)))
+            keep(measurer.plan_record(FIT_LIKE, "fit-like", None, str(e)))
     if late():
         return out
     if "-ngl 99 -cmoe" not in done:
         try:
-            plan = flag_plan(tuner.inv, ["-ngl", "99", "-cmoe"], knobs, tuner.dialect, model_id, tuner._n_gpus)
-            keep(tuner._plan_record("-ngl 99 -cmoe", "cmoe", plan))
+            plan = flag_plan(measurer.inv, ["-ngl", "99", "-cmoe"], knobs, measurer.dialect, model_id, measurer.n_gpus)
+            keep(measurer.plan_record("-ngl 99 -cmoe", "cmoe", plan))
         except InputError as e:
-            keep(tuner._plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
+            keep(measurer.plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
     if late():
         return out
     if not any(b.get("kind") == "ncmoe" for b in out):
-        keep(_ncmoe_record(tuner, knobs))
-    StudyRecord.save(tuner.study, baselines=out)
-    tuner._refit()
+        keep(_ncmoe_record(measurer, knobs))
+    StudyRecord.save(measurer.study, baselines=out)
+    measurer.refit()
     return out
 
 
-def _server_fit_record(tuner: Tuner, chosen_args: list[str]) -> dict[str, Any]:
+def _server_fit_record(measurer: Measurer, chosen_args: list[str]) -> dict[str, Any]:
     """llama.cpp's placement for a server (--fit's chosen arguments), run as a plan: a reference, so unjudged."""
     try:
-        plan = flag_plan(tuner.inv, list(chosen_args), tuner._default_knobs(), tuner.dialect,
-                         tuner.settings.model_id, tuner._n_gpus)
-        return tuner._plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False)
+        plan = flag_plan(measurer.inv, list(chosen_args), measurer.default_knobs(), measurer.dialect,
+                         measurer.settings.model_id, measurer.n_gpus)
+        return measurer.plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False)
     except InputError as e:
-        return tuner._plan_record(SERVER_FIT, "engine-fit-server", None, str(e))
+        return measurer.plan_record(SERVER_FIT, "engine-fit-server", None, str(e))
 
 
-def redo_references(tuner: Tuner) -> list[str]:
+def redo_references(measurer: Measurer) -> list[str]:
     """Measure again the reference baselines that never ran (llama.cpp's placement in a server refused by a
     budget check that studies before this one applied to it), and drop the confirmation so the next
     `confirm` interleaves them. Returns the names re-measured."""
-    rec = StudyRecord.of(tuner.study)
+    rec = StudyRecord.of(measurer.study)
     base = list(rec.baselines or [])
     fit = next((b for b in base if b.get("kind") == "engine-fit" and b.get("chosen_args")), None)
     redone = []
     for i, b in enumerate(base):
         if b.get("kind") == "engine-fit-server" and not b.get("ok") and fit is not None:
-            base[i] = _server_fit_record(tuner, fit["chosen_args"])
+            base[i] = _server_fit_record(measurer, fit["chosen_args"])
             redone.append(SERVER_FIT)
     if redone:
-        StudyRecord.save(tuner.study, baselines=base)
+        StudyRecord.save(measurer.study, baselines=base)
         if rec.confirmed is not None:
-            StudyRecord.save(tuner.study, confirmed_before_redo=rec.confirmed, confirmed=None)
+            StudyRecord.save(measurer.study, confirmed_before_redo=rec.confirmed, confirmed=None)
         if rec.confirmation is not None:
-            StudyRecord.save(tuner.study, confirmation_before_redo=rec.confirmation, confirmation=None)
+            StudyRecord.save(measurer.study, confirmation_before_redo=rec.confirmation, confirmation=None)
     return redone
 
 
-def _ncmoe_record(tuner: Tuner, knobs: Knobs) -> dict[str, Any]:
+def _ncmoe_record(measurer: Measurer, knobs: Knobs) -> dict[str, Any]:
     """The best -ngl 99 -ncmoe N: the memory model's smallest N that fits, then N+1.. while runs measure
     over the budget (NCMOE_TRIES runs at most). Several GPUs: the best hand -ncmoe N -ts a,b (ncmoe_split)."""
-    if tuner._n_gpus:
-        return _ncmoe_split_record(tuner, knobs)
-    inv, model_id = tuner.inv, tuner.settings.model_id
+    if measurer.n_gpus:
+        return _ncmoe_split_record(measurer, knobs)
+    inv, model_id = measurer.inv, measurer.settings.model_id
 
     def fits(plan: Plan) -> bool:
-        return not tuner._over_budget(plan)
-    n = smallest_ncmoe(inv, knobs, tuner.dialect, model_id, fits)
+        return not measurer.over_budget(plan)
+    n = smallest_ncmoe(inv, knobs, measurer.dialect, model_id, fits)
     if n is None:
         return {"name": "best -ncmoe", "kind": "ncmoe", "ok": False, "runs": 0,
                 "error": "not run: not even -ncmoe with every layer fits the budget"}
     runs, rec = 0, {}
     for k in range(n, min(n + NCMOE_TRIES, inv.n_layer + 1)):
-        plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", str(k)], knobs, tuner.dialect, model_id)
-        rec = tuner._plan_record(f"-ngl 99 -ncmoe {k}", "ncmoe", plan)
+        plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", str(k)], knobs, measurer.dialect, model_id)
+        rec = measurer.plan_record(f"-ngl 99 -ncmoe {k}", "ncmoe", plan)
         runs += rec.get("runs", 0)
         rec.update(runs=runs, ncmoe=k)
         if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
@@ -261,20 +261,20 @@ def _ncmoe_record(tuner: Tuner, knobs: Knobs) -> dict[str, Any]:
     return rec
 
 
-def _ncmoe_split_record(tuner: Tuner, knobs: Knobs) -> dict[str, Any]:
+def _ncmoe_split_record(measurer: Measurer, knobs: Knobs) -> dict[str, Any]:
     """Several GPUs: -ngl 99 -ncmoe N -ts a,b with the smallest N that fits and the -ts that leaves the most
     room on the fuller GPU, then the next N (its own -ts) while runs measure over the budget."""
-    inv, hw, model_id = tuner.inv, tuner.hw, tuner.settings.model_id
+    inv, hw, model_id = measurer.inv, measurer.hw, measurer.settings.model_id
 
     def headroom(plan: Plan) -> int | None:
-        mem = tuner.estimate(inv, plan, hw)
-        if tuner._over_budget(plan, mem).startswith("host"):
+        mem = measurer.estimate(inv, plan, hw)
+        if measurer.over_budget(plan, mem).startswith("host"):
             return -1
-        budget = tuner.space.room_for(plan.knobs.n_ubatch).gpus
+        budget = measurer.space.room_for(plan.knobs.n_ubatch).gpus
         return min(budget[g] - mem.gpu_total(g) for g in budget)
     runs, rec, start = 0, {}, 0
     for _ in range(NCMOE_TRIES):
-        found = ncmoe_split(inv, knobs, tuner.dialect, model_id, headroom, len(hw.gpus), start)
+        found = ncmoe_split(inv, knobs, measurer.dialect, model_id, headroom, len(hw.gpus), start)
         if found is None:
             if not rec:
                 return {"name": "best -ncmoe -ts", "kind": "ncmoe", "ok": False, "runs": 0,
@@ -282,8 +282,8 @@ def _ncmoe_split_record(tuner: Tuner, knobs: Knobs) -> dict[str, Any]:
             break
         n, ts = found
         args = ["-ngl", "99", "-ncmoe", str(n)] + (["-ts", ",".join(map(str, ts))] if ts else [])
-        plan = flag_plan(inv, args, knobs, tuner.dialect, model_id, tuner._n_gpus)
-        rec = tuner._plan_record(" ".join(args), "ncmoe", plan)
+        plan = flag_plan(inv, args, knobs, measurer.dialect, model_id, measurer.n_gpus)
+        rec = measurer.plan_record(" ".join(args), "ncmoe", plan)
         runs += rec.get("runs", 0)
         rec.update(runs=runs, ncmoe=n, ts=list(ts) if ts else None)
         if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):

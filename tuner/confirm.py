@@ -28,7 +28,7 @@ from .interrupt import SIGINT
 from .records import MeasuredRun, StudyRecord, TrialRecord, measured_dict
 
 if TYPE_CHECKING:
-    from .search import Tuner
+    from .measurer import Measurer
 
 Verdict = Literal["win", "tie", "loss"]
 CONFIRM_ROUNDS = 3        # interleaved re-measurements of each finalist and of --fit
@@ -214,16 +214,16 @@ def reference(baselines: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return next((b for b in baselines if b.get("kind") in ("engine-fit", "fit-like") and b.get("ok")), None)
 
 
-def finalists(tuner: Tuner, n_tg: int = 2, ncmoe: bool = False) -> list[Contender]:
+def finalists(measurer: Measurer, n_tg: int = 2, ncmoe: bool = False) -> list[Contender]:
     """What confirmation re-measures: the reference (--fit), the n_tg fastest-TG trials that use no more VRAM
     than it measured, the best TG among trials with >= BALANCED_PP x its PP ("balanced"), and for a PP
     objective the fastest PP; a trial in several roles is one contender. `ncmoe`: the best -ncmoe baseline
     too (when it ran), measured beside --fit for its ratios, never picked."""
     from optuna.trial import TrialState
-    baselines = StudyRecord.of(tuner.study).baselines or []
+    baselines = StudyRecord.of(measurer.study).baselines or []
     ref = reference(baselines)
     rows = []
-    for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in measurer.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         r = TrialRecord.from_trial(t)
         m = r.measured
         if m is not None and m.ok and r.duplicate_of is None and r.plan_json is not None:
@@ -238,7 +238,7 @@ def finalists(tuner: Tuner, n_tg: int = 2, ncmoe: bool = False) -> list[Contende
     if balanced:
         key = (lambda r: r[1]) if ref else (lambda r: math.sqrt(max(r[1], 0) * max(r[2], 0)))
         roles.setdefault(max(balanced, key=key)[0], []).append("balanced")
-    if tuner.objective.kind == "pp" and rows:
+    if measurer.objective.kind == "pp" and rows:
         roles.setdefault(max(rows, key=lambda r: r[2])[0], []).append("best_pp")
     out = [Contender("fit", ref["name"], ("fit",))] if ref else []
     server = next((b for b in baselines if b.get("kind") == "engine-fit-server" and b.get("ok")), None)
@@ -251,31 +251,31 @@ def finalists(tuner: Tuner, n_tg: int = 2, ncmoe: bool = False) -> list[Contende
     return out
 
 
-def confirm_seconds(tuner: Tuner, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
+def confirm_seconds(measurer: Measurer, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
                     repetitions: int | None = None) -> float:
     """How long confirm(rounds, n_tg, ncmoe, repetitions) runs, from each contender's own run (its wall time
     at this workload, taken to `repetitions` by BenchWorkload.seconds_at), `default` seconds for one whose time is
     not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
     8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
-    reps = repetitions or tuner.workload.repetitions
-    return rounds * sum(contender_seconds(tuner, c, reps) or default for c in finalists(tuner, n_tg, ncmoe))
+    reps = repetitions or measurer.workload.repetitions
+    return rounds * sum(contender_seconds(measurer, c, reps) or default for c in finalists(measurer, n_tg, ncmoe))
 
 
-def _contender_record(tuner: Tuner, c: Contender) -> dict[str, Any]:
+def _contender_record(measurer: Measurer, c: Contender) -> dict[str, Any]:
     """What a reference contender stands for as stored: --fit's record (the reference), else its baseline."""
-    baselines = StudyRecord.of(tuner.study).baselines or []
+    baselines = StudyRecord.of(measurer.study).baselines or []
     if c.key == "fit":
         return reference(baselines) or {}
     kind = {"fit-server": "engine-fit-server", "ncmoe": "ncmoe"}[c.key]
     return next((b for b in baselines if b.get("kind") == kind), {})
 
 
-def contender_seconds(tuner: Tuner, c: Contender, repetitions: int) -> float:
+def contender_seconds(measurer: Measurer, c: Contender, repetitions: int) -> float:
     """A contender's run time at `repetitions` (0: not known), from its stored run. A trial stored before runs
     were timed has Optuna's own start and end, unless its run was a baseline's (reused, so the trial itself
     took no time)."""
     if c.trial is not None:
-        trial = tuner._trial(c.trial)
+        trial = measurer.trial(c.trial)
         rec = TrialRecord.from_trial(trial)
         m = rec.measured
         if m is not None and m.seconds:
@@ -286,36 +286,36 @@ def contender_seconds(tuner: Tuner, c: Contender, repetitions: int) -> float:
             seconds = (trial.datetime_complete - trial.datetime_start).total_seconds()
         pp, tg = (m.pp_tps, m.tg_tps) if m is not None else (0.0, 0.0)
     else:
-        d = _contender_record(tuner, c).get("measured") or {}
+        d = _contender_record(measurer, c).get("measured") or {}
         seconds, pp, tg = float(d.get("seconds") or 0.0), float(d.get("pp_tps") or 0), float(d.get("tg_tps") or 0)
-    return tuner.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
+    return measurer.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
 
 
-def _measure_contender(tuner: Tuner, c: Contender, workload: BenchWorkload) -> dict[str, Any]:
+def _measure_contender(measurer: Measurer, c: Contender, workload: BenchWorkload) -> dict[str, Any]:
     """One sample of a contender, as a stored row: a trial's plan judged like a trial, --fit by its own arguments,
     another reference as a plan (measured, never failed for its peak)."""
     if c.trial is not None:
-        plan = TrialRecord.from_trial(tuner._trial(c.trial)).plan()
-        m = tuner._judge_peak(plan, tuner._measure(plan, workload))
-    elif c.key == "fit" and _contender_record(tuner, c).get("argv"):
-        ref = _contender_record(tuner, c)
-        m = _measure_args(tuner, with_repetitions(ref["argv"], workload.repetitions), ref.get("env") or {}, workload)
+        plan = TrialRecord.from_trial(measurer.trial(c.trial)).plan()
+        m = measurer.judge_peak(plan, measurer.measure(plan, workload))
+    elif c.key == "fit" and _contender_record(measurer, c).get("argv"):
+        ref = _contender_record(measurer, c)
+        m = _measure_args(measurer, with_repetitions(ref["argv"], workload.repetitions), ref.get("env") or {}, workload)
     else:
-        plan = Plan.from_json(_contender_record(tuner, c)["plan"])
-        m = tuner._measure(plan, workload)
+        plan = Plan.from_json(_contender_record(measurer, c)["plan"])
+        m = measurer.measure(plan, workload)
         if m.ok:
             m = replace(MeasuredRun.from_dict(measured_dict(m)),
-                        peak_at_ctx=tuner.peaks_at_ctx(plan, dict(m.peak_bytes)))
+                        peak_at_ctx=measurer.peaks_at_ctx(plan, dict(m.peak_bytes)))
     d = measured_dict(m)
     row = {k: d[k] for k in ("ok", "tg_tps", "pp_tps", "error")}
     row.update(peak_bytes=d.get("peak_at_ctx") or d["peak_bytes"], cv=d.get("cv"), seen=d.get("seen", ""))
     return row
 
 
-def _measure_args(tuner: Tuner, argv: list[str], env: dict[str, str], workload: BenchWorkload):
+def _measure_args(measurer: Measurer, argv: list[str], env: dict[str, str], workload: BenchWorkload):
     try:
         with SIGINT.engine_run():
-            return tuner.engine.measure_args(argv, workload, env)
+            return measurer.engine.measure_args(argv, workload, env)
     except InputError:
         raise
     except Exception as e:   # as Tuner.measure: an engine bug is a failed sample, not the end of the study
@@ -331,7 +331,7 @@ def with_repetitions(argv: list[str], reps: int) -> list[str]:
     return out
 
 
-def confirm(tuner: Tuner, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
+def confirm(measurer: Measurer, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress: Any = None,
             deadline: float | None = None, ncmoe: bool = False, repetitions: int | None = None) -> dict[str, Any]:
     """Re-measure the finalists and the reference interleaved for `rounds` rounds and judge by the medians:
     stored as the study's "confirmed" attr, each sample as it comes (a killed confirmation resumes). Returns that
@@ -339,28 +339,28 @@ def confirm(tuner: Tuner, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, progress:
     end before `deadline` (its contender's stored run time says how long it takes): call again to go on).
     `ncmoe`: the best -ncmoe baseline is re-measured with them (finalists). `repetitions`: each run's repetitions
     when not the workload's (fewer, so that every sample fits in one device call; stored in the record)."""
-    contenders = finalists(tuner, n_tg, ncmoe)
+    contenders = finalists(measurer, n_tg, ncmoe)
     if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
         return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
     keys = [c.key for c in contenders]
-    reps = repetitions or tuner.workload.repetitions
-    stored = StudyRecord.of(tuner.study).confirmation or {}
-    same = stored.get("keys") == keys and stored.get("repetitions", tuner.workload.repetitions) == reps
+    reps = repetitions or measurer.workload.repetitions
+    stored = StudyRecord.of(measurer.study).confirmation or {}
+    same = stored.get("keys") == keys and stored.get("repetitions", measurer.workload.repetitions) == reps
     log = SampleLog(list(stored.get("rows", [])) if same else [])
-    workload = replace(tuner.workload, repetitions=reps)
+    workload = replace(measurer.workload, repetitions=reps)
     for rnd, c in schedule(contenders, rounds):
         if log.done(rnd, c.key):
             continue
         # a device call cut off mid-run loses the sample and whatever the caller had not saved yet
-        if deadline is not None and time.monotonic() + contender_seconds(tuner, c, reps) >= deadline:
+        if deadline is not None and time.monotonic() + contender_seconds(measurer, c, reps) >= deadline:
             return {}
-        log.add(rnd, c.key, _measure_contender(tuner, c, workload))
-        StudyRecord.save(tuner.study, confirmation={"keys": keys, "rounds": rounds, "repetitions": reps,
+        log.add(rnd, c.key, _measure_contender(measurer, c, workload))
+        StudyRecord.save(measurer.study, confirmation={"keys": keys, "rounds": rounds, "repetitions": reps,
                                                     "rows": log.rows})
         if progress is not None:
             progress(len(log.rows), rounds * len(contenders))
     record = confirmed_record([log.summarise(c) for c in contenders], rounds)
-    if reps != tuner.workload.repetitions:
+    if reps != measurer.workload.repetitions:
         record["repetitions"] = reps
-    StudyRecord.save(tuner.study, confirmed=record)
+    StudyRecord.save(measurer.study, confirmed=record)
     return record

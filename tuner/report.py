@@ -150,18 +150,6 @@ def _front_rows(df: Any) -> list[dict[str, Any]]:
     return out
 
 
-def vram_front(df: Any, col: str) -> Any:
-    """Trials that are the fastest (col) for their VRAM or less: the throughput-vs-VRAM Pareto front."""
-    ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()]
-    ok = ok.sort_values(["vram_bytes", col], ascending=[True, False])
-    keep, best = [], -1.0
-    for i, r in ok.iterrows():
-        if r[col] > best:
-            keep.append(i)
-            best = r[col]
-    return ok.loc[keep]
-
-
 # One configuration of a report, as its JSON has it: trial, plan_id, label, source, tg_tps, pp_tps, vram_bytes,
 # cv, commands; the ratios to the reference (tg_x, pp_x, vram_x, budget_share) where there is one; a best row also
 # its memory per device ("devices") and its stored measurement ("measurement"); the objective's best its "value"

@@ -133,11 +133,22 @@ def _legend_outside(fig: Any, axes: list[Any], loc: str = "outside lower center"
     return fig.legend(list(seen.values()), list(seen), loc=loc, ncol=min(len(seen), 4), fontsize=8, frameon=False)
 
 
+def vram_front(df: Any, col: str) -> Any:
+    """Trials that are the fastest (col) for their VRAM or less: the throughput-vs-VRAM Pareto front."""
+    ok = df[df["ok"] & df[col].notna() & df["vram_bytes"].notna()]
+    ok = ok.sort_values(["vram_bytes", col], ascending=[True, False])
+    keep, best = [], -1.0
+    for i, r in ok.iterrows():
+        if r[col] > best:
+            keep.append(i)
+            best = r[col]
+    return ok.loc[keep]
+
+
 def plot_vs_vram(ok: Any, summary: Any) -> Any:
     """TG and PP against peak VRAM: the trials, their VRAM-Pareto front, the baselines (the reference apart), the
     confirmed medians, the budget and the GPU memory."""
     import matplotlib.pyplot as plt
-    from .report import vram_front
     s = summary.settings
     total = sum(v for _, v in s.get("hardware", {}).get("gpus", []))
     unit = " (predicted)" if predicted(s) else ""

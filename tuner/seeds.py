@@ -1,7 +1,7 @@
 """What a study enqueues besides the sampler's trials, once per study: the seed trials (every GPU filled with
 experts, the planner's proposals, the default, the cost model's predicted front and the best per VRAM budget of
 the pool) and the repack probes (the best-TG run again with --no-host / -rtr on). Tuner.enqueue_seeds and
-Tuner.probe_repack call these.
+Tuner.probe_repack call these with the study's Measurer and the search's candidate pool.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from .records import StudyRecord, TrialRecord
 from .space import Space
 
 if TYPE_CHECKING:
-    from .search import Tuner
+    from .pool import Pool, Scorer
+    from .measurer import Measurer
 
 log = logging.getLogger(__name__)
 
@@ -26,39 +27,40 @@ REPACK_PROBES = {"no_host": "probe:no-host", "rtr": "probe:rtr"}
 PROBE_NO_HOST, PROBE_RTR = REPACK_PROBES["no_host"], REPACK_PROBES["rtr"]
 
 
-def enqueue_seeds(tuner: Tuner) -> int:
+def enqueue_seeds(measurer: Measurer, pool: Pool, scorer: Scorer, max_seeds: int | None = None) -> int:
     """Enqueue the planner's proposals and the cost model's predicted front (once per study), at most
-    tuner.max_seeds of them. Returns how many were enqueued."""
-    if StudyRecord.of(tuner.study).seeded:
+    `max_seeds` of them (None: all). Returns how many were enqueued."""
+    if StudyRecord.of(measurer.study).seeded:
         return 0
-    space = tuner.space
-    seeds: list[tuple[dict[str, Any], str]] = fill_max_seeds(space, tuner.objective.kind)
+    space = measurer.space
+    seeds: list[tuple[dict[str, Any], str]] = fill_max_seeds(space, measurer.objective.kind)
     try:
-        knobs = tuner._default_knobs()
-        ranked = best_plans(tuner.inv, tuner.hw, knobs, tuner.dialect, _planner_objective(tuner.objective.kind),
-                            space.margin_for(knobs.n_ubatch), n_prompt=max(tuner.workload.n_prompt, 1))
+        knobs = measurer.default_knobs()
+        ranked = best_plans(measurer.inv, measurer.hw, knobs, measurer.dialect,
+                            _planner_objective(measurer.objective.kind), space.margin_for(knobs.n_ubatch),
+                            n_prompt=max(measurer.workload.n_prompt, 1))
     except InputError:
         ranked = []
     for s in ranked[:6]:
         seeds.append((space.proposal_params(s.proposal), f"proposal:{s.proposal.label}"))
     seeds.append((space.default_params(), "default"))
-    for e in tuner.pool.front_seeds(space, tuner.fit, tuner.scorer, 6):
+    for e in pool.front_seeds(space, measurer.fit, scorer, 6):
         seeds.append((e.params, "cost-front"))
-    total_vram = sum(g.vram_bytes for g in tuner.hw.gpus)
-    for level, e in tuner.pool.budget_seeds(space, tuner.fit, tuner.scorer, total_vram):
+    total_vram = sum(g.vram_bytes for g in measurer.hw.gpus)
+    for level, e in pool.budget_seeds(space, measurer.fit, scorer, total_vram):
         seeds.append((e.params, f"budget:{level / GiB:.0f}GiB"))
-    n, seen = 0, set(tuner._queued_ids)
+    n, seen = 0, set(measurer.queued)
     for params, source in seeds:
-        if tuner.max_seeds is not None and n >= tuner.max_seeds:
+        if max_seeds is not None and n >= max_seeds:
             break
         cand = space.decode(space.fixed(space.legal(params), default=lambda d: d.values[0]))
-        tuner.pool.add(cand)
+        pool.add(cand)
         if not cand.fits or cand.key in seen:
             continue
         seen.add(cand.key)
-        tuner._enqueue(cand.params, cand.key, source)
+        measurer.enqueue(cand.params, cand.key, source)
         n += 1
-    StudyRecord.save(tuner.study, seeded=True)
+    StudyRecord.save(measurer.study, seeded=True)
     return n
 
 
@@ -89,7 +91,7 @@ def fill_max_seeds(space: Space, objective_kind: str) -> list[tuple[dict[str, An
     return out
 
 
-def probe_repack(tuner: Tuner) -> bool:
+def probe_repack(measurer: Measurer, pool: Pool) -> bool:
     """Once per study, when the space has a repacking dim (REPACK_PROBES: mainline's no_host, ik's rtr):
     enqueue the best-TG run so far again with it on (source REPACK_PROBES[knob]), so the knob gets one engine
     run on the plan where it could matter most (the sampler alone may never pair it with a good placement;
@@ -99,11 +101,11 @@ def probe_repack(tuner: Tuner) -> bool:
     copies and the plan, or why none was queued), so a study without a probe says why. True when it enqueued
     one."""
     from optuna.trial import TrialState
-    space, study = tuner.space, tuner.study
+    space, study = measurer.space, measurer.study
     knob = next((k for k in REPACK_PROBES if k in space.dims), None)
     if knob is None:
         return False
-    if True not in space.dims[knob].values or not tuner.workload.n_gen or StudyRecord.of(study).probed(knob):
+    if True not in space.dims[knob].values or not measurer.workload.n_gen or StudyRecord.of(study).probed(knob):
         return False
     runs: list[tuple[float, int, dict[str, Any]]] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -112,18 +114,18 @@ def probe_repack(tuner: Tuner) -> bool:
             runs.append((m.tg_tps, t.number, dict(t.params)))
     if not runs:
         return False
-    tried = set(tuner._queued_ids) | {TrialRecord.from_trial(t).plan_id for t in study.get_trials(deepcopy=False)}
+    tried = set(measurer.queued) | {TrialRecord.from_trial(t).plan_id for t in study.get_trials(deepcopy=False)}
     outcome: dict[str, Any] = {"queued": False, "why": f"no run's {knob} twin fits and is new"}
     for tg, number, params in sorted(runs, key=lambda r: -r[0]):
         cand = space.decode(space.fixed(space.legal({**params, knob: True}), default=lambda d: d.values[0]))
-        if not cand.fits or cand.key in tuner.measured or cand.key in tried:
+        if not cand.fits or cand.key in measurer.measured or cand.key in tried:
             continue
-        tuner.pool.add(cand)
+        pool.add(cand)
         # enqueued before the mark: a study killed in between finds it waiting, not lost; not skipped where
         # an earlier trial (a screened one, say) had the same params
         study.enqueue_trial(cand.params, user_attrs=TrialRecord(source=REPACK_PROBES[knob],
                                                                 plan_id=cand.key).to_attrs())
-        tuner._queued_ids.add(cand.key)
+        measurer.queued.add(cand.key)
         outcome = {"queued": True, "trial": number, "tg_tps": tg, "plan_id": cand.key}
         break
     StudyRecord.save(study, **{f"probed_{knob}": outcome})

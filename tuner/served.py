@@ -45,7 +45,7 @@ from .records import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     from planner.hardware import HardwareProfile
-    from .search import Tuner
+    from .measurer import Measurer
 
 REFERENCE_UBATCHES = (512, 2048, 4096)     # --fit as llama-server defaults it, and the two a user tries next
 SERVED_ROUNDS = 2
@@ -98,28 +98,28 @@ def served_of(key: str) -> Served:
     return Served(key, f"trial {n}", ("finalist",), trial=int(n))
 
 
-def filled_plan(tuner: Tuner, plan: Plan, peaks: dict[str, int]) -> Plan | None:
+def filled_plan(measurer: Measurer, plan: Plan, peaks: dict[str, int]) -> Plan | None:
     """`plan` with experts moved from RAM onto its GPUs, as far as the server's measured `peaks` leave room under
     each GPU's budget less FILL_LEFT: the memory model's prediction for the served plan is shifted by what the
     server measured (the model's error at this plan), and planner.propose.fill_experts fills up to it, in the
     order the plan already has (first layers first when those are the ones on the GPU). None when no expert
     moves (no room for one, no measured peak: a CPU-only run)."""
-    wl = tuner.requests
+    wl = measurer.requests
     if wl is None or not peaks:
         return None
     served = replace(plan, knobs=replace(plan.knobs, n_ctx=wl.ctx, n_seq=wl.slots))
-    pred = tuner.estimate(tuner.inv, served, tuner.hw).devices
+    pred = measurer.estimate(measurer.inv, served, measurer.hw).devices
     room = {}
-    for d, budget in served_budget(tuner.hw).items():
+    for d, budget in served_budget(measurer.hw).items():
         if d in pred and d not in peaks:
             return None
         if d in pred:
             room[d] = pred[d].total + budget - FILL_LEFT - peaks[d]
-    on_gpu = sorted({t.layer for t in tuner.inv.allocated()
+    on_gpu = sorted({t.layer for t in measurer.inv.allocated()
                      if t.is_expert and t.layer is not None and plan.assignment.get(t.name, "CPU") != "CPU"})
-    order = "first" if on_gpu and on_gpu[0] == min(tuner.inv.moe_layers()) else "last"
-    out = fill_experts(tuner.inv, served, Room(room, tuner.hw.host.ram_bytes), tuner.hw, order=order,
-                       estimate=tuner.estimate)
+    order = "first" if on_gpu and on_gpu[0] == min(measurer.inv.moe_layers()) else "last"
+    out = fill_experts(measurer.inv, served, Room(room, measurer.hw.host.ram_bytes), measurer.hw, order=order,
+                       estimate=measurer.estimate)
     if out.assignment == served.assignment:
         return None
     return replace(out, knobs=plan.knobs, label=f"{plan.label} filled to the served budget".strip())
@@ -140,53 +140,54 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
     return dict(rec, partial=True)
 
 
-def contenders(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> list[Served]:
+def contenders(measurer: Measurer, n_finalists: int = SERVED_FINALISTS) -> list[Served]:
     """The references, then the study's best trials by its objective (distinct plans, measured ok)."""
     from optuna.trial import TrialState
     out = [served_of(f"fit:{ub}") for ub in REFERENCE_UBATCHES]
     ranked = []
-    for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in measurer.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         r = TrialRecord.from_trial(t)
         if r.measured is not None and r.measured.ok and r.duplicate_of is None and r.plan_json is not None \
                 and t.values:
-            ranked.append((tuner.objective.scalar(r.measured.tg_tps, r.measured.pp_tps), t.number))
+            ranked.append((measurer.objective.scalar(r.measured.tg_tps, r.measured.pp_tps), t.number))
     for _, number in sorted(ranked, reverse=True)[:n_finalists]:
         out.append(served_of(f"trial:{number}"))
     return out
 
 
-def study_threads(tuner: Tuner, n_finalists: int = SERVED_FINALISTS) -> int | None:
+def study_threads(measurer: Measurer, n_finalists: int = SERVED_FINALISTS) -> int | None:
     """The thread count of the study's best finalist (None: it sets none), at which every contender is served: the
     server's default can be far from it (on a 64-vCPU four-GPU VM llama.cpp's default -t 64 generated 0.6 t/s where
     -t 32 gave 12.8: docs/llamacpp.md section 13), and a --fit left at it would lose to threads, not to placement."""
-    finalists = [c for c in contenders(tuner, n_finalists) if c.trial is not None]
+    finalists = [c for c in contenders(measurer, n_finalists) if c.trial is not None]
     if not finalists:
         return None
-    return TrialRecord.from_trial(tuner._trial(finalists[0].trial)).plan().knobs.n_threads or None
+    return TrialRecord.from_trial(measurer.trial(finalists[0].trial)).plan().knobs.n_threads or None
 
 
-def _plan_of(tuner: Tuner, c: Served, fills: dict[str, str | None]) -> Plan | None:
+def _plan_of(measurer: Measurer, c: Served, fills: dict[str, str | None]) -> Plan | None:
     """The plan a contender serves: its trial's, or its filled twin's (stored); None for a --fit reference."""
     if c.filled:
         return Plan.from_json(fills[c.key] or "")
     if c.trial is not None:
-        return TrialRecord.from_trial(tuner._trial(c.trial)).plan()
+        return TrialRecord.from_trial(measurer.trial(c.trial)).plan()
     return None
 
 
-def _sample(tuner: Tuner, server: Any, c: Served, plan: Plan | None, threads: int | None = None) -> dict[str, Any]:
+def _sample(measurer: Measurer, server: Any, c: Served, plan: Plan | None, threads: int | None = None
+            ) -> dict[str, Any]:
     """One replay of the workload by one contender, as a stored row; `threads`: -t for every contender (None: the
     plan's own, the server's default for a reference)."""
     from .interrupt import SIGINT
-    budgets = served_budget(tuner.hw)
+    budgets = served_budget(measurer.hw)
     if plan is not None and threads:
         plan = replace(plan, knobs=replace(plan.knobs, n_threads=threads))
     try:
         with SIGINT.engine_run():
             if plan is not None:
-                m = server.measure_workload(tuner.inv, plan, tuner.requests)
+                m = server.measure_workload(measurer.inv, plan, measurer.requests)
             else:
-                m = server.fit_reference(tuner.inv, tuner.requests, budgets, c.ubatch, kv_type=c.kv_type,
+                m = server.fit_reference(measurer.inv, measurer.requests, budgets, c.ubatch, kv_type=c.kv_type,
                                          threads=threads)
     except InputError:
         raise
@@ -246,7 +247,7 @@ def run_line(c: Served, row: dict[str, Any], rnd: int, rounds: int, done: int, l
     return f"# served {done}: {c.name}, round {rnd + 1} of {rounds}: {what}; {runs}{eta}"
 
 
-def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
+def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
                    deadline: float | None = None, progress: Any = None, fill: bool = True,
                    drop_behind: float | None = DROP_BEHIND, threads: int | None = None,
                    say: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -260,12 +261,12 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
     gets a line as each run ends (run_line), `progress` (done, total) after it. Returns the record (served_record,
     also stored as "served"), or {} when a sample was left because it would not end before `deadline` (call again
     to go on)."""
-    if tuner.requests is None:
+    if measurer.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     threads = threads or None
-    base = contenders(tuner, n_finalists)
+    base = contenders(measurer, n_finalists)
     keys = [c.key for c in base]
-    stored = StudyRecord.of(tuner.study).serving or {}
+    stored = StudyRecord.of(measurer.study).serving or {}
     same = stored.get("keys") == keys
     here = machine_id()
 
@@ -279,8 +280,8 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
     kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
     while True:
         if fill:
-            _add_twins(tuner, base, rows, fills)
-        _add_kv_references(tuner, base, rows, kv_refs)
+            _add_twins(measurer, base, rows, fills)
+        _add_kv_references(measurer, base, rows, kv_refs)
         cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
         dropped = far_behind(cs, rows, drop_behind)
         todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
@@ -294,10 +295,10 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
             or [r.get("seconds") or 0 for r in rows]
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
-        plan = _plan_of(tuner, c, fills)
+        plan = _plan_of(measurer, c, fills)
         rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
-                     **_sample(tuner, server, c, plan, threads)})
-        StudyRecord.save(tuner.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
+                     **_sample(measurer, server, c, plan, threads)})
+        StudyRecord.save(measurer.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
                                                "kv_refs": kv_refs, "drop_behind": drop_behind,
                                                "elsewhere": elsewhere})
         if say is not None:
@@ -305,13 +306,13 @@ def confirm_served(tuner: Tuner, server: Any, rounds: int = SERVED_ROUNDS, n_fin
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
-    record = served_record(cs, rows, rounds, served_budget(tuner.hw), tuner.requests.name, _bench_runs(tuner, cs),
-                           tuner.requests.ttft_limit_s, drop_behind=drop_behind)
-    StudyRecord.save(tuner.study, served=record)
+    record = served_record(cs, rows, rounds, served_budget(measurer.hw), measurer.requests.name,
+                           _bench_runs(measurer, cs), measurer.requests.ttft_limit_s, drop_behind=drop_behind)
+    StudyRecord.save(measurer.study, served=record)
     return record
 
 
-def _add_kv_references(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], kv_refs: list[str]) -> None:
+def _add_kv_references(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], kv_refs: list[str]) -> None:
     """--fit at a KV type a finalist uses (K and V alike, not f16): once every reference's first round is in, at the
     ubatch of the fastest of them, so the reference a user would run with that KV type is served too."""
     refs = [c for c in base if "reference" in c.roles]
@@ -325,13 +326,14 @@ def _add_kv_references(tuner: Tuner, base: list[Served], rows: list[dict[str, An
     kinds = []
     for c in base:
         if c.trial is not None:
-            k = TrialRecord.from_trial(tuner._trial(c.trial)).plan().knobs
+            k = TrialRecord.from_trial(measurer.trial(c.trial)).plan().knobs
             if k.type_k == k.type_v and k.type_k != "f16" and k.type_k not in kinds:
                 kinds.append(k.type_k)
     kv_refs += [f"fit:{ub}:{kv}" for kv in kinds]
 
 
-def _add_twins(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None]) -> None:
+def _add_twins(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None]
+               ) -> None:
     """Each finalist's filled twin, from its first good run with measured peaks (once: None when nothing moves)."""
     for c in base:
         twin = f"fill:{c.trial}"
@@ -339,19 +341,19 @@ def _add_twins(tuner: Tuner, base: list[Served], rows: list[dict[str, Any]], fil
             continue
         first = next((r for r in rows if r["key"] == c.key and r.get("ok") and r.get("peak_bytes")), None)
         if first is not None:
-            new = filled_plan(tuner, _plan_of(tuner, c, fills), first["peak_bytes"])
+            new = filled_plan(measurer, _plan_of(measurer, c, fills), first["peak_bytes"])
             fills[twin] = new.to_json() if new is not None else None
 
 
-def _bench_runs(tuner: Tuner, cs: list[Served]) -> dict[str, dict[str, Any]]:
+def _bench_runs(measurer: Measurer, cs: list[Served]) -> dict[str, dict[str, Any]]:
     """Each finalist's run in the study (its engine's: llama-bench, or the sim engine's prediction, at the study's
     benchmark workload): its speeds and its peaks moved to the emitted context, to set beside the server's."""
     from planner.engines import traits_of
-    engine = traits_of(tuner.engine).binary or f"the {getattr(tuner.engine, 'name', 'study')} engine"
+    engine = traits_of(measurer.engine).binary or f"the {measurer.engine.name} engine"
     out = {}
     for c in cs:
         if c.trial is not None and not c.filled:
-            m = TrialRecord.from_trial(tuner._trial(c.trial)).measured
+            m = TrialRecord.from_trial(measurer.trial(c.trial)).measured
             if m is not None:
                 out[c.key] = {"pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "engine": engine,
                               "peak_bytes": dict(m.peak_at_ctx or m.peak_bytes)}

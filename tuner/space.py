@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from planner.engine import Engine
 from planner.engines import traits_of
 from planner.hardware import HardwareProfile, fmt_bytes
 from planner.host import host_bill
@@ -111,14 +112,14 @@ class SpaceConfig:
                           mmap=(False,), min_batch=(32,))
         return replace(settled, offload=(True,)) if dialect == "mainline" else settled
 
-    def for_engine(self, engine: Any, dialect: Dialect) -> SpaceConfig:
+    def for_engine(self, engine: Engine, dialect: Dialect) -> SpaceConfig:
         """What the engine that runs the study adds or takes away: mainline's --no-host for a real llama.cpp (its
         gain is measured, docs/tuning.md; the sim engine does not model it), one op-offload switch for ik's
         llama-bench, which has no -op (docs/ik_llama.md). `tune` and the GPU benchmarks both ask here."""
         out = self
         if dialect == "mainline" and traits_of(engine).no_host_probe:
             out = replace(out, no_host=(False, True))
-        if dialect == "ik" and getattr(getattr(engine, "info", None), "tool", None) == "bench":
+        if dialect == "ik" and not engine.op_offload_per_class:
             out = replace(out, op_per_class=False)
         return out
 

@@ -113,10 +113,10 @@ def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[s
     False when `deadline` came first (the rows so far are stored: the same command goes on from them)."""
     from tuner.served import SERVED_ROUNDS, confirm_served, headline, partial_record, served_budget, study_threads
     server = engines.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
-    threads = study_threads(tuner)
+    threads = study_threads(tuner.measurer)
     note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds"
          + (f", every one at -t {threads} (the best finalist's)" if threads else ""))
-    rec = confirm_served(tuner, server, SERVED_ROUNDS, threads=threads, deadline=deadline, say=note)
+    rec = confirm_served(tuner.measurer, server, SERVED_ROUNDS, threads=threads, deadline=deadline, say=note)
     if rec:
         note(f"# {headline(rec)}")
         return True
@@ -226,8 +226,7 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
     from tuner.space import SpaceConfig
     probe = None
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
-    info = getattr(engine, "info", None)          # a llama.cpp binary knows its own dialect
-    dialect = args.dialect or getattr(info, "dialect", None) or "mainline"
+    dialect = args.dialect or engine.dialect or "mainline"     # a llama.cpp binary knows its own dialect
     check_dialect(inv, dialect)
     config = SpaceConfig(kv_types=args.kv_types)
     measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm

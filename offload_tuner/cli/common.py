@@ -12,7 +12,7 @@ from ..app.fields import Option, options
 from planner.errors import InputError
 
 
-def _emit_json(obj: object) -> None:
+def emit_json(obj: object) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
 
@@ -58,7 +58,7 @@ def request(cls: type, ns: argparse.Namespace, /, **extra: Any) -> Any:
     return cls(**{**given(cls, ns), **extra})
 
 
-def _print_layers(inv, assignment: dict[str, str]) -> None:
+def print_layers(inv, assignment: dict[str, str]) -> None:
     from planner.tables import table
     out_dev = assignment.get("output.weight", assignment.get("output_norm.weight", "CPU"))
     rows = [["token_embd", assignment.get("token_embd.weight", "CPU"), "-"], ["output", out_dev, "-"]]
@@ -69,11 +69,11 @@ def _print_layers(inv, assignment: dict[str, str]) -> None:
     print(table(["layers", "attn+dense on", "experts (up/gate/down)"], rows, right=set()))
 
 
-def _add_hw(p: argparse.ArgumentParser, cls: type) -> None:
+def add_hw(p: argparse.ArgumentParser, cls: type) -> None:
     add_option(p, cls, "gpu")
     add_option(p, cls, "hardware")
     add_option(p, cls, "ram", metavar="SIZE")
 
 
-def _add_build(p: argparse.ArgumentParser, cls: type) -> None:
+def add_build(p: argparse.ArgumentParser, cls: type) -> None:
     add_option(p, cls, "build", metavar="DIALECT:N|PATH")

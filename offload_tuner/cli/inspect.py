@@ -6,14 +6,14 @@ import argparse
 from ..app.inspect import inspect_model
 from ..app.requests import InspectRequest
 from planner.hardware import fmt_bytes
-from .common import _emit_json, add_positional, request
+from .common import emit_json, add_positional, request
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from planner.tables import inventory_summary, table
     o = inspect_model(request(InspectRequest, args))
     if args.json:
-        _emit_json(o.to_json())
+        emit_json(o.to_json())
         return 0
     inv = o.inv
     hp = inv.hparams

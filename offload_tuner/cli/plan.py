@@ -8,7 +8,7 @@ from ..app.requests import PlanRequest
 from planner.builds import Build
 from planner.hardware import fmt_bytes, kept_free_text
 from planner.plan import Plan
-from .common import _add_build, _add_hw, _emit_json, _print_layers, add_option, add_positional, request
+from .common import add_build, add_hw, emit_json, print_layers, add_option, add_positional, request
 
 
 def _mmap_words(plan: Plan, build: Build) -> str:
@@ -23,7 +23,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planner.tables import inventory_summary, memory_table, table
     o = plan_outcome(request(PlanRequest, args))
     if args.json:
-        _emit_json(o.to_json())
+        emit_json(o.to_json())
         return 0
     inv, hw, build, ranked, room, cmds = o.inv, o.hw, o.build, o.ranked, o.room, o.cmds
     best = ranked[0]
@@ -39,7 +39,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for w in o.warnings:
         print(f"warning: {w}")
     print()
-    _print_layers(inv, best.plan.assignment)
+    print_layers(inv, best.plan.assignment)
     print()
     print(memory_table(best.memory, room.gpus, o.host))
     print()
@@ -61,10 +61,10 @@ def add_parser(sub) -> None:
     """Registers `plan` and its options."""
     p = sub.add_parser("plan", help="best predicted placement, flags, memory per device, predicted PP/TG")
     add_positional(p, PlanRequest, "model")
-    _add_hw(p, PlanRequest)
+    add_hw(p, PlanRequest)
     for name in ("ctx", "ubatch", "batch", "kv_type", "threads", "dialect"):
         add_option(p, PlanRequest, name)
-    _add_build(p, PlanRequest)
+    add_build(p, PlanRequest)
     for name in ("amb", "objective", "workload", "keep_free", "margin", "top"):
         add_option(p, PlanRequest, name)
     p.add_argument("--json", action="store_true")

@@ -5,13 +5,13 @@ import argparse
 
 from ..app.report import REPORT_FILES, report_study
 from ..app.requests import ReportRequest
-from .common import _emit_json, add_option, add_positional, request
+from .common import emit_json, add_option, add_positional, request
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     o = report_study(request(ReportRequest, args))
     if args.json:
-        _emit_json(o.to_json())
+        emit_json(o.to_json())
         return 0
     s = o.summary
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))

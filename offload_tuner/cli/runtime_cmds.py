@@ -20,7 +20,7 @@ from planner.hardware import fmt_bytes
 from planner.options import RunRequest
 from planner.plan import DIALECTS, device_sort_key
 from . import logs
-from .common import _emit_json
+from .common import emit_json
 
 if TYPE_CHECKING:
     from planner.engine import Measurement
@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  run.plan.id, w.n_prompt, w.n_gen, w.depth, w.repetitions)
     m = run.measure()
     if args.json:
-        _emit_json(run.to_json(m))
+        emit_json(run.to_json(m))
     else:
         print_measurement(m, run.memory, run.command)
     if not m.ok:
@@ -130,7 +130,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     d = calibrate_profile(out=args.out, dtype=args.dtype, threads=args.threads, size=args.size, name=args.name,
                           sweeps=args.sweeps)
     if args.json:
-        _emit_json(d)
+        emit_json(d)
     else:
         print(summary(d))
     return 0

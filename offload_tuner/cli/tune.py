@@ -12,7 +12,7 @@ from ..app.requests import TuneOptions, parse_kv_types
 from ..app.tune import TuneInterrupted, TuneOutcome, start_tune
 from planner.hardware import fmt_bytes, kept_free_text
 from . import logs
-from .common import _add_hw, _emit_json, add_option, add_positional, given
+from .common import add_hw, emit_json, add_option, add_positional, given
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def cmd_tune(args: TuneOptions) -> int:
     finally:
         console.close()
     if args.json:
-        _emit_json(o.to_json())
+        emit_json(o.to_json())
         return 0
     _print_tune(o)
     return 0
@@ -138,7 +138,7 @@ def add_parser(sub) -> None:
     add_positional(p, TuneOptions, "model", nargs="?")
     add_option(p, TuneOptions, "spec", metavar="FILE")
     add_option(p, TuneOptions, "engine")
-    _add_hw(p, TuneOptions)
+    add_hw(p, TuneOptions)
     for name in ("trials", "study", "storage", "objective", "workload", "ttft", "n_prompt", "n_gen", "depth", "reps",
                  "ctx", "dialect"):
         add_option(p, TuneOptions, name)

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..app import ServerConfig
 from ..app.serve import check_bind, is_loopback
 from planner.engines import spec
-from planner.errors import InputError
+from planner.errors import InputError, error_line
 from tuner.storage import shown_url
 from . import bodies
 from .answers import BODY, answers, without_422
@@ -45,12 +45,8 @@ PROGRESS_THREADS = 2             # the event streams' progress reads at once (on
 KEEPALIVE_S = 15.0
 
 
-def one_line(message: str) -> str:
-    return "offload-tuner: error: " + " ".join(str(message).split())
-
-
 def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": one_line(message)}, status_code=status)
+    return JSONResponse({"error": error_line(message)}, status_code=status)
 
 
 def as_json(obj: Any, status: int = 200) -> Response:

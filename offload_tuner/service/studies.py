@@ -231,7 +231,8 @@ class StudyStore:
         return self._cached(("detail", r.storage, r.name), r.storage, lambda: self._detail(r), MIN_AGE_S)
 
     def _detail(self, r: StudyRef) -> dict[str, Any]:
-        from tuner.report import study_summary, trials_frame, vram_front
+        from tuner.report import study_summary, trials_frame
+        from tuner.report_plots import vram_front
         study = self._open(r)
         df = trials_frame(study)
         s = study_summary(study, df)

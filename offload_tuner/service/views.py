@@ -11,10 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from planner.errors import InputError
+from planner.errors import InputError, error_line
 from planner.hardware import fmt_bytes
 from . import bodies
-from .app import one_line
 from .security import NotFound
 
 router = APIRouter(include_in_schema=False)
@@ -122,7 +121,7 @@ async def study_page(name: str, request: Request):
         if job is not None:       # a tune this server just started: its worker has not made the study yet
             return page(name, f"<h1>{e(name)} <span class=live>starting</span></h1><p>The tune's worker is "
                               "creating the study; this page reloads in 2 s.</p>", refresh_s=2)
-        return page("no such study", f"<h1>No such study</h1><p class=error>{e(one_line(str(err)))}</p>")
+        return page("no such study", f"<h1>No such study</h1><p class=error>{e(error_line(str(err)))}</p>")
     # who writes the study and this server's job (the stop button) as they are now, never kept with the page
     live = json.dumps({"writer": writer, "job": job.to_json() if job else None}, default=str).replace("</", "<\\/")
     return page(name, body + f'<script id=study-live type="application/json">{live}</script>',
@@ -192,7 +191,7 @@ async def explain_page(request: Request, model: str = "", gpu: str = "", hardwar
         words = shlex.split(cmd)
     except ValueError as err:
         return page("explain", "<h1>Explain a command line</h1>" + form +
-                    f"<p class=error id=explain-error>{e(one_line(f'the command line does not split: {err}'))}</p>")
+                    f"<p class=error id=explain-error>{e(error_line(f'the command line does not split: {err}'))}</p>")
     body = {"model": model, "dialect": dialect, "args": words}
     if gpu.strip():
         body["gpu"] = gpu.strip()
@@ -206,7 +205,7 @@ async def explain_page(request: Request, model: str = "", gpu: str = "", hardwar
                                                                                             state.paths)))
     except InputError as err:
         return page("explain", "<h1>Explain a command line</h1>" + form +
-                    f"<p class=error id=explain-error>{e(one_line(str(err)))}</p>")
+                    f"<p class=error id=explain-error>{e(error_line(str(err)))}</p>")
     return page("explain", "<h1>Explain a command line</h1>" + form + result.decode())
 
 
@@ -329,7 +328,7 @@ async def plan_page(request: Request, model: str = "", gpu: str = "", hardware: 
         o = json.loads(await state.compute(lambda: state.workers.run("plan", bodies.request("plan", body,
                                                                                                state.paths))))
     except InputError as err:
-        return page("plan", title + form + f"<p class=error id=plan-error>{e(one_line(str(err)))}</p>")
+        return page("plan", title + form + f"<p class=error id=plan-error>{e(error_line(str(err)))}</p>")
     return page("plan", title + form + _plan_result(o))
 
 

@@ -28,7 +28,7 @@ from planner.residency import output_device as plan_output_device
 from planner.model import ModelInventory
 from planner.plan import Plan, device_sort_key, gpu_index
 
-from ..engine import Measurement, BenchWorkload
+from ..engine import Engine, Measurement, BenchWorkload
 from .config import ModelConfig, config_from_inventory
 from . import cpu_moe
 from . import kernels as K
@@ -246,7 +246,7 @@ def _delta(c: Counters, before: Counters) -> Counters:
 # ---- the engine ------------------------------------------------------------------------------------------------------
 
 @dataclass
-class TorchEngine:
+class TorchEngine(Engine):
     """Measure plans by running the model's real forward pass in PyTorch.
 
     compute_dtype "bf16" or "fp32"; device_map None (real GPUs if CUDA is available, else logical GPUs),
@@ -264,6 +264,7 @@ class TorchEngine:
     compile: bool = True
     keep_weights: bool = True
     name: str = "torch"
+    predicts_memory = True     # its dry-run accountant (predict_memory), not llama.cpp's memory
     _cache: BufferCache = field(default_factory=BufferCache, repr=False)
     _overhead: dict[str, int] = field(default_factory=dict, repr=False)
     _source: Any = field(default=None, repr=False)

@@ -14,6 +14,7 @@ from planner.memory import SCHED_MAX_COPIES, compute_bytes, estimate, pipeline_c
 from planner.plan import Knobs, Plan
 from planner.presets import load_preset
 from planner.propose import Room
+from planner.engine import Engine
 from tuner.baselines import flag_plan, ncmoe_split
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
@@ -91,7 +92,7 @@ def test_pipeline_parallelism_only_on_several_gpus_with_every_layer_and_no_overr
     assert four["CPU"] >= one["CPU"] + 3 * act                # the graph inputs (the unused embeddings input too)
 
 
-class _Recording:
+class _Recording(Engine):
     """The sim engine, recording what it ran."""
     name = "sim-rec"
 

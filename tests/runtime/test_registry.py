@@ -63,10 +63,32 @@ def test_a_gpu_engine_says_no_gpu_in_its_factory_without_loading_torch():
 
 
 def test_an_unregistered_engine_object_is_taken_for_a_measured_one():
-    class Stand:
+    class Stand(Engine):
         name = "someone-elses"
+
+        def measure(self, inv, plan, workload):
+            raise AssertionError("not run")
     assert engines.traits_of(Stand()) == engines.UNREGISTERED and engines.UNREGISTERED.measured
-    assert engines.traits_of(object()) == engines.UNREGISTERED
+
+
+def test_an_engine_declares_its_protocol_and_lacks_nothing_it_is_asked():
+    """The capabilities are the base class's (issue 42 item 4): an engine that lacks one answers its default, and
+    one without `measure` cannot be made at all."""
+    class Bare(Engine):
+        name = "bare"
+
+        def measure(self, inv, plan, workload):
+            raise AssertionError("not run")
+    e = Bare()
+    assert (e.run_context(None), e.own_fit(None, None, {}), e.shell_command(None, None, None)) == (None, None, None)
+    assert not e.predicts_memory and e.op_offload_per_class and e.dialect is None
+    with pytest.raises(InputError, match="bare engine measures plans, not a command line"):
+        e.measure_args(["-m", "x.gguf"], None)
+
+    class NoMeasure(Engine):
+        name = "none"
+    with pytest.raises(TypeError, match="abstract"):
+        NoMeasure()
 
 
 # an engine name in a comparison: `x.name == "sim"`, `engine != "llamacpp"`, `in ("sim", ...)`

@@ -18,11 +18,12 @@ from tuner.margin import MARGIN_SLACK, OOM_STEP
 from tuner.search import Tuner, TunerOptions, BenchWorkload
 from tuner.space import SpaceConfig
 from runtime.sim import SimEngine
+from planner.engine import Engine
 
 WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
 
 
-class BenchLikeEngine:
+class BenchLikeEngine(Engine):
     """The sim engine measuring at llama-bench's context (n_prompt + depth) instead of the plan's -c, holding
     `extra` bytes more on each GPU than the memory model says (a CUDA context the model undercounts)."""
     name = "sim-bench"
@@ -31,7 +32,7 @@ class BenchLikeEngine:
         self.sim, self.extra, self.plans = SimEngine(hw), extra, []
         self.extra_at_ubatch = extra_at_ubatch or {}
 
-    def run_context(self, workload):
+    def run_context(self, workload, plan=None):
         return workload.n_prompt + workload.depth
 
     def measure(self, inv, plan, workload):
@@ -110,14 +111,14 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwe
         summary_markdown(summary)
     # an out-of-memory at 512 raises 512's margin and is the floor of every ubatch's
     at_512 = next(r.plan() for r in measured if r.plan().knobs.n_ubatch == 512)
-    again._raise_margin(at_512, "CUDA error: out of memory")
+    again.measurer.raise_margin(at_512, "CUDA error: out of memory")
     floor = again.study.user_attrs["margin_floor"]
     assert floor >= OOM_STEP and again.ubatch_margins[512] == floor
     assert again.ubatch_margins[4096] == max(floor, 150 * MiB + MARGIN_SLACK) and again.margin == max(512 * MiB, floor)
     assert again.study.user_attrs["margin_events"][-1]["ubatch"] in (512, None)
     # one at an ubatch never run raises the default and floors all the measured ones, stored for a resume
     at_1024 = replace(at_512, knobs=replace(at_512.knobs, n_ubatch=1024))
-    again._raise_margin(at_1024, "CUDA error: out of memory")
+    again.measurer.raise_margin(at_1024, "CUDA error: out of memory")
     floor = again.study.user_attrs["margin_floor"]
     assert again.margin == floor and set(again.ubatch_margins.values()) == {floor}
     assert tuner().ubatch_margins == again.ubatch_margins and tuner().margin == floor
@@ -144,7 +145,7 @@ def test_margin_zero_and_auto_on_the_command_line(tmp_path, capsys):
     assert "bad size '-1MiB'" in capsys.readouterr().err
 
 
-class NoisyEngine:
+class NoisyEngine(Engine):
     """The sim engine with one outlier per plan: its second run has TG x 3 (a hiccup in the lucky direction)."""
     name = "noisy"
 
@@ -267,7 +268,7 @@ def _sweep_run(model_and_box, n_ubatch: int):
     plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=n_ubatch, n_ubatch=n_ubatch),
                      "mainline", "m")
     m = engine.measure(inv, plan, WL)
-    return dict(m.peak_bytes), tuner.peaks_at_ctx(plan, dict(m.peak_bytes)), estimate(inv, plan, hw).devices
+    return dict(m.peak_bytes), tuner.measurer.peaks_at_ctx(plan, dict(m.peak_bytes)), estimate(inv, plan, hw).devices
 
 
 def test_a_plan_dependent_run_context_moves_each_peak_from_its_own_run(qwen_on_16gib):
@@ -313,13 +314,13 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib,
     now = [1000.0]
     monkeypatch.setattr(search.time, "monotonic", lambda: now[0])
     second = Tuner(inv, hw, engine, TunerOptions(**kw))
-    real = second._plan_record
+    real = second.measurer.plan_record
 
     def slow(*a, **k):
         rec = real(*a, **k)
         now[0] = 2000.0
         return rec
-    second._plan_record = slow
+    second.measurer.plan_record = slow
     out = second.baselines(deadline=1500.0)
     ran = len(engine.plans)                                             # 0 or 1: the first may not fit
     assert len(out) == 1 and ran == out[0]["runs"]
@@ -332,7 +333,7 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib,
     assert len(engine.plans) - ran == sum(b["runs"] for b in whole[1:])   # the first one did not run again
 
 
-class TimedSimEngine:
+class TimedSimEngine(Engine):
     """The sim engine saying how long each run took (llama-bench's raw wall_s) as llama-bench spends it: a part
     once a run (loading, warm-up, the depth prefill: 90 s for a plan at -ub 128 or below, as a --no-host config
     at depth 8192 on the H100, else 10 s) and the timed prompt and generation once per repetition, at the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.engine import memory_model, memory_model_name
+from planner.engine import Engine, memory_model, memory_model_name
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
@@ -17,10 +17,11 @@ WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 EXTRA = 2 * GiB
 
 
-class OwnMemoryEngine:
+class OwnMemoryEngine(Engine):
     """The sim engine's runs, and a memory model of its own: planner.memory's plus EXTRA on CUDA0 (staging buffers
     llama.cpp does not have, say); None for every plan when `none` (planner.memory judges them)."""
     name = "own-memory"
+    predicts_memory = True
 
     def __init__(self, hw, none=False):
         self.sim, self.asked, self.none = SimEngine(hw), [], none
@@ -77,7 +78,7 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
     n_gpu = lambda p: sum(1 for t in inv.allocated() if t.is_expert and p.assignment.get(t.name) == "CUDA0")  # noqa: E731
     assert n_gpu(cand.plan) < n_gpu(cand_sim.plan)
     # the plan planner.memory fits is refused as a baseline would be: not run, over budget on CUDA0
-    rec = tuner._plan_record("sim's fill", "test", cand_sim.plan)
+    rec = tuner.measurer.plan_record("sim's fill", "test", cand_sim.plan)
     assert rec["runs"] == 0 and rec["error"].startswith("not run: over budget (CUDA0: needs")
 
 

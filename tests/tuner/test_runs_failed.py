@@ -8,14 +8,14 @@ import pytest
 
 from cli_outcome import run_cli
 from offload_tuner.app import tune as tune_app
-from planner.engine import Measurement
+from planner.engine import Engine, Measurement
 from tuner.failures import MEMORY, Failures, failure_kind
 
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
 SEGV = "crashed with SIGSEGV: ggml_cuda_compute_forward: MUL_MAT failed"
 
 
-class FailingEngine:
+class FailingEngine(Engine):
     """Every run fails with `error`; named "sim" so the study takes the sim engine's traits."""
     name = "sim"
 

@@ -12,7 +12,7 @@ from planner.presets import load_preset
 from planner.propose import best_plans
 from tuner.records import RECORD_VERSION, TrialRecord
 from tuner.search import Tuner, TunerOptions, BenchWorkload
-from runtime.engine import Measurement
+from runtime.engine import Engine, Measurement
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
@@ -30,7 +30,7 @@ def _study(engine_cls, objective: str, seed: int):
     return inv, hw, engine, tuner
 
 
-class RecordingEngine:
+class RecordingEngine(Engine):
     """The sim engine, remembering every plan it was asked to run and the tuner's margin at that moment."""
     name = "sim"
 

@@ -14,7 +14,7 @@ from planner.memory import estimate
 from planner.presets import load_preset
 from tuner.records import TrialRecord
 from tuner.search import Tuner, TunerOptions, BenchWorkload
-from runtime.engine import Measurement
+from runtime.engine import Engine, Measurement
 from runtime.sim import SimEngine
 
 WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
@@ -22,7 +22,7 @@ EXTRA = 1536 * MiB     # what the engine below holds beyond the memory model's p
 PEAK_ERROR = re.compile(r"^measured peak (\d+\.\d\d) GiB on CUDA0 over the budget (\d+\.\d\d) GiB ")
 
 
-class BigPeakEngine:
+class BigPeakEngine(Engine):
     """An Engine (runtime/engine.py protocol) on a GPU larger than the study's: it never runs out of memory, it
     reports the sim engine's speeds and a peak EXTRA bytes above the memory model's total. It remembers each plan
     with the tuner's margin when it ran."""
@@ -54,7 +54,7 @@ def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the
     # budget 16 GiB - 512 MiB = 15.5 GiB; a full expert fill is predicted close to it, so + 1.5 GiB is over it
     assert 14 * GiB < predicted <= 15.5 * GiB
     m = Measurement(pp_tps=900.0, tg_tps=40.0, peak_bytes={"CUDA0": 17 * GiB}, host_bytes=5 * GiB)
-    judged = tuner._judge_peak(plan, m)
+    judged = tuner.measurer.judge_peak(plan, m)
     assert not judged.ok
     assert judged.error == ("measured peak 17.00 GiB on CUDA0 over the budget 15.50 GiB "
                             "(VRAM 16.00 GiB - margin 512 MiB)")
@@ -67,7 +67,7 @@ def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the
     assert event["from"] == 512 * MiB and event["to"] == tuner.margin and event["error"].startswith("measured peak")
     # a run within the budget passes unchanged
     ok = Measurement(pp_tps=1.0, tg_tps=1.0, peak_bytes={"CUDA0": 4 * GiB})
-    passed = tuner._judge_peak(plan, ok)    # as measured (the emitted -c is the run's: no peak added)
+    passed = tuner.measurer.judge_peak(plan, ok)    # as measured (the emitted -c is the run's: no peak added)
     assert passed.ok and (passed.pp_tps, passed.tg_tps, passed.peak_bytes, passed.peak_at_ctx) == \
         (ok.pp_tps, ok.tg_tps, ok.peak_bytes, {})
 

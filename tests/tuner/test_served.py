@@ -206,9 +206,9 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
             raise Killed
     # killed after 4 samples, then resumed by a new process's tuner: nothing runs twice, nothing is lost
     with pytest.raises(Killed):
-        confirm_served(t, server, rounds=2, n_finalists=1, progress=kill_at_4, drop_behind=None)
+        confirm_served(t.measurer, server, rounds=2, n_finalists=1, progress=kill_at_4, drop_behind=None)
     assert len(server.runs) == 4
-    rec = confirm_served(tuner(), server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600,
+    rec = confirm_served(tuner().measurer, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600,
                          drop_behind=None)
     assert len(server.runs) == 2 * len(rec["results"])
     keys = [r["key"] for r in rec["results"]]
@@ -232,11 +232,11 @@ def test_a_finalist_gets_a_filled_twin_that_uses_the_budget_the_server_left(tmp_
     assert twin_res["vram_device_bytes"]["CUDA0"] > parent_plan["vram_device_bytes"]["CUDA0"]
     assert rec["pick"] == twin and rec["results"][-1]["name"].endswith("filled")
     # nothing left to fill: the twin of the twin is the twin itself; a CPU run (no peaks) makes none
-    assert filled_plan(t, p_plan, {"CUDA0": budget - FILL_LEFT}) is None
-    assert filled_plan(t, p_plan, {}) is None
+    assert filled_plan(t.measurer, p_plan, {"CUDA0": budget - FILL_LEFT}) is None
+    assert filled_plan(t.measurer, p_plan, {}) is None
     # resumed: the stored samples and twin are taken, nothing runs again
     n = len(server.runs)
-    again = confirm_served(tuner(), server, rounds=2, n_finalists=1)
+    again = confirm_served(tuner().measurer, server, rounds=2, n_finalists=1)
     assert len(server.runs) == n and again["pick"] == twin
 
 
@@ -271,7 +271,7 @@ def test_confirm_served_drops_the_far_behind_and_resumes_the_same(tmp_path):
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
-    rec = confirm_served(t, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600)
+    rec = confirm_served(t.measurer, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600)
     times = {x["key"]: x["request_s"]["samples"] for x in rec["results"]}
     best = min(min(v) for v in times.values())
     dropped = {x["key"] for x in rec["results"] if x["dropped"]}
@@ -283,7 +283,7 @@ def test_confirm_served_drops_the_far_behind_and_resumes_the_same(tmp_path):
         assert (min(x["request_s"]["samples"]) > DROP_BEHIND * bar) == (x["key"] in dropped)
     assert len(server.runs) == 2 * len(rec["results"]) - len(dropped)
     n = len(server.runs)
-    again = confirm_served(tuner(), server, rounds=2, n_finalists=1)
+    again = confirm_served(tuner().measurer, server, rounds=2, n_finalists=1)
     assert len(server.runs) == n and again["results"] == rec["results"]
 
 
@@ -300,12 +300,13 @@ def test_a_confirmation_resumed_on_another_machine_serves_everything_again(tmp_p
     server = GpuStandIn(t)
     assert served.machine_id() == served.machine_id() != ""
     monkeypatch.setattr(served, "machine_id", lambda: "machine-a")
-    served.confirm_served(t, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600, drop_behind=None)
+    served.confirm_served(t.measurer, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600,
+                          drop_behind=None)
     first = StudyRecord.of(t.study).serving
     assert first["rows"] and {r["machine"] for r in first["rows"]} == {"machine-a"} and first["elsewhere"] == []
     n = len(server.runs)
     monkeypatch.setattr(served, "machine_id", lambda: "machine-b")
-    rec = served.confirm_served(tuner(), server, rounds=2, n_finalists=1, drop_behind=None)
+    rec = served.confirm_served(tuner().measurer, server, rounds=2, n_finalists=1, drop_behind=None)
     again = StudyRecord.of(t.study).serving
     assert len(server.runs) == 2 * n and {r["machine"] for r in again["rows"]} == {"machine-b"}
     assert again["elsewhere"] == first["rows"] and rec["pick"] is not None
@@ -322,12 +323,12 @@ def test_served_at_one_thread_count_every_contender_runs_with_it_and_another_cou
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
-    served.confirm_served(t, server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600, threads=24)
+    served.confirm_served(t.measurer, server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600, threads=24)
     first = StudyRecord.of(t.study).serving["rows"]
     assert set(server.threads) == {24} and {r["threads"] for r in first} == {24}
     assert ("plan" in {r[0] for r in server.runs}) and ("fit" in {r[0] for r in server.runs})
     n = len(server.runs)
-    served.confirm_served(tuner(), server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600)
+    served.confirm_served(tuner().measurer, server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600)
     again = StudyRecord.of(t.study).serving
     assert len(server.runs) == 2 * n and all("threads" not in r for r in again["rows"])
     assert again["elsewhere"] == first and None in server.threads[n:]
@@ -344,10 +345,11 @@ def test_a_confirmation_with_other_finalists_keeps_the_first_rows_aside(tmp_path
     t = tuner()
     t.run(4)
     server = GpuStandIn(t)
-    served.confirm_served(t, server, rounds=1, n_finalists=2, deadline=time.monotonic() + 3600, drop_behind=None)
+    served.confirm_served(t.measurer, server, rounds=1, n_finalists=2, deadline=time.monotonic() + 3600,
+                          drop_behind=None)
     first = StudyRecord.of(t.study).serving
-    assert first["keys"] != [c.key for c in served.contenders(tuner(), 1)]
-    served.confirm_served(tuner(), server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600,
+    assert first["keys"] != [c.key for c in served.contenders(tuner().measurer, 1)]
+    served.confirm_served(tuner().measurer, server, rounds=1, n_finalists=1, deadline=time.monotonic() + 3600,
                           drop_behind=None)
     again = StudyRecord.of(t.study).serving
     assert again["elsewhere"] == first["rows"] and again["rows"] and again["rows"] != first["rows"]
@@ -386,8 +388,8 @@ def test_every_served_run_says_a_line_as_it_ends(tmp_path):
     t = rag_tuners(tmp_path, "f16")()
     t.run(4)
     server, lines = GpuStandIn(t), []
-    rec = confirm_served(t, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600, drop_behind=None,
-                         say=lines.append)
+    rec = confirm_served(t.measurer, server, rounds=2, n_finalists=1, deadline=time.monotonic() + 3600,
+                         drop_behind=None, say=lines.append)
     assert rec and len(lines) == len(server.runs)
     line = re.compile(r"# served (\d+): (.+), round ([12]) of 2: loaded in \d+ s, (\d+\.\d\d) s mean request, "
                       r"TTFT \d+\.\d\d s, VRAM CUDA0 [\d.]+ [GM]iB; (\d+) runs? left(, about \d+ min)?")

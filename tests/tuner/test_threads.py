@@ -3,7 +3,7 @@ as llama.cpp's default -t 64 did on the 64-vCPU four-GPU VM, makes the study set
 default within THREADS_GAIN is kept; a failed run is no count to take."""
 from __future__ import annotations
 
-from planner.engine import Measurement
+from planner.engine import Engine, Measurement
 from planner.loader import load_model
 from planner.plan import Knobs, Plan
 from tuner.threads import THREADS_GAIN, ThreadProbe, decide, probe_counts, probe_threads
@@ -12,7 +12,7 @@ INV = load_model("preset:Qwen3-30B-A3B:Q4_K_M")
 PLAN = Plan(model_id="qwen3", assignment={t.name: "CPU" for t in INV.allocated()}, knobs=Knobs(n_threads=8))
 
 
-class ThreadsStandIn:
+class ThreadsStandIn(Engine):
     """TG by thread count; 0 is the engine's default (no -t). Records each run's -t."""
 
     def __init__(self, tg_by_count: dict[int, float]):
