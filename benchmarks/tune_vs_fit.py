@@ -47,7 +47,7 @@ from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
 from tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from tuner.report import study_summary, trials_frame  # noqa: E402
 from tuner.search import Tuner, TunerOptions  # noqa: E402
-from tuner.space import SpaceConfig  # noqa: E402
+from tuner.setup import study_setup  # noqa: E402
 from planner.bench_workload import BenchWorkload  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
 
@@ -91,7 +91,9 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
     ctx = depth + args.n_prompt + args.n_gen
-    config = SpaceConfig().settled(hw.host.n_threads, dialect).for_engine(engine, dialect)   # as `tune` has it
+    # the study `tune` makes, at the profile's thread count (these cells predate the thread probe; their stored
+    # studies were made at it)
+    config = study_setup(engine, dialect, space="settled", threads=hw.host.n_threads).config
     tuner = Tuner(inv, hw, engine, TunerOptions(
         model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None, config=config, dialect=dialect,
         study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),

@@ -48,7 +48,7 @@ from tuner.objectives import bench_for  # noqa: E402
 from tuner.served import confirm_served, headline  # noqa: E402
 from tuner.records import StudyRecord  # noqa: E402
 from tuner.search import Tuner, TunerOptions  # noqa: E402
-from tuner.space import SpaceConfig  # noqa: E402
+from tuner.setup import study_setup  # noqa: E402
 from planner.workload import RequestClass, Workload, preset  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
@@ -159,7 +159,7 @@ def tuner_for(args, inv, hw0, cell: Cell, bench_engine) -> Tuner:
     bench = bench_for(w, repetitions=1 if args.cpu else 3)
     ctx = -(-w.ctx // 256) * 256
     threads = 0 if args.threads == 0 else hw.host.n_threads         # 0: the plans carry no -t
-    config = SpaceConfig().settled(threads, "mainline").for_engine(explore_engine, "mainline")
+    config = study_setup(explore_engine, "mainline", space="settled", threads=threads).config   # as `tune`, at -t
     return Tuner(inv, hw, explore_engine, TunerOptions(
         model=str(inv.source), objective="time", workload=bench, requests=w, n_ctx=ctx,
         margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,

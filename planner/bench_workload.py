@@ -30,8 +30,8 @@ class BenchWorkload:
         """The seconds a llama-bench run of this workload spends on tokens at these speeds: the warm-up prompt
         and token, the depth (filled once a run), each repetition. The rest of a run (loading the model, setting
         up) is not in it."""
-        warm_up = ((self.n_prompt + self.depth) / pp_tps if pp_tps > 0 else 0.0) \
-            + (1 / tg_tps if tg_tps > 0 and self.n_gen else 0.0)
+        warm_up = (((self.n_prompt + self.depth) / pp_tps if pp_tps > 0 else 0.0)
+                   + (1 / tg_tps if tg_tps > 0 and self.n_gen else 0.0))
         return warm_up + self.repetitions * self.rep_seconds(pp_tps, tg_tps)
 
     def seconds_at(self, seconds: float, pp_tps: float, tg_tps: float, repetitions: int) -> float:

@@ -299,8 +299,8 @@ def allocate_compiled(c: Compiled, leafs: list[int], nodes: list[int], dev: list
             return
         if inplace[t]:
             for p in src[t]:
-                if kind[p] == 0 and off[p] >= 0 and not output[p] and layout[p] == layout[t] \
-                        and children[p] == 1 and views[p] == 0:
+                if (kind[p] == 0 and off[p] >= 0 and not output[p] and layout[p] == layout[t]
+                        and children[p] == 1 and views[p] == 0):
                     off[t] = off[p]          # reuse the parent's memory; the parent is not freed
                     off[p] = -1
                     return

@@ -299,8 +299,8 @@ def pool_bytes(inv: ModelInventory, plan: Plan, hw: HardwareProfile | None = Non
     knobs, hp = plan.knobs, inv.hparams
     if plan.dialect != "ik":
         return {}
-    sizes: Batches = tuple(sorted({b for b in batches if 1 <= b <= knobs.n_ubatch_eff})) if batches is not None \
-        else knobs.n_ubatch_eff
+    sizes: Batches = (tuple(sorted({b for b in batches if 1 <= b <= knobs.n_ubatch_eff})) if batches is not None
+                      else knobs.n_ubatch_eff)
 
     def sms(dev: str) -> int:
         if hw is not None and gpu_index(dev) < len(hw.gpus) and hw.gpu(dev).n_sm > 0:

@@ -207,8 +207,8 @@ class _Builder(MlaAttention):
                 cur = g.permute(cur, (0, 2, 1, 3))
                 cur = g.cont(cur, name="fattn_cont")
             cur = g.reshape(cur, (cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3]))
-        elif self.ik and 0 < self.p.amb < k.ne[1] * q.ne[1] * q.ne[2] * 4 // MiB and k.ne[2] == q.ne[2] == v.ne[2] \
-                and sinks is None and v_trans:
+        elif (self.ik and 0 < self.p.amb < k.ne[1] * q.ne[1] * q.ne[2] * 4 // MiB and k.ne[2] == q.ne[2] == v.ne[2]
+                and sinks is None and v_trans):
             # ik's llm_build_kqv with -amb below KQ's MiB and as many K/V heads as Q heads (llama-build-context.cpp
             # :2127, :2175-2218): one head at a time, the KQV of each concatenated to the last
             kqv = None

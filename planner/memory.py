@@ -466,10 +466,10 @@ def _cuda_alloc_deps(c: Compiled, split: list[int], src: list[tuple[int, ...]]) 
             if len(srcs) == 2:
                 ex, w = srcs
                 A = t[i].ne[1]
-                if t[ex].ne == t[i].ne and t[w].ne[0] == 1 and t[w].ne[1:] == t[i].ne[1:] \
-                        and 2 <= A <= _MAX_REDUCED_EXPERTS and k + 2 * A <= n \
-                        and all(ops[k + 1 + j] == "VIEW" for j in range(A)) \
-                        and all(ops[k + 1 + A + j] == "ADD" for j in range(A - 1)):
+                if (t[ex].ne == t[i].ne and t[w].ne[0] == 1 and t[w].ne[1:] == t[i].ne[1:]
+                        and 2 <= A <= _MAX_REDUCED_EXPERTS and k + 2 * A <= n
+                        and all(ops[k + 1 + j] == "VIEW" for j in range(A))
+                        and all(ops[k + 1 + A + j] == "ADD" for j in range(A - 1))):
                     deps.setdefault(split[k + 2 * A - 1], []).extend([ex, w])
         elif op in ("SOFT_MAX", "UNARY") and len(src[i]) == 1 and k + 5 < n:
             j = k + 1

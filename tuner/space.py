@@ -401,8 +401,8 @@ class Space:
             text += (f"; ub {k.n_ubatch} b {k.n_batch} t {k.n_threads} kv {k.type_k}{'' if k.flash_attn else ' nofa'} "
                      f"{op}{'' if k.mmap else ' nommap'}{' nohost' if k.no_host else ''}")
             if self.dialect == "ik":
-                text += f" amb {k.amb}{' rtr' if k.rtr else ''}{'' if k.fmoe else ' nofmoe'}" + \
-                    (f" mla {k.mla}" if self.inv.hparams.is_mla else "")
+                text += (f" amb {k.amb}{' rtr' if k.rtr else ''}{'' if k.fmoe else ' nofmoe'}"
+                         + (f" mla {k.mla}" if self.inv.hparams.is_mla else ""))
         return text
 
     # ---- sources of params ----------------------------------------------------------------------------------

@@ -42,6 +42,6 @@ def report_study(req: ReportRequest) -> ReportOutcome:
     storage = req.storage or default_storage(req.study)
     out = Path(req.out) if req.out else Path("reports") / req.study
     check_output_folder(out, "--out")
-    with read_study(req.study, storage) as study, \
-            storage_errors(storage, then="run the same command again"):   # damage quick_check missed, a server gone
+    with (read_study(req.study, storage) as study,
+          storage_errors(storage, then="run the same command again")):   # damage quick_check missed, a server gone
         return ReportOutcome(req.study, write_report(study, out), storage, out)

@@ -15,7 +15,6 @@ from planner.hardware import HardwareProfile, fmt_bytes, kept_free_text, parse_s
 from planner.model import ModelInventory
 from planner.options import EngineOptions
 from planner.plan import DEFAULT_CTX
-from tuner.confirm import CONFIRM_ROUNDS
 from tuner.interrupt import SIGINT, signal_of
 from tuner.records import StudyRecord
 from planner.validate import check_dialect
@@ -70,8 +69,8 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
         raise InputError("--llama-server serves the workload: it needs the time objective (--objective time)")
     if args.ttft is not None and objective.kind != "time":
         raise InputError("--ttft limits the workload's requests: it needs the time objective (--objective time)")
-    requests = load_workload(args.workload, Path(args.spec).parent if args.spec else None) \
-        if objective.kind == "time" else None
+    requests = (load_workload(args.workload, Path(args.spec).parent if args.spec else None)
+                if objective.kind == "time" else None)
     if requests is not None and args.ttft is not None:
         requests = replace(requests, ttft_limit_s=parse_seconds(args.ttft, "--ttft"))
     base = bench_for(requests, positive(args.reps, "--reps")) if requests is not None else D.TUNE_WORKLOAD
@@ -126,29 +125,25 @@ def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[s
     return False
 
 
-def _settled_threads(args: TuneOptions, engine: Any, inv: Any, hw: HardwareProfile, dialect: str, storage: str,
-                     name: str, note: Callable[[str], None]) -> tuple[int, Any]:
-    """(the -t the study settles at, the ThreadProbe behind it): the probe stored with the study, else a new one
-    (tuner/threads.py) on the planner's first placement, for a llama-bench study whose threads the user left
-    open; (0, None): llama.cpp's default, nothing probed."""
+def _thread_probe(args: TuneOptions, engine: Any, inv: Any, hw: HardwareProfile, dialect: str, storage: str,
+                  name: str, note: Callable[[str], None]) -> Any:
+    """The ThreadProbe a llama-bench study settles its -t by (tuner/setup.py asks): the one stored with the study,
+    else a new one (tuner/threads.py) on the planner's first placement; None when nothing fits."""
     from tuner.threads import ThreadProbe, probe_threads
-    if engines.traits_of(engine).binary != "llama-bench" or "threads" in args.space_limits:
-        return 0, None
     if not args.fresh:
         stored = _stored_record(storage, name)
         if stored is not None and stored.threads_probe is not None:
-            probe = ThreadProbe.from_dict(stored.threads_probe)
-            return probe.pick, probe
+            return ThreadProbe.from_dict(stored.threads_probe)
     from planner.propose import propose
     try:
         plan = propose(inv, hw, dialect=dialect, margin=engines.traits_of(engine).memory_error_prior)[0]
     except (InputError, IndexError):
-        return 0, None                       # nothing fits: the study says so itself
+        return None                          # nothing fits: the study says so itself
     note("# threads: a short generation at llama.cpp's default -t, at half and three quarters of the cores")
     with SIGINT.engine_run():
         probe = probe_threads(engine.measure, inv, plan, say=note)
     note(f"# {probe.line()}")
-    return probe.pick, probe
+    return probe
 
 
 def _stored_record(storage: str, name: str) -> Any:
@@ -223,19 +218,10 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
                note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> TuneOutcome:
     """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
     from tuner.search import Tuner, TunerOptions
-    from tuner.space import SpaceConfig
-    probe = None
+    from tuner.setup import study_setup
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     dialect = args.dialect or engine.dialect or "mainline"     # a llama.cpp binary knows its own dialect
     check_dialect(inv, dialect)
-    config = SpaceConfig(kv_types=args.kv_types)
-    measured = engines.traits_of(engine).measured   # the sim engine is the model: every choice cheap, none to confirm
-    settled = (args.space or ("settled" if measured else "full")) == "settled"
-    # llama-bench's confirmation is left to the serving where one follows: the same finalists on the server the
-    # user runs (on one H200 its 3 rounds took the minutes a 9-minute --time-limit had left for the serving)
-    rounds = args.confirm if args.confirm is not None else (CONFIRM_ROUNDS if measured and not args.llama_server
-                                                            else 0)
-    nonneg(rounds, "--confirm")
     limit = parse_seconds(args.time_limit, "--time-limit") if args.time_limit else None
     start = time.monotonic()
     tuner = None
@@ -243,24 +229,22 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
         # Ctrl-C, SIGTERM, SIGHUP stop at a safe point (tuner/interrupt.py); in an engine run, the --fit
         # reference's too, at once. The study's opening writes are under the guard as well
         with SIGINT.guard():
-            if settled:
-                # threads settle at llama.cpp's own default (0: no -t), what the user runs, unless the probe found
-                # a count at least 10% faster there (a 64-vCPU VM's default generated 20x slower than half of it)
-                threads, probe = _settled_threads(args, engine, inv, hw, dialect, storage, name, note)
-                config = config.settled(threads, dialect)
-            config = config.for_engine(engine, dialect)    # --no-host (and its probe run), ik bench's one -op switch
-            config = replace(config, **args.space_limits)    # a spec's limits win over the settled values
+            # threads settle at llama.cpp's own default (no -t), what the user runs, unless the probe finds a
+            # count at least 10% faster there (a 64-vCPU VM's default generated 20x slower than half of it)
+            setup = study_setup(engine, dialect, space=args.space, kv_types=args.kv_types, limits=args.space_limits,
+                                probe=lambda: _thread_probe(args, engine, inv, hw, dialect, storage, name, note),
+                                confirm=args.confirm, serving=bool(args.llama_server))
             tuner = Tuner(inv, hw, engine, TunerOptions(
                 model=args.model, objective=objective, workload=workload, dialect=dialect,
                 n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
-                config=config, study_name=name, storage=storage, fresh=args.fresh, seed=args.seed,
+                config=setup.config, study_name=name, storage=storage, fresh=args.fresh, seed=args.seed,
                 pool_size=args.pool, requests=t.requests))
             note(f"# tune {inv.name or args.model} on {hw.name} ({', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)}"
                  f", {kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in "
                  f"{storage}, objective {objective.text}, {args.trials} runs")
-            if settled and probe is not None:
-                StudyRecord.save(tuner.study, threads_probe=probe.to_dict())
-            result = _search_and_serve(args, tuner, rounds, limit, start, note, progress)
+            if setup.probe is not None:
+                StudyRecord.save(tuner.study, threads_probe=setup.probe.to_dict())
+            result = _search_and_serve(args, tuner, setup.rounds, limit, start, note, progress)
             SIGINT.check()
     except KeyboardInterrupt as e:
         n = 0 if tuner is None else len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])

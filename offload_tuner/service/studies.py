@@ -328,8 +328,8 @@ def running_trial(study, storage) -> str | None:
         beat = beats.get(t._trial_id)
         if beat is not None and now_db is not None and (now_db - beat).total_seconds() <= GRACE_S:
             return f"trial {t.number} is running (its heartbeat is live)"
-        if beat is None and t.datetime_start is not None and \
-                (dt.datetime.now() - t.datetime_start).total_seconds() <= GRACE_S:
+        if (beat is None and t.datetime_start is not None
+                and (dt.datetime.now() - t.datetime_start).total_seconds() <= GRACE_S):
             return f"trial {t.number} is running (started within {GRACE_S} s)"
     return None
 
