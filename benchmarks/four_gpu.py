@@ -61,7 +61,7 @@ from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, Plan  # noqa: E402
-from runtime.engine import BenchWorkload  # noqa: E402
+from planner.engine_contract import BenchRun  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine  # noqa: E402
 
 GPUS = ("CUDA0", "CUDA1", "CUDA2", "CUDA3")
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             meta["note"] = args.note.read_text()
         report(meta, lg.load_results(results_dir, "plan"), out, args.name)
         return 0
-    wl = BenchWorkload(args.n_prompt, args.n_gen, 0, args.reps)
+    wl = BenchRun(args.n_prompt, args.n_gen, 0, args.reps)
     if args.cpu:
         from runtime.llamacpp_build import ensure_built
         bench = args.llama_bench or ensure_built()["llama-bench"]

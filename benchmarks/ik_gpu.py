@@ -76,7 +76,7 @@ from planner.memory import estimate  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan  # noqa: E402
 from tuner.records import StudyRecord, TrialRecord  # noqa: E402
-from runtime.engine import BenchWorkload  # noqa: E402
+from planner.engine_contract import BenchRun  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, sweep_ctx  # noqa: E402
 
 STEPS = ("memory", "mla", "op", "study", "mainline")
@@ -270,19 +270,19 @@ class Ctx:
         self.after_each()
 
 
-def _run_plan(c: Ctx, case: IkCase, wl: BenchWorkload) -> tuple[Any, Plan, str]:
+def _run_plan(c: Ctx, case: IkCase, wl: BenchRun) -> tuple[Any, Plan, str]:
     """The case's run (all-CPU with --cpu), the plan that ran, and the GPU command line it stands for."""
     ran = lg.cpu_variant(case.plan) if c.args.cpu else case.plan
     gpu_cmd = c.engine.command(c.inv, case.plan, wl).shell
     return c.engine.measure(c.inv, ran, wl), ran, gpu_cmd
 
 
-def _at_ctx(plan: Plan, wl: BenchWorkload) -> Plan:
+def _at_ctx(plan: Plan, wl: BenchRun) -> Plan:
     return replace(plan, knobs=replace(plan.knobs, n_ctx=sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, wl)))
 
 
 def measure_memory_case(c: Ctx, case: IkCase) -> dict[str, Any]:
-    wl = BenchWorkload(case.plan.knobs.n_ubatch, c.args.mem_gen, case.depth, 1)
+    wl = BenchRun(case.plan.knobs.n_ubatch, c.args.mem_gen, case.depth, 1)
     t0 = time.monotonic()
     m, ran, gpu_cmd = _run_plan(c, case, wl)
     pred = estimate(c.inv, _at_ctx(case.plan, wl), c.hw).to_dict()["devices"]
@@ -327,7 +327,7 @@ def step_op(c: Ctx, cases: list[IkCase]) -> bool:
                 continue
             if not c.time_ok("op"):
                 return False
-            wl = BenchWorkload(case.plan.knobs.n_ubatch, c.args.op_gen, 0, c.args.reps)
+            wl = BenchRun(case.plan.knobs.n_ubatch, c.args.op_gen, 0, c.args.reps)
             m, _, gpu_cmd = _run_plan(c, case, wl)
             log(f"op: round {r + 1}/{c.args.rounds} {case.name}: {'ok' if m.ok else 'FAILED ' + m.error}; "
                 f"PP {m.pp_tps:.1f} TG {m.tg_tps:.2f}")
@@ -429,7 +429,7 @@ class Contender:
     measure: Callable[[], Any]
 
 
-def ik_contenders(c: Ctx, b: int, wl: BenchWorkload) -> list[Contender]:
+def ik_contenders(c: Ctx, b: int, wl: BenchRun) -> list[Contender]:
     """ik's --fit (its study baseline's line) and ik's confirmed best TG config at budget b."""
     st = load_study(c.args.storage, cell_name(b))
     if st is None:
@@ -453,7 +453,7 @@ def _best_plan(study) -> Plan | None:
     return TrialRecord.from_trial(trial).plan() if trial is not None else None
 
 
-def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: BenchWorkload) -> list[Contender]:
+def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: BenchRun) -> list[Contender]:
     """mainline's --fit (own_fit the first time, its stored argv after: the same -fitt every round) and, from the
     tune_vs_fit study of the budget, mainline's confirmed best TG config."""
     argv_file = c.results / f"ml-{b}g-fit-argv.json"
@@ -476,7 +476,7 @@ def mainline_contenders(c: Ctx, ml: LlamaCppEngine, b: int, wl: BenchWorkload) -
 
 
 def step_mainline(c: Ctx, ml: LlamaCppEngine) -> bool:
-    wl = BenchWorkload(c.args.n_prompt, c.args.n_gen, 0, c.args.reps)
+    wl = BenchRun(c.args.n_prompt, c.args.n_gen, 0, c.args.reps)
     for b in c.args.budgets:
         contenders = ik_contenders(c, b, wl) + mainline_contenders(c, ml, b, wl)
         for r in range(c.args.rounds):

@@ -47,7 +47,7 @@ from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, Plan  # noqa: E402
-from runtime.engine import BenchWorkload  # noqa: E402
+from planner.engine_contract import BenchRun  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, bench_memory, loader_placement  # noqa: E402
 from runtime.process import run_process  # noqa: E402
@@ -210,7 +210,7 @@ def compare(predicted: dict[str, Any], measured: int | None) -> dict[str, Any]:
             "within_goal": abs(err) <= goal(total)}
 
 
-def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchWorkload, hw: HardwareProfile,
+def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchRun, hw: HardwareProfile,
                  cpu: bool) -> dict[str, Any]:
     run_plan = cpu_variant(case.plan) if cpu else case.plan
     gpu_cmd = render(case.plan, inv, "bench", workload=wl, model_path=str(inv.source)).shell(str(engine.path))
@@ -235,7 +235,7 @@ def time_left(args, t_start: float) -> float:
 
 
 def run_plans(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwareProfile, cases: list[Case],
-              wl: BenchWorkload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
+              wl: BenchRun, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
     """Measure the cases not measured yet; False when the time budget stopped it early."""
     results_dir.mkdir(parents=True, exist_ok=True)
     wanted = [c for c in cases if not args.plans or c.name in args.plans]
@@ -263,7 +263,7 @@ def run_plans(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwarePro
 # ---- llama.cpp's own --fit -------------------------------------------------------------------------------------------
 
 def run_fit(args, engine: LlamaCppEngine, fit_params: Path, inv: ModelInventory, hw: HardwareProfile,
-            wl: BenchWorkload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
+            wl: BenchRun, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
     """llama-bench -fitt at each budget not measured yet; False when the time budget stopped it early."""
     sampler = engine.sampler()
     for b in args.budgets:
@@ -291,7 +291,7 @@ def run_fit(args, engine: LlamaCppEngine, fit_params: Path, inv: ModelInventory,
     return True
 
 
-def _fit_choice(fit_params: Path, inv: ModelInventory, hw: HardwareProfile, wl: BenchWorkload, margin_mib: int
+def _fit_choice(fit_params: Path, inv: ModelInventory, hw: HardwareProfile, wl: BenchRun, margin_mib: int
                 ) -> tuple[str | None, dict[str, Any] | None]:
     """What llama-fit-params picks for the prompt test's context (llama-bench fits each test's context on its
     own) and what our memory model predicts for that choice."""
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else workdir / "report")
     results_dir = workdir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    wl = BenchWorkload(args.n_prompt, args.n_gen, 0, args.reps)
+    wl = BenchRun(args.n_prompt, args.n_gen, 0, args.reps)
     if args.cpu:
         from runtime.llamacpp_build import ensure_built
         built = ensure_built()

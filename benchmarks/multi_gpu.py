@@ -110,7 +110,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import device_options as opts  # noqa: E402
 import llamacpp_gpu as lg  # noqa: E402
-from planner.engine import TimedEngine  # noqa: E402
+from planner.engine_contract import TimedEngine  # noqa: E402
 from planner.errors import BudgetError, InputError  # noqa: E402
 from planner.flags import render  # noqa: E402
 from planner.flags.common import base_assignment, slot_devices  # noqa: E402
@@ -119,7 +119,7 @@ from planner.hardware import GiB, MiB, HardwareProfile, load_hardware  # noqa: E
 from planner.memory import estimate, pipeline_copies  # noqa: E402
 from planner.model import ModelInventory, Tensor  # noqa: E402
 from planner.plan import Knobs, OffloadPolicy, Plan, device_sort_key  # noqa: E402
-from runtime.engine import BenchWorkload  # noqa: E402
+from planner.engine_contract import BenchRun  # noqa: E402
 from runtime.llamacpp import LlamaCppEngine, bench_memory  # noqa: E402
 
 STEPS = ("memory", "torch", "tune", "report")
@@ -270,7 +270,7 @@ def device_row(predicted: dict[str, Any], measured: int | None, logged: dict[str
     return row
 
 
-def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchWorkload, hw: HardwareProfile,
+def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchRun, hw: HardwareProfile,
                  cpu: bool, gpus: tuple[str, ...] = GPUS) -> dict[str, Any]:
     run_plan = lg.cpu_variant(case.plan) if cpu else case.plan
     rc = render(case.plan, inv, "bench", workload=wl, model_path=str(inv.source))
@@ -305,7 +305,7 @@ def log_result(step: str, name: str, rec: dict[str, Any]) -> None:
 
 
 def run_memory(args, engine: LlamaCppEngine, inv: ModelInventory, hw: HardwareProfile, cases: list[Case],
-               wl: BenchWorkload, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
+               wl: BenchRun, results_dir: Path, t_start: float, after_each: Callable[[], None]) -> bool:
     """Measure the plans not measured yet; False when the time budget stopped it early."""
     results_dir.mkdir(parents=True, exist_ok=True)
     wanted = [c for c in cases if not args.plans or c.name in args.plans]
@@ -375,7 +375,7 @@ def _torch_rank(name: str) -> int:
     return rank
 
 
-def torch_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], wl: BenchWorkload) -> list[Case]:
+def torch_cases(inv: ModelInventory, hw: HardwareProfile, budgets: list[int], wl: BenchRun) -> list[Case]:
     """The memory table's two-GPU plans (make_cases) for the torch step's model, with a context of the workload
     rounded up to 256 cells (the KV cache the engine allocates for it and the one planner.memory counts agree),
     in the order _torch_rank gives."""
@@ -402,7 +402,7 @@ def torch_device_row(pred: dict[str, Any], peak: int | None, logical: bool, part
     return row
 
 
-def measure_torch_case(engine: Any, inv: ModelInventory, case: Case, wl: BenchWorkload, hw: HardwareProfile,
+def measure_torch_case(engine: Any, inv: ModelInventory, case: Case, wl: BenchRun, hw: HardwareProfile,
                        logical: bool, sampler: Any, baseline: dict[int, int], index: int) -> dict[str, Any]:
     from runtime import gpumem
     # the engine's own memory model (its dry-run accountant: TorchEngine.predict_memory), and planner.memory's
@@ -458,7 +458,7 @@ def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], 
     import torch
 
     from runtime import gpumem
-    from runtime.engine import Measurement
+    from planner.engine_contract import Measurement
     from runtime.torch_engine import TorchEngine
     logical = args.cpu
     if not logical and torch.cuda.device_count() < len(GPUS):
@@ -514,8 +514,8 @@ def run_torch(args, results_dir: Path, t_start: float, after_each: Callable[[], 
     return True
 
 
-def torch_workload(args) -> BenchWorkload:
-    return BenchWorkload(args.n_prompt, args.n_gen, 0, args.reps)
+def torch_workload(args) -> BenchRun:
+    return BenchRun(args.n_prompt, args.n_gen, 0, args.reps)
 
 
 def run_torch_child(args, argv: list[str], t_start: float, meta_path: Path) -> bool:
@@ -848,7 +848,7 @@ def torch_section(recs: list[dict[str, Any]]) -> list[str]:
           "peak: the GPU's memory in use (NVML / nvidia-smi) during the run less its reading before the torch "
           "process started (allocator cache, graph pools and loaded kernels included).", ""]
     if wl:
-        L[-2] = L[-2].rstrip() + f" BenchWorkload PP {wl.get('n_prompt')} TG {wl.get('n_gen')}."
+        L[-2] = L[-2].rstrip() + f" BenchRun PP {wl.get('n_prompt')} TG {wl.get('n_gen')}."
     L += ["| plan | flags | PP t/s | TG t/s | CUDA0 measured | predicted | error | ok | CUDA1 measured | predicted | "
           "error | ok | engine parts CUDA0 | engine parts CUDA1 | pred parts CUDA0 | pred parts CUDA1 | device peak "
           "CUDA0 / CUDA1 |",
@@ -954,7 +954,7 @@ def run(argv: list[str] | None = None) -> int:
     results_dir = workdir / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     args.storage = f"sqlite:///{workdir / 'multi_gpu.db'}"
-    wl = BenchWorkload(args.n_prompt, args.n_gen, 0, args.reps)
+    wl = BenchRun(args.n_prompt, args.n_gen, 0, args.reps)
     if args.model is not None and not args.model.is_file():
         raise BadInput(f"--model {args.model}: no such file")
     llama_steps = bool({"memory", "tune"} & set(steps))

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Knobs, Plan  # noqa: E402
-from runtime.engine import BenchWorkload  # noqa: E402
+from planner.engine_contract import BenchRun  # noqa: E402
 from runtime.torch_engine import TorchEngine  # noqa: E402
 from runtime.torch_engine.placement import is_float32_tensor  # noqa: E402
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 continue
             plan = plan_for(inv, n_cpu, ub, args.threads)
-            wl = BenchWorkload(n_prompt=ub, n_gen=args.n_gen if i == 0 else 0, repetitions=args.reps)
+            wl = BenchRun(n_prompt=ub, n_gen=args.n_gen if i == 0 else 0, repetitions=args.reps)
             t0 = time.perf_counter()
             m = engine.measure(inv, plan, wl)
             row["wall_s"] = time.perf_counter() - t0

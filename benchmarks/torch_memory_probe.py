@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     import multi_gpu as mg
     inv = mg.torch_inventory(args.torch_layers)
     hw = mg.torch_hardware(mg.TORCH_HARDWARE)
-    wl = mg.BenchWorkload(2048, 32, 0, 1)
+    wl = mg.BenchRun(2048, 32, 0, 1)
     cases = {c.name: c for c in mg.torch_cases(inv, hw, [4, 8], wl)}
     wanted = [p for p in args.plans.split(",") if p]
     unknown = [p for p in wanted if p not in cases]

@@ -55,13 +55,13 @@ from planner.errors import InputError  # noqa: E402
 from planner.flags import parse, render_shell  # noqa: E402
 from planner.hardware import GiB, fmt_bytes, load_hardware, parse_size  # noqa: E402
 from planner.loader import load_model  # noqa: E402
-from planner.engine import MemoryModel, TimedEngine, memory_model, memory_model_name  # noqa: E402
+from planner.engine_contract import MemoryModel, TimedEngine, memory_model, memory_model_name  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.propose import Room, model_id  # noqa: E402
 from tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from tuner.search import slug  # noqa: E402
-from planner.bench_workload import BenchWorkload  # noqa: E402
+from planner.bench_run import BenchRun  # noqa: E402
 from tuner.space import Space, SpaceConfig  # noqa: E402
 
 PHASES = ("grid", "study", "compare")
@@ -116,7 +116,7 @@ class Setup:
         if len(self.hw.gpus) != 1:
             raise InputError(f"--gpu {args.gpu}: this study is for one GPU")
         self.margin = parse_size(args.margin)
-        self.workload = BenchWorkload(n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0, repetitions=args.reps)
+        self.workload = BenchRun(n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0, repetitions=args.reps)
         need = self.workload.depth + self.workload.n_prompt + self.workload.n_gen
         self.n_ctx = max(8192, -(-need // 256) * 256)       # the tuner's default context for this workload
         self.config = SpaceConfig(kv_types=KV_TYPES)
@@ -233,7 +233,7 @@ def run_grid(s: Setup) -> dict[str, Any]:
         except InputError:
             raise
         except Exception as e:     # an engine bug: a recorded failure, as the tuner records it
-            from runtime.engine import Measurement
+            from planner.engine_contract import Measurement
             m = Measurement.failed(f"engine raised {type(e).__name__}: {e}")
         dt = time.perf_counter() - t0
         peak = {k: int(v) for k, v in dict(m.peak_bytes).items()}
@@ -280,7 +280,7 @@ def _checkpoint(storage_url: str, study: Any) -> None:
 
 
 def run_study(s: Setup) -> None:
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, StudyConfig
     from tuner.storage import load_study, make_storage, study_exists
     done, have_baselines = 0, False
     if study_exists(make_storage(s.storage), s.study_name):
@@ -295,7 +295,7 @@ def run_study(s: Setup) -> None:
             "the next call starts it")
         return
     engine = s.engine()
-    tuner = Tuner(s.inv, s.hw, engine, TunerOptions(
+    tuner = Tuner(s.inv, s.hw, engine, StudyConfig(
         model=s.args.model, objective="both", workload=s.workload, dialect="mainline", n_ctx=s.n_ctx, margin=s.margin,
         config=s.config, study_name=s.study_name, storage=s.storage, seed=s.args.seed, pool_size=s.args.pool))
     log(f"study {s.study_name} in {s.storage}: {done} runs made, {left} to go")

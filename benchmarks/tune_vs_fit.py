@@ -41,14 +41,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import device_options as opts  # noqa: E402
-from planner.engine import TimedEngine  # noqa: E402
+from planner.engine_contract import TimedEngine  # noqa: E402
 from planner.gguf_header import load_inventory  # noqa: E402
 from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
 from tuner.records import StudyRecord, TrialRecord  # noqa: E402
 from tuner.report import study_summary, trials_frame  # noqa: E402
-from tuner.search import Tuner, TunerOptions  # noqa: E402
+from tuner.search import Tuner, StudyConfig  # noqa: E402
 from tuner.setup import study_setup  # noqa: E402
-from planner.bench_workload import BenchWorkload  # noqa: E402
+from planner.bench_run import BenchRun  # noqa: E402
 from runtime.cost_check import run_line  # noqa: E402
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "tune_vs_fit"
@@ -86,7 +86,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     after each confirmation sample, saves what a device call killed later must still bring back (a cell's search
     and confirmation can take a whole call)."""
     save = checkpoint or (lambda: None)
-    wl = BenchWorkload(args.n_prompt, args.n_gen, depth, args.reps)
+    wl = BenchRun(args.n_prompt, args.n_gen, depth, args.reps)
     hw = hw0.with_vram([budget_gib * GiB] * n_gpus)
     # the emitted command holds the whole workload (-c depth + prompt + generated); llama-bench's prompt test
     # holds depth + prompt: the tuner adds the memory model's difference (a few MiB of KV) to each peak
@@ -94,7 +94,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     # the study `tune` makes, at the profile's thread count (these cells predate the thread probe; their stored
     # studies were made at it)
     config = study_setup(engine, dialect, space="settled", threads=hw.host.n_threads).config
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None, config=config, dialect=dialect,
         study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),
         storage=args.storage, seed=args.seed, pool_size=args.pool))

@@ -46,14 +46,14 @@ from planner.hardware import GiB, HardwareProfile, load_hardware  # noqa: E402
 from planner.model import ModelInventory  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.presets import load_preset  # noqa: E402
-from tuner.search import Tuner, TunerOptions, BenchWorkload  # noqa: E402
+from tuner.search import Tuner, StudyConfig, BenchRun  # noqa: E402
 from tuner.space import Space, SpaceConfig  # noqa: E402
-from runtime.engine import Engine, Measurement  # noqa: E402
+from planner.engine_contract import Engine, Measurement  # noqa: E402
 from runtime.sim import SimEngine  # noqa: E402
 
 GOAL_SHARE = 0.98
 GOAL_BUDGET = 0.10
-WORKLOAD = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WORKLOAD = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 N_CTX = 8192
 
 
@@ -134,7 +134,7 @@ def run_tuner(kind: str, inv, prior, truth_engine: TruthEngine, space: Space, cf
         opts = dict(prescreen=False, surrogate=False, seed_trials=False,
                     sampler="tpe" if kind == "tpe" else "random", pool_size=0)
     t0 = time.perf_counter()
-    tuner = Tuner(inv, prior, truth_engine, TunerOptions(
+    tuner = Tuner(inv, prior, truth_engine, StudyConfig(
         objective="both", workload=WORKLOAD, n_ctx=N_CTX, config=cfg, storage=None, study_name=f"{kind}-{seed}",
         seed=seed, baselines=False, commands=False, space=space, **opts))
     runs0 = truth_engine.runs

@@ -47,7 +47,7 @@ from planner.hardware import GiB, MiB, load_hardware  # noqa: E402
 from tuner.objectives import bench_for  # noqa: E402
 from tuner.served import confirm_served, headline  # noqa: E402
 from tuner.records import StudyRecord  # noqa: E402
-from tuner.search import Tuner, TunerOptions  # noqa: E402
+from tuner.search import Tuner, StudyConfig  # noqa: E402
 from tuner.setup import study_setup  # noqa: E402
 from planner.workload import RequestClass, Workload, preset  # noqa: E402
 
@@ -55,7 +55,7 @@ DEFAULT_WORKDIR = ROOT / "benchmarks" / "results" / "workload_vs_fit"
 H100_PROFILE = ROOT / "tests" / "planner" / "data" / "h100_calibrate_20261124.json"
 MODEL_REL = "model/qwen3-30b-a3b-shape-q4_0.gguf"     # the default shape's model_rel: the same path everywhere
 GOALS = {"rag": 1.3, "agent": 1.15, "chat": 1.0, "batch": 1.0}
-EXPLORE_MARGIN = 256 * MiB       # llama-bench's memory-error prior (planner/engines.py), for a sim search
+EXPLORE_MARGIN = 256 * MiB       # llama-bench's memory-error prior (planner/engine_registry.py), for a sim search
 # the dry run: request classes a tiny CPU model answers in well under a second each
 CPU_WORKLOADS = {"rag": Workload("rag", (RequestClass(96, 0, 8),)),
                  "agent": Workload("agent", (RequestClass(32, 64, 8), RequestClass(48, 96, 8))),
@@ -160,7 +160,7 @@ def tuner_for(args, inv, hw0, cell: Cell, bench_engine) -> Tuner:
     ctx = -(-w.ctx // 256) * 256
     threads = 0 if args.threads == 0 else hw.host.n_threads         # 0: the plans carry no -t
     config = study_setup(explore_engine, "mainline", space="settled", threads=threads).config   # as `tune`, at -t
-    return Tuner(inv, hw, explore_engine, TunerOptions(
+    return Tuner(inv, hw, explore_engine, StudyConfig(
         model=str(inv.source), objective="time", workload=bench, requests=w, n_ctx=ctx,
         margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
         study_name=cell.name(args.series, model_tag(args.preset)), storage=args.storage, seed=0, pool_size=60))

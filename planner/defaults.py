@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from .plan import DEFAULT_CTX
-from .bench_workload import BenchWorkload
+from .bench_run import BenchRun
 from .hardware import KEEP_FREE as KEEP_FREE_BYTES, MiB
 
 SPACE_MODES: Final = ("settled", "full")
@@ -20,13 +20,13 @@ TUNE_OBJECTIVE: Final = "time"          # the workload's mean request time (tune
 TUNE_REQUESTS: Final = "chat"           # the user's workload (planner/workload.py's presets, a TOML or JSONL file)
 # the benchmark run of a study under tg/pp/both/an expression: a 2048-token prompt (PP) and 128 generated tokens
 # (TG) at depth 0, 3 repetitions (under time it is the workload's mean request, objectives.bench_for)
-TUNE_WORKLOAD: Final = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=3)
+TUNE_WORKLOAD: Final = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=3)
 TUNE_MARGIN: Final = "auto"             # learnt from the runs (docs/tuning.md)
 TUNE_KV_TYPES: Final = ("f16", "q8_0")  # KV cache types the search may use
 TUNE_SEED: Final = 0
 TUNE_POOL: Final = 200                  # candidates the cost model pre-screens per trial
 RUN_TIMEOUT_S: Final = 900.0            # seconds per llama-bench run (tune and run)
-RUN_WORKLOAD: Final = BenchWorkload()        # `run` without -p/-n: llama-bench's own pp512 / tg128, 3 reps
+RUN_WORKLOAD: Final = BenchRun()        # `run` without -p/-n: llama-bench's own pp512 / tg128, 3 reps
 
 # GPU memory kept free on each GPU, in every command and the service, for every engine (planner.hardware.KEEP_FREE:
 # llama.cpp's own fit keeps as much free by default)

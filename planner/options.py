@@ -1,5 +1,5 @@
 """EngineOptions: what picks and configures an engine, built once at the edge and passed on frozen (`tune` makes
-one from its TuneOptions, offload_tuner/app/requests.py; `run` from its RunRequest, below). RunRequest: what `run`
+one from its TuneRequest, offload_tuner/app/requests.py; `run` from its RunRequest, below). RunRequest: what `run`
 measures (the CLI parses it from its flags, offload_tuner/cli/runtime_cmds.py; runtime/run.py prepares the run)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from . import defaults as D
 
-EngineName = str      # a name planner.engines registers (the CLI's choices, specs and the service check it there)
+EngineName = str      # a name planner.engine_registry registers (the CLI, specs and the service check it there)
 
 
 @dataclass(frozen=True)

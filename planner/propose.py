@@ -140,7 +140,7 @@ def fill_experts(inv: ModelInventory, plan: Plan, room: Room, hw: HardwareProfil
     onto the GPU (a 12 GiB plan of the Qwen3-30B-A3B shape ended 70 MiB over; the tuner's no-host probe then had
     nothing that fit). In both cases the result is estimated whole and the last moves onto a GPU over its room
     are undone until it fits. `estimate`: the memory model
-    (planner.memory's, or an engine's own: planner.engine.memory_model)."""
+    (planner.memory's, or an engine's own: planner.engine_contract.memory_model)."""
     used = _fixed_bytes(inv, plan, hw, estimate)
     a = dict(plan.assignment)
     full: dict[str, bool] = {}

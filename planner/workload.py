@@ -1,7 +1,7 @@
 """What a user's requests look like: a Workload is a list of request classes, each with its new prompt tokens, the
 tokens already in the KV cache from earlier turns (prompt caching), the tokens it generates, a weight, and how many
 such requests are in flight at once. The tuner's default objective is a workload's mean request time; engines that
-replay requests (llamaserver) send exactly these. planner.bench_workload's BenchWorkload is what one benchmark run
+replay requests (llamaserver) send exactly these. planner.bench_run's BenchRun is what one benchmark run
 measures; this is what the user runs.
 
 Sources: a preset name (PRESETS), a TOML file (`[[request]]` tables), or a JSONL request log with one usage

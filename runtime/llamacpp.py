@@ -2,11 +2,11 @@
 llama-sweep-bench, and use llama-fit-params as a memory oracle.
 
     engine = LlamaCppEngine()                      # --llama-bench PATH, else $LLAMA_BENCH, else PATH
-    m = engine.measure(inv, plan, BenchWorkload(512, 128, 0, 3))
+    m = engine.measure(inv, plan, BenchRun(512, 128, 0, 3))
     engine.command(inv, plan, workload).shell      # the exact command line it runs
     oracle(inv, plan, "model.gguf", "llama-fit-params")   # {device: {model, context, compute}} in bytes
 
-How a run goes (contract: planner/engine.py):
+How a run goes (contract: planner/engine_contract.py):
 1. The binary is probed once per path and mtime (`probe`, runtime/llamacpp_binary.py): `--help` says the dialect
    (ik lists -mla/-fmoe/-rtr) and which flags exist (-ot, -ncmoe, -nopo, -d, -fitt, -gp, -lm, the output formats);
    `--version` the build. The -ngl semantics follow (docs/llamacpp.md section 2): ik counts the last blocks;
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from planner.engine import Engine, EngineFit
+from planner.engine_contract import Engine, EngineFit
 from planner.errors import FlagError, InputError
 from planner.flags import parse, render, slot_rule
 from planner.flags.common import (
@@ -51,7 +51,7 @@ from planner.model import ModelInventory
 from planner.plan import Plan
 
 from . import gpumem
-from .engine import Measurement, BenchWorkload
+from planner.engine_contract import Measurement, BenchRun
 from .llamacpp_binary import FLAG_TOKEN, BinaryInfo, check_devices, device_args, find_binary, list_devices, probe
 from .llamacpp_logs import parse_fit_print, parse_ik_fit
 from .llamacpp_output import (
@@ -164,7 +164,7 @@ class LlamaCppEngine(Engine):
                              f"so -ngl {pc.n_gpu_layers} would put {diff[0]} elsewhere than the plan; use a build "
                              "with PR #18148 (output layer first) or pass ngl_rule= if the guess is wrong")
 
-    def command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> EngineCommand:
+    def command(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> EngineCommand:
         """The command measure() runs for this plan (InputError if this binary cannot run it)."""
         if plan.dialect != self.info.dialect:
             raise InputError(f"the plan is for {plan.dialect}, but {self.path} is a {self.info.dialect} build; "
@@ -175,7 +175,7 @@ class LlamaCppEngine(Engine):
             return self._sweep_command(inv, plan, workload, model)
         notes: list[str] = []
         extra: list[str] = []
-        wl: BenchWorkload | _RenderWorkload = workload
+        wl: BenchRun | _RenderWorkload = workload
         if wl.depth and not self.info.abilities["depth"]:
             if not (self.info.abilities["gen_at_depth"] and wl.n_gen):
                 raise InputError(f"{self.path.name} has no -d (context depth {wl.depth}); measure at depth 0 or "
@@ -198,7 +198,7 @@ class LlamaCppEngine(Engine):
         return EngineCommand(str(self.path), tuple(argv), dict(rc.env), (*rc.notes, *notes),
                              gpu_devices=tuple(d for d in plan.devices() if d != "CPU"))
 
-    def _sweep_command(self, inv: ModelInventory, plan: Plan, wl: BenchWorkload, model: str) -> EngineCommand:
+    def _sweep_command(self, inv: ModelInventory, plan: Plan, wl: BenchRun, model: str) -> EngineCommand:
         ub = min(plan.knobs.n_batch, plan.knobs.n_ubatch)
         row = wl.depth // ub * ub
         n_ctx = sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, wl)
@@ -230,13 +230,13 @@ class LlamaCppEngine(Engine):
     def run(self, cmd: EngineCommand) -> RunResult:
         return run_process([cmd.program, *cmd.argv], self._env(cmd.env), self.timeout_s, self.sampler())
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
         if self.cpu_stand_in:       # the same knobs, every tensor on the CPU: the pipeline runs, not the GPU plan
             plan = replace(plan, assignment={n: "CPU" for n in plan.assignment})
         cmd = self.command(inv, plan, workload)
         return self.measure_command(cmd, workload)
 
-    def measure_args(self, args: Sequence[str], workload: BenchWorkload, env: Mapping[str, str] | None = None
+    def measure_args(self, args: Sequence[str], workload: BenchRun, env: Mapping[str, str] | None = None
                      ) -> Measurement:
         """Run this binary with hand-made arguments (e.g. llama.cpp's own -fitt) and read them like a plan's run."""
         argv = list(args)
@@ -246,7 +246,7 @@ class LlamaCppEngine(Engine):
             argv.append("-v")
         return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), workload)
 
-    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload,
+    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchRun,
                    hw: HardwareProfile | None = None) -> MemoryReport:
         """What a run of the plan at this workload holds per device (bench_memory: llama-bench's contexts)."""
         return bench_memory(inv, plan, workload, hw)
@@ -255,7 +255,7 @@ class LlamaCppEngine(Engine):
     def dialect(self) -> str:                     # type: ignore[override]
         return self.info.dialect
 
-    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> str:
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> str:
         return self.command(inv, plan, workload).shell
 
     @property
@@ -263,7 +263,7 @@ class LlamaCppEngine(Engine):
         """ik's llama-sweep-bench takes -op per op class; ik's llama-bench has one switch (docs/ik_llama.md)."""
         return self.info.dialect == "ik" and self.info.tool != "bench"
 
-    def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int:
+    def run_context(self, workload: BenchRun, plan: Plan | None = None) -> int:
         """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: the
         -c of the plan's run, whole ubatch rows up to the one it reads), so the tuner can add the memory model's KV
         and compute for the emitted -c. Without the plan, sweep-bench's smallest (-ub 512)."""
@@ -273,7 +273,7 @@ class LlamaCppEngine(Engine):
             return workload.depth + max(workload.n_gen, 512)
         return max(bench_contexts(workload), default=0)
 
-    def own_fit(self, inv: ModelInventory, workload: BenchWorkload, budgets: Mapping[str, int],
+    def own_fit(self, inv: ModelInventory, workload: BenchRun, budgets: Mapping[str, int],
                 knobs: Sequence[str] = ("-fa", "1", "-ub", "512", "-b", "2048")) -> EngineFit | None:
         """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (mainline) or by ik's
         llama-sweep-bench --fit --fit-margin (docs/ik_llama.md, "ik's own --fit"). None when the binary has no
@@ -303,7 +303,7 @@ class LlamaCppEngine(Engine):
         targets = [free[d] - b for d, b in budgets.items() if d in free]
         return free, (max(min(targets) // (1 << 20), 1) if targets else 1024)
 
-    def _ik_fit(self, inv: ModelInventory, workload: BenchWorkload, budgets: Mapping[str, int],
+    def _ik_fit(self, inv: ModelInventory, workload: BenchRun, budgets: Mapping[str, int],
                 knobs: Sequence[str]) -> EngineFit | None:
         """ik's --fit as a server user runs it: llama-sweep-bench -c CTX --fit --fit-margin M with the study's
         default knobs (docs/ik_llama.md, "ik's own --fit"). ik sizes KV and compute for max_ctx_size = the
@@ -350,7 +350,7 @@ class LlamaCppEngine(Engine):
         return EngineFit(m, tuple(argv), {}, margin_mib << 20, choice.args() if choice else (), note,
                          program=self.path.name)
 
-    def _fit_choice(self, inv: ModelInventory, workload: BenchWorkload, target_mib: int, knobs: Sequence[str]
+    def _fit_choice(self, inv: ModelInventory, workload: BenchRun, target_mib: int, knobs: Sequence[str]
                     ) -> tuple[str, ...]:
         """llama-fit-params' placement for the whole workload's context, what `llama-server --fit on -c N` would
         pick for it ((), when the tool is missing or fails). llama-bench -fitt fits each of its tests on its own
@@ -369,10 +369,10 @@ class LlamaCppEngine(Engine):
             return ()
         return tuple(shlex.split(line))
 
-    def measure_command(self, cmd: EngineCommand, workload: BenchWorkload) -> Measurement:
+    def measure_command(self, cmd: EngineCommand, workload: BenchRun) -> Measurement:
         return self._read_run(self.run(cmd), cmd, workload)
 
-    def _read_run(self, run: RunResult, cmd: EngineCommand, workload: BenchWorkload) -> Measurement:
+    def _read_run(self, run: RunResult, cmd: EngineCommand, workload: BenchRun) -> Measurement:
         """The Measurement of a finished run of cmd (a failure that hides its reason is re-run with -v)."""
         try:                                      # engine output is untrusted: any shape is a failed measurement
             pp, tg, tests, backends = self._results(run, cmd)
@@ -490,7 +490,7 @@ def _mib_list(values: Mapping[str, int]) -> str:
     return ", ".join(f"{d} {v >> 20} MiB" for d, v in values.items()) or "unknown"
 
 
-def sweep_ctx(n_ubatch: int, n_batch: int, wl: BenchWorkload) -> int:
+def sweep_ctx(n_ubatch: int, n_batch: int, wl: BenchRun) -> int:
     """The -c of a llama-sweep-bench run that measures one row at the workload's depth: the row (a multiple of
     the ubatch, sweep-bench's step) plus room for its prompt ubatch and its generated tokens."""
     ub = min(n_batch, n_ubatch)
@@ -507,7 +507,7 @@ def _sweep_row(rows: Sequence[SweepRow], depth: int) -> SweepRow | None:
 
 # ---- memory: what llama-bench allocates, and llama-fit-params as an oracle -------------------------------------------
 
-def bench_contexts(workload: BenchWorkload) -> list[int]:
+def bench_contexts(workload: BenchRun) -> list[int]:
     """Context sizes of llama-bench's tests for a workload: one per test, n_prompt + depth and n_gen + depth
     (tools/llama-bench/llama-bench.cpp to_llama_cparams; each test gets its own context, the model stays)."""
     out = []
@@ -518,7 +518,7 @@ def bench_contexts(workload: BenchWorkload) -> list[int]:
     return out
 
 
-def bench_memory(inv: ModelInventory, plan: Plan, workload: BenchWorkload, hw: HardwareProfile | None = None
+def bench_memory(inv: ModelInventory, plan: Plan, workload: BenchRun, hw: HardwareProfile | None = None
                  ) -> MemoryReport:
     """planner.memory.estimate for what a llama-bench run of the plan peaks at: per device, the larger of its
     tests' contexts (the prompt test's n_ubatch-token graphs usually)."""
@@ -596,6 +596,7 @@ def our_overrides(inv: ModelInventory, args: Sequence[str], dialect: str = "main
 
 
 def from_options(opts: EngineOptions, hw: HardwareProfile) -> LlamaCppEngine:
-    """The registry's factory (planner/engines.py): llama-bench from the options (else $LLAMA_BENCH, else PATH)."""
+    """The registry's factory (planner/engine_registry.py): llama-bench from the options (else $LLAMA_BENCH, else
+    PATH)."""
     return LlamaCppEngine(binary=opts.llama_bench, timeout_s=opts.timeout_s, model_path=opts.model_path,
                           cpu_stand_in=opts.cpu_stand_in)

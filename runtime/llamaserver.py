@@ -4,9 +4,9 @@ replay the user's Workload over HTTP, measure, stop the server.
     engine = LlamaServerEngine()                   # binary=PATH, else $LLAMA_SERVER, else llama-server on PATH
     m = engine.measure_workload(inv, plan, planner.workload.preset("chat"))
     m.raw["mean_request_s"], m.raw["classes"]      # the workload's objective, one row per request class
-    engine.measure(inv, plan, BenchWorkload(512, 128, 4096))   # one request class: 512 new, 4096 cached, 128 out
+    engine.measure(inv, plan, BenchRun(512, 128, 4096))   # one request class: 512 new, 4096 cached, 128 out
 
-How a run goes (contract: planner/engine.py; the server facts it relies on: docs/llamacpp.md section 12):
+How a run goes (contract: planner/engine_contract.py; the server facts it relies on: docs/llamacpp.md section 12):
 1. The command: the plan with -c = workload.ctx (slots x the longest request) and -np = workload.slots, rendered
    for llama-server by planner.flags for the binary's build, plus --host 127.0.0.1 --port P (a free loopback port)
    and no web UI. Nothing else is added: the server runs as the user would run it (prompt cache on by default).
@@ -55,7 +55,7 @@ from planner.plan import Plan
 from planner.workload import RequestClass, Workload
 
 from . import gpumem
-from .engine import BenchWorkload, Engine, Measurement
+from planner.engine_contract import BenchRun, Engine, Measurement
 from .llamacpp_binary import check_devices, device_args
 from .llamacpp_output import tail
 from .server_process import (
@@ -278,16 +278,16 @@ class ServerCommand:
         return shell_join([self.program, *self.argv], self.env)
 
 
-def as_workload(workload: Workload | BenchWorkload) -> tuple[Workload, int | None]:
-    """(the Workload to replay, its repetitions when the caller gave some): a BenchWorkload is one request class of
+def as_workload(workload: Workload | BenchRun) -> tuple[Workload, int | None]:
+    """(the Workload to replay, its repetitions when the caller gave some): a BenchRun is one request class of
     n_prompt new tokens after `depth` cached ones, n_gen generated (TG only, with no depth: after a 1-token cached
     prompt, so no prompt is timed). TG then runs after depth + n_prompt tokens, as a server's would."""
     if isinstance(workload, Workload):
         return workload, None
-    if isinstance(workload, BenchWorkload):
+    if isinstance(workload, BenchRun):
         cached = workload.depth if workload.n_prompt or workload.depth else 1
         return Workload("bench", (RequestClass(workload.n_prompt, cached, workload.n_gen),)), workload.repetitions
-    raise InputError(f"the llamaserver engine replays a Workload or a BenchWorkload, not {type(workload).__name__}")
+    raise InputError(f"the llamaserver engine replays a Workload or a BenchRun, not {type(workload).__name__}")
 
 
 @dataclass
@@ -363,8 +363,8 @@ class LlamaServerEngine(Engine):
 
     # -- measuring -----------------------------------------------------------------------------------------------------
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload | BenchWorkload) -> Measurement:
-        """The Engine protocol's entry: a Workload is replayed as is, a BenchWorkload as one request class."""
+    def measure(self, inv: ModelInventory, plan: Plan, workload: Workload | BenchRun) -> Measurement:
+        """The Engine protocol's entry: a Workload is replayed as is, a BenchRun as one request class."""
         wl, reps = as_workload(workload)
         return self.measure_workload(inv, plan, wl, repetitions=reps)
 
@@ -375,7 +375,7 @@ class LlamaServerEngine(Engine):
             plan = replace(plan, assignment={n: "CPU" for n in plan.assignment})
         return self.run(self.command(inv, plan, workload), inv, workload, repetitions)
 
-    def measure_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchWorkload,
+    def measure_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchRun,
                      env: Mapping[str, str] | None = None) -> Measurement:
         """Run a hand-made llama-server command line (`run -- <args>`, without the program) on the workload. Our
         --host/--port replace any given; -m (the model), -c and -np (the workload's) are added when missing; a
@@ -570,6 +570,7 @@ def _weighted(results: Sequence[ClassResult], value: Callable[[ClassResult], flo
 
 
 def from_options(opts: Any, hw: Any) -> LlamaServerEngine:
-    """The registry's factory (planner/engines.py): llama-server from the options (else $LLAMA_SERVER, else PATH)."""
+    """The registry's factory (planner/engine_registry.py): llama-server from the options (else $LLAMA_SERVER, else
+    PATH)."""
     return LlamaServerEngine(binary=opts.llama_server, model_path=opts.model_path, timeout_s=opts.timeout_s,
                              cpu_stand_in=opts.cpu_stand_in)

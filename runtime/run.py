@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner import defaults as D
-from planner.engines import spec
+from planner.engine_registry import spec
 from planner.errors import FlagError, InputError
 from planner.files import PLAN_BYTES, read_text
 from planner.hardware import HardwareProfile, fmt_bytes, from_gpu_sizes, resolve
@@ -23,7 +23,7 @@ from planner.options import EngineOptions, RunRequest
 from planner.plan import DIALECTS, Plan, device_sort_key, gpu_index, is_gpu
 from planner.validate import check_dialect, check_plan
 
-from .engine import Engine, Measurement, BenchWorkload
+from planner.engine_contract import Engine, Measurement, BenchRun
 
 if TYPE_CHECKING:     # planner.memory is heavy: imported when a command runs, not when the parser is built
     from planner.memory import MemoryReport
@@ -77,10 +77,10 @@ def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str,
     return pc.to_plan(inv.source or inv.name, label="command line"), dict(pc.workload)
 
 
-def workload_from(req: RunRequest, named: dict[str, int]) -> BenchWorkload:
+def workload_from(req: RunRequest, named: dict[str, int]) -> BenchRun:
     def pick(value: int | None, key: str, default: int) -> int:
         return value if value is not None else int(named.get(key, default))
-    return BenchWorkload(pick(req.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
+    return BenchRun(pick(req.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
                          pick(req.n_gen, "n_gen", DEFAULT_WORKLOAD.n_gen), pick(req.depth, "n_depth", 0),
                          pick(req.reps, "repetitions", DEFAULT_WORKLOAD.repetitions))
 
@@ -95,7 +95,7 @@ def hardware_for(req: RunRequest, plan: Plan | None = None) -> HardwareProfile:
 
 
 def make_engine(opts: EngineOptions, hw: HardwareProfile) -> Engine:
-    from planner.engines import make_engine as make
+    from planner.engine_registry import make_engine as make
     return make(opts, hw)
 
 
@@ -108,7 +108,7 @@ class PreparedRun:
     request: RunRequest
     inv: ModelInventory
     plan: Plan
-    workload: BenchWorkload
+    workload: BenchRun
     engine: Engine
     command: str | None
     memory: MemoryReport

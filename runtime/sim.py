@@ -1,7 +1,7 @@
 """The cost model as an engine: memory model + roofline predictor for a HardwareProfile (no hardware needed).
 
 Deterministic and instant; for planning hardware you do not have, for tests, and as the optimizer's prior.
-The smallest Engine, so also the example implementation of planner/engine.py's contract: a plan over a
+The smallest Engine, so also the example implementation of planner/engine_contract.py's contract: a plan over a
 GPU's memory is a failed Measurement (as a real out-of-memory would be), not an exception.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from planner.memory import estimate
 from planner.model import ModelInventory
 from planner.plan import Plan, gpu_index, is_gpu
 
-from .engine import Engine, Measurement, BenchWorkload
+from planner.engine_contract import Engine, Measurement, BenchRun
 
 if TYPE_CHECKING:
     from planner.options import EngineOptions
@@ -27,7 +27,7 @@ class SimEngine(Engine):
     hw: HardwareProfile
     name: str = "sim"
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
         n_gpus = len(self.hw.gpus)
         for dev in plan.devices():
             if dev != "CPU" and (not is_gpu(dev) or gpu_index(dev) >= n_gpus):
@@ -48,5 +48,5 @@ class SimEngine(Engine):
 
 
 def from_options(opts: EngineOptions, hw: HardwareProfile) -> SimEngine:
-    """The registry's factory (planner/engines.py): the sim engine needs only the hardware."""
+    """The registry's factory (planner/engine_registry.py): the sim engine needs only the hardware."""
     return SimEngine(hw)

@@ -179,7 +179,7 @@ def test_the_check_catches_each_kind_of_violation():
     assert violations("from runtime.sim import SimEngine\n", "offload_tuner.cli")
     assert violations("def f():\n    import runtime.gpumem\n", "planner.memory")                  # at any depth
     assert violations("def f():\n    from runtime import synth\n", "tuner.search")
-    assert violations("def f():\n    from tuner.search import Tuner\n", "planner.engines")       # the core: none
+    assert violations("def f():\n    from tuner.search import Tuner\n", "planner.engine_registry")   # the core: none
     assert violations("from offload_tuner.app.requests import PlanRequest\n", "tuner.search")   # tuner: planner only
     assert not violations("def f():\n    import runtime.gpumem\n", "offload_tuner.cli")          # the app: lazily
     assert not violations("from tuner.search import Tuner\n", "offload_tuner.app.tune")
@@ -190,7 +190,7 @@ def test_the_check_catches_each_kind_of_violation():
     assert violations("def f():\n    from argparse import Namespace\n", "tuner.space")
     assert not violations("def f():\n    import torch\n", "planner.memory")                  # lazily: allowed
     assert not violations("import argparse\n", "offload_tuner.cli")                               # the CLI parses
-    assert not violations('ENGINES = {"sim": "runtime.sim:SimEngine"}\n', "planner.engines")  # a name, not an import
+    assert not violations('ENGINES = {"sim": "runtime.sim:SimEngine"}\n', "planner.engine_registry")   # a name only
     assert not violations("from ..memory import estimate\n", "tuner.search")
     # the app layer, the CLI and the service
     assert violations("import argparse\n", "offload_tuner.service.bodies")           # the service parses no argv
@@ -255,7 +255,7 @@ def test_the_runtime_check_catches_a_planted_import():
     assert violations("from tuner.baselines import EngineFit\n", "runtime.llamacpp")
     assert violations("def f():\n    from tuner.report import table\n", "runtime.run")
     assert violations("from offload_tuner import cli\n", "runtime.x")
-    assert not violations("from planner.engine import EngineFit\n", "runtime.llamacpp")
+    assert not violations("from planner.engine_contract import EngineFit\n", "runtime.llamacpp")
     assert not violations("from planner.tables import table\n", "runtime.run")
 
 
@@ -349,8 +349,8 @@ def private_reads(sources: Mapping[str, str], packages: frozenset[str] = frozens
 
 
 def engine_probes(source: str, module: str) -> list[str]:
-    """getattr/hasattr on an engine, or inspect.signature: the engine protocol is declared (planner.engine.Engine's
-    hooks), never probed."""
+    """getattr/hasattr on an engine, or inspect.signature: the engine protocol is declared (the hooks of
+    planner.engine_contract.Engine), never probed."""
     out = []
     for n in ast.walk(ast.parse(source)):
         if not isinstance(n, ast.Call):
@@ -358,7 +358,7 @@ def engine_probes(source: str, module: str) -> list[str]:
         fn = ast.unparse(n.func)
         if fn in ("getattr", "hasattr") and len(n.args) >= 2 and "engine" in ast.unparse(n.args[0]).lower() \
                 and isinstance(n.args[1], ast.Constant):      # a named member, not a module's lazy lookup
-            out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (declare it on planner.engine.Engine)")
+            out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (declare it on planner.engine_contract.Engine)")
         elif fn == "inspect.signature":
             out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (a protocol method has one signature)")
     return out

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from planner.engine import EngineFit
+from planner.engine_contract import EngineFit
 from planner.errors import InputError
 from planner.flags import parse
 from planner.model import ModelInventory

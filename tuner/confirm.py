@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 from collections.abc import Sequence
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.errors import InputError
 from planner.plan import Plan
 from .interrupt import SIGINT
@@ -254,7 +254,7 @@ def finalists(measurer: Measurer, n_tg: int = 2, ncmoe: bool = False) -> list[Co
 def confirm_seconds(measurer: Measurer, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
                     repetitions: int | None = None) -> float:
     """How long confirm(rounds, n_tg, ncmoe, repetitions) runs, from each contender's own run (its wall time
-    at this workload, taken to `repetitions` by BenchWorkload.seconds_at), `default` seconds for one whose time is
+    at this workload, taken to `repetitions` by BenchRun.seconds_at), `default` seconds for one whose time is
     not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
     8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
     reps = repetitions or measurer.workload.repetitions
@@ -291,7 +291,7 @@ def contender_seconds(measurer: Measurer, c: Contender, repetitions: int) -> flo
     return measurer.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
 
 
-def _measure_contender(measurer: Measurer, c: Contender, workload: BenchWorkload) -> dict[str, Any]:
+def _measure_contender(measurer: Measurer, c: Contender, workload: BenchRun) -> dict[str, Any]:
     """One sample of a contender, as a stored row: a trial's plan judged like a trial, --fit by its own arguments,
     another reference as a plan (measured, never failed for its peak)."""
     if c.trial is not None:
@@ -312,7 +312,7 @@ def _measure_contender(measurer: Measurer, c: Contender, workload: BenchWorkload
     return row
 
 
-def _measure_args(measurer: Measurer, argv: list[str], env: dict[str, str], workload: BenchWorkload):
+def _measure_args(measurer: Measurer, argv: list[str], env: dict[str, str], workload: BenchRun):
     try:
         with SIGINT.engine_run():
             return measurer.engine.measure_args(argv, workload, env)

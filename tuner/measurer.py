@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.cost import predict
-from planner.engine import Engine, MemoryModel
+from planner.engine_contract import Engine, MemoryModel
 from planner.errors import InputError
 from planner.gguf_header import first_shard
 from planner.hardware import HardwareProfile
@@ -36,7 +36,7 @@ from .records import MeasuredRun, StudyRecord, TrialRecord, measured_dict
 from .space import Space, SpaceConfig
 
 
-def contexts(workload: BenchWorkload, n_ctx: int | None, engine: Engine) -> tuple[int, int]:
+def contexts(workload: BenchRun, n_ctx: int | None, engine: Engine) -> tuple[int, int]:
     """(the emitted context, the one the engine's run holds: llama-bench's prompt test's; an engine whose
     run_context is None, sim, measures at the emitted one itself)."""
     need = workload.depth + workload.n_prompt + workload.n_gen
@@ -53,7 +53,7 @@ class Measurer:
     llama.cpp command lines of each plan."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Engine, study: Any, settings: Settings,
-                 margins: Margins, config: SpaceConfig, *, workload: BenchWorkload, estimate: MemoryModel,
+                 margins: Margins, config: SpaceConfig, *, workload: BenchRun, estimate: MemoryModel,
                  n_ctx: int, run_ctx: int, objective: Objective, requests: Workload | None = None,
                  commands: bool = True, space: Space | None = None) -> None:
         self.inv, self.hw, self.engine, self.study, self.settings = inv, hw, engine, study, settings
@@ -199,7 +199,7 @@ class Measurer:
 
     # ---- measuring --------------------------------------------------------------------------------------------
 
-    def measure(self, plan: Plan, workload: BenchWorkload | None = None) -> Any:
+    def measure(self, plan: Plan, workload: BenchRun | None = None) -> Any:
         """engine.measure (at the study's workload unless given), with an exception of the engine (not of our
         input) turned into a failed result."""
         try:

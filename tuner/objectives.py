@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 from collections.abc import Callable
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.errors import InputError
 
 if TYPE_CHECKING:
@@ -143,19 +143,19 @@ class RequestTime:
         return cls(str(d["workload"]), tuple(ClassSpeeds(**c) for c in d["classes"]), d.get("ttft_limit_s"))
 
 
-def bench_for(workload: Workload, repetitions: int = 3) -> BenchWorkload:
+def bench_for(workload: Workload, repetitions: int = 3) -> BenchRun:
     """The benchmark run a study measures for `workload`: its mean new tokens as the prompt, at its mean cached
     depth, and up to BENCH_MAX_GEN generated tokens (TG is per token; more only makes runs longer)."""
     total = sum(c.weight for c in workload.classes)
 
     def mean(attr: str) -> int:
         return round(sum(c.weight * getattr(c, attr) for c in workload.classes) / total)
-    return BenchWorkload(n_prompt=max(1, mean("new_tokens")), n_gen=min(BENCH_MAX_GEN, max(BENCH_MIN_GEN,
+    return BenchRun(n_prompt=max(1, mean("new_tokens")), n_gen=min(BENCH_MAX_GEN, max(BENCH_MIN_GEN,
                          mean("gen_tokens"))), depth=mean("cached_tokens"), repetitions=repetitions)
 
 
 def request_time(inv: ModelInventory, hw: HardwareProfile, plan: Plan, workload: Workload,
-                 bench: BenchWorkload) -> RequestTime:
+                 bench: BenchRun) -> RequestTime:
     """Each class's speeds relative to `bench`'s, by the cost model on `plan`. A class with k requests in flight
     processes their k prompts together and then generates k tokens a step: its PP is the cost model's at k x new
     tokens, its per-request TG the k-token step's rate over k."""

@@ -1,4 +1,4 @@
-"""What a study is made with: TunerOptions (how the Tuner makes and searches it) and Settings (what it was made for,
+"""What a study is made with: StudyConfig (how the Tuner makes and searches it) and Settings (what it was made for,
 stored with it: a resumed study must match, else it would mix incomparable trials).
 """
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.hardware import HardwareProfile
 from planner.plan import Dialect
 from planner.workload import Workload
@@ -16,13 +16,13 @@ from .space import Space, SpaceConfig
 
 
 @dataclass(frozen=True)
-class TunerOptions:
+class StudyConfig:
     """How a study is made and searched (Tuner's options); the defaults are `tune`'s where it has one. Switching
     prescreen, surrogate and seed_trials off (and sampler="random") gives the plain baselines the benchmark
     compares with."""
     model: str = ""                          # the model as named (the settings' model; default: the inventory's)
     objective: Objective | str = "tg"
-    workload: BenchWorkload = BenchWorkload(n_prompt=2048)
+    workload: BenchRun = BenchRun(n_prompt=2048)
     dialect: Dialect = "mainline"
     n_ctx: int | None = None                 # the emitted --ctx (None: the workload's, at least DEFAULT_CTX)
     margin: int | None = None                # bytes under each GPU's VRAM; None: learnt (tuner.margin)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.hardware import GiB
 from planner.host import host_bill
 from planner.plan import Plan
@@ -33,7 +33,7 @@ def budget_levels(total_vram: int) -> list[int]:
 class Scorer:
     """The study's objective over speeds: one number per point, and what a prediction must reach to be run."""
     objective: Objective
-    workload: BenchWorkload
+    workload: BenchRun
 
     @property
     def pareto(self) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from collections.abc import Callable, Mapping
 
-from planner.engine import Measurement
+from planner.engine_contract import Measurement
 from planner.errors import RecordError
 from planner.plan import Plan
 from .cost_fit import Terms

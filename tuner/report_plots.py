@@ -25,7 +25,7 @@ PAD = 0.04                                   # of each axis' span, around the po
 
 def predicted(settings: dict[str, Any]) -> bool:
     """Whether the study's speeds are the cost model's (the sim engine), not measurements."""
-    from planner.engines import ENGINES
+    from planner.engine_registry import ENGINES
     spec = ENGINES.get(settings.get("engine", ""))
     return spec is not None and not spec.traits.measured
 

@@ -46,9 +46,9 @@ import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from planner.bench_workload import BenchWorkload
-from planner.engine import Engine, memory_model
-from planner.engines import traits_of
+from planner.bench_run import BenchRun
+from planner.engine_contract import Engine, memory_model
+from planner.engine_registry import traits_of
 from planner.errors import BudgetError, InputError, OffloadTunerError
 from planner.hardware import HardwareProfile
 from planner.host import ram_floor_error
@@ -62,7 +62,7 @@ from .interrupt import SIGINT
 from .margin import Margins
 from .measurer import Measurer, contexts
 from .objectives import parse_objective
-from .options import LATER_SPACE_OPTIONS, Settings, TunerOptions, hardware_key
+from .options import LATER_SPACE_OPTIONS, Settings, StudyConfig, hardware_key
 from .pool import Pool, Scorer
 from .records import CandidateInfo, MeasuredRun, RecordWriter, StudyRecord, TrialRecord
 from .space import Space, SpaceConfig
@@ -99,15 +99,15 @@ class TuneResult:
 
 
 class Tuner:
-    """One study: `Tuner(inv, hw, engine, TunerOptions(...)).run(n)` measures n more candidates (screened and
+    """One study: `Tuner(inv, hw, engine, StudyConfig(...)).run(n)` measures n more candidates (screened and
     duplicate trials do not count).
 
-    `engine` a planner.engine.Engine; `hw` the machine as the memory model and the cost model see it (the cost
+    `engine` a planner.engine_contract.Engine; `hw` the machine as the memory model and the cost model see it (the cost
     model's prior; for sim it is the engine's own). The study's Measurer (`measurer`, tuner.measurer) measures and
     records every run; the search here, the baselines, the seeds, the confirmation and the serving all take it."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Engine,
-                 options: TunerOptions = TunerOptions()) -> None:
+                 options: StudyConfig = StudyConfig()) -> None:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -340,7 +340,7 @@ class Tuner:
         return values if self.objective.n_values > 1 else values[0]
 
     def run_seconds(self, tg_tps: float, pp_tps: float) -> float:
-        """How long one run at these speeds takes, x1.2: its tokens (BenchWorkload.token_seconds) plus what the
+        """How long one run at these speeds takes, x1.2: its tokens (BenchRun.token_seconds) plus what the
         study's runs took beyond theirs (loading; the median of the timed runs, 0 before the first). Runs of one
         study differ fivefold (a --no-host run at depth 8192 took 143 s where --fit took 15 s), so a mean of past
         runs does not say whether the next one ends before a deadline."""
@@ -475,4 +475,4 @@ def _waiting(study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
-__all__ = ["Tuner", "TunerOptions", "TuneResult", "BenchWorkload", "Settings", "MeasurementFailed", "slug"]
+__all__ = ["Tuner", "StudyConfig", "TuneResult", "BenchRun", "Settings", "MeasurementFailed", "slug"]

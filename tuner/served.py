@@ -348,7 +348,7 @@ def _add_twins(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]
 def _bench_runs(measurer: Measurer, cs: list[Served]) -> dict[str, dict[str, Any]]:
     """Each finalist's run in the study (its engine's: llama-bench, or the sim engine's prediction, at the study's
     benchmark workload): its speeds and its peaks moved to the emitted context, to set beside the server's."""
-    from planner.engines import traits_of
+    from planner.engine_registry import traits_of
     engine = traits_of(measurer.engine).binary or f"the {measurer.engine.name} engine"
     out = {}
     for c in cs:

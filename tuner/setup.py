@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from planner.engine import Engine
-from planner.engines import traits_of
+from planner.engine_contract import Engine
+from planner.engine_registry import traits_of
 from planner.errors import InputError
 from planner.plan import Dialect
 from .confirm import CONFIRM_ROUNDS

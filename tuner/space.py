@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from planner.engine import Engine
-from planner.engines import traits_of
+from planner.engine_contract import Engine
+from planner.engine_registry import traits_of
 from planner.hardware import HardwareProfile, fmt_bytes
 from planner.host import host_bill
 from planner.memory import MemoryReport, estimate
@@ -161,7 +161,7 @@ class Space:
                  n_ctx: int = DEFAULT_CTX, margin: int = DEFAULT_MARGIN, config: SpaceConfig = SpaceConfig(),
                  memory: Callable[[ModelInventory, Plan, HardwareProfile | None], MemoryReport] = estimate,
                  ubatch_margins: Mapping[int, int] | None = None) -> None:
-        """`memory`: the memory model that judges candidates (planner.engine.memory_model: the engine's own
+        """`memory`: the memory model that judges candidates (planner.engine_contract.memory_model: the engine's own
         prediction where it has one, else planner.memory.estimate). `ubatch_margins`: a margin of its own for
         some ubatch sizes (the memory model's error is mostly the compute buffer's, which grows with the ubatch);
         every other ubatch gets `margin`."""

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.model import ModelInventory
 from planner.plan import Plan
 
 THREADS_GAIN = 1.10          # another count must generate this much faster than the default to be taken
 # a few generated tokens, no prompt, one repetition: the probe costs a model load and seconds of generation
-PROBE_WORKLOAD = BenchWorkload(n_prompt=0, n_gen=16, depth=0, repetitions=1)
+PROBE_WORKLOAD = BenchRun(n_prompt=0, n_gen=16, depth=0, repetitions=1)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def decide(tg_tps: dict[int, float]) -> int:
     return best if default <= 0 or others[best] >= THREADS_GAIN * default else 0
 
 
-def probe_threads(measure: Callable[[ModelInventory, Plan, BenchWorkload], Any], inv: ModelInventory, plan: Plan,
+def probe_threads(measure: Callable[[ModelInventory, Plan, BenchRun], Any], inv: ModelInventory, plan: Plan,
                   counts: tuple[int, ...] | None = None,
                   say: Callable[[str], None] | None = None) -> ThreadProbe:
     """`measure` (an Engine's) of PLAN at each count of `counts` (probe_counts()), PROBE_WORKLOAD each."""

@@ -2,8 +2,8 @@
 
     inspect_model(InspectRequest) -> InspectOutcome        plan_outcome(PlanRequest) -> PlanOutcome
     explain_outcome(ExplainRequest) -> ExplainOutcome      report_study(ReportRequest) -> ReportOutcome
-    start_tune(TuneOptions) -> TuneOutcome (start or resume; SIGINT, SIGTERM, SIGHUP stop it: TuneInterrupted)
-    demo_options(DemoRequest) -> TuneOptions, then start_tune     check_server(ServerConfig): serve's checks
+    start_tune(TuneRequest) -> TuneOutcome (start or resume; SIGINT, SIGTERM, SIGHUP stop it: TuneInterrupted)
+    demo_options(DemoRequest) -> TuneRequest, then start_tune     check_server(ServerConfig): serve's checks
 
 Requests are frozen dataclasses (requests.py), their fields' types and help read by the CLI and the service alike
 (fields.py); outcomes carry what the text printer needs and a to_json() that `--json` prints and the service
@@ -18,14 +18,14 @@ from .inspect import InspectOutcome, inspect_model
 from .plan import TOOLS, Commands, PlanOutcome, commands_for, plan_outcome
 from .report import ReportOutcome, report_study, write_report
 from .requests import (DEMO, DemoRequest, ExplainRequest, InspectRequest, PlanRequest, ReportRequest, ServerConfig,
-                       TuneOptions, parse_kv_types)
+                       TuneRequest, parse_kv_types)
 from .serve import check_server
 from .tune import (TuneInputs, TuneInterrupted, TuneOutcome, load_engine, start_tune,
                    tune_inputs)
 
 __all__ = ["DEMO", "TOOLS", "Commands", "DemoRequest", "ExplainOutcome", "ExplainRequest",
            "InspectOutcome", "InspectRequest", "PlanOutcome", "PlanRequest", "ReportOutcome", "ReportRequest",
-           "ServerConfig", "TuneInputs", "TuneInterrupted", "TuneOptions", "TuneOutcome", "check_server",
+           "ServerConfig", "TuneInputs", "TuneInterrupted", "TuneRequest", "TuneOutcome", "check_server",
            "clear_demo_study", "commands_for", "demo_options", "explain_outcome", "inspect_model", "layer_summary",
            "load_engine", "parse_kv_types", "plan_outcome", "report_study", "start_tune",
            "tune_inputs", "write_report"]

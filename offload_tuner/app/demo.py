@@ -5,18 +5,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from planner.errors import InputError
-from .requests import DEMO, DemoRequest, TuneOptions
+from .requests import DEMO, DemoRequest, TuneRequest
 
 
-def demo_options(req: DemoRequest) -> TuneOptions:
+def demo_options(req: DemoRequest) -> TuneRequest:
     """The demo's study (the built-in one, or the spec's) with the request's trials and pool, always fresh."""
     from offload_tuner.app.studyspec import load_spec
-    base = TuneOptions(**load_spec(req.spec)) if req.spec else DEMO
+    base = TuneRequest(**load_spec(req.spec)) if req.spec else DEMO
     return replace(base, fresh=True, quiet=req.quiet, trials=req.trials if req.trials is not None else base.trials,
                    pool=req.pool if req.pool is not None else base.pool)
 
 
-def clear_demo_study(opts: TuneOptions) -> None:
+def clear_demo_study(opts: TuneRequest) -> None:
     """Deletes the demo study's SQLite files, so repeated demos agree, after checking that the folders it writes
     into are folders."""
     from offload_tuner.app.studyspec import storage_beside

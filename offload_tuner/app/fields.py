@@ -64,7 +64,7 @@ def opt(default: Any = MISSING, *, help: str, flag: str | None = None, choices: 
         bounds: Bounds | None = None) -> Any:
     """A request field with its help text (the CLI's --help and the service's schema both show it), its flag
     where the field's name is not the flag's (timeout_s is --timeout), its choices where a table elsewhere
-    holds them (an engine name: planner.engines' registry) rather than a Literal, and a number's range."""
+    holds them (an engine name: planner.engine_registry' registry) rather than a Literal, and a number's range."""
     return field(default=default, metadata={"help": help, **({"flag": flag} if flag else {}),
                                             **({"choices": tuple(choices)} if choices else {}),
                                             **({"bounds": bounds} if bounds else {})})

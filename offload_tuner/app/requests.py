@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner import defaults as D
-from planner.engines import ENGINES
+from planner.engine_registry import ENGINES
 from planner.errors import InputError
 from planner.options import EngineName, EngineOptions
 from planner.plan import DEFAULT_CTX, KV_TYPES, Dialect, KvType
@@ -102,7 +102,7 @@ class ExplainRequest:
 
 
 @dataclass(frozen=True)
-class TuneOptions:
+class TuneRequest:
     """Everything `tune` takes (from flags, a studies/NAME.toml spec, or both: flags given win; the demo; a JSON
     body). None means "the engine's or the study's default" where the help says so (dialect: the binary's; ctx:
     max(DEFAULT_CTX, the workload); confirm and space: per engine)."""
@@ -191,7 +191,7 @@ class TuneOptions:
                              cpu_stand_in=self.cpu_stand_in, llama_server=self.llama_server)
 
     @classmethod
-    def from_values(cls, given: Mapping[str, Any]) -> TuneOptions:
+    def from_values(cls, given: Mapping[str, Any]) -> TuneRequest:
         """From the values given (flags, a JSON body), over the spec's values when `spec` names one."""
         from offload_tuner.app.studyspec import check_model_file, load_spec
         base: dict[str, Any] = load_spec(given["spec"]) if given.get("spec") else {}
@@ -212,7 +212,7 @@ class TuneOptions:
         defaults = {f.name: f.default for f in fields(self)}
         # a positional that starts with '-' would read as a flag: the same file as ./-name
         argv = ["tune", f"./{self.model}" if self.model.startswith("-") else self.model]
-        for name, o in options(TuneOptions).items():
+        for name, o in options(TuneRequest).items():
             value = getattr(self, name)
             if o.kind == "other" or name == "model" or value is None or value is False:
                 continue
@@ -235,7 +235,7 @@ def parse_kv_types(text: str, where: str) -> tuple[str, ...]:
 
 # the demo's study: what studies/demo.toml spells out (a test holds the two equal), built in so that `demo` runs
 # from any folder. Qwen3-30B-A3B Q4_K_M on a 16 GiB RTX 4090 with dual-channel DDR5, sim engine, objective both.
-DEMO = TuneOptions(model="preset:Qwen3-30B-A3B:Q4_K_M", engine="sim", hardware="rtx4090-ddr5", gpu="16GiB",
+DEMO = TuneRequest(model="preset:Qwen3-30B-A3B:Q4_K_M", engine="sim", hardware="rtx4090-ddr5", gpu="16GiB",
                    trials=60, study="demo", objective="both", n_prompt=2048, n_gen=128, depth=0, reps=1,
                    ctx=DEFAULT_CTX, pool=120)
 

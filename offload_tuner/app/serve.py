@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import math
 
-from planner import engines
+from planner import engine_registry
 from planner.errors import InputError
 from .common import positive
 from .requests import ServerConfig
@@ -42,9 +42,9 @@ def check_server(config: ServerConfig) -> ServerConfig:
     if not 0 <= config.port <= 65535:
         raise InputError(f"--port {config.port}: give 0-65535")
     check_port_free(config.host, config.port)
-    bad = [e for e in config.engines if e not in engines.ENGINES]
+    bad = [e for e in config.engines if e not in engine_registry.ENGINES]
     if not config.engines or bad:
-        raise InputError(f"--engine {','.join(config.engines)!r}: a comma list of {', '.join(engines.names())}")
+        raise InputError(f"--engine {','.join(config.engines)!r}: a comma list of {', '.join(engine_registry.names())}")
     missing = [str(d) for d in config.model_dirs if not d.is_dir()]
     if missing:
         raise InputError(f"--models {missing[0]}: not a folder")

@@ -10,9 +10,10 @@
     n_trials = 60
     # study = "NAME"  (default: the file's stem); storage = "sqlite:///x.db" (default: NAME.db beside the spec)
     # with objective "time": workload = "agent", the requests it answers (a preset, a .toml or a .jsonl request
-    # log; tune --workload; relative paths from the spec's folder), in place of the [workload] table below
+    # log; tune --workload; relative paths from the spec's folder), in place of the [bench] table below
 
-    [workload]                   # the benchmark run itself (tune --n-prompt ...)
+    [bench]                      # the benchmark run itself (tune --n-prompt ...; `[workload]`, its older name,
+                                 # is read the same)
     n_prompt = 2048
     n_gen = 128
     depth = 0
@@ -23,8 +24,8 @@
     kv_types = ["f16", "q8_0"]
     ubatch = [512, 1024, 2048]   # limits: any SpaceConfig choice list (tuner/space.py)
 
-load_spec returns TuneOptions' fields (offload_tuner/app/requests.py); flags given on the command line override them
-(TuneOptions.from_values).
+load_spec returns TuneRequest's fields (offload_tuner/app/requests.py); flags given on the command line override them
+(TuneRequest.from_values).
 A key the file should not have, or a value that is not one, is one InputError naming the key and the file.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import defaults as D
-from planner.engines import names as engine_names
+from planner.engine_registry import names as engine_names
 from planner.errors import InputError
 from planner.files import SPEC_BYTES, read_text
 from planner.plan import DIALECTS, KV_TYPES
@@ -151,7 +152,7 @@ def _one_of(options: tuple[Any, ...]) -> Callable[[Any], Any]:
 
 
 _BOOLS = (True, False)
-# key -> (TuneOptions field, check)
+# key -> (TuneRequest field, check)
 TOP: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "model": ("model", _str),
     "engine": ("engine", _choice(engine_names())),
@@ -174,7 +175,7 @@ TOP: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "llama_bench": ("llama_bench", _str),
     "cpu_stand_in": ("cpu_stand_in", _bool),
 }
-WORKLOAD: dict[str, tuple[str, Callable[[Any], Any]]] = {
+BENCH: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "n_prompt": ("n_prompt", _int(0)), "n_gen": ("n_gen", _int(0)), "depth": ("depth", _int(0)),
     "reps": ("reps", _int(1)),
 }
@@ -191,12 +192,13 @@ SPACE_LIMITS: dict[str, Callable[[Any], tuple[Any, ...]]] = {
 SPACE: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mode": ("space", _choice(D.SPACE_MODES)), "kv_types": ("kv_types", _choices(_choice(KV_TYPES))),
 }
-TABLES = {"workload": WORKLOAD, "space": SPACE}
+TABLES = {"bench": BENCH, "space": SPACE}
 OLD_KEYS = {"budget": "gpu"}      # a key's older spelling, read as the key (both at once: an error)
+OLD_TABLES = {"workload": "bench"}    # a table's older name (a `workload` string is the user's requests)
 
 
 def load_spec(path: str | Path) -> dict[str, Any]:
-    """The TuneOptions fields a spec sets (plus `spec`, and `study` defaulting to the file's stem)."""
+    """The TuneRequest fields a spec sets (plus `spec`, and `study` defaulting to the file's stem)."""
     p = Path(path)
     text = read_text(p, "--spec", SPEC_BYTES)
     try:
@@ -208,20 +210,25 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     for old, new in OLD_KEYS.items():
         if old in doc and new in doc:
             raise InputError(f"{p}: give {new} or its older spelling {old}, not both")
+    for old, new in OLD_TABLES.items():
+        if isinstance(doc.get(old), dict) and new in doc:
+            raise InputError(f"{p}: give [{new}] or its older name [{old}], not both")
     for key, value in doc.items():
         if key == "workload" and isinstance(value, str):      # the user's requests (tune --workload)
             out["workload"] = _checked(p, key, _str, value)
-        elif key in TABLES:
+            continue
+        table = OLD_TABLES.get(key, key)          # messages name the table as the file spells it
+        if table in TABLES:
             if not isinstance(value, dict):
-                raise InputError(f"{p}: {key} must be a table ([{key}]), got {value!r}")
+                raise InputError(f"{p}: {key} must be a table ([{table}]), got {value!r}")
             for sub, v in value.items():
-                if key == "space" and sub in SPACE_LIMITS:
+                if table == "space" and sub in SPACE_LIMITS:
                     limits[sub] = _checked(p, f"space.{sub}", SPACE_LIMITS[sub], v)
-                elif sub in TABLES[key]:
-                    name, check = TABLES[key][sub]
+                elif sub in TABLES[table]:
+                    name, check = TABLES[table][sub]
                     out[name] = _checked(p, f"{key}.{sub}", check, v)
                 else:
-                    known = [*TABLES[key], *(SPACE_LIMITS if key == "space" else ())]
+                    known = [*TABLES[table], *(SPACE_LIMITS if table == "space" else ())]
                     raise InputError(f"{p}: unknown key {key}.{sub} (known in [{key}]: {', '.join(known)})")
         elif key in TOP:
             name, check = TOP[key]

@@ -1,4 +1,4 @@
-"""tune: start or resume an Optuna study of placements and knobs (tuner) from TuneOptions: the inputs
+"""tune: start or resume an Optuna study of placements and knobs (tuner) from TuneRequest: the inputs
 checked, the storage locked, the engine made, the space configured, the search run and confirmed, the report
 written. The CLI's `tune`, the service's workers (which run the CLI) and the benchmarks call start_tune."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner import defaults as D, engines
+from planner import defaults as D, engine_registry
 from planner.errors import BudgetError, InputError
 from planner.hardware import HardwareProfile, fmt_bytes, kept_free_text, parse_size
 from planner.model import ModelInventory
@@ -20,10 +20,10 @@ from tuner.records import StudyRecord
 from planner.validate import check_dialect
 from .common import hardware, nonneg, parse_seconds, positive
 from .report import write_report
-from .requests import TuneOptions
+from .requests import TuneRequest
 
 if TYPE_CHECKING:
-    from planner.bench_workload import BenchWorkload
+    from planner.bench_run import BenchRun
     from tuner.objectives import Objective
     from tuner.report import StudySummary
     from tuner.search import TuneResult
@@ -37,7 +37,7 @@ class TuneInputs:
     inv: ModelInventory
     hw: HardwareProfile
     objective: Objective
-    workload: BenchWorkload
+    workload: BenchRun
     margin: int | None
     study: str
     requests: Workload | None = None     # the user's workload, under the time objective
@@ -51,11 +51,11 @@ class TuneInputs:
         return max(DEFAULT_CTX, -(-self.requests.ctx // 256) * 256)
 
 
-def tune_inputs(args: TuneOptions) -> TuneInputs:
+def tune_inputs(args: TuneRequest) -> TuneInputs:
     from planner.loader import load_model
     from tuner.objectives import parse_objective
     from tuner.search import slug
-    from planner.bench_workload import BenchWorkload
+    from planner.bench_run import BenchRun
     from tuner.objectives import bench_for
     from planner.workload import load as load_workload
     positive(args.trials, "--trials")
@@ -80,7 +80,7 @@ def tune_inputs(args: TuneOptions) -> TuneInputs:
     n_prompt, n_gen = pick(args.n_prompt, base.n_prompt, "--n-prompt"), pick(args.n_gen, base.n_gen, "--n-gen")
     if n_prompt == 0 and n_gen == 0:
         raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
-    workload = BenchWorkload(n_prompt=n_prompt, n_gen=n_gen, depth=pick(args.depth, base.depth, "--depth"),
+    workload = BenchRun(n_prompt=n_prompt, n_gen=n_gen, depth=pick(args.depth, base.depth, "--depth"),
                              repetitions=positive(args.reps, "--reps"))
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)
@@ -101,17 +101,17 @@ def _check_budget(hw: HardwareProfile, margin: int) -> None:
 
 
 def load_engine(opts: EngineOptions, hw: HardwareProfile):
-    """The Engine `opts` names, made through planner.engines' registry (one line and exit 2 for an engine this
+    """The Engine `opts` names, made through planner.engine_registry' registry (one line and exit 2 for an engine this
     install or machine cannot run)."""
-    return engines.make_engine(opts, hw)
+    return engine_registry.make_engine(opts, hw)
 
 
-def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[str], None],
+def _serve(args: TuneRequest, tuner: Any, hw: HardwareProfile, note: Callable[[str], None],
            deadline: float | None = None) -> bool:
     """The finalists and llama-server's own --fit served on the workload (tuner/served.py), a line per server run;
     False when `deadline` came first (the rows so far are stored: the same command goes on from them)."""
     from tuner.served import SERVED_ROUNDS, confirm_served, headline, partial_record, served_budget, study_threads
-    server = engines.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
+    server = engine_registry.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
     threads = study_threads(tuner.measurer)
     note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds"
          + (f", every one at -t {threads} (the best finalist's)" if threads else ""))
@@ -125,7 +125,7 @@ def _serve(args: TuneOptions, tuner: Any, hw: HardwareProfile, note: Callable[[s
     return False
 
 
-def _thread_probe(args: TuneOptions, engine: Any, inv: Any, hw: HardwareProfile, dialect: str, storage: str,
+def _thread_probe(args: TuneRequest, engine: Any, inv: Any, hw: HardwareProfile, dialect: str, storage: str,
                   name: str, note: Callable[[str], None]) -> Any:
     """The ThreadProbe a llama-bench study settles its -t by (tuner/setup.py asks): the one stored with the study,
     else a new one (tuner/threads.py) on the planner's first placement; None when nothing fits."""
@@ -136,7 +136,7 @@ def _thread_probe(args: TuneOptions, engine: Any, inv: Any, hw: HardwareProfile,
             return ThreadProbe.from_dict(stored.threads_probe)
     from planner.propose import propose
     try:
-        plan = propose(inv, hw, dialect=dialect, margin=engines.traits_of(engine).memory_error_prior)[0]
+        plan = propose(inv, hw, dialect=dialect, margin=engine_registry.traits_of(engine).memory_error_prior)[0]
     except (InputError, IndexError):
         return None                          # nothing fits: the study says so itself
     note("# threads: a short generation at llama.cpp's default -t, at half and three quarters of the cores")
@@ -186,7 +186,7 @@ def _quiet(line: str) -> None:
     pass
 
 
-def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
+def start_tune(args: TuneRequest, note: Callable[[str], None] = _quiet,
                progress: Callable[[Any, Any], None] | None = None) -> TuneOutcome:
     """Start or resume the study ARGS describe and run ARGS.trials more engine runs, then the confirmation rounds
     and the report. `note` gets a line as the study starts and as the confirmation starts (the CLI writes them to
@@ -214,10 +214,10 @@ def start_tune(args: TuneOptions, note: Callable[[str], None] = _quiet,
         return _run_study(args, t, engine, storage, out, note, progress)
 
 
-def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out: Path,
+def _run_study(args: TuneRequest, t: TuneInputs, engine: Any, storage: str, out: Path,
                note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> TuneOutcome:
     """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, StudyConfig
     from tuner.setup import study_setup
     inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
     dialect = args.dialect or engine.dialect or "mainline"     # a llama.cpp binary knows its own dialect
@@ -234,7 +234,7 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
             setup = study_setup(engine, dialect, space=args.space, kv_types=args.kv_types, limits=args.space_limits,
                                 probe=lambda: _thread_probe(args, engine, inv, hw, dialect, storage, name, note),
                                 confirm=args.confirm, serving=bool(args.llama_server))
-            tuner = Tuner(inv, hw, engine, TunerOptions(
+            tuner = Tuner(inv, hw, engine, StudyConfig(
                 model=args.model, objective=objective, workload=workload, dialect=dialect,
                 n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
                 config=setup.config, study_name=name, storage=storage, fresh=args.fresh, seed=args.seed,
@@ -255,7 +255,7 @@ def _run_study(args: TuneOptions, t: TuneInputs, engine: Any, storage: str, out:
     return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)
 
 
-def _search_and_serve(args: TuneOptions, tuner: Any, rounds: int, limit: float | None, start: float,
+def _search_and_serve(args: TuneRequest, tuner: Any, rounds: int, limit: float | None, start: float,
                       note: Callable[[str], None], progress: Callable[[Any, Any], None] | None) -> Any:
     """The search (and llama-bench's confirmation), then the serving where --llama-server asks for it; a study
     whose search ended and whose serving did not goes on at the serving (nothing explored again). With a
@@ -278,7 +278,7 @@ def _search_and_serve(args: TuneOptions, tuner: Any, rounds: int, limit: float |
     return result
 
 
-def _check_some_ran(args: TuneOptions, tuner: Any, result: Any, limit: float | None, start: float,
+def _check_some_ran(args: TuneRequest, tuner: Any, result: Any, limit: float | None, start: float,
                     storage: str) -> None:
     """A study with no complete trial ends with its real cause: every run crashed, the --time-limit came first,
     or nothing fitted the memory."""

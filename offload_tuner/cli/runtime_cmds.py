@@ -1,6 +1,6 @@
 """`run`, `synth` and `calibrate`: the runtime's commands. Their flags are parsed here into typed arguments (a
 planner.options.RunRequest; keyword arguments for synth and calibrate) and the work is done by plain functions in
-runtime/ (run.py, synth.py, calibrate.py), reached by name through planner.engines' registry; the results are
+runtime/ (run.py, synth.py, calibrate.py), reached by name through planner.engine_registry' registry; the results are
 printed here.
 
     offload-tuner run MODEL --engine llamacpp|sim|torch [--llama-bench PATH] (--plan FILE | -- <llama.cpp args>)
@@ -15,7 +15,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from planner import defaults as D, engines
+from planner import defaults as D, engine_registry
 from planner.hardware import fmt_bytes
 from planner.options import RunRequest
 from planner.plan import DIALECTS, device_sort_key
@@ -23,7 +23,7 @@ from . import logs
 from .common import emit_json
 
 if TYPE_CHECKING:
-    from planner.engine import Measurement
+    from planner.engine_contract import Measurement
     from planner.memory import MemoryReport
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def print_measurement(m: Measurement, mem: MemoryReport, command: str | None) ->
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to a .gguf (the llamacpp engine needs the file) or preset:NAME[:QUANT]")
-    p.add_argument("--engine", choices=engines.names(), required=True)
+    p.add_argument("--engine", choices=engine_registry.names(), required=True)
     p.add_argument("--llama-bench", metavar="PATH", help="llama-bench or llama-sweep-bench (else $LLAMA_BENCH, "
                                                           "else llama-bench on PATH)")
     p.add_argument("--plan", metavar="FILE", help="Plan JSON (`plan --json` output or Plan.to_json())")

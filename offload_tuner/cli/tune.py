@@ -1,4 +1,4 @@
-"""`tune`: its flags parsed into TuneOptions, the study run by the app layer (offload_tuner/app/tune.py), the outcome
+"""`tune`: its flags parsed into TuneRequest, the study run by the app layer (offload_tuner/app/tune.py), the outcome
 printed: a progress bar on stderr while it runs, then the runs, the refit, the baselines and the best configs."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import sys
 
 from ..app.report import REPORT_FILES
-from ..app.requests import TuneOptions, parse_kv_types
+from ..app.requests import TuneRequest, parse_kv_types
 from ..app.tune import TuneInterrupted, TuneOutcome, start_tune
 from planner.hardware import fmt_bytes, kept_free_text
 from . import logs
@@ -53,16 +53,16 @@ class _Console:
             self.bar.close()
 
 
-def tune_options(args: argparse.Namespace) -> TuneOptions:
-    """TuneOptions from `tune`'s parsed flags (every default None or False, so a flag counts only when given),
+def tune_options(args: argparse.Namespace) -> TuneRequest:
+    """TuneRequest from `tune`'s parsed flags (every default None or False, so a flag counts only when given),
     over the spec's values when --spec names one."""
-    values = given(TuneOptions, args)
+    values = given(TuneRequest, args)
     if "kv_types" in values:
         values["kv_types"] = parse_kv_types(values["kv_types"], "--kv-types")
-    return TuneOptions.from_values(values)
+    return TuneRequest.from_values(values)
 
 
-def cmd_tune(args: TuneOptions) -> int:
+def cmd_tune(args: TuneRequest) -> int:
     """`tune`, from options built at the edge (flags, a spec, or the demo's)."""
     console = _Console(args.trials, args.quiet)
     try:
@@ -129,22 +129,22 @@ def _print_tune(o: TuneOutcome) -> None:
 
 
 def add_parser(sub) -> None:
-    """Registers `tune` and its options (made from TuneOptions' fields: offload_tuner/app/requests.py)."""
+    """Registers `tune` and its options (made from TuneRequest' fields: offload_tuner/app/requests.py)."""
     p = sub.add_parser("tune", help="search placements and knobs with Optuna for the best PP/TG within VRAM",
                        description="Start or resume an Optuna study. --spec studies/NAME.toml reads the study from a "
                        "file (docs in offload_tuner/app/studyspec.py); any flag given on the command line "
                        "overrides the spec's value for it.")
-    # every default here is None (or False): TuneOptions holds the real ones, so a flag counts only when given
-    add_positional(p, TuneOptions, "model", nargs="?")
-    add_option(p, TuneOptions, "spec", metavar="FILE")
-    add_option(p, TuneOptions, "engine")
-    add_hw(p, TuneOptions)
+    # every default here is None (or False): TuneRequest holds the real ones, so a flag counts only when given
+    add_positional(p, TuneRequest, "model", nargs="?")
+    add_option(p, TuneRequest, "spec", metavar="FILE")
+    add_option(p, TuneRequest, "engine")
+    add_hw(p, TuneRequest)
     for name in ("trials", "study", "storage", "objective", "workload", "ttft", "n_prompt", "n_gen", "depth", "reps",
                  "ctx", "dialect"):
-        add_option(p, TuneOptions, name)
-    add_option(p, TuneOptions, "llama_bench", metavar="PATH")
-    add_option(p, TuneOptions, "llama_server", metavar="PATH")
+        add_option(p, TuneRequest, name)
+    add_option(p, TuneRequest, "llama_bench", metavar="PATH")
+    add_option(p, TuneRequest, "llama_server", metavar="PATH")
     for name in ("keep_free", "margin", "cpu_stand_in", "confirm", "space", "kv_types", "seed", "pool", "timeout_s",
                  "time_limit", "fresh", "out", "no_report", "quiet", "json"):
-        add_option(p, TuneOptions, name)
+        add_option(p, TuneRequest, name)
     p.set_defaults(func=lambda args: cmd_tune(tune_options(args)))

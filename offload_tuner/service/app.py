@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..app import ServerConfig
 from ..app.serve import check_bind, is_loopback
-from planner.engines import spec
+from planner.engine_registry import spec
 from planner.errors import InputError, error_line
 from tuner.storage import shown_url
 from . import bodies
@@ -333,7 +333,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         confirmed = fresh_confirmed(body)
 
         def check():
-            opts = bodies.request("tune", body, paths)     # TuneOptions, with the defaults the CLI's have
+            opts = bodies.request("tune", body, paths)     # TuneRequest, with the defaults the CLI's have
             if confirmed and not opts.fresh:
                 raise InputError(f"{CONFIRM_FRESH} goes with fresh: true (it confirms deleting the study)")
             if opts.engine not in config.engines:

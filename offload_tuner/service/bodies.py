@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..app.fields import FLOAT_TEXT, INT_TEXT, Option, options
-from ..app.requests import ExplainRequest, InspectRequest, PlanRequest, TuneOptions
+from ..app.requests import ExplainRequest, InspectRequest, PlanRequest, TuneRequest
 from planner.errors import InputError
 from planner.hardware import MAX_GPUS, preset_names as hardware_names
 from .security import PathPolicy
 
 REQUESTS: dict[str, type] = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest,
-                             "tune": TuneOptions}
+                             "tune": TuneRequest}
 # never from a request: binaries and output/storage locations are the server's configuration; output format and
 # progress bars are the service's business
 DENIED = {"oracle", "llama_bench", "llama_server", "storage", "out", "no_report", "quiet", "json", "help", "spec"}
@@ -129,7 +129,7 @@ def request(command: str, body: Any, paths: PathPolicy) -> Any:
             raise InputError(f"{command}: {key!r} {why}; options: {', '.join(allowed(command))}")
         values[name] = _value(command, fields[name], key, value, paths)
     cls = REQUESTS[command]
-    return cls.from_values(values) if cls is TuneOptions else cls(**values)
+    return cls.from_values(values) if cls is TuneRequest else cls(**values)
 
 
 # What the use cases refuse in one field alone, said in the schema (a generated body the schema allows is refused

@@ -1,5 +1,5 @@
 """Tune workers: each tune the server starts is `offload-tuner tune ... --json` in its own process (the command line
-TuneOptions.to_argv renders, run by the CLI; its own session), so a worker that is killed or crashes costs only that
+TuneRequest.to_argv renders, run by the CLI; its own session), so a worker that is killed or crashes costs only that
 job: the server notes how it ended and the study keeps every finished trial (Optuna's heartbeat fails the trial it
 left running). A worker dies with the server, kill -9 included: the kernel sends it SIGINT, the stop that keeps its
 study resumable (planner/children.py; started on the event loop's thread, which lives as long as the server)."""
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import children
-from ..app.requests import ServerConfig, TuneOptions
+from ..app.requests import ServerConfig, TuneRequest
 from .security import Busy, Conflict, NotFound
 
 STOP_GRACE_S = 0.6       # SIGINT first (tune stops at its next safe point), then SIGKILL of its process group
@@ -117,7 +117,7 @@ class Jobs:
     def for_study(self, study: str) -> Job | None:
         return next((j for j in reversed(self.running()) if j.study == study), None)
 
-    def start(self, opts: TuneOptions, study: str, storage: str) -> Job:
+    def start(self, opts: TuneRequest, study: str, storage: str) -> Job:
         """A worker running `offload-tuner tune` with OPTS (SIGINT stops it, resumable: stop())."""
         argv = opts.to_argv()
         with self._lock:               # the bound and the one-job-per-study rule hold under concurrent requests

@@ -122,7 +122,7 @@ class Event:
 
 
 class WorkloadLike(Protocol):
-    """What llama-bench needs of a workload (planner.engine.BenchWorkload fits; depth and repetitions optional)."""
+    """What llama-bench needs of a workload (planner.engine_contract.BenchRun fits; depth and repetitions optional)."""
     n_prompt: int
     n_gen: int
 

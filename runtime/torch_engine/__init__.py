@@ -1,7 +1,7 @@
 """The bundled PyTorch runtime: executes a Plan with llama.cpp's placement and op-offload rules and measures it.
 
     TorchEngine(compute_dtype="bf16", device_map=None, seed=0, routing="uniform", use_cuda_graphs=True)
-        .measure(inv, plan, workload) -> Measurement          (planner/engine.py's Engine protocol)
+        .measure(inv, plan, workload) -> Measurement          (planner/engine_contract.py's Engine protocol)
         .load(inv, plan, min_cells) -> TorchModel              (forward / prefill / decode / generate, counters)
 
 Files: config.py (what the forward pass needs to know), weights.py (GGUF dequantization, synthetic weights),
@@ -28,10 +28,11 @@ def __getattr__(name: str) -> Any:
 
 
 def from_options(opts: Any, hw: Any) -> Any:
-    """The registry's factory (planner/engines.py): the GPUs of this machine, the runtime's defaults; an InputError
+    """The registry's factory (planner/engine_registry.py): the GPUs of this machine, the runtime's defaults; an
+    InputError
     of one line on a machine without a CUDA GPU."""
     if not cuda_available():
         raise InputError("engine torch measures plans on CUDA GPUs and this machine has none; use --engine sim "
                          "(or run the same command where the GPU is)")
-    from .engine import TorchEngine
+    from planner.engine_contract import TorchEngine
     return TorchEngine()

@@ -1,4 +1,4 @@
-"""TorchEngine: the bundled PyTorch runtime as an Engine (planner/engine.py), and TorchModel, a placed model
+"""TorchEngine: the bundled PyTorch runtime as an Engine (planner/engine_contract.py), and TorchModel, a placed model
 that runs ubatches and decode steps (what the engine times, and what tests drive directly).
 
 Timing follows llama-bench: PP = n_prompt tokens processed in ubatches of knobs.n_ubatch_eff after a prompt of
@@ -28,7 +28,7 @@ from planner.residency import output_device as plan_output_device
 from planner.model import ModelInventory
 from planner.plan import Plan, device_sort_key, gpu_index
 
-from ..engine import Engine, Measurement, BenchWorkload
+from planner.engine_contract import Engine, Measurement, BenchRun
 from .config import ModelConfig, config_from_inventory
 from . import cpu_moe
 from . import kernels as K
@@ -312,7 +312,7 @@ class TorchEngine(Engine):
         return out
 
     def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
-                       workload: BenchWorkload) -> MemoryReport:
+                       workload: BenchRun) -> MemoryReport:
         """What measure() would hold per device, without allocating a byte: the same TorchModel built on the meta
         device (weights per device in the dtype the engine loads, KV caches, the tied output copy), the same
         forward calls as measure() runs (_bench's sequence, see _dry_calls), the same executor and accountant,
@@ -337,7 +337,7 @@ class TorchEngine(Engine):
             self._predictions[key] = hit
         return hit
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
         devices = resolve_devices(plan.devices(), self.device_map, self.logical_gpu_bytes)
         overhead = self.context_overhead(devices)
         self._prepare_cache(inv, plan, devices)      # what the last plan kept and this one does not: freed now
@@ -397,7 +397,7 @@ class TorchEngine(Engine):
         return list(dict.fromkeys(out))
 
 
-def min_cells(wl: BenchWorkload) -> int:
+def min_cells(wl: BenchRun) -> int:
     """KV cells a measurement of `wl` needs (its deepest position, plus one)."""
     return wl.depth + max(wl.n_prompt, wl.n_gen) + 1
 
@@ -422,7 +422,7 @@ class _DrySource:
         return None
 
 
-def _dry_calls(wl: BenchWorkload, ub: int, n_kv: Any) -> list[tuple[str, int, int]]:
+def _dry_calls(wl: BenchRun, ub: int, n_kv: Any) -> list[tuple[str, int, int]]:
     """The forward calls of _bench for `wl`, as ("prefill", pos0, n_tokens) and ("decode", pos, 1), with the
     repeats that cannot change the accountant's peak left out: a call sequence repeated a third time, and a
     decode step whose program (its n_kv bucket) ran in both steps before it. After two runs of the same calls,
@@ -442,7 +442,7 @@ def _dry_calls(wl: BenchWorkload, ub: int, n_kv: Any) -> list[tuple[str, int, in
     return calls
 
 
-def dry_accountant(inv: ModelInventory, plan: Plan, devices: Devices, dtype: torch.dtype, wl: BenchWorkload,
+def dry_accountant(inv: ModelInventory, plan: Plan, devices: Devices, dtype: torch.dtype, wl: BenchRun,
                    metadata: Mapping[str, Any] | None = None, source: WeightSource | None = None) -> Accountant:
     """The accountant of a measurement of `plan` on `devices`, from a run on the meta device: the placement,
     KV caches, programs and executor of a real run (TorchModel, run_eager), every tensor shaped but empty.
@@ -510,7 +510,7 @@ def _one_line(e: BaseException) -> str:
     return text[:300]
 
 
-def _bench(model: TorchModel, plan: Plan, wl: BenchWorkload, seed: int) -> tuple[dict, dict]:
+def _bench(model: TorchModel, plan: Plan, wl: BenchRun, seed: int) -> tuple[dict, dict]:
     g = torch.Generator().manual_seed(seed)
     vocab = model.cfg.n_vocab
     prompt = torch.randint(0, vocab, (wl.depth + max(wl.n_prompt, 1),), generator=g)

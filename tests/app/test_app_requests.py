@@ -1,4 +1,4 @@
-"""The app layer's requests (offload_tuner/app/requests.py): TuneOptions renders the `tune` command line that the CLI
+"""The app layer's requests (offload_tuner/app/requests.py): TuneRequest renders the `tune` command line that the CLI
 parses back into the same options (how the service starts a tune worker), and every field of every request is an
 option of its command with the request's own help text."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from offload_tuner import cli
 from planner import defaults as D
 from offload_tuner.app import (DemoRequest, ExplainRequest, InspectRequest, PlanRequest, ReportRequest, ServerConfig,
-                         TuneOptions)
+                         TuneRequest)
 from offload_tuner.app.fields import options
 from offload_tuner.app.requests import SpaceMode
 from planner.errors import InputError
@@ -31,21 +31,21 @@ ubatch = [256, 512]
 """
 
 ROUND_TRIP = {
-    "defaults": TuneOptions(model=M),
-    "every field": TuneOptions(
+    "defaults": TuneRequest(model=M),
+    "every field": TuneRequest(
         model="/models/q.gguf", engine="llamacpp", gpu="24GiB,16GiB", hardware="rtx4090-ddr5", trials=7, study="s1",
         storage="sqlite:////tmp/x y.db", objective="tg + 0.1*pp", n_prompt=0, n_gen=64, depth=4096, reps=1,
         ctx=16384, dialect="ik", llama_bench="/opt/ik/llama-sweep-bench", margin="0", cpu_stand_in=True, confirm=0,
         space="full", kv_types=("q8_0", "q4_0"), seed=3, pool=0, timeout_s=12.5, fresh=True, out="rep dir",
         no_report=True, quiet=True, json=True),
-    "values that start with a dash": TuneOptions(model=M, objective="-pp", storage="--weird", study="-s",
+    "values that start with a dash": TuneRequest(model=M, objective="-pp", storage="--weird", study="-s",
                                                  out="-o"),
-    "a service worker's": replace(TuneOptions(model=M, trials=5), study="api", storage="sqlite:////srv/api.db",
+    "a service worker's": replace(TuneRequest(model=M, trials=5), study="api", storage="sqlite:////srv/api.db",
                                   json=True, quiet=True, no_report=True),
 }
 
 
-def _parsed(argv: list[str]) -> TuneOptions:
+def _parsed(argv: list[str]) -> TuneRequest:
     return cli.tune_options(cli.build_parser().parse_args(argv))
 
 
@@ -70,20 +70,20 @@ def test_a_specd_study_round_trips_with_every_value_written(tmp_path):
 
 def test_what_no_flag_carries_is_refused_or_respelled():
     with pytest.raises(InputError, match="space limits"):
-        TuneOptions(model=M, space_limits={"ubatch": (512,)}).to_argv()
-    argv = TuneOptions(model="-odd.gguf").to_argv()        # a positional that starts with '-' reads as a flag
+        TuneRequest(model=M, space_limits={"ubatch": (512,)}).to_argv()
+    argv = TuneRequest(model="-odd.gguf").to_argv()        # a positional that starts with '-' reads as a flag
     assert _parsed(argv).model == "./-odd.gguf"
 
 
 def test_the_choices_are_the_listed_ones():
     """The space modes are a Literal of the defaults' list; the engines are the registry's names."""
     from offload_tuner.app.fields import options
-    from planner.engines import names
+    from planner.engine_registry import names
     assert get_args(SpaceMode) == D.SPACE_MODES
-    assert options(TuneOptions)["engine"].choices == names()
+    assert options(TuneRequest)["engine"].choices == names()
 
 
-COMMANDS = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest, "tune": TuneOptions,
+COMMANDS = {"inspect": InspectRequest, "plan": PlanRequest, "explain": ExplainRequest, "tune": TuneRequest,
             "report": ReportRequest, "demo": DemoRequest, "serve": ServerConfig}
 POSITIONAL = {"model", "study"}
 NO_FLAG = {"args", "space_limits", "workdir", "max_body", "compute_threads", "max_waiting"}
@@ -110,9 +110,9 @@ OUT_OF_RANGE = [("seed", -1), ("seed", 2**32), ("pool", 10**12), ("trials", 10**
 
 @pytest.mark.parametrize("name, value", OUT_OF_RANGE, ids=[f"{n}={v}" for n, v in OUT_OF_RANGE])
 def test_a_number_out_of_range_is_refused_by_the_request_itself(name, value):
-    flag = options(TuneOptions)[name].flag
+    flag = options(TuneRequest)[name].flag
     with pytest.raises(InputError, match=flag):               # the Python API, the values a JSON body gives
-        TuneOptions.from_values({"model": M, name: value})
+        TuneRequest.from_values({"model": M, name: value})
     from offload_tuner.service import bodies
     from offload_tuner.service.security import PathPolicy
     with pytest.raises(InputError, match=flag):               # a JSON body through the service's reader
@@ -125,7 +125,7 @@ def test_a_spec_out_of_range_is_refused(line, tmp_path):
     spec = tmp_path / "s.toml"
     spec.write_text(SPEC.replace("[space]", f"{line}\n\n[space]") if not line.startswith("[") else SPEC + line)
     with pytest.raises(InputError, match=r"--(timeout|seed|confirm|reps) .*(finite|at most)"):
-        TuneOptions.from_values({"spec": str(spec)})
+        TuneRequest.from_values({"spec": str(spec)})
 
 
 def test_the_other_requests_check_their_numbers():

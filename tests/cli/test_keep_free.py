@@ -10,7 +10,7 @@ import pytest
 
 from offload_tuner import cli
 from planner import defaults as D
-from offload_tuner.app.requests import DEMO, PlanRequest, TuneOptions
+from offload_tuner.app.requests import DEMO, PlanRequest, TuneRequest
 from planner.flags.interpret import FIT_TARGET_MIB
 from planner.hardware import KEEP_FREE, MiB, GiB, load_hardware
 from planner.propose import Room
@@ -26,7 +26,7 @@ def _default(cls: type, name: str) -> str:
 
 def test_one_default_everywhere_is_what_llama_cpps_fit_keeps_free():
     assert KEEP_FREE == FIT_TARGET_MIB * MiB == 1024 * MiB
-    assert _default(PlanRequest, "keep_free") == _default(TuneOptions, "keep_free") == D.KEEP_FREE == "1024MiB"
+    assert _default(PlanRequest, "keep_free") == _default(TuneRequest, "keep_free") == D.KEEP_FREE == "1024MiB"
     assert DEMO.keep_free == D.KEEP_FREE          # the demo, and the service (it takes the same requests)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offload_tuner import cli
-from offload_tuner.app import DEMO, TuneOptions
+from offload_tuner.app import DEMO, TuneRequest
 from offload_tuner.app.studyspec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ FLAGS = ["preset:Qwen3-30B-A3B:Q4_K_M", "--engine", "sim", "--gpu", "16GiB", "--
          "--kv-types", "f16,q8_0"]
 
 
-def _options(argv: list[str]) -> TuneOptions:
+def _options(argv: list[str]) -> TuneRequest:
     return cli.tune_options(cli.build_parser().parse_args(["tune", *argv]))
 
 
@@ -108,7 +108,7 @@ def test_shipped_specs_load_and_demo_toml_is_what_demo_runs():
     assert {p.name for p in specs} >= {"demo.toml", "qwen3-30b-llamacpp-16g.toml", "deepseek-2x24g.toml"}
     for p in specs:
         assert load_spec(p)["study"] == p.stem
-    demo = TuneOptions(**load_spec(ROOT / "studies" / "demo.toml"))
+    demo = TuneRequest(**load_spec(ROOT / "studies" / "demo.toml"))
     assert replace(demo, spec=None) == DEMO
     assert "demo --spec studies/demo.toml" in (ROOT / "Makefile").read_text()
 
@@ -165,3 +165,21 @@ def test_gpu_key_and_its_older_spelling_budget(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="give gpu or its older spelling budget, not both"):
         load_spec(both)
 
+
+
+def test_bench_table_and_its_older_name_workload(tmp_path: Path) -> None:
+    """`[bench]` (the benchmark run) and its older name `[workload]` read the same, beside a `workload` string (the
+    user's requests); both tables at once is one error, and a bad key names the table as the file spells it."""
+    new, old, both, bad = (tmp_path / f"{n}.toml" for n in ("new", "old", "both", "bad"))
+    new.write_text(SPEC.replace("[workload]", "[bench]"))
+    old.write_text(SPEC)
+    both.write_text(SPEC + "\n[bench]\nreps = 2\n")
+    bad.write_text(SPEC.replace("[workload]", "[bench]").replace("depth = 0", "deepth = 0"))
+    assert load_spec(new)["n_prompt"] == load_spec(old)["n_prompt"] == 1024
+    assert {k: v for k, v in load_spec(new).items() if k not in ("spec", "study")} == \
+        {k: v for k, v in load_spec(old).items() if k not in ("spec", "study")}
+    from planner.errors import InputError
+    with pytest.raises(InputError, match=r"give \[bench\] or its older name \[workload\], not both"):
+        load_spec(both)
+    with pytest.raises(InputError, match=r"unknown key bench.deepth \(known in \[bench\]: n_prompt"):
+        load_spec(bad)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from offload_tuner import cli
-from planner import engines
+from planner import engine_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"
@@ -119,8 +119,9 @@ def _err(capsys, argv: list[str]) -> str:
 
 def test_tune_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    torch = engines.ENGINES["torch"]
-    monkeypatch.setitem(engines.ENGINES, "torch", replace(torch, factory="runtime.no_such_engine_here:from_options"))
+    torch = engine_registry.ENGINES["torch"]
+    monkeypatch.setitem(engine_registry.ENGINES, "torch",
+                        replace(torch, factory="runtime.no_such_engine_here:from_options"))
     assert "engine torch is not available yet" in _err(capsys, ["tune", MODEL, "--engine", "torch", "--gpu", "16GiB"])
     assert "not allowed" in _err(capsys, ["tune", MODEL, "--gpu", "16GiB", "--objective", "__import__('os').getcwd()"])
     assert "--trials" in _err(capsys, ["tune", MODEL, "--gpu", "16GiB", "--trials", "0", "--no-report"])

@@ -12,7 +12,7 @@ import pytest
 from offload_tuner import cli
 from offload_tuner.app import explain_outcome, plan_outcome
 from offload_tuner.app.common import hardware, machine_ram_bytes
-from offload_tuner.app.requests import ExplainRequest, PlanRequest, TuneOptions
+from offload_tuner.app.requests import ExplainRequest, PlanRequest, TuneRequest
 from planner.builds import parse_build
 from planner.cost import predict
 from planner.errors import BudgetError
@@ -116,12 +116,12 @@ def test_every_request_takes_ram_alike():
     from offload_tuner.service import bodies
     from offload_tuner.service.security import PathPolicy
     paths = PathPolicy(())
-    for command, cls in (("plan", PlanRequest), ("explain", ExplainRequest), ("tune", TuneOptions)):
+    for command, cls in (("plan", PlanRequest), ("explain", ExplainRequest), ("tune", TuneRequest)):
         body = {"model": QWEN, "ram": "64GiB", **({"args": ["-ngl", "99"]} if command == "explain" else {})}
         req = bodies.request(command, body, paths)
         assert isinstance(req, cls) and req.ram == "64GiB"
         assert "ram" in bodies.schema(command)["properties"]
-    assert "--ram=64GiB" in TuneOptions(QWEN, ram="64GiB").to_argv()
+    assert "--ram=64GiB" in TuneRequest(QWEN, ram="64GiB").to_argv()
 
 
 def test_cache_ram_is_written_only_where_the_build_has_it():
@@ -170,10 +170,10 @@ def test_ram_floor_is_a_lower_bound_of_every_placement():
     floor = ram_floor(inv, hw)
     for plan in propose(inv, hw):
         assert host_bill(estimate(inv, plan, hw), hw.host.ram_bytes).need >= floor
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, StudyConfig
     from runtime.sim import SimEngine
     with pytest.raises(BudgetError, match="nothing fits in host RAM"):
-        Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="tg", storage=None))
+        Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="tg", storage=None))
 
 
 def test_a_config_whose_weights_in_ram_do_not_fit_is_over_budget():
@@ -198,7 +198,7 @@ def test_a_sim_study_picks_only_configs_that_fit_the_ram_and_reports_the_host_ro
     need = min(host_bill(estimate(inv, p, hw), 0).need for p in propose(inv, hw))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OFFLOAD_TUNER_RAM", str(need + 2 * GiB))       # room for the fullest placements only
-    out = start_tune(TuneOptions(DEEPSEEK, gpu="24GiB", trials=6, pool=20, objective="tg", quiet=True,
+    out = start_tune(TuneRequest(DEEPSEEK, gpu="24GiB", trials=6, pool=20, objective="tg", quiet=True,
                                  out=str(tmp_path / "report")))
     best = out.summary.best["tg"]
     assert best["host"]["weights_mapped"] + best["host"]["weights_pinned"] <= need + 2 * GiB

@@ -14,7 +14,7 @@ from planner.memory import SCHED_MAX_COPIES, compute_bytes, estimate, pipeline_c
 from planner.plan import Knobs, Plan
 from planner.presets import load_preset
 from planner.propose import Room
-from planner.engine import Engine
+from planner.engine_contract import Engine
 from tuner.baselines import flag_plan, ncmoe_split
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
@@ -107,11 +107,11 @@ class _Recording(Engine):
 
 @pytest.mark.slow
 def test_a_two_gpu_study_measures_and_confirms_the_ncmoe_ts_line_beside_fit(inv):
-    from tuner.search import Tuner, TunerOptions, BenchWorkload
+    from tuner.search import Tuner, StudyConfig, BenchRun
     hw = two(8)
     engine = _Recording(hw)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
-        objective="both", workload=BenchWorkload(2048, 64, 0, 1), n_ctx=2112, storage=None, pool_size=30, seed=1))
+    tuner = Tuner(inv, hw, engine, StudyConfig(
+        objective="both", workload=BenchRun(2048, 64, 0, 1), n_ctx=2112, storage=None, pool_size=30, seed=1))
     base = {b["kind"]: b for b in tuner.baselines()}
     nc = base["ncmoe"]
     assert nc["ok"] and "-ts" in nc["name"] and nc["ts"] and sum(nc["ts"]) == inv.n_layer + 1

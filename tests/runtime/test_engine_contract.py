@@ -1,4 +1,5 @@
-"""The Engine contract (runtime/engine.py's docstring) as one suite run against every engine: sim, torch (logical
+"""The Engine contract (planner/engine_contract.py's docstring) as one suite run against every engine: sim, torch
+(logical
 GPUs on the CPU: the torch engine runs anywhere), llamacpp (the real CPU llama-bench build; its plans keep every
 tensor on the CPU, the only device that build has) and llamaserver (the real CPU mainline llama-server, likewise).
 
@@ -19,10 +20,10 @@ from planner.hardware import from_gpu_sizes
 from planner.loader import load_model
 from planner.model import ModelInventory
 from planner.plan import Knobs, Plan
-from runtime.engine import Engine, Measurement, BenchWorkload
+from planner.engine_contract import Engine, Measurement, BenchRun
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
-WL = BenchWorkload(n_prompt=16, n_gen=4, depth=0, repetitions=2)
+WL = BenchRun(n_prompt=16, n_gen=4, depth=0, repetitions=2)
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,9 @@ def test_a_valid_plan_measures_ok_with_speeds_and_peaks_per_device(case):
 
 
 def test_speeds_cover_only_what_the_workload_asks(case):
-    pp_only = case.engine.measure(case.inv, case.plan, BenchWorkload(n_prompt=16, n_gen=0, repetitions=1))
+    pp_only = case.engine.measure(case.inv, case.plan, BenchRun(n_prompt=16, n_gen=0, repetitions=1))
     assert pp_only.ok and pp_only.pp_tps > 0 and pp_only.tg_tps == 0, pp_only.error
-    tg_only = case.engine.measure(case.inv, case.plan, BenchWorkload(n_prompt=0, n_gen=4, repetitions=1))
+    tg_only = case.engine.measure(case.inv, case.plan, BenchRun(n_prompt=0, n_gen=4, repetitions=1))
     assert tg_only.ok and tg_only.tg_tps > 0 and tg_only.pp_tps == 0, tg_only.error
 
 
@@ -148,6 +149,6 @@ def test_the_time_limit_is_honoured(case):
         pytest.skip(case.why_no_limit)
     import time
     t0 = time.perf_counter()
-    m = case.timed(0.05).measure(case.inv, case.plan, BenchWorkload(n_prompt=512, n_gen=64, repetitions=20))
+    m = case.timed(0.05).measure(case.inv, case.plan, BenchRun(n_prompt=512, n_gen=64, repetitions=20))
     assert not m.ok and m.raw.get("failure") == "timeout", m.error
     assert time.perf_counter() - t0 < 30

@@ -9,10 +9,10 @@ import pytest
 
 from planner.flags import parse, render
 from planner.hardware import GiB, load_hardware
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.llamacpp import bench_memory
 
-WL = BenchWorkload(2048, 32, 0, 1)
+WL = BenchRun(2048, 32, 0, 1)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from planner.ggml_types import by_name
 from planner.gguf_header import load_inventory
 from planner.memory import estimate
 from planner.plan import Knobs, OffloadPolicy, OpRule, Plan
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.llamacpp import LlamaCppEngine
 from runtime.llamacpp_binary import probe
 from runtime.llamacpp_output import parse_bench_output
@@ -174,7 +174,7 @@ def test_every_flag_the_renderer_emits_is_accepted_by_llama_cli(ik_binaries, mod
 
 def test_every_flag_the_renderer_emits_is_accepted_by_llama_bench(ik_binaries, models):
     for case, path, inv, plan, _flags in cases(models):
-        wl = BenchWorkload(8, 2, 0, 1)
+        wl = BenchRun(8, 2, 0, 1)
         try:
             rc = render(plan, inv, "bench", workload=wl, model_path=str(path))
         except FlagError as e:               # -op: llama-bench has none (the server/sweep-bench line has it)
@@ -204,11 +204,11 @@ def test_engine_measures_with_ik_llama_bench_and_sweep_bench(ik_binaries, models
     q = load_inventory(models["qwen3moe"])
     plan = Plan("m", everything_on(q), Knobs(n_threads=1), "ik")
     bench = LlamaCppEngine(ik_binaries["llama-bench"], timeout_s=300, model_path=models["qwen3moe"])
-    m = bench.measure(q, plan, BenchWorkload(8, 2, 0, 1))
+    m = bench.measure(q, plan, BenchRun(8, 2, 0, 1))
     assert m.ok and m.pp_tps > 0 and m.tg_tps > 0, (m.error, m.raw.get("log_tail"))
     sweep = LlamaCppEngine(ik_binaries["llama-sweep-bench"], timeout_s=300, model_path=models["qwen3moe"])
     assert (sweep.info.tool, sweep.info.dialect) == ("sweep", "ik")
-    m = sweep.measure(q, replace(plan, knobs=replace(plan.knobs, offload=MOE_OFF)), BenchWorkload(32, 4, 0, 1))
+    m = sweep.measure(q, replace(plan, knobs=replace(plan.knobs, offload=MOE_OFF)), BenchRun(32, 4, 0, 1))
     assert m.ok and m.pp_tps > 0 and m.tg_tps > 0, (m.error, m.raw.get("log_tail"))
 
 

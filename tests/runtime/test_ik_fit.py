@@ -16,7 +16,7 @@ from tuner.baselines import flag_plan
 from offload_tuner.cli import main
 from planner.gguf_header import load_inventory
 from planner.plan import Knobs
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.llamacpp import LlamaCppEngine
 from runtime.llamacpp_logs import IkFitChoice, parse_ik_fit
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
@@ -33,7 +33,7 @@ def model(tmp_path_factory):
 
 def test_ik_accepts_our_fit_line_and_we_read_its_decision_log(ik_binaries, model):
     engine = LlamaCppEngine(ik_binaries["llama-sweep-bench"], timeout_s=120)
-    fit = engine.own_fit(load_inventory(model), BenchWorkload(16, 4, 0, 1), {"CUDA0": 1 << 30})
+    fit = engine.own_fit(load_inventory(model), BenchRun(16, 4, 0, 1), {"CUDA0": 1 << 30})
     assert fit is not None and fit.program == "llama-sweep-bench"
     argv = list(fit.argv)
     assert argv[argv.index("--fit-margin") + 1] == "1024"          # no GPU to read free memory from: ik's default
@@ -50,7 +50,7 @@ def test_ik_accepts_our_fit_line_and_we_read_its_decision_log(ik_binaries, model
 def test_ik_llama_bench_has_no_own_fit_we_use(ik_binaries, model):
     """ik's llama-bench --fit reserves KV for n_ctx_train (it never sets max_ctx_size): not a server's fit."""
     engine = LlamaCppEngine(ik_binaries["llama-bench"], timeout_s=120)
-    assert engine.own_fit(load_inventory(model), BenchWorkload(16, 4, 0, 1), {"CUDA0": 1 << 30}) is None
+    assert engine.own_fit(load_inventory(model), BenchRun(16, 4, 0, 1), {"CUDA0": 1 << 30}) is None
 
 
 def test_the_chosen_placement_is_ik_pattern_and_our_parser_reads_it(model):
@@ -92,7 +92,7 @@ def test_the_fit_run_holds_the_servers_context_in_whole_ubatches(ik_binaries, mo
     row that crosses -c, so -c is whole ubatches (the H100 run at -c 2112 -ub 512 ended in llama_decode failed).
     The stand-in runs the same line without --fit: it must run to the end."""
     engine = LlamaCppEngine(ik_binaries["llama-sweep-bench"], timeout_s=300, cpu_stand_in=True)
-    fit = engine.own_fit(load_inventory(model), BenchWorkload(600, 4, 0, 1), {"CUDA0": 1 << 30})
+    fit = engine.own_fit(load_inventory(model), BenchRun(600, 4, 0, 1), {"CUDA0": 1 << 30})
     argv = list(fit.argv)
     assert argv[argv.index("-c") + 1] == "1024" and argv[argv.index("-ub") + 1] == "512"
     assert fit.measurement.ok, fit.measurement.error

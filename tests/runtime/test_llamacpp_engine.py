@@ -20,14 +20,14 @@ from planner.flags import parse, render
 from planner.gguf_header import load_inventory
 from planner.plan import Knobs, OffloadPolicy, Plan
 from runtime import gpumem
-from runtime.engine import Engine, BenchWorkload
+from planner.engine_contract import Engine, BenchRun
 from runtime.llamacpp import LlamaCppEngine, bench_contexts, bench_memory, loader_placement, oracle, our_overrides
 from runtime.llamacpp_binary import find_binary, probe
 from runtime.process import run_process
 from runtime.llamacpp_output import classify_failure, parse_bench_output, parse_sweep_output
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
 
-TINY = BenchWorkload(n_prompt=8, n_gen=2, depth=0, repetitions=1)
+TINY = BenchRun(n_prompt=8, n_gen=2, depth=0, repetitions=1)
 
 
 # ---- models and binaries -------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def _rendered_cases(inv_q, inv_oss):
         ("knobs", inv_q, Plan("m", everything_on(inv_q), Knobs(n_batch=512, n_ubatch=256, n_threads=1, type_k="q8_0",
                                                                type_v="q8_0", flash_attn=True, mmap=False,
                                                                offload=OffloadPolicy.all(False)), "mainline"),
-         BenchWorkload(8, 2, 4, 1), ["-b", "-ub", "-t", "-ctk", "-ctv", "-fa", "-lm", "-nopo", "-d"]),
+         BenchRun(8, 2, 4, 1), ["-b", "-ub", "-t", "-ctk", "-ctv", "-fa", "-lm", "-nopo", "-d"]),
         ("no-fa", inv_q, Plan("m", everything_on(inv_q), Knobs(flash_attn=False, n_threads=1), "mainline"), TINY,
          ["-fa"]),
         ("ncmoe", inv_q, Plan("m", everything_on(inv_q, "CUDA0", **{t.name: "CPU" for t in inv_q.allocated()
@@ -165,7 +165,7 @@ def test_semicolon_joins_a_set_and_comma_makes_alternative_configs(llama_bench, 
     args = ["-m", str(models["qwen3moe"]), "-p", "8", "-n", "0", "-r", "1", "-t", "1",
             "-ot", r"blk\.0\.attn_q=CPU;exps=CPU,ffn_down=CPU"]
     engine = LlamaCppEngine(llama_bench, timeout_s=60)
-    m = engine.measure_args(args, BenchWorkload(8, 0, 0, 1))
+    m = engine.measure_args(args, BenchRun(8, 0, 0, 1))
     assert m.ok, m.error
     sets = [t["settings"]["tensor_buft_overrides"] for t in m.raw["tests"]]
     assert sets == [r"blk\.0\.attn_q=CPU;exps=CPU", "ffn_down=CPU"]     # two configurations, one test each
@@ -207,7 +207,7 @@ def test_errors_of_the_real_binary_are_recognised(llama_bench, models, tmp_path)
         (["-m", str(models["qwen3moe"]), "--no-such-flag"], "args", ["--no-such-flag"]),
     ]
     for args, kind, needles in cases:
-        m = engine.measure_args(args + base, BenchWorkload(8, 0, 0, 1))
+        m = engine.measure_args(args + base, BenchRun(8, 0, 0, 1))
         assert not m.ok and m.raw["failure"] == kind, (args, m.error)
         for n in needles:
             assert n in m.error, (args, m.error)
@@ -396,7 +396,7 @@ def test_ik_llama_bench_json_and_depth_through_gp(tmp_path, inv):
     assert engine.info.dialect == "ik" and engine.info.ngl_rule == "last_blocks"
     assert engine.info.output_format == "json" and engine.info.abilities["gen_at_depth"]
     plan = Plan("m", everything_on(inv), Knobs(), "ik")
-    m = engine.measure(inv, plan, BenchWorkload(16, 4, 64, 1))
+    m = engine.measure(inv, plan, BenchRun(16, 4, 64, 1))
     assert m.ok, m.error
     args = (tmp_path / "args").read_text().split()
     assert args[args.index("-gp") + 1] == "64,4" and args[args.index("-o") + 1] == "json"
@@ -430,7 +430,7 @@ EOF
 """)
     engine = LlamaCppEngine(fake, timeout_s=30, model_path=inv.source)
     assert (engine.info.tool, engine.info.dialect) == ("sweep", "ik")
-    m = engine.measure(inv, Plan("m", everything_on(inv), Knobs(), "ik"), BenchWorkload(512, 128, 600, 2))
+    m = engine.measure(inv, Plan("m", everything_on(inv), Knobs(), "ik"), BenchRun(512, 128, 600, 2))
     assert m.ok and (m.pp_tps, m.tg_tps) == (500.0 - 51.2, 64.0 - 5.12)     # the row at n_kv = 512
     args = (tmp_path / "args").read_text().split()
     assert args[args.index("-c") + 1] == str(512 + 512) and args[args.index("-nrep") + 1] == "2"
@@ -533,12 +533,12 @@ def test_no_host_is_accepted_and_the_weights_it_repacks_are_ours(llama_bench, tm
 # ---- memory: llama-bench's contexts, and llama-fit-params as an oracle -----------------------------------------------
 
 def test_bench_memory_takes_the_larger_context(inv):
-    assert bench_contexts(BenchWorkload(2048, 64, 100, 1)) == [2148, 164]
-    assert bench_contexts(BenchWorkload(0, 64, 0, 1)) == [64]
+    assert bench_contexts(BenchRun(2048, 64, 100, 1)) == [2148, 164]
+    assert bench_contexts(BenchRun(0, 64, 0, 1)) == [64]
     plan = Plan("m", everything_on(inv, "CUDA0"), Knobs(n_ubatch=512), "mainline")
     from planner.memory import estimate
     big = estimate(inv, replace(plan, knobs=replace(plan.knobs, n_ctx=2048)))
-    got = bench_memory(inv, plan, BenchWorkload(2048, 64, 0, 1))
+    got = bench_memory(inv, plan, BenchRun(2048, 64, 0, 1))
     assert got.devices["CUDA0"] == big.devices["CUDA0"]
 
 

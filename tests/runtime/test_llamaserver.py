@@ -19,7 +19,7 @@ from planner.errors import InputError
 from planner.gguf_header import load_inventory
 from planner.plan import Knobs, Plan
 from planner.workload import RequestClass, Workload
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.llamaserver import LlamaServerEngine, TokenSource, as_workload
 from runtime.server_process import find_server
 from runtime.synth import tiny_spec, uniform_recipe, write_gguf
@@ -127,7 +127,7 @@ def test_a_growing_context_is_prefilled_once(engine, inv, server, monkeypatch):
 
 def test_a_bench_workload_is_one_request_class(engine, inv):
     e = engine(repetitions=5)
-    m = e.measure(inv, cpu_plan(inv, e.info.dialect), BenchWorkload(n_prompt=16, n_gen=3, depth=32, repetitions=1))
+    m = e.measure(inv, cpu_plan(inv, e.info.dialect), BenchRun(n_prompt=16, n_gen=3, depth=32, repetitions=1))
     assert m.ok, m.error
     (row,) = m.raw["classes"]
     assert (row["new_tokens"], row["cached_tokens"], row["gen_tokens"], row["requests"]) == (16, 32, 3, 1)
@@ -135,7 +135,7 @@ def test_a_bench_workload_is_one_request_class(engine, inv):
 
 
 def test_a_hand_made_command_line_gets_the_model_the_workload_context_and_our_port(engine, inv):
-    m = engine().measure_args(inv, ["--port", "1", "-ub", "32"], BenchWorkload(8, 2, 0, 1))
+    m = engine().measure_args(inv, ["--port", "1", "-ub", "32"], BenchRun(8, 2, 0, 1))
     assert m.ok, m.error
     argv = m.raw["argv"]
     # -m from the inventory, -c/-np from the workload (8 + 2 tokens, 1 slot); the given --port is replaced
@@ -250,9 +250,9 @@ def test_fresh_token_runs_never_start_alike_within_the_vocabulary():
 
 
 def test_a_bench_workload_maps_to_one_class():
-    wl, reps = as_workload(BenchWorkload(n_prompt=512, n_gen=128, depth=4096, repetitions=3))
+    wl, reps = as_workload(BenchRun(n_prompt=512, n_gen=128, depth=4096, repetitions=3))
     assert wl.classes == (RequestClass(512, 4096, 128),) and reps == 3
-    wl, _ = as_workload(BenchWorkload(n_prompt=0, n_gen=64))         # TG only: a one-token cached prompt
+    wl, _ = as_workload(BenchRun(n_prompt=0, n_gen=64))         # TG only: a one-token cached prompt
     assert wl.classes == (RequestClass(0, 1, 64),)
     assert as_workload(TWO_CLASSES) == (TWO_CLASSES, None)
 

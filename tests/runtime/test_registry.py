@@ -1,4 +1,4 @@
-"""planner/engines.py, the engine registry: each name resolves to a factory in runtime/ that makes an Engine, the
+"""planner/engine_registry.py: each name resolves to a factory in runtime/ that makes an Engine, the
 traits are what the tuner asks instead of names, and no code outside the registry branches on an engine's name."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from planner import engines
-from planner.engine import Engine
+from planner import engine_registry
+from planner.engine_contract import Engine
 from planner.errors import InputError
 from planner.hardware import resolve
 from planner.options import EngineOptions
@@ -19,31 +19,32 @@ from planner.options import EngineOptions
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", sorted(engines.ENGINES))
+@pytest.mark.parametrize("name", sorted(engine_registry.ENGINES))
 def test_every_engine_factory_resolves(name):
-    spec = engines.spec(name)
-    assert spec.name == name and engines.module_found(spec.module)
-    assert callable(engines._load(spec.factory))
+    spec = engine_registry.spec(name)
+    assert spec.name == name and engine_registry.module_found(spec.module)
+    assert callable(engine_registry._load(spec.factory))
 
 
 def test_make_engine_builds_sim_with_its_traits():
     hw = resolve("rtx4090-ddr5", None)
-    engine = engines.make_engine(EngineOptions(engine="sim", model="preset:Qwen3-30B-A3B"), hw)
+    engine = engine_registry.make_engine(EngineOptions(engine="sim", model="preset:Qwen3-30B-A3B"), hw)
     assert isinstance(engine, Engine) and engine.name == "sim"
-    assert engines.traits_of(engine) == engines.spec("sim").traits
-    assert not engines.traits_of(engine).measured and engines.traits_of(engine).memory_error_prior == 0
+    assert engine_registry.traits_of(engine) == engine_registry.spec("sim").traits
+    assert not engine_registry.traits_of(engine).measured and engine_registry.traits_of(engine).memory_error_prior == 0
 
 
 def test_unknown_and_unavailable_engines_are_one_line(monkeypatch):
     hw = resolve("rtx4090-ddr5", None)
     with pytest.raises(InputError, match="unknown engine 'nope': give one of sim, torch, llamacpp, llamaserver"):
-        engines.make_engine(EngineOptions(engine="nope", model="m"), hw)
-    monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"], factory="runtime.gone:make"))
+        engine_registry.make_engine(EngineOptions(engine="nope", model="m"), hw)
+    monkeypatch.setitem(engine_registry.ENGINES, "torch",
+                        replace(engine_registry.ENGINES["torch"], factory="runtime.gone:make"))
     with pytest.raises(InputError, match="not available yet"):
-        engines.make_engine(EngineOptions(engine="torch", model="m"), hw)
-    monkeypatch.setitem(engines.ENGINES, "torch", replace(engines.ENGINES["torch"],
+        engine_registry.make_engine(EngineOptions(engine="torch", model="m"), hw)
+    monkeypatch.setitem(engine_registry.ENGINES, "torch", replace(engine_registry.ENGINES["torch"],
                                                           factory="runtime.sim:from_options"))
-    assert engines.make_engine(EngineOptions(engine="torch", model="m"), hw).name == "sim"
+    assert engine_registry.make_engine(EngineOptions(engine="torch", model="m"), hw).name == "sim"
 
 
 def test_a_gpu_engine_says_no_gpu_in_its_factory_without_loading_torch():
@@ -52,9 +53,10 @@ def test_a_gpu_engine_says_no_gpu_in_its_factory_without_loading_torch():
     from runtime.gpumem import cuda_available
     if cuda_available():
         pytest.skip("this machine has a CUDA GPU: the torch engine starts")
-    code = ("import sys\nfrom planner import engines\nfrom planner.errors import InputError\n"
+    code = ("import sys\nfrom planner import engine_registry\nfrom planner.errors import InputError\n"
             "from planner.hardware import resolve\nfrom planner.options import EngineOptions\n"
-            "try:\n    engines.make_engine(EngineOptions(engine='torch', model='m'), resolve('rtx4090-ddr5', None))\n"
+            "try:\n    engine_registry.make_engine(EngineOptions(engine='torch', model='m'),\n"
+            "                                resolve('rtx4090-ddr5', None))\n"
             "except InputError as e:\n    print(e)\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     said, torch_loaded = out.stdout.strip().splitlines()
@@ -68,7 +70,7 @@ def test_an_unregistered_engine_object_is_taken_for_a_measured_one():
 
         def measure(self, inv, plan, workload):
             raise AssertionError("not run")
-    assert engines.traits_of(Stand()) == engines.UNREGISTERED and engines.UNREGISTERED.measured
+    assert engine_registry.traits_of(Stand()) == engine_registry.UNREGISTERED and engine_registry.UNREGISTERED.measured
 
 
 def test_an_engine_declares_its_protocol_and_lacks_nothing_it_is_asked():
@@ -99,12 +101,12 @@ def test_no_code_branches_on_an_engine_name():
     hits = []
     for folder in ("planner", "tuner", "runtime", "offload_tuner"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path.name == "engines.py" and path.parent.name == "planner":
+            if path.name == "engine_registry.py" and path.parent.name == "planner":
                 continue
             for i, line in enumerate(path.read_text().splitlines(), 1):
                 if _NAME_CHECK.search(line.split("#")[0]):
                     hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
-    assert not hits, "ask planner.engines.traits_of(engine) instead:\n" + "\n".join(hits)
+    assert not hits, "ask planner.engine_registry.traits_of(engine) instead:\n" + "\n".join(hits)
 
 
 def test_the_name_check_finder_finds_one():

@@ -1,11 +1,11 @@
-"""TorchEngine against the Engine contract (runtime/engine.py), on logical GPUs."""
+"""TorchEngine against the Engine contract (planner/engine_contract.py), on logical GPUs."""
 from __future__ import annotations
 
 import pytest
 
 from planner.errors import InputError
 from planner.plan import Plan
-from runtime.engine import Engine, BenchWorkload
+from planner.engine_contract import Engine, BenchRun
 from runtime.torch_engine import TorchEngine
 from torch_plans import experts_in_ram, knobs, plan_for, tiny_inventory
 
@@ -18,7 +18,7 @@ def test_measure_tiny_model_on_logical_gpus() -> None:
     """CI's run of the torch engine: completes with ok=True (its speed is timed in benchmarks, not here)."""
     inv = tiny_inventory("qwen3moe")
     engine = TorchEngine(device_map="logical")
-    m = engine.measure(inv, plan_for(inv, experts_in_ram, knobs()), BenchWorkload(n_prompt=64, n_gen=4, depth=16,
+    m = engine.measure(inv, plan_for(inv, experts_in_ram, knobs()), BenchRun(n_prompt=64, n_gen=4, depth=16,
                                                                              repetitions=2))
     assert m.ok, m.error
     assert m.pp_tps > 0 and m.tg_tps > 0
@@ -35,9 +35,9 @@ def test_prompt_only_and_generation_only_workloads() -> None:
     inv = tiny_inventory("gpt-oss")
     engine = TorchEngine(device_map="logical", compute_dtype="fp32")
     plan = plan_for(inv, experts_in_ram, knobs())
-    m = engine.measure(inv, plan, BenchWorkload(n_prompt=16, n_gen=0, repetitions=1))
+    m = engine.measure(inv, plan, BenchRun(n_prompt=16, n_gen=0, repetitions=1))
     assert m.ok and m.pp_tps > 0 and m.tg_tps == 0
-    m = engine.measure(inv, plan, BenchWorkload(n_prompt=0, n_gen=3, repetitions=1))
+    m = engine.measure(inv, plan, BenchRun(n_prompt=0, n_gen=3, repetitions=1))
     assert m.ok and m.tg_tps > 0 and m.pp_tps == 0
 
 
@@ -46,11 +46,11 @@ def test_input_errors_raise() -> None:
     plan = plan_for(inv, experts_in_ram, knobs())
     bad = Plan(plan.model_id, {**plan.assignment, "output.weight": "Vulkan0"}, plan.knobs)
     with pytest.raises(InputError):
-        TorchEngine(device_map="logical").measure(inv, bad, BenchWorkload(n_prompt=8, n_gen=0))
+        TorchEngine(device_map="logical").measure(inv, bad, BenchRun(n_prompt=8, n_gen=0))
     with pytest.raises(InputError):
         TorchEngine(compute_dtype="int3")
     with pytest.raises(InputError):
-        TorchEngine(routing="zipf:-1", device_map="logical").measure(inv, plan, BenchWorkload(n_prompt=8, n_gen=0))
+        TorchEngine(routing="zipf:-1", device_map="logical").measure(inv, plan, BenchRun(n_prompt=8, n_gen=0))
 
 
 def test_unsupported_architecture_is_an_input_error() -> None:
@@ -59,13 +59,13 @@ def test_unsupported_architecture_is_an_input_error() -> None:
     inv = build_inventory(tiny_spec("llama"), uniform_recipe("Q8_0"), name="tiny-llama")
     plan = Plan("x", {t.name: "CPU" for t in inv.allocated()}, knobs())
     with pytest.raises(InputError, match="torch engine runs"):
-        TorchEngine(device_map="logical").measure(inv, plan, BenchWorkload(n_prompt=8, n_gen=0))
+        TorchEngine(device_map="logical").measure(inv, plan, BenchRun(n_prompt=8, n_gen=0))
 
 
 def test_weights_are_reused_between_measurements_of_the_same_model() -> None:
     inv = tiny_inventory("qwen3moe")
     engine = TorchEngine(device_map="logical")
-    wl = BenchWorkload(n_prompt=8, n_gen=2, repetitions=1)
+    wl = BenchRun(n_prompt=8, n_gen=2, repetitions=1)
     engine.measure(inv, plan_for(inv, experts_in_ram, knobs()), wl)
     kept = dict(engine._cache.buffers)
     engine.measure(inv, plan_for(inv, experts_in_ram, knobs(min_batch=4)), wl)
@@ -81,7 +81,7 @@ def test_fast_path_fallbacks_are_logged_and_recorded_in_raw(caplog) -> None:
     inv = tiny_inventory("qwen3moe")
     engine = TorchEngine(device_map="logical", compute_dtype="fp32")
     plan = plan_for(inv, experts_in_ram, knobs())
-    wl = BenchWorkload(n_prompt=8, n_gen=2, repetitions=1)
+    wl = BenchRun(n_prompt=8, n_gen=2, repetitions=1)
     m = engine.measure(inv, plan, wl)
     assert m.ok and isinstance(m.raw["fallbacks"], list)      # what this machine lacks, if anything, is listed
     # a fast path that fails for real (shapes that do not multiply) is dropped for its fallback, logged once, and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.torch_engine import TorchEngine
 from runtime.torch_engine import kernels as K
 from torch_plans import ARCHS, PLACEMENTS, experts_in_ram, knobs, plan_for, rel, tiny_inventory, untied_prompt
@@ -181,7 +181,7 @@ def test_select_kernel_matches_route(gating: str, norm: bool, scale: float, prob
 def test_measure_on_gpu_reports_cuda_peaks_and_counters() -> None:
     inv = tiny_inventory("qwen3moe")
     m = TorchEngine(compile=False).measure(inv, plan_for(inv, experts_in_ram, knobs()),
-                                           BenchWorkload(n_prompt=64, n_gen=8, repetitions=2))
+                                           BenchRun(n_prompt=64, n_gen=8, repetitions=2))
     assert m.ok, m.error
     assert m.raw["logical_gpus"] is False and m.raw["cuda_graphs"] is True
     assert m.peak_bytes["CUDA0"] > 0 and m.raw["pp_counters_per_run"]["upload_bytes"] > 0

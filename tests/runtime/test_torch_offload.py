@@ -1,7 +1,7 @@
 """Op offload as ggml's scheduler does it, read from the torch engine's counters (logical GPUs on the CPU)."""
 from __future__ import annotations
 
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.torch_engine import TorchEngine
 from runtime.torch_engine.reference import reference_logits, reference_weights
 from torch_plans import all_gpu, experts_in_ram, knobs, plan_for, tiny_inventory
@@ -84,7 +84,7 @@ def test_over_budget_logical_gpu_fails_like_an_out_of_memory() -> None:
     holds the plan with its experts in RAM, not the one with everything on the GPU."""
     inv = tiny_inventory("qwen3moe")
     engine = TorchEngine(compute_dtype="fp32", device_map="logical", logical_gpu_bytes=4 << 20)
-    wl = BenchWorkload(n_prompt=8, n_gen=2, repetitions=1)
+    wl = BenchRun(n_prompt=8, n_gen=2, repetitions=1)
     m = engine.measure(inv, plan_for(inv, all_gpu, knobs()), wl)
     assert not m.ok and "out of memory on CUDA0" in m.error
     m = engine.measure(inv, plan_for(inv, experts_in_ram, knobs()), wl)
@@ -110,5 +110,5 @@ def test_a_logical_gpu_is_charged_the_two_staging_buffers_per_shape_a_real_gpu_a
     model.close()
     m = TorchEngine(compute_dtype="fp32", device_map="logical").measure(
         inv, plan_for(inv, experts_in_ram, knobs(only_active=False)),
-        BenchWorkload(n_prompt=32, n_gen=2, repetitions=1))
+        BenchRun(n_prompt=32, n_gen=2, repetitions=1))
     assert m.ok and m.raw["static_parts"]["CUDA0"]["staging"] == 2 * per_layer

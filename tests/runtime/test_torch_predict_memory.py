@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from planner.memory import HOST_PROCESS_OVERHEAD, estimate
-from runtime.engine import BenchWorkload
+from planner.engine_contract import BenchRun
 from runtime.torch_engine import TorchEngine
 
 from torch_plans import (
@@ -20,7 +20,7 @@ from torch_plans import (
 )
 
 
-def agree(engine: TorchEngine, inv, plan, wl: BenchWorkload, hw=None) -> dict[str, tuple[int, int]]:
+def agree(engine: TorchEngine, inv, plan, wl: BenchRun, hw=None) -> dict[str, tuple[int, int]]:
     pred = engine.predict_memory(inv, plan, hw, wl)
     m = engine.measure(inv, plan, wl)
     assert m.ok, m.error
@@ -45,7 +45,7 @@ def test_prediction_is_the_logical_gpu_accountant_peak(arch, assign):
     inv = tiny_inventory(arch)
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)
     plan = plan_for(inv, assign, replace(knobs(min_batch=4), n_ubatch=8, n_batch=8))
-    agree(engine, inv, plan, BenchWorkload(20, 3, 0, 1))
+    agree(engine, inv, plan, BenchRun(20, 3, 0, 1))
 
 
 @pytest.mark.parametrize("only_active", [True, False])
@@ -53,7 +53,7 @@ def test_prediction_with_depth_repetitions_and_uploads(only_active):
     inv = tiny_inventory("qwen3moe")
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)
     plan = plan_for(inv, experts_in_ram, replace(knobs(min_batch=2, only_active=only_active), n_ubatch=4, n_batch=4))
-    agree(engine, inv, plan, BenchWorkload(9, 5, 6, 3))
+    agree(engine, inv, plan, BenchRun(9, 5, 6, 3))
 
 
 def test_real_gpus_add_the_profiles_context_and_nothing_allocates():
@@ -67,11 +67,11 @@ def test_real_gpus_add_the_profiles_context_and_nothing_allocates():
     plan = plan_for(inv, two_gpus, knobs())
     hw = None
     engine = TorchEngine(device_map="logical", logical_gpu_bytes=1, compile=False)     # 1 byte per logical GPU
-    pred = engine.predict_memory(inv, plan, hw, BenchWorkload(8, 2, 0, 1))
+    pred = engine.predict_memory(inv, plan, hw, BenchRun(8, 2, 0, 1))
     assert pred.devices["CUDA0"].total > 1
-    assert not engine.measure(inv, plan, BenchWorkload(8, 2, 0, 1)).ok                    # the real run does not fit
+    assert not engine.measure(inv, plan, BenchRun(8, 2, 0, 1)).ok                    # the real run does not fit
     devices = resolve_devices(plan.devices(), "logical", None)
-    acct = dry_accountant(inv, plan, devices, torch.bfloat16, BenchWorkload(8, 2, 0, 1))
+    acct = dry_accountant(inv, plan, devices, torch.bfloat16, BenchRun(8, 2, 0, 1))
     real = type(devices)(devices.torch_of, devices.gpus, False, {})                # as if on CUDA
     rep = memory_report(acct, real, None)
     assert rep.devices["CUDA0"].overhead > 0
@@ -94,7 +94,7 @@ def test_real_gpus_charge_cublas_pools_and_the_grouped_experts_scratch(bench_scr
     mg = bench_script("multi_gpu")
     inv = mg.torch_inventory(2)
     hw = mg.torch_hardware(mg.TORCH_HARDWARE)
-    wl = BenchWorkload(512, 2, 0, 1)
+    wl = BenchRun(512, 2, 0, 1)
     plan = next(c.plan for c in mg.torch_cases(inv, hw, [4], wl) if c.name == "ts-1-1")
     logical = resolve_devices(plan.devices(), "logical", None)
     real = type(logical)(logical.torch_of, logical.gpus, False, {})
@@ -124,7 +124,7 @@ def test_differs_from_planner_memory_where_llamacpp_differs():
     inv = tiny_inventory("qwen3moe")
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)
     plan = plan_for(inv, experts_in_ram, replace(knobs(min_batch=4), n_ubatch=8, n_batch=8))
-    pred = engine.predict_memory(inv, plan, None, BenchWorkload(20, 3, 0, 1))
+    pred = engine.predict_memory(inv, plan, None, BenchRun(20, 3, 0, 1))
     assert pred.devices["CUDA0"].total != estimate(inv, plan).devices["CUDA0"].total
 
 
@@ -135,7 +135,7 @@ def test_multi_gpu_torch_plans_at_the_real_layer_shape(bench_script):
     mg = bench_script("multi_gpu")
     inv = mg.torch_inventory(2)
     hw = mg.torch_hardware(mg.TORCH_HARDWARE)
-    wl = BenchWorkload(512, 4, 0, 1)
+    wl = BenchRun(512, 4, 0, 1)
     engine = TorchEngine(device_map="logical", weights="synthetic", logical_gpu_bytes=mg.DEFAULT_GPU_BYTES)
     cases = mg.torch_cases(inv, hw, [1, 2], wl)
     assert len(cases) >= 10
@@ -148,12 +148,12 @@ def test_a_torch_study_judges_its_candidates_with_the_engines_prediction():
     """The tuner asks the torch engine (not planner.memory) whether a candidate fits: a candidate's memory is the
     engine's prediction at the study's workload, and the budget check reads it."""
     from planner.hardware import MiB, load_hardware
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, StudyConfig
     inv = tiny_inventory("qwen3moe")
     hw = load_hardware("rtx4090-ddr5")
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)
-    wl = BenchWorkload(16, 2, 0, 1)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    wl = BenchRun(16, 2, 0, 1)
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         workload=wl, n_ctx=512, margin=256 * MiB, storage=None, pool_size=3, baselines=False, seed_trials=False,
         surrogate=False))
     params = {**tuner.space.default_params(), "fill.CUDA0": 0.5, "order": "last", "partial": True, "offload": True}

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from offload_tuner import cli
-from offload_tuner.app import PlanRequest, TuneOptions, plan_outcome
+from offload_tuner.app import PlanRequest, TuneRequest, plan_outcome
 from offload_tuner.app.fields import options
 from planner.errors import InputError
 from offload_tuner.service import bodies
@@ -30,7 +30,7 @@ def test_a_body_is_the_request_the_flags_make():
 def test_keys_in_the_clis_spelling_and_the_old_names():
     body = {"model": M, "n-prompt": 64, "kv-types": ["f16"], "n-trials": 3, "study-name": "x", "timeout": 5,
             "cpu_stand_in": True, "space": "full"}
-    assert bodies.request("tune", body, PATHS) == TuneOptions(model=M, n_prompt=64, kv_types=("f16",), trials=3,
+    assert bodies.request("tune", body, PATHS) == TuneRequest(model=M, n_prompt=64, kv_types=("f16",), trials=3,
                                                               study="x", timeout_s=5.0, cpu_stand_in=True,
                                                               space="full")
 
@@ -75,7 +75,7 @@ def test_the_schema_is_the_requests_fields_with_their_help(command):
     if command == "tune":
         assert s["properties"]["n_prompt"] == {   # a JSON integer or the command line's text
             "oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[+-]?[0-9]+$"}],
-            "description": options(TuneOptions)["n_prompt"].help}
+            "description": options(TuneRequest)["n_prompt"].help}
         assert s["properties"]["engine"]["enum"] == ["sim", "torch", "llamacpp", "llamaserver"]   # the registry
 
 

@@ -15,12 +15,12 @@ from planner.hardware import GiB, MiB, parse_size
 from planner.memory import estimate
 from tuner.records import TrialRecord
 from tuner.margin import MARGIN_SLACK, OOM_STEP
-from tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.search import Tuner, StudyConfig, BenchRun
 from tuner.space import SpaceConfig
 from runtime.sim import SimEngine
-from planner.engine import Engine
+from planner.engine_contract import Engine
 
-WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
+WL = BenchRun(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
 
 
 class BenchLikeEngine(Engine):
@@ -47,7 +47,7 @@ class BenchLikeEngine(Engine):
 def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there(qwen_on_16gib):
     inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw, extra=400 * MiB)      # the model under-predicts by 400 MiB
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         objective="tg", workload=WL, n_ctx=8192, margin=0, storage=None, pool_size=30, seed=3, baselines=False))
     assert tuner.run_ctx == 2048 and tuner.n_ctx == 8192
     tuner.run(8)
@@ -80,7 +80,7 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwe
     db = f"sqlite:///{tmp_path / 'm.db'}"
 
     def tuner(n_ctx=2112):
-        return Tuner(inv, hw, engine, TunerOptions(
+        return Tuner(inv, hw, engine, StudyConfig(
             objective="both", workload=WL, n_ctx=n_ctx, storage=db, pool_size=30, seed=4, baselines=False,
             study_name="per-ub", config=SpaceConfig(ubatch=(512, 4096))))
     t = tuner()
@@ -123,7 +123,7 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwe
     assert again.margin == floor and set(again.ubatch_margins.values()) == {floor}
     assert tuner().ubatch_margins == again.ubatch_margins and tuner().margin == floor
     # the sim engine is the model: a learnt margin stays 0
-    sim_tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    sim_tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20, seed=4, baselines=False))
     assert sim_tuner.margin == 0
     sim_tuner.run(3)
@@ -163,7 +163,7 @@ class NoisyEngine(Engine):
 def test_confirmation_interleaves_and_picks_by_the_median(qwen_on_16gib):
     inv, hw = qwen_on_16gib
     engine = NoisyEngine(hw)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(6)
     contenders = tuner.finalists(n_tg=2)
@@ -232,15 +232,15 @@ def test_a_study_made_before_a_space_option_existed_still_resumes(qwen_on_16gib,
     inv, hw = qwen_on_16gib
     url = f"sqlite:///{tmp_path / 's.db'}"
     kw = dict(objective="tg", workload=WL, n_ctx=2112, storage=url, pool_size=10, study_name="old")
-    study = Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw)).study
+    study = Tuner(inv, hw, SimEngine(hw), StudyConfig(**kw)).study
     settings = study.user_attrs["settings"]
     del settings["space"]["op_per_class"]
     study.set_user_attr("settings", settings)
-    Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw))                       # resumes: the default is what it ran with
+    Tuner(inv, hw, SimEngine(hw), StudyConfig(**kw))                       # resumes: the default is what it ran with
     settings["space"]["op_per_class"] = False
     study.set_user_attr("settings", settings)
     with pytest.raises(InputError, match="made with other space"):
-        Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw))
+        Tuner(inv, hw, SimEngine(hw), StudyConfig(**kw))
 
 
 class SweepLikeEngine(BenchLikeEngine):
@@ -263,7 +263,7 @@ def _sweep_run(model_and_box, n_ubatch: int):
     from tuner.baselines import flag_plan
     inv, hw = model_and_box
     engine = SweepLikeEngine(hw)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1))
     plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=n_ubatch, n_ubatch=n_ubatch),
                      "mainline", "m")
@@ -306,14 +306,14 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib,
     engine = BenchLikeEngine(hw)
     kw = dict(objective="both", workload=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
               study_name="cell")
-    first = Tuner(inv, hw, engine, TunerOptions(**kw))
+    first = Tuner(inv, hw, engine, StudyConfig(**kw))
     res = first.run(4, deadline=time.monotonic() - 1)
     assert res.stopped == "stopped at the deadline during the baselines" and res.measured == 0
     assert "baselines" not in first.study.user_attrs and not first.study.trials and not engine.plans
     # the deadline passes while the first baseline runs: it is kept, no second one starts
     now = [1000.0]
     monkeypatch.setattr(search.time, "monotonic", lambda: now[0])
-    second = Tuner(inv, hw, engine, TunerOptions(**kw))
+    second = Tuner(inv, hw, engine, StudyConfig(**kw))
     real = second.measurer.plan_record
 
     def slow(*a, **k):
@@ -327,7 +327,7 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib,
     assert "baselines" not in second.study.user_attrs and second.study.user_attrs["baselines_partial"] == out
     monkeypatch.undo()
     # the next call measures the rest only and stores the list whole
-    third = Tuner(inv, hw, engine, TunerOptions(**kw))
+    third = Tuner(inv, hw, engine, StudyConfig(**kw))
     whole = third.baselines(deadline=time.monotonic() + 3600)
     assert whole[0] == out[0] and len(whole) > 1 and third.study.user_attrs["baselines"] == whole
     assert len(engine.plans) - ran == sum(b["runs"] for b in whole[1:])   # the first one did not run again
@@ -367,7 +367,7 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     inv, hw = qwen_on_16gib
     engine = TimedSimEngine(hw)
     wl = replace(WL, repetitions=3)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         objective="both", workload=wl, n_ctx=2112, storage=None, pool_size=30, seed=5,
         config=SpaceConfig(ubatch=(128, 512))))
     tuner.run(6)
@@ -408,7 +408,7 @@ def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_defa
     """Studies from before runs were timed: a trial's time is Optuna's start to end (unless its run was a
     baseline's), a reference's is the caller's default."""
     inv, hw = qwen_on_16gib
-    tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(4)
     contenders = tuner.finalists(n_tg=1)
@@ -422,9 +422,9 @@ def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_defa
 
 
 def test_a_runs_time_at_fewer_repetitions_repeats_only_the_timed_part():
-    """BenchWorkload.seconds_at, on the H100 run that was misjudged (2026-11-24, depth 8192, -r 3: 142.6 s at PP 138.6
+    """BenchRun.seconds_at, on the H100 run that was misjudged (2026-11-24, depth 8192, -r 3: 142.6 s at PP 138.6
     and TG 61.1): each repetition times 2048 prompt tokens and 64 generated (~15.8 s), the rest happens once."""
-    wl = BenchWorkload(n_prompt=2048, n_gen=64, depth=8192, repetitions=3)
+    wl = BenchRun(n_prompt=2048, n_gen=64, depth=8192, repetitions=3)
     per_rep = 2048 / 138.576 + 64 / 61.1062
     assert wl.seconds_at(142.588, 138.576, 61.1062, 3) == pytest.approx(142.588)
     assert wl.seconds_at(142.588, 138.576, 61.1062, 1) == pytest.approx(142.588 - 2 * per_rep)
@@ -442,7 +442,7 @@ def test_a_run_that_would_end_past_the_deadline_is_not_started_and_is_queued_for
     its plan is queued again (behind those queued before it) and a later call measures it."""
     inv, hw = qwen_on_16gib
     engine = TimedSimEngine(hw)        # says each run took 10-90 s (it returns at once)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         objective="both", workload=replace(WL, repetitions=3), n_ctx=2112, storage=None, pool_size=30, seed=5,
         config=SpaceConfig(ubatch=(128, 512))))
     tuner.baselines()

@@ -1,4 +1,4 @@
-"""An engine's own memory prediction judges its plans (planner.engine.memory_model): the tuner's space decodes,
+"""An engine's own memory prediction judges its plans (planner.engine_contract.memory_model): the tuner's space decodes,
 baselines and judged runs use Engine.predict_memory where the engine has one (the torch engine), and
 planner.memory.estimate itself (the same function: byte-identical behaviour) for engines without it (sim, llamacpp),
 or for a plan the engine returns None for."""
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.engine import Engine, memory_model, memory_model_name
+from planner.engine_contract import Engine, memory_model, memory_model_name
 from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
-from tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.search import Tuner, StudyConfig, BenchRun
 from runtime.sim import SimEngine
 
-WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WL = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 EXTRA = 2 * GiB
 
 
@@ -48,7 +48,7 @@ def test_engines_without_a_prediction_keep_planner_memory_itself():
     inv, hw = _setup()
     assert memory_model(SimEngine(hw), WL) is estimate
     assert memory_model_name(estimate) == "planner.memory"
-    tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
     assert tuner.estimate is estimate and tuner.space.estimate is estimate
 
@@ -58,13 +58,13 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
     engine = OwnMemoryEngine(hw)
     model = memory_model(engine, WL)
     assert memory_model_name(model) == "own-memory engine"
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False,
         surrogate=False))
     assert tuner.space.estimate is tuner.estimate
     # a fill of CUDA0 that planner.memory fits (budget 16 GiB - 512 MiB), but the engine's own model does not
     params = {**tuner.space.default_params(), "fill.CUDA0": 0.9, "order": "last", "partial": True}
-    sim_space = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    sim_space = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False)).space
     cand_sim = sim_space.decode(sim_space.fixed(params))
     assert cand_sim.fits
@@ -84,7 +84,7 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
 
 def test_a_plan_the_engine_does_not_predict_is_judged_by_planner_memory():
     inv, hw = _setup()
-    tuner = Tuner(inv, hw, OwnMemoryEngine(hw, none=True), TunerOptions(
+    tuner = Tuner(inv, hw, OwnMemoryEngine(hw, none=True), StudyConfig(
         workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
     params = {**tuner.space.default_params(), "fill.CUDA0": 1.0, "order": "last", "partial": True}
     cand = tuner.space.decode(tuner.space.fixed(params))
@@ -92,19 +92,19 @@ def test_a_plan_the_engine_does_not_predict_is_judged_by_planner_memory():
 
 
 def test_a_timed_engine_times_each_run_and_passes_the_rest_through():
-    """planner.engine.TimedEngine (the GPU benchmarks plan their device calls with it): each run's seconds kept
+    """planner.engine_contract.TimedEngine (the GPU benchmarks plan their device calls with it): each run's seconds kept
     and reported, the plan time a default until three runs, then 1.2x their mean; name and optional methods pass
     through, so the tuner judges its plans with the inner engine's memory model."""
-    from planner.engine import TimedEngine
+    from planner.engine_contract import TimedEngine
     from planner.propose import propose
     inv = load_preset("Qwen3-30B-A3B").inventory()
     hw = load_hardware("gpu-box").with_vram([16 * GiB])
     heard: list[float] = []
     engine = TimedEngine(SimEngine(hw), on_run=heard.append)
-    assert engine.name == "sim" and memory_model(engine, BenchWorkload(512)) is estimate
+    assert engine.name == "sim" and memory_model(engine, BenchRun(512)) is estimate
     plan = propose(inv, hw)[0]
     assert engine.run_seconds(25.0) == 25.0
     for _ in range(3):
-        assert engine.measure(inv, plan, BenchWorkload(512, 16)).ok
+        assert engine.measure(inv, plan, BenchRun(512, 16)).ok
     assert heard == engine.times and len(heard) == 3 and all(t >= 0 for t in heard)
     assert engine.run_seconds(25.0) == 1.2 * sum(heard) / 3

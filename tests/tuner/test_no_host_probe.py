@@ -8,12 +8,12 @@ import pytest
 from planner.flags import render
 from planner.hardware import GiB, load_hardware
 from tuner.records import TrialRecord
-from tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.search import Tuner, StudyConfig, BenchRun
 from tuner.seeds import PROBE_NO_HOST, PROBE_RTR
 from tuner.space import Space, SpaceConfig
 from runtime.sim import SimEngine
 
-WL = BenchWorkload(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
+WL = BenchRun(n_prompt=2048, n_gen=64, depth=0, repetitions=1)
 ON = SpaceConfig(no_host=(False, True))
 
 
@@ -34,7 +34,7 @@ def test_no_host_dim_is_mainline_only_and_off_by_default(qwen_on_16gib):
 @pytest.mark.slow          # a whole sim study (~12 s on 2 cores): make test runs it, make test-fast does not
 def test_probe_reruns_the_best_tg_plan_with_no_host_once(qwen_on_16gib):
     inv, hw = qwen_on_16gib
-    tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20, config=ON, seed=3,
         prescreen=True))   # seeds take half the runs, as for a real engine
     tuner.run(12)
@@ -60,12 +60,12 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once(qwen_on_16gib):
     again = tuner.study.user_attrs["probed_no_host"]
     assert again["queued"] and again["trial"] != best.number and again["plan_id"] != r.plan_id
     # no probe where the space has no no_host dim, or nothing generates (PP only)
-    plain = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    plain = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20))
     plain.run(4)
     assert not plain.probe_repack()
-    pp = Tuner(inv, hw, SimEngine(hw), TunerOptions(
-        objective="pp", workload=BenchWorkload(2048, 0, 0, 1), n_ctx=4096, storage=None, pool_size=20, config=ON))
+    pp = Tuner(inv, hw, SimEngine(hw), StudyConfig(
+        objective="pp", workload=BenchRun(2048, 0, 0, 1), n_ctx=4096, storage=None, pool_size=20, config=ON))
     pp.run(3)
     assert not pp.probe_repack()
 
@@ -74,7 +74,7 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once(qwen_on_16gib):
 def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once(qwen_on_16gib):
     """ik's -rtr repacks the weights kept in RAM as --no-host lets mainline do: the same one probe per study."""
     inv, hw = qwen_on_16gib
-    tuner = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20, dialect="ik",
         config=SpaceConfig(rtr=(False, True)), seed=3, prescreen=True))
     assert "no_host" not in tuner.space.dims and tuner.space.dims["rtr"].values == (False, True)
@@ -99,15 +99,15 @@ def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(qwen_on_16g
     inv, hw = qwen_on_16gib
     url = f"sqlite:///{tmp_path / 's.db'}"
     kw = dict(objective="tg", workload=WL, n_ctx=4096, storage=url, pool_size=10, study_name="old")
-    study = Tuner(inv, hw, SimEngine(hw), TunerOptions(**kw)).study
+    study = Tuner(inv, hw, SimEngine(hw), StudyConfig(**kw)).study
     settings = study.user_attrs["settings"]
     del settings["space"]["no_host"]
     study.set_user_attr("settings", settings)
-    resumed = Tuner(inv, hw, SimEngine(hw), TunerOptions(config=ON, **kw))      # what `tune` now asks for a real engine
+    resumed = Tuner(inv, hw, SimEngine(hw), StudyConfig(config=ON, **kw))      # what `tune` now asks for a real engine
     assert "no_host" not in resumed.space.dims and resumed.config.no_host == (False,)
-    fresh = Tuner(inv, hw, SimEngine(hw), TunerOptions(config=ON, **dict(kw, study_name="new")))
+    fresh = Tuner(inv, hw, SimEngine(hw), StudyConfig(config=ON, **dict(kw, study_name="new")))
     assert "no_host" in fresh.space.dims
-    again = Tuner(inv, hw, SimEngine(hw), TunerOptions(config=ON, **dict(kw, study_name="new")))   # stored: kept
+    again = Tuner(inv, hw, SimEngine(hw), StudyConfig(config=ON, **dict(kw, study_name="new")))   # stored: kept
     assert "no_host" in again.space.dims
 
 

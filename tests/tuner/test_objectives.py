@@ -73,7 +73,7 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     from planner.hardware import resolve
     from planner.loader import load_model
     from tuner.objectives import bench_for
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, StudyConfig
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
@@ -81,7 +81,7 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
 
     def tuner():
-        return Tuner(inv, hw, SimEngine(hw), TunerOptions(
+        return Tuner(inv, hw, SimEngine(hw), StudyConfig(
             objective="time", workload=bench_for(w), requests=w, n_ctx=39424, pool_size=20, study_name="s",
             storage=url))
     t = tuner()
@@ -100,7 +100,7 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     optuna.load_study(study_name="s", storage=url).set_user_attr("request_time", dict(rt.to_dict(), classes=flat))
     assert all(c.tg_scale == 1.0 for c in tuner().objective.request.classes)    # what is stored is what scores
     with pytest.raises(InputError, match="--workload"):
-        Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), n_ctx=39424))
+        Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", workload=bench_for(w), n_ctx=39424))
 
 
 @pytest.mark.parametrize("name", ["chat", "agent", "rag", "batch"])

@@ -14,7 +14,7 @@ import pytest
 
 from offload_tuner import cli
 from planner.errors import InputError, RecordError
-from planner.engine import Measurement
+from planner.engine_contract import Measurement
 from tuner.cost_fit import Terms
 from tuner.records import (
     RECORD_VERSION, CandidateInfo, MeasuredRun, PredictedSpeeds, RecordWriter, TrialRecord,

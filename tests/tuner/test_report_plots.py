@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from planner.bench_workload import BenchWorkload
+from planner.bench_run import BenchRun
 from planner.hardware import GiB, KEEP_FREE, load_hardware
 from planner.presets import load_preset
 from tuner.report import study_summary, trials_frame
 from tuner.report_plots import PLOTS, figure
-from tuner.search import Tuner, TunerOptions
+from tuner.search import Tuner, StudyConfig
 from runtime.sim import SimEngine
 
 
@@ -21,8 +21,8 @@ from runtime.sim import SimEngine
 def study():
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = replace(load_hardware("rtx4090-ddr5").with_vram([16 * GiB]), keep_free_bytes=KEEP_FREE)
-    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(
-        objective="both", workload=BenchWorkload(n_prompt=512, n_gen=32), n_ctx=8192, storage=None, pool_size=20,
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(
+        objective="both", workload=BenchRun(n_prompt=512, n_gen=32), n_ctx=8192, storage=None, pool_size=20,
         seed=4))
     t.run(6)
     df = trials_frame(t.study)

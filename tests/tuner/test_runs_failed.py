@@ -8,7 +8,7 @@ import pytest
 
 from cli_outcome import run_cli
 from offload_tuner.app import tune as tune_app
-from planner.engine import Engine, Measurement
+from planner.engine_contract import Engine, Measurement
 from tuner.failures import MEMORY, Failures, failure_kind
 
 MODEL = "preset:Qwen3-30B-A3B:Q4_K_M"

@@ -11,12 +11,12 @@ from planner.plan import Knobs
 from planner.presets import load_preset
 from planner.propose import best_plans
 from tuner.records import RECORD_VERSION, TrialRecord
-from tuner.search import Tuner, TunerOptions, BenchWorkload
-from runtime.engine import Engine, Measurement
+from tuner.search import Tuner, StudyConfig, BenchRun
+from planner.engine_contract import Engine, Measurement
 from runtime.sim import SimEngine
 
 MODEL = "Qwen3-30B-A3B:Q4_K_M"
-WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WL = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 
 
 def _study(engine_cls, objective: str, seed: int):
@@ -25,7 +25,7 @@ def _study(engine_cls, objective: str, seed: int):
     inv = load_preset(MODEL).inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     engine = engine_cls(hw)
-    tuner = Tuner(inv, hw, engine, TunerOptions(
+    tuner = Tuner(inv, hw, engine, StudyConfig(
         objective=objective, workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=seed))
     return inv, hw, engine, tuner
 

@@ -13,17 +13,17 @@ from planner.hardware import GiB, MiB, load_hardware
 from planner.memory import estimate
 from planner.presets import load_preset
 from tuner.records import TrialRecord
-from tuner.search import Tuner, TunerOptions, BenchWorkload
-from runtime.engine import Engine, Measurement
+from tuner.search import Tuner, StudyConfig, BenchRun
+from planner.engine_contract import Engine, Measurement
 from runtime.sim import SimEngine
 
-WL = BenchWorkload(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+WL = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 EXTRA = 1536 * MiB     # what the engine below holds beyond the memory model's prediction (its activations, say)
 PEAK_ERROR = re.compile(r"^measured peak (\d+\.\d\d) GiB on CUDA0 over the budget (\d+\.\d\d) GiB ")
 
 
 class BigPeakEngine(Engine):
-    """An Engine (runtime/engine.py protocol) on a GPU larger than the study's: it never runs out of memory, it
+    """An Engine (planner/engine_contract.py protocol) on a GPU larger than the study's: it never runs out of memory, it
     reports the sim engine's speeds and a peak EXTRA bytes above the memory model's total. It remembers each plan
     with the tuner's margin when it ran."""
     name = "big-peak"
@@ -42,7 +42,7 @@ def _tuner(**kw):
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     engine = BigPeakEngine(hw)
     # a fixed margin (the learnt one, the default, is tested in test_budget_confirm.py)
-    return inv, hw, engine, Tuner(inv, hw, engine, TunerOptions(
+    return inv, hw, engine, Tuner(inv, hw, engine, StudyConfig(
         workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, **kw))
 
 

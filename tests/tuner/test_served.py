@@ -92,12 +92,12 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     from planner.loader import load_model
     from tuner.objectives import bench_for
     from tuner.report import study_summary, summary_markdown
-    from tuner.search import Tuner, TunerOptions
+    from tuner.search import Tuner, StudyConfig
     from planner.workload import preset
     from runtime.sim import SimEngine
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
     w = preset("rag")
-    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(
         objective="time", workload=bench_for(w), requests=w, n_ctx=16640, pool_size=20, study_name="s",
         storage=f"sqlite:///{tmp_path / 's.db'}"))
     t.run(3)
@@ -114,7 +114,7 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     md = summary_markdown(s)
     assert "## Served on llama-server: the `rag` workload, 2 interleaved rounds" in md and "**pick**" in md
     # any other objective: no headline, the JSON as before
-    t2 = Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="tg", pool_size=20, study_name="s2"))
+    t2 = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="tg", pool_size=20, study_name="s2"))
     t2.run(2)
     assert study_summary(t2.study).headline is None and "headline" not in study_summary(t2.study).to_dict()
 
@@ -144,7 +144,7 @@ class GpuStandIn:
     def measure_workload(self, inv, plan, workload):
         from dataclasses import replace
 
-        from planner.engine import Measurement
+        from planner.engine_contract import Measurement
         served = replace(plan, knobs=replace(plan.knobs, n_ctx=workload.ctx, n_seq=workload.slots))
         peak = self.t.estimate(inv, served, self.t.hw).devices["CUDA0"].total - self.SERVER_LESS
         on_gpu = sum(t.nbytes for t in inv.allocated() if t.is_expert and plan.assignment[t.name] != "CPU")
@@ -155,7 +155,7 @@ class GpuStandIn:
                                                                 "command": "llama-server ...", "wall_s": 1.0})
 
     def fit_reference(self, inv, workload, budgets, ubatch, kv_type=None, threads=None):
-        from planner.engine import Measurement
+        from planner.engine_contract import Measurement
         self.runs.append(("fit", ubatch, kv_type))
         self.threads.append(threads)
         return Measurement(900.0, 41.0, {"CUDA0": budgets["CUDA0"] + 100 * MiB},
@@ -168,7 +168,7 @@ def rag_tuners(tmp_path, kv_type: str):
     from planner.hardware import resolve
     from planner.loader import load_model
     from tuner.objectives import bench_for
-    from tuner.options import TunerOptions
+    from tuner.options import StudyConfig
     from tuner.search import Tuner
     from tuner.space import SpaceConfig
     from planner.workload import preset
@@ -178,7 +178,7 @@ def rag_tuners(tmp_path, kv_type: str):
     storage = f"sqlite:///{tmp_path / 's.db'}"
 
     def tuner():
-        return Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
+        return Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", workload=bench_for(w), requests=w,
                                                           n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
                                                           storage=storage, config=SpaceConfig(kv_types=(kv_type,))))
     return tuner

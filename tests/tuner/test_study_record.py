@@ -15,7 +15,7 @@ from planner.errors import RecordError
 from planner.hardware import GiB, load_hardware
 from planner.presets import load_preset
 from tuner.records import STUDY_RECORD_VERSION, STUDY_VERSION_KEY, StudyRecord
-from tuner.search import BenchWorkload, Tuner, TunerOptions
+from tuner.search import BenchRun, Tuner, StudyConfig
 from runtime.sim import SimEngine
 
 DATA = Path(__file__).resolve().parent / "data" / "old_study_v1.db.gz"
@@ -49,7 +49,7 @@ def test_an_old_study_reads_as_version_1_and_stays_so_when_it_resumes(tmp_path, 
 def test_a_new_study_stores_only_what_the_record_names_with_its_version():
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
-    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="both", workload=BenchWorkload(512, 32, 0, 1),
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="both", workload=BenchRun(512, 32, 0, 1),
                                                    n_ctx=4096, pool_size=20, seed=2))
     t.run(4)
     t.confirm(2, n_tg=1)

@@ -9,7 +9,7 @@ import pytest
 from planner.hardware import GiB, MiB, load_hardware
 from planner.presets import load_preset
 from tuner.report import BudgetBest, EngineRuns, StudySummary, study_summary, write_study_report
-from tuner.search import Tuner, TunerOptions, BenchWorkload
+from tuner.search import Tuner, StudyConfig, BenchRun
 from runtime.sim import SimEngine
 
 # the report's JSON keys in their order (the service's page and benchmarks/tune_vs_fit.py read them)
@@ -22,8 +22,8 @@ KEYS = ["study", "settings", "engine_runs", "budget_bytes", "reference", "confir
 def tuner():
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
-    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(
-        objective="tg + 0.1*pp", workload=BenchWorkload(n_prompt=512, n_gen=32), n_ctx=8192, margin=512 * MiB,
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(
+        objective="tg + 0.1*pp", workload=BenchRun(n_prompt=512, n_gen=32), n_ctx=8192, margin=512 * MiB,
         storage=None, pool_size=20, seed=4))
     t.run(5)
     return t

@@ -3,7 +3,7 @@ as llama.cpp's default -t 64 did on the 64-vCPU four-GPU VM, makes the study set
 default within THREADS_GAIN is kept; a failed run is no count to take."""
 from __future__ import annotations
 
-from planner.engine import Engine, Measurement
+from planner.engine_contract import Engine, Measurement
 from planner.loader import load_model
 from planner.plan import Knobs, Plan
 from tuner.threads import THREADS_GAIN, ThreadProbe, decide, probe_counts, probe_threads

@@ -15,14 +15,14 @@ from runtime.sim import SimEngine
 from tuner.objectives import RequestTime, bench_for
 from tuner.report import study_summary, summary_markdown, trials_frame
 from tuner.report_plots import figure
-from tuner.search import Tuner, TunerOptions
+from tuner.search import Tuner, StudyConfig
 
 
 @pytest.fixture(scope="module")
 def time_study():
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
     w = preset("chat")
-    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="time", workload=bench_for(w), requests=w,
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", workload=bench_for(w), requests=w,
                                                    n_ctx=9216, pool_size=20, seed=3))
     t.run(5)
     df = trials_frame(t.study)
@@ -62,7 +62,7 @@ def test_the_history_plot_of_a_time_study_is_in_seconds_and_falls_as_it_gets_bet
 
 def test_other_objectives_show_what_they_store():
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
-    t = Tuner(inv, hw, SimEngine(hw), TunerOptions(objective="tg + 0.1*pp", pool_size=20))
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="tg + 0.1*pp", pool_size=20))
     t.run(2)
     s = study_summary(t.study)
     assert "mean_request_s" not in s.best["objective"] and s.request_time is None

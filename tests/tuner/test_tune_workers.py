@@ -69,10 +69,10 @@ def test_a_killed_workers_running_trial_is_failed_and_retried(tmp_path, monkeypa
     url = f"sqlite:///{tmp_path / 'k.db'}"
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
-    wl = search.BenchWorkload(n_prompt=512, n_gen=64, depth=0, repetitions=1)
+    wl = search.BenchRun(n_prompt=512, n_gen=64, depth=0, repetitions=1)
 
     def tuner() -> search.Tuner:
-        return search.Tuner(inv, hw, SimEngine(hw), search.TunerOptions(
+        return search.Tuner(inv, hw, SimEngine(hw), search.StudyConfig(
             workload=wl, n_ctx=8192, storage=url, study_name="k", pool_size=40, baselines=False, objective="tg"))
     tuner().run(3)
     # what a killed worker leaves: a trial RUNNING with a heartbeat that stopped

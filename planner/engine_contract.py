@@ -1,7 +1,7 @@
-"""The Engine protocol shared by every engine (sim, torch, llamacpp), and its BenchWorkload and Measurement.
+"""The Engine protocol shared by every engine (sim, torch, llamacpp), and its BenchRun and Measurement.
 
 Defined on the planner side so the tuner speaks the same types as the engines without importing runtime/
-(runtime.engine re-exports all three); the engines themselves live in runtime/, named in planner.engines.
+(runtime imports all three from here); the engines themselves live in runtime/, named in planner.engine_registry.
 
 Contract of `Engine.measure(inv, plan, workload) -> Measurement`:
 - It runs (or predicts) the plan exactly as given: every tensor on the device the plan says, the plan's knobs.
@@ -29,9 +29,9 @@ from .hardware import HardwareProfile
 from .memory import MemoryReport, estimate
 from .model import ModelInventory
 from .plan import Plan
-from .bench_workload import BenchWorkload
+from .bench_run import BenchRun
 
-__all__ = ["Engine", "EngineFit", "Measurement", "MemoryModel", "TimedEngine", "BenchWorkload", "memory_model",
+__all__ = ["Engine", "EngineFit", "Measurement", "MemoryModel", "TimedEngine", "BenchRun", "memory_model",
            "memory_model_name"]
 
 
@@ -57,7 +57,7 @@ class Measurement:
 class EngineFit:
     """What an engine's own --fit did for a budget: its run, the arguments to run it again (confirmation), the
     free memory it was asked to leave, and (when the engine can say) the placement it chose."""
-    measurement: Any                          # planner.engine.Measurement (or a stored MeasuredRun)
+    measurement: Any                          # planner.engine_contract.Measurement (or a stored MeasuredRun)
     argv: tuple[str, ...]                     # the benchmark's arguments after the program
     env: dict[str, str] = field(default_factory=dict)
     target_bytes: int = 0                     # -fitt: free memory llama.cpp must leave on each GPU
@@ -68,7 +68,7 @@ class EngineFit:
 
 
 class Engine(ABC):
-    """Anything that can measure a Plan: `measure`, and `name`, the name planner.engines registers it under (its
+    """Anything that can measure a Plan: `measure`, and `name`, the name planner.engine_registry registers it under (its
     traits are there). Every engine subclasses this one; the capabilities below are declared here with what an
     engine that lacks them answers, and the tuner calls them as they are (never probes for them):
     - `measure_args(args, workload, env)`: a run of a command line as given (the --fit references, `run -- ...`);
@@ -98,35 +98,35 @@ class Engine(ABC):
     dialect: str | None = None
 
     @abstractmethod
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
         ...
 
-    def measure_args(self, args: Sequence[str], workload: BenchWorkload, env: Mapping[str, str] | None = None
+    def measure_args(self, args: Sequence[str], workload: BenchRun, env: Mapping[str, str] | None = None
                      ) -> Measurement:
         raise InputError(f"the {self.name} engine measures plans, not a command line")
 
-    def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int | None:
+    def run_context(self, workload: BenchRun, plan: Plan | None = None) -> int | None:
         return None
 
-    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> str | None:
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> str | None:
         return None
 
-    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload,
+    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchRun,
                    hw: HardwareProfile | None = None) -> MemoryReport | None:
         return None
 
-    def own_fit(self, inv: ModelInventory, workload: BenchWorkload, budgets: Mapping[str, int]) -> EngineFit | None:
+    def own_fit(self, inv: ModelInventory, workload: BenchRun, budgets: Mapping[str, int]) -> EngineFit | None:
         return None
 
     def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
-                       workload: BenchWorkload) -> MemoryReport | None:
+                       workload: BenchRun) -> MemoryReport | None:
         return None
 
 
 MemoryModel = Callable[[ModelInventory, Plan, "HardwareProfile | None"], MemoryReport]
 
 
-def memory_model(engine: Engine, workload: BenchWorkload) -> MemoryModel:
+def memory_model(engine: Engine, workload: BenchRun) -> MemoryModel:
     """The memory model that judges `engine`'s plans at `workload`, with planner.memory.estimate's signature:
     the engine's `predict_memory` where it `predicts_memory` (planner.memory.estimate for a plan it returns None for),
     else planner.memory.estimate itself (the same function object, so callers keep its behaviour exactly)."""
@@ -159,21 +159,21 @@ class TimedEngine(Engine):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def run_context(self, workload: BenchWorkload, plan: Plan | None = None) -> int | None:
+    def run_context(self, workload: BenchRun, plan: Plan | None = None) -> int | None:
         return self.inner.run_context(workload, plan)
 
-    def own_fit(self, inv: ModelInventory, workload: BenchWorkload, budgets: Mapping[str, int]) -> EngineFit | None:
+    def own_fit(self, inv: ModelInventory, workload: BenchRun, budgets: Mapping[str, int]) -> EngineFit | None:
         return self.inner.own_fit(inv, workload, budgets)
 
-    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload) -> str | None:
+    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> str | None:
         return self.inner.shell_command(inv, plan, workload)
 
-    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchWorkload,
+    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchRun,
                    hw: HardwareProfile | None = None) -> MemoryReport | None:
         return self.inner.run_memory(inv, plan, workload, hw)
 
     def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
-                       workload: BenchWorkload) -> MemoryReport | None:
+                       workload: BenchRun) -> MemoryReport | None:
         return self.inner.predict_memory(inv, plan, hw, workload)
 
     def _timed(self, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:

@@ -1,7 +1,7 @@
-"""What one benchmark run measures (BenchWorkload): a prompt of n_prompt tokens (PP), n_gen greedy steps (TG)
+"""What one benchmark run measures (BenchRun): a prompt of n_prompt tokens (PP), n_gen greedy steps (TG)
 after a prompt of depth tokens, repeated; what a user's requests look like is planner.workload's Workload.
-Defined here, on the planner side, so the tuner and every engine (planner.engine and runtime.engine re-export it)
-share one type; planner never imports runtime."""
+Defined here, on the planner side, so the tuner and every engine (planner.engine_contract re-exports it) share one
+type; planner never imports runtime."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ from .errors import InputError
 
 
 @dataclass(frozen=True)
-class BenchWorkload:
+class BenchRun:
     n_prompt: int = 512
     n_gen: int = 128
     depth: int = 0

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .errors import InputError
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine_contract import Engine
     from .hardware import HardwareProfile
 
 MiB: Final = 1 << 20
@@ -32,7 +32,7 @@ class EngineTraits:
     memory_error_prior: bytes the memory model may be short of a run's peak before the study has measured any
       (docs/tuning.md "The margin is the memory model's error, learnt");
     dialects: the llama.cpp dialects it speaks;
-    replays_requests: it measures a user's Workload (request classes over HTTP), not a BenchWorkload;
+    replays_requests: it measures a user's Workload (request classes over HTTP), not a BenchRun;
     binary: the program it runs (None: none), which the options' `binary` names;
     no_host_probe: mainline's --no-host is a choice worth measuring on it (real llama.cpp repacks; the cost model
       does not model repacking)."""
@@ -56,7 +56,7 @@ class EngineSpec:
         return self.factory.partition(":")[0]
 
 
-# every engine follows planner.engine.Engine (runtime/sim.py is the smallest example)
+# every engine follows planner.engine_contract.Engine (runtime/sim.py is the smallest example)
 ENGINES: Final[dict[str, EngineSpec]] = {s.name: s for s in (
     EngineSpec("sim", "runtime.sim:from_options",
                EngineTraits(measured=False, memory_error_prior=0),
