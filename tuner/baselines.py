@@ -178,7 +178,7 @@ def measure_baselines(measurer: Measurer, deadline: float | None = None) -> list
             keep(fit_record(fit, measurer.margins.over(dict(fit.measurement.peak_bytes))))
             done.add("--fit")
             if fit.chosen_args:
-                keep(_server_fit_record(measurer, fit.chosen_args))
+                keep(server_fit_record(measurer, fit.chosen_args))
     if late():
         return out
     if "--fit" not in done and FIT_LIKE not in done:
@@ -206,7 +206,7 @@ def measure_baselines(measurer: Measurer, deadline: float | None = None) -> list
     return out
 
 
-def _server_fit_record(measurer: Measurer, chosen_args: list[str]) -> dict[str, Any]:
+def server_fit_record(measurer: Measurer, chosen_args: list[str]) -> dict[str, Any]:
     """llama.cpp's placement for a server (--fit's chosen arguments), run as a plan: a reference, so unjudged."""
     try:
         plan = flag_plan(measurer.inv, list(chosen_args), measurer.default_knobs(), measurer.dialect,
@@ -214,27 +214,6 @@ def _server_fit_record(measurer: Measurer, chosen_args: list[str]) -> dict[str, 
         return measurer.plan_record(SERVER_FIT, "engine-fit-server", plan, judged=False)
     except InputError as e:
         return measurer.plan_record(SERVER_FIT, "engine-fit-server", None, str(e))
-
-
-def redo_references(measurer: Measurer) -> list[str]:
-    """Measure again the reference baselines that never ran (llama.cpp's placement in a server refused by a
-    budget check that studies before this one applied to it), and drop the confirmation so the next
-    `confirm` interleaves them. Returns the names re-measured."""
-    rec = StudyRecord.of(measurer.study)
-    base = list(rec.baselines or [])
-    fit = next((b for b in base if b.get("kind") == "engine-fit" and b.get("chosen_args")), None)
-    redone = []
-    for i, b in enumerate(base):
-        if b.get("kind") == "engine-fit-server" and not b.get("ok") and fit is not None:
-            base[i] = _server_fit_record(measurer, fit["chosen_args"])
-            redone.append(SERVER_FIT)
-    if redone:
-        StudyRecord.save(measurer.study, baselines=base)
-        if rec.confirmed is not None:
-            StudyRecord.save(measurer.study, confirmed_before_redo=rec.confirmed, confirmed=None)
-        if rec.confirmation is not None:
-            StudyRecord.save(measurer.study, confirmation_before_redo=rec.confirmation, confirmation=None)
-    return redone
 
 
 def _ncmoe_record(measurer: Measurer, knobs: Knobs) -> dict[str, Any]:

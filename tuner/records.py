@@ -305,9 +305,6 @@ class StudyRecord:
     # the llama-bench confirmation (tuner.confirm): its samples as they come, then the verdict
     confirmation: dict[str, Any] | None = None
     confirmed: dict[str, Any] | None = None
-    confirmation_before_redo: dict[str, Any] | None = None    # set aside when references were re-measured
-    confirmed_before_redo: dict[str, Any] | None = None
-    confirmation_earlier_call: dict[str, Any] | None = None   # benchmarks/tune_vs_fit.py: another call's samples
     # the llama-server confirmation (tuner.served): its samples as they come, then the verdict
     serving: dict[str, Any] | None = None
     served: dict[str, Any] | None = None

@@ -271,10 +271,6 @@ class Tuner:
             return StudyRecord.of(self.study).baselines or []
         return _baselines.measure_baselines(self.measurer, deadline)
 
-    def redo_references(self) -> list[str]:
-        """Measure again the reference baselines that never ran (tuner.baselines.redo_references)."""
-        return _baselines.redo_references(self.measurer)
-
     # Optuna's objective: one piece because each early exit (over budget, duplicate, screened, failed) stores
     # why on the trial as it goes, in the order a reader of the trial sees them
     def objective_fn(self, trial) -> float | tuple[float, ...]:
