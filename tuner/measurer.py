@@ -68,7 +68,7 @@ class Measurer:
             self._space = self.new_space()
         self._space_changes = margins.changes
         rec = StudyRecord.of(study)
-        self.fit = CostFit.from_dict(rec.cost_fit)
+        self.fit = rec.cost_fit or CostFit()
         self.samples: list[tuple[Terms, float, float]] = []          # (terms, TG, PP) of every good run
         self.measured: dict[str, tuple[int, tuple[float, ...] | None]] = {}   # plan id -> (trial, values)
         self.queued: set[str] = set()                                # plan ids of enqueued trials not yet run
@@ -141,14 +141,14 @@ class Measurer:
     def refit(self) -> None:
         if self.samples:
             self.fit = fit(self.samples)
-            StudyRecord.save(self.study, cost_fit=self.fit.to_dict())
+            StudyRecord.save(self.study, cost_fit=self.fit)
 
     def request_time(self) -> RequestTime:
         """The time objective's per-class speeds (objectives.request_time), computed once per study on the
         planner's pick for the budget and stored, so a resumed study scores its trials as before."""
         rec = StudyRecord.of(self.study)
         if rec.request_time is not None:
-            return RequestTime.from_dict(rec.request_time)
+            return rec.request_time
         if self.requests is None:
             raise InputError("objective time needs the workload's request classes")
         knobs = self.default_knobs()
@@ -159,7 +159,7 @@ class Measurer:
             plan = Plan(self.inv.source or self.inv.name, {t.name: "CPU" for t in self.inv.allocated()}, knobs,
                         self.dialect)
         rt = request_time(self.inv, self.hw, plan, self.requests, self.workload)
-        StudyRecord.save(self.study, request_time=rt.to_dict())
+        StudyRecord.save(self.study, request_time=rt)
         return rt
 
     # ---- predictions ----------------------------------------------------------------------------------------------

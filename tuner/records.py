@@ -32,7 +32,9 @@ from collections.abc import Callable, Mapping
 from planner.engine_contract import Measurement
 from planner.errors import RecordError
 from planner.plan import Plan
-from .cost_fit import Terms
+from .cost_fit import CostFit, Terms
+from .objectives import RequestTime
+from .threads import ThreadProbe
 
 RECORD_VERSION = 2
 VERSION_KEY = "record_version"
@@ -285,7 +287,7 @@ class StudyRecord:
     settings: dict[str, Any] = field(default_factory=dict)
     objective_names: list[str] = field(default_factory=list)
     created: str = ""                                   # "%Y-%m-%d %H:%M:%S"
-    request_time: dict[str, Any] | None = None          # objectives.RequestTime.to_dict() of a time objective
+    request_time: RequestTime | None = None             # the time objective's per-class speeds
     # the memory margin (tuner.margin)
     margin_rule: str = "learnt"                         # "learnt" or "fixed"
     margin_bytes: int | None = None                     # an unmeasured ubatch's margin, or the fixed one
@@ -295,7 +297,7 @@ class StudyRecord:
     memory_errors: list[int] = field(default_factory=list)              # measured - predicted peak, every run
     memory_errors_by_ubatch: dict[int, list[int]] = field(default_factory=dict)
     # the search
-    cost_fit: dict[str, Any] | None = None              # cost_fit.CostFit.to_dict() of the last refit
+    cost_fit: CostFit | None = None                     # the cost model's last refit
     seeded: bool = False                                # the seed trials were enqueued
     probed_no_host: dict[str, Any] | None = None        # the repack probes' outcomes (seeds.REPACK_PROBES)
     probed_rtr: dict[str, Any] | None = None
@@ -309,7 +311,7 @@ class StudyRecord:
     serving: dict[str, Any] | None = None
     served: dict[str, Any] | None = None
     explored: bool = False                              # the search is done (tune --llama-server resumes serving)
-    threads_probe: dict[str, Any] | None = None         # tuner.threads.ThreadProbe.to_dict(): the -t it settled
+    threads_probe: ThreadProbe | None = None            # the thread probe's runs and the -t it settled
 
     @classmethod
     def of(cls, study: Any) -> StudyRecord:
@@ -368,7 +370,9 @@ _LOAD: dict[str, Callable[[Any], Any]] = {
     "settings": dict, "objective_names": list, "created": str, "margin_rule": str, "margin_bytes": int,
     "margin_floor": int, "margin_by_ubatch": _int_keys(int), "memory_errors": _ints,
     "memory_errors_by_ubatch": _int_keys(_ints), "margin_events": list, "seeded": bool, "explored": bool,
-    "baselines": list, "baselines_partial": list}
+    "baselines": list, "baselines_partial": list, "cost_fit": CostFit.from_dict, "request_time": RequestTime.from_dict,
+    "threads_probe": ThreadProbe.from_dict}
 _DUMP: dict[str, Callable[[Any], Any]] = {
+    "cost_fit": CostFit.to_dict, "request_time": RequestTime.to_dict, "threads_probe": ThreadProbe.to_dict,
     "margin_by_ubatch": lambda d: {str(k): int(v) for k, v in d.items()},
     "memory_errors_by_ubatch": lambda d: {str(k): _ints(v) for k, v in d.items()}}

@@ -10,7 +10,6 @@ from typing import Any
 from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
 from .cost_fit import CostFit
 from .failures import no_result_text
-from .threads import ThreadProbe
 from .records import StudyRecord, TrialRecord
 from .report_plots import write_plots      # the plots: their own module
 from planner.hardware import fmt_bytes
@@ -254,6 +253,7 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
     settings = record.settings
     total_vram = sum(v for _, v in settings.get("hardware", {}).get("gpus", [])) or 0
     counts = df["state"].value_counts().to_dict() if not df.empty else {}
+    rt_dict = record.request_time.to_dict() if record.request_time is not None else None
     best: dict[str, Any] = {}
     if not df.empty:
         best = {"tg": _best(df, "tg_tps"), "pp": _best(df, "pp_tps")}
@@ -262,7 +262,7 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
             if not ok.empty:
                 best["objective"] = _row(ok.sort_values("value0", ascending=False).iloc[0]) | {
                     "value": float(ok["value0"].max())}
-                seconds = request_seconds(settings, record.request_time, best["objective"])
+                seconds = request_seconds(settings, rt_dict, best["objective"])
                 if seconds is not None:      # time: what the stored tokens per second mean, lower is better
                     best["objective"]["mean_request_s"] = seconds
     per_budget = [BudgetBest(lv, _best(df, "tg_tps", lv), _best(df, "pp_tps", lv))
@@ -301,12 +301,13 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         front_share=_front_share(df, ref) if not df.empty else None,
         counts={str(k): int(v) for k, v in counts.items()}, n_trials=int(len(df)),
         margin_bytes=record.margin_bytes, margin_events=record.margin_events,
-        margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, cost_fit=record.cost_fit, best=best,
+        margin_by_ubatch={str(k): v for k, v in record.margin_by_ubatch.items()}, best=best,
+        cost_fit=record.cost_fit.to_dict() if record.cost_fit is not None else None,
         pareto=front, per_budget=per_budget, baselines=baselines, failed=failed,
         headline=_headline(settings, record, best, ref), served=record.served,
         keep_free_bytes=keep_free_of(settings), no_result=no_result_text(counts, [f.error for f in failed]),
-        threads=ThreadProbe.from_dict(record.threads_probe).line() if record.threads_probe else None,
-        request_time=record.request_time if settings.get("objective") == "time" else None)
+        threads=record.threads_probe.line() if record.threads_probe is not None else None,
+        request_time=rt_dict if settings.get("objective") == "time" else None)
 
 
 def request_seconds(settings: dict[str, Any], request_time: dict[str, Any] | None, row: dict[str, Any]
@@ -338,11 +339,9 @@ def _headline(settings: dict[str, Any], rec: StudyRecord, best: dict[str, Any], 
     if rec.served:
         return headline(rec.served)
     row = best.get("objective")
-    rt = rec.request_time
-    if row is None or rt is None:
-        return f"{(rt or {}).get('workload', 'workload')}: no config measured yet"
-    from .objectives import RequestTime
-    req = RequestTime.from_dict(rt)
+    req = rec.request_time
+    if row is None or req is None:
+        return f"{req.workload if req is not None else 'workload'}: no config measured yet"
     text = (f"{req.workload}: trial {row['trial']} answers in {req.mean_s(row['tg_tps'], row['pp_tps']):.2f} s mean "
             "(from its benchmark run; served on llama-server: not yet)")
     if ref is not None:

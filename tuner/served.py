@@ -133,9 +133,9 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
         return None
     keys = [*serving["keys"], *serving.get("kv_refs", []),
             *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
-    rt = study.request_time or {}
+    rt = study.request_time
     rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
-                        rt.get("workload", "workload"), ttft_limit_s=rt.get("ttft_limit_s"),
+                        rt.workload if rt else "workload", ttft_limit_s=rt.ttft_limit_s if rt else None,
                         drop_behind=serving.get("drop_behind"))
     return dict(rec, partial=True)
 

@@ -129,11 +129,11 @@ def _thread_probe(args: TuneRequest, engine: Any, inv: Any, hw: HardwareProfile,
                   name: str, note: Callable[[str], None]) -> Any:
     """The ThreadProbe a llama-bench study settles its -t by (tuner/setup.py asks): the one stored with the study,
     else a new one (tuner/threads.py) on the planner's first placement; None when nothing fits."""
-    from tuner.threads import ThreadProbe, probe_threads
+    from tuner.threads import probe_threads
     if not args.fresh:
         stored = _stored_record(storage, name)
         if stored is not None and stored.threads_probe is not None:
-            return ThreadProbe.from_dict(stored.threads_probe)
+            return stored.threads_probe
     from planner.propose import propose
     try:
         plan = propose(inv, hw, dialect=dialect, margin=engine_registry.traits_of(engine).memory_error_prior)[0]
@@ -243,7 +243,7 @@ def _run_study(args: TuneRequest, t: TuneInputs, engine: Any, storage: str, out:
                  f", {kept_free_text(hw.keep_free_bytes)}) with the {engine.name} engine: study {name!r} in "
                  f"{storage}, objective {objective.text}, {args.trials} runs")
             if setup.probe is not None:
-                StudyRecord.save(tuner.study, threads_probe=setup.probe.to_dict())
+                StudyRecord.save(tuner.study, threads_probe=setup.probe)
             result = _search_and_serve(args, tuner, setup.rounds, limit, start, note, progress)
             SIGINT.check()
     except KeyboardInterrupt as e:

@@ -141,7 +141,7 @@ def test_tune_ttft_limit_is_the_workloads_and_stays_with_the_study(tmp_path, cap
             "--storage", storage, "--study", "s", "--no-report", "--quiet"]
     assert cli.main(argv) == 0
     rec = StudyRecord.of(optuna.load_study(study_name="s", storage=storage))
-    assert rec.request_time["ttft_limit_s"] == 2.5
+    assert rec.request_time.ttft_limit_s == 2.5
     capsys.readouterr()
     assert "--ttft 'soon'" in _err(capsys, [*argv[:6], "--ttft", "soon", "--study", "t", "--no-report"])
     assert "needs the time objective" in _err(capsys, [*argv, "--objective", "tg", "--study", "u"])
