@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             name = names[(rnd + i) % len(names)]
             if rows and time.monotonic() + max(r["wall_s"] for r in rows) >= deadline:
                 break
-            m = server.measure_args(inv, cs[name], w)
+            m = server.serve_args(inv, cs[name], w)
             raw = m.raw or {}
             rows.append({"round": rnd, "name": name, "ok": m.ok, "error": m.error,
                          "request_s": raw.get("mean_request_s"), "ttft_s": raw.get("ttft_s"), "pp": m.pp_tps,

@@ -65,7 +65,7 @@ from .server_process import (
 LOG_TAIL_CHARS = 3000
 PRIME_TOKENS = 512          # the untimed first request's prompt, at most
 DEATH_WAIT_S = 5.0          # a failed request waits this long for the server to exit before it is called the cause
-# flags the engine sets itself in a hand-made command line (measure_args): value-taking, dropped with their value
+# flags the engine sets itself in a hand-made command line (serve_args): value-taking, dropped with their value
 _OWN_FLAGS = frozenset({"--host", "--port"})
 
 
@@ -375,8 +375,8 @@ class LlamaServerEngine(Engine):
             plan = replace(plan, assignment={n: "CPU" for n in plan.assignment})
         return self.run(self.command(inv, plan, workload), inv, workload, repetitions)
 
-    def measure_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchRun,
-                     env: Mapping[str, str] | None = None) -> Measurement:
+    def serve_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchRun,
+                   env: Mapping[str, str] | None = None) -> Measurement:
         """Run a hand-made llama-server command line (`run -- <args>`, without the program) on the workload. Our
         --host/--port replace any given; -m (the model), -c and -np (the workload's) are added when missing; a
         given -np smaller than the workload's requests in flight is refused."""
@@ -436,7 +436,7 @@ class LlamaServerEngine(Engine):
             args += ["-ctk", kv_type, "-ctv", kv_type, "-fa", "on"]
         if threads:
             args += ["-t", str(threads)]
-        m = self.measure_args(inv, args, workload)
+        m = self.serve_args(inv, args, workload)
         m.raw["fit_free_bytes"] = free
         return m
 

@@ -135,7 +135,7 @@ def test_a_bench_workload_is_one_request_class(engine, inv):
 
 
 def test_a_hand_made_command_line_gets_the_model_the_workload_context_and_our_port(engine, inv):
-    m = engine().measure_args(inv, ["--port", "1", "-ub", "32"], BenchRun(8, 2, 0, 1))
+    m = engine().serve_args(inv, ["--port", "1", "-ub", "32"], BenchRun(8, 2, 0, 1))
     assert m.ok, m.error
     argv = m.raw["argv"]
     # -m from the inventory, -c/-np from the workload (8 + 2 tokens, 1 slot); the given --port is replaced
@@ -147,7 +147,7 @@ def test_a_hand_made_command_line_gets_the_model_the_workload_context_and_our_po
 # ---- failures --------------------------------------------------------------------------------------------------------
 
 def test_a_flag_the_server_refuses_is_a_failed_measurement_with_its_log(engine, inv):
-    m = engine().measure_args(inv, ["--no-such-flag"], TWO_CLASSES)
+    m = engine().serve_args(inv, ["--no-such-flag"], TWO_CLASSES)
     assert not m.ok and m.raw["failure"] in ("args", "error")
     # the server's own line, though ik follows it with pages of usage text
     assert "--no-such-flag" in m.error and any("--no-such-flag" in ln for ln in m.raw["log_reasons"])
@@ -237,7 +237,7 @@ def test_input_no_run_could_succeed_with_is_an_input_error(engine, inv):
     with pytest.raises(InputError, match="re-plan with --dialect"):
         e.measure_workload(inv, cpu_plan(inv, other), TWO_CLASSES)
     with pytest.raises(InputError, match="-np 1: the workload has 2 requests in flight"):
-        e.measure_args(inv, ["-np", "1"], TWO_CLASSES)
+        e.serve_args(inv, ["-np", "1"], TWO_CLASSES)
 
 
 # ---- pieces without a server -----------------------------------------------------------------------------------
