@@ -17,13 +17,15 @@ How a run goes (contract: planner/engine_contract.py; the server facts it relies
 3. The replay: one untimed request first (`prime`: first-use costs out of the timings), then class by class:
    `in_flight` threads, thread i on slot i (`id_slot`). A class with cached tokens first sends, untimed, its
    prefix alone (n_predict 0) to each slot (a class's prefix grows the one its slot holds from the class before,
-   as an agent's history or a chat's turns grow: only the difference is prefilled); once the slots are idle
+   as an agent's history or a chat's turns grow: only the difference is prefilled), before each repetition (the
+   served stage times a class once: once per server start); once the slots are idle
    (GET /slots) the timed requests go out together: the same prefix plus `new_tokens` fresh token ids,
    n_predict = gen_tokens, ignore_eos, temperature 0, streamed. Prompts are token-id lists (exact counts); every
    fresh run of ids starts with an id that recent runs did not start with, so it never continues what a slot holds
-   by chance. Per request: time to the first streamed event and
-   to the last on our clock; prompt_n/prompt_ms and predicted_n/predicted_ms from the server's `timings`. Each
-   class runs `repetitions` times (default 2); its row holds the medians.
+   by chance. Per request: time to the first streamed event and to the last on our clock (the load is timed
+   apart, ready_s: start to /health 200, never in a request); prompt_n/prompt_ms and predicted_n/predicted_ms from
+   the server's `timings`. Each class runs `repetitions` times (default 2; the served stage: 1, its rounds give the
+   spread); its row holds the medians.
 4. The server is always stopped (SIGTERM to its group, SIGKILL after `stop_grace_s`), also on KeyboardInterrupt.
 peak_bytes: GPU memory sampled during the run (runtime/gpumem.py, baseline subtracted; empty without a GPU);
 host_bytes: the server's VmHWM from /proc (its peak resident memory).
@@ -254,8 +256,8 @@ def _gather(jobs: Sequence[Callable[[], RequestResult]], server: ServerProcess, 
         # a request cut off by a dying server often sees the closed socket before the process is gone (a crash
         # handler still printing its backtrace): give it a moment, so the run says the server died, and why
         end = time.monotonic() + DEATH_WAIT_S
-        while server.alive() and time.monotonic() < end and isinstance(errors[0], ReplayError) \
-                and errors[0].kind == "request":
+        while (server.alive() and time.monotonic() < end and isinstance(errors[0], ReplayError)
+               and errors[0].kind == "request"):
             time.sleep(0.05)
         if not server.alive():
             raise server.exit_error(mid_run=True)
@@ -376,11 +378,13 @@ class LlamaServerEngine(Engine):
         return self.run(self.command(inv, plan, workload), inv, workload, repetitions)
 
     def serve_args(self, inv: ModelInventory, args: Sequence[str], workload: Workload | BenchRun,
-                   env: Mapping[str, str] | None = None) -> Measurement:
+                   env: Mapping[str, str] | None = None, repetitions: int | None = None) -> Measurement:
         """Run a hand-made llama-server command line (`run -- <args>`, without the program) on the workload. Our
         --host/--port replace any given; -m (the model), -c and -np (the workload's) are added when missing; a
-        given -np smaller than the workload's requests in flight is refused."""
+        given -np smaller than the workload's requests in flight is refused. `repetitions`: timed requests per
+        class (None: a BenchRun's own, else the engine's)."""
         wl, reps = as_workload(workload)
+        reps = repetitions if repetitions is not None else reps
         argv, notes, it = [], [], iter(args)
         for a in it:
             if a in _OWN_FLAGS:
@@ -407,7 +411,8 @@ class LlamaServerEngine(Engine):
         return self.run(ServerCommand(str(self.path), tuple(argv), dict(env or {}), tuple(notes)), inv, wl, reps)
 
     def fit_reference(self, inv: ModelInventory, workload: Workload, budgets: Mapping[str, int],
-                      ubatch: int = 512, kv_type: str | None = None, threads: int | None = None) -> Measurement:
+                      ubatch: int = 512, kv_type: str | None = None, threads: int | None = None,
+                      repetitions: int | None = None) -> Measurement:
         """llama-server's own fitting as a user runs it for this budget: `--fit on` (mainline; ik: `--fit`) at the
         workload's context and slots, told to leave free on each GPU what is free now minus the budget (mainline
         -fitt per GPU; ik --fit-margin, one value: the tightest GPU's), at `ubatch` (512 is the server's default;
@@ -415,7 +420,8 @@ class LlamaServerEngine(Engine):
         llama.cpp actually used. On a machine without GPUs the line runs without the fit (a CPU build's fit has
         no device memory to fit). `kv_type`: the KV cache's type for K and V (`-ctk`/`-ctv`, with flash attention,
         which a quantized V cache needs), as a user would add it to --fit after seeing a pick use it. `threads`: -t,
-        when every contender is served at one thread count (None: the server's default)."""
+        when every contender is served at one thread count (None: the server's default). `repetitions`: timed
+        requests per class (None: the engine's)."""
         sampler = self.sampler()
         free = gpumem.per_cuda_device(sampler.free(), os.environ) if sampler is not None else {}
         if sampler is not None and (unknown := sorted(set(budgets) - set(free))):
@@ -436,7 +442,7 @@ class LlamaServerEngine(Engine):
             args += ["-ctk", kv_type, "-ctv", kv_type, "-fa", "on"]
         if threads:
             args += ["-t", str(threads)]
-        m = self.serve_args(inv, args, workload)
+        m = self.serve_args(inv, args, workload, repetitions=repetitions)
         m.raw["fit_free_bytes"] = free
         return m
 
@@ -515,6 +521,8 @@ class LlamaServerEngine(Engine):
             held.update(enumerate(prefixes))
             timed: list[RequestResult] = []
             for rep in range(reps):
+                # before every repetition: after a timed request ik's slot did not always give back the whole
+                # prefix (20 of 40 cached, 1 run in 3); the served stage times each class once, so once a start
                 if c.cached_tokens:
                     warm = [self._job(port, prefixes[s], 0, s, deadline) for s in range(c.in_flight)]
                     _gather(warm, server, deadline)

@@ -120,13 +120,14 @@ class Ratio:
         return asdict(self)
 
 
-def compare(a: Spread, ref: Spread) -> Ratio | None:
+def compare(a: Spread, ref: Spread, floor: float | None = None) -> Ratio | None:
     """a against ref (both medians); a tie when the edge is within the larger relative range of the two
-    (at least MIN_NOISE). None when either side has no sample."""
+    (at least MIN_NOISE, or `floor` when given: one sample has no range of its own). None when either side has no
+    sample."""
     if not a.samples or not ref.samples or ref.median <= 0:
         return None
     ratio = a.median / ref.median
-    noise = max(a.rel_range, ref.rel_range, MIN_NOISE)
+    noise = max(a.rel_range, ref.rel_range, MIN_NOISE if floor is None else floor)
     verdict: Verdict = "win" if ratio > 1 + noise else "loss" if ratio < 1 - noise else "tie"
     return Ratio(ratio, noise, verdict)
 

@@ -24,6 +24,18 @@ A contender far behind after its first run is not served again (DROP_BEHIND, far
 fastest reference, a finalist against the fastest of all. The fastest of each keeps every round, so the verdict
 still rests on repeats and their spread.
 
+The same verdict for less (Thrift; tune's serving, issue 41 item 4; the full check of benchmarks/time_to_answer.py
+serves every contender every round, FULL): each server run times each request class once (the rounds give the
+spread; the prefixes are warmed once per server start and the load is timed apart: runtime/llamaserver.py);
+finalists whose llama-bench run at the workload's sizes answers SCREEN_BEHIND x slower than the best finalist's are
+not served (screened: the study's own runs where it measured at those sizes, else one short run each); a twin only
+where its finalist's server left TWIN_MIN_LEFT of the budget unused on a GPU; after each round, a contender whose
+every sample is slower than every sample of the best contender (the pick so far) by more than the noise
+(BEHIND_NOISE, or the wider spread of the two), and a finalist over the budget, are not served again; and the stage
+ends once at most one contender is left, whatever rounds remain.
+
+    # C contenders: C runs in round 1, then only those still in the race; one left: done
+
 Speeds are compared only between runs of one machine (GPU machines of one kind differ by 10% or more): each row
 names the boot it ran in (machine_id), and a confirmation resumed on another machine sets the rows of the first
 aside ("elsewhere" in the stored serving) and serves every contender again.
@@ -32,7 +44,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +70,33 @@ FILL_LEFT = 128 * MiB     # a filled twin aims its server peak this far under th
 # neither the reference nor the pick, and on a 235B model one server run costs a minute or more of a GPU machine.
 # Runs inside one device call differ by a few percent (the H100 rounds: 1-8%), far under this gap.
 DROP_BEHIND = 1.3
+# Thrift's defaults. One sample has no spread of its own: a contender is behind the best only past BEHIND_NOISE (runs
+# inside one device call differed by 1-8% on the H100 rounds; their spreads, when wider, count instead).
+BEHIND_NOISE = 0.05
+SCREEN_BEHIND = 1.2       # llama-bench's request time this x the best finalist's: not served (bench/server gap ~5%)
+TWIN_MIN_LEFT = 256 * MiB  # a twin aims FILL_LEFT under the budget: under this left, it would move next to nothing
+
+
+@dataclass(frozen=True)
+class Thrift:
+    """What the served stage leaves out when it cannot change the verdict (the module docstring). None / 0 / False
+    turns a rule off; FULL turns every one off (every contender, every twin, every round)."""
+    screen_behind: float | None = SCREEN_BEHIND   # finalists screened by llama-bench at the workload's sizes
+    twin_min_left: int = TWIN_MIN_LEFT            # a twin only where the finalist's server left this much unused
+    behind_noise: float | None = BEHIND_NOISE     # after a round: drop those behind the best by more than this
+    stop_early: bool = True                       # end once at most one contender is left
+    repetitions: int | None = 1                   # timed requests per class in a run (None: the engine's default)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Thrift | None:
+        return None if d is None else cls(**d)
+
+
+THRIFT = Thrift()
+FULL = Thrift(screen_behind=None, twin_min_left=0, behind_noise=None, stop_early=False)
 
 
 @dataclass(frozen=True)
@@ -131,12 +170,14 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
     serving = study.serving or {}
     if not serving.get("rows"):
         return None
-    keys = [*serving["keys"], *serving.get("kv_refs", []),
+    screened = serving.get("screened") or {}
+    keys = [*(k for k in serving["keys"] if k not in screened), *serving.get("kv_refs", []),
             *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
     rt = study.request_time
     rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
                         rt.workload if rt else "workload", ttft_limit_s=rt.ttft_limit_s if rt else None,
-                        drop_behind=serving.get("drop_behind"))
+                        drop_behind=serving.get("drop_behind"), thrift=Thrift.from_dict(serving.get("thrift")),
+                        screened=screened)
     return dict(rec, partial=True)
 
 
@@ -147,8 +188,8 @@ def contenders(measurer: Measurer, n_finalists: int = SERVED_FINALISTS) -> list[
     ranked = []
     for t in measurer.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         r = TrialRecord.from_trial(t)
-        if r.measured is not None and r.measured.ok and r.duplicate_of is None and r.plan_json is not None \
-                and t.values:
+        if (r.measured is not None and r.measured.ok and r.duplicate_of is None and r.plan_json is not None
+                and t.values):
             ranked.append((measurer.objective.scalar(r.measured.tg_tps, r.measured.pp_tps), t.number))
     for _, number in sorted(ranked, reverse=True)[:n_finalists]:
         out.append(served_of(f"trial:{number}"))
@@ -174,21 +215,23 @@ def _plan_of(measurer: Measurer, c: Served, fills: dict[str, str | None]) -> Pla
     return None
 
 
-def _sample(measurer: Measurer, server: Any, c: Served, plan: Plan | None, threads: int | None = None
-            ) -> dict[str, Any]:
+def _sample(measurer: Measurer, server: Any, c: Served, plan: Plan | None, threads: int | None = None,
+            repetitions: int | None = None) -> dict[str, Any]:
     """One replay of the workload by one contender, as a stored row; `threads`: -t for every contender (None: the
-    plan's own, the server's default for a reference)."""
+    plan's own, the server's default for a reference); `repetitions`: timed requests per class (None: the
+    server engine's own)."""
     from .interrupt import SIGINT
     budgets = served_budget(measurer.hw)
     if plan is not None and threads:
         plan = replace(plan, knobs=replace(plan.knobs, n_threads=threads))
+    reps = {"repetitions": repetitions} if repetitions is not None else {}
     try:
         with SIGINT.engine_run():
             if plan is not None:
-                m = server.measure_workload(measurer.inv, plan, measurer.requests)
+                m = server.measure_workload(measurer.inv, plan, measurer.requests, **reps)
             else:
                 m = server.fit_reference(measurer.inv, measurer.requests, budgets, c.ubatch, kv_type=c.kv_type,
-                                         threads=threads)
+                                         threads=threads, **reps)
     except InputError:
         raise
     except Exception as e:       # an engine bug is a failed sample, not the end of the study
@@ -231,6 +274,67 @@ def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | Non
     return out
 
 
+def screen(measurer: Measurer, finalists: list[Served], factor: float | None) -> dict[str, float]:
+    """{key: how many times slower}: the finalists whose llama-bench run at the workload's sizes (bench_for: its mean
+    new, cached and generated tokens) answers a mean request over `factor` x the best finalist's, by the study's
+    request-time model. The study's own runs where it measured at those sizes (nothing runs: the usual case), else
+    one run each at one repetition (a study told other --n-prompt/--n-gen/--depth). {} with fewer than two."""
+    from .objectives import bench_for
+    if factor is None or len(finalists) < 2 or measurer.requests is None:
+        return {}
+    bench = bench_for(measurer.requests, repetitions=1)
+    w = measurer.workload
+    rt = measurer.request_time()
+    seconds = {}
+    for c in finalists:
+        rec = TrialRecord.from_trial(measurer.trial(c.trial))
+        m = rec.measured
+        if (w.n_prompt, w.n_gen, w.depth) != (bench.n_prompt, bench.n_gen, bench.depth):
+            m = measurer.measure(rec.plan(), bench)
+        if m is not None and m.ok:
+            seconds[c.key] = rt.mean_s(m.tg_tps, m.pp_tps)
+    best = min(seconds.values(), default=math.inf)
+    if not math.isfinite(best) or best <= 0:
+        return {}
+    return {k: v / best for k, v in seconds.items() if v > factor * best}
+
+
+def _round_done(c: Served, rows: list[dict[str, Any]], rnd: int) -> bool:
+    return any(r["key"] == c.key and r["round"] == rnd for r in rows)
+
+
+def dropped(cs: list[Served], rows: list[dict[str, Any]], drop_behind: float | None, thrift: Thrift | None,
+            budget: dict[str, int], ttft_limit_s: float | None = None) -> dict[str, tuple[float, str]]:
+    """{key: (times slower than the best, why)}: the contenders not served again. far_behind after a first run;
+    with `thrift`'s behind_noise, after each round that every contender still in the race has run: a finalist over
+    the budget on a GPU (its peak only grows with more runs: it cannot be the pick), and one whose every sample is
+    slower than every sample of the best (the pick so far, served_record's rule) by more than the noise (the larger
+    of behind_noise and the two spreads). Computed from the rows alone, round by round (a contender once dropped
+    stays dropped), so a resumed stage drops the same ones."""
+    out = {k: (v, f"{v:.2f}x the best run after its first") for k, v in far_behind(cs, rows, drop_behind).items()}
+    if thrift is None or thrift.behind_noise is None:
+        return out
+    for rnd in range(1 + max((r["round"] for r in rows), default=-1)):
+        alive = [c for c in cs if c.key not in out]
+        if not all(_round_done(c, rows, rnd) for c in alive):
+            break
+        s = [_summary(c, [r for r in rows if r["round"] <= rnd]) for c in alive]
+        _, best = _pick_of(s, budget, ttft_limit_s)
+        if best is None:
+            continue
+        top = best["request_s"]
+        for x in s:
+            mine = x["request_s"]
+            if x is best or not mine.samples:
+                continue
+            ratio = mine.median / top.median
+            if "reference" not in x["roles"] and not _within(x, budget):
+                out[x["key"]] = (ratio, f"over the budget after round {rnd + 1}")
+            elif mine.lo > top.hi * (1 + max(thrift.behind_noise, mine.rel_range, top.rel_range)):
+                out[x["key"]] = (ratio, f"every sample behind {best['name']}'s after round {rnd + 1}")
+    return out
+
+
 def run_line(c: Served, row: dict[str, Any], rnd: int, rounds: int, done: int, left: int,
              rows: list[dict[str, Any]]) -> str:
     """The line a served run says as it ends: contender, round, load seconds, mean request time, TTFT, VRAM per
@@ -250,25 +354,30 @@ def run_line(c: Served, row: dict[str, Any], rnd: int, rounds: int, done: int, l
 def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
                    deadline: float | None = None, progress: Any = None, fill: bool = True,
                    drop_behind: float | None = DROP_BEHIND, threads: int | None = None,
-                   say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   say: Callable[[str], None] | None = None, thrift: Thrift | None = None) -> dict[str, Any]:
     """Serve the references and the finalists interleaved for `rounds` rounds, and (`fill`) each finalist's filled
     twin from its first good run on (filled_plan; it joins the round under way and the rounds after it); a
     contender `drop_behind` x slower than the best it must beat is not served again (far_behind; None: every
-    contender every round). `threads`: every contender at -t `threads` (the thread count measured best on the
-    machine: placement is compared, not the host's default thread count; None: each its own). Each sample is
-    stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another machine,
-    another `threads` or another set of contenders are set aside ("elsewhere") and not compared with these. `say`
-    gets a line as each run ends (run_line), `progress` (done, total) after it. Returns the record (served_record,
-    also stored as "served"), or {} when a sample was left because it would not end before `deadline` (call again
-    to go on)."""
+    contender every round). `thrift`: the rules that leave out what cannot change the verdict (Thrift: screened
+    finalists, twins only with room, drops after each round, the early end, one timed request per class; tune
+    passes THRIFT; None: none of them). `threads`: every contender at -t `threads` (the thread count measured
+    best on the machine: placement is compared, not the host's default thread count; None: each its own). Each
+    sample is stored as it comes (the study attr "serving"), so a killed confirmation resumes; rows from another
+    machine, another `threads` or another set of contenders are set aside ("elsewhere") and not compared with
+    these. `say` gets a line as each run ends (run_line) and one for each contender left out, `progress` (done,
+    total) after each run. Returns the record (served_record, also stored as "served"), or {} when a sample was
+    left because it would not end before `deadline` (call again to go on)."""
     if measurer.requests is None:
         raise InputError("serving a study's finalists needs its workload: tune with --objective time")
     threads = threads or None
+    tell = say or (lambda line: None)
     base = contenders(measurer, n_finalists)
     keys = [c.key for c in base]
     stored = StudyRecord.of(measurer.study).serving or {}
     same = stored.get("keys") == keys
     here = machine_id()
+    budget = served_budget(measurer.hw)
+    ttft_limit = measurer.requests.ttft_limit_s
 
     def ours(r: dict[str, Any]) -> bool:
         return r.get("machine", here) == here and r.get("threads") == threads
@@ -278,38 +387,77 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
     elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if not (same and ours(r))]
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
     kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
+    if deadline is not None and time.monotonic() >= deadline and not same:
+        return {}                     # nothing started, no time: not even the screen's runs
+    # screened once (its llama-bench runs are not repeated on resume); no screen, none screened
+    screened: dict[str, float] = (
+        {} if thrift is None or thrift.screen_behind is None
+        else dict(stored["screened"]) if same and stored.get("thrift") and "screened" in stored
+        else _screen(measurer, base, thrift, tell))
+    base = [c for c in base if c.key not in screened]
+    told: set[str] = set()
+
+    def save(**more: Any) -> None:
+        StudyRecord.save(measurer.study, serving={
+            "keys": keys, "rounds": rounds, "rows": rows, "fills": fills, "kv_refs": kv_refs,
+            "drop_behind": drop_behind, "elsewhere": elsewhere, "screened": screened,
+            "thrift": thrift.to_dict() if thrift is not None else None, **more})
     while True:
         if fill:
-            _add_twins(measurer, base, rows, fills)
+            _add_twins(measurer, base, rows, fills, thrift.twin_min_left if thrift else 0, tell)
         _add_kv_references(measurer, base, rows, kv_refs)
         cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
-        dropped = far_behind(cs, rows, drop_behind)
-        todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
-                if c.key not in dropped and not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
+        todo = _todo(cs, rows, rounds, dropped(cs, rows, drop_behind, thrift, budget, ttft_limit), thrift, told,
+                     tell)
         if not todo:
             break
         rnd, c = todo[0]
         # how long this one will take: its own longest run so far, a twin's first its parent's, a first run the
         # longest of any (on a 235B model a run is minutes: one started blind is cut off by the device call's end)
-        took = [r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")] \
-            or [r.get("seconds") or 0 for r in rows]
+        took = ([r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")]
+                or [r.get("seconds") or 0 for r in rows])
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         plan = _plan_of(measurer, c, fills)
         rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
-                     **_sample(measurer, server, c, plan, threads)})
-        StudyRecord.save(measurer.study, serving={"keys": keys, "rounds": rounds, "rows": rows, "fills": fills,
-                                               "kv_refs": kv_refs, "drop_behind": drop_behind,
-                                               "elsewhere": elsewhere})
-        if say is not None:
-            say(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
+                     **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)})
+        save()
+        tell(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
-    record = served_record(cs, rows, rounds, served_budget(measurer.hw), measurer.requests.name,
-                           _bench_runs(measurer, cs), measurer.requests.ttft_limit_s, drop_behind=drop_behind)
+    record = served_record(cs, rows, rounds, budget, measurer.requests.name, _bench_runs(measurer, cs), ttft_limit,
+                           drop_behind=drop_behind, thrift=thrift, screened=screened)
+    save()
     StudyRecord.save(measurer.study, served=record)
     return record
+
+
+def _todo(cs: list[Served], rows: list[dict[str, Any]], rounds: int, drops: dict[str, tuple[float, str]],
+          thrift: Thrift | None, told: set[str], tell: Callable[[str], None]) -> list[tuple[int, Served]]:
+    """The runs still to serve, in order: none of a dropped contender (each said once, in `told`), and none at all
+    once at most one contender is left (thrift.stop_early)."""
+    for k in [c.key for c in cs if c.key in drops and c.key not in told]:
+        told.add(k)
+        tell(f"# served: {served_of(k).name} is not served again: {drops[k][1]}")
+    todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
+            if c.key not in drops and not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
+    left = [c for c in cs if c.key not in drops]
+    if todo and thrift is not None and thrift.stop_early and len(left) <= 1 and rows:
+        tell(f"# served: {left[0].name if left else 'no contender'} is the only one left: no further run can "
+             f"change the pick ({len(rows)} of the {rounds} rounds' {rounds * len(cs)} runs served)")
+        return []
+    return todo
+
+
+def _screen(measurer: Measurer, base: list[Served], thrift: Thrift | None, tell: Callable[[str], None]
+            ) -> dict[str, float]:
+    """The finalists `thrift` screens out before any is served (screen), each said in a line."""
+    out = screen(measurer, [c for c in base if c.trial is not None], thrift.screen_behind if thrift else None)
+    for k, v in out.items():
+        tell(f"# served: {served_of(k).name} is not served: llama-bench at the workload's sizes puts its mean "
+             f"request {v:.2f}x the best finalist's")
+    return out
 
 
 def _add_kv_references(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], kv_refs: list[str]) -> None:
@@ -332,17 +480,27 @@ def _add_kv_references(measurer: Measurer, base: list[Served], rows: list[dict[s
     kv_refs += [f"fit:{ub}:{kv}" for kv in kinds]
 
 
-def _add_twins(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None]
-               ) -> None:
-    """Each finalist's filled twin, from its first good run with measured peaks (once: None when nothing moves)."""
+def _add_twins(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None],
+               min_left: int = 0, tell: Callable[[str], None] | None = None) -> None:
+    """Each finalist's filled twin, from its first good run with measured peaks (once: None when nothing moves, or
+    when its server left under `min_left` of the budget unused on every GPU)."""
+    budget = served_budget(measurer.hw)
     for c in base:
         twin = f"fill:{c.trial}"
         if c.trial is None or twin in fills:
             continue
         first = next((r for r in rows if r["key"] == c.key and r.get("ok") and r.get("peak_bytes")), None)
-        if first is not None:
-            new = filled_plan(measurer, _plan_of(measurer, c, fills), first["peak_bytes"])
-            fills[twin] = new.to_json() if new is not None else None
+        if first is None:
+            continue
+        unused = max((budget.get(d, 0) - int(b) for d, b in first["peak_bytes"].items()), default=0)
+        if unused < min_left:
+            fills[twin] = None
+            if tell is not None:
+                tell(f"# served: no filled twin of {c.name}: its server left {fmt_bytes(max(unused, 0))} of the "
+                     f"budget unused (under {fmt_bytes(min_left)})")
+            continue
+        new = filled_plan(measurer, _plan_of(measurer, c, fills), first["peak_bytes"])
+        fills[twin] = new.to_json() if new is not None else None
 
 
 def _bench_runs(measurer: Measurer, cs: list[Served]) -> dict[str, dict[str, Any]]:
@@ -395,46 +553,62 @@ def _summary(c: Served, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "errors": [r.get("error", "") for r in mine if not r.get("ok")]}
 
 
+def _within(x: dict[str, Any], budget: dict[str, int]) -> bool:
+    """A summary's server peaks within the budget on every GPU."""
+    return all(b <= budget.get(d, math.inf) for d, b in x["vram_device_bytes"].items())
+
+
+def _pick_of(s: list[dict[str, Any]], budget: dict[str, int], ttft_limit_s: float | None
+             ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the reference, the pick) among summaries (_summary): the fastest --fit variant; the fastest of all among the
+    references and the finalists within the budget; with a TTFT limit both among those whose slowest class's median
+    TTFT meets it, where any does."""
+    ok = [x for x in s if x["request_s"].samples]
+
+    def first_that_meet(xs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [x for x in xs if ttft_limit_s is None or x["ttft_max_s"].median <= ttft_limit_s] or xs
+    refs = first_that_meet([x for x in ok if "reference" in x["roles"]])
+    eligible = first_that_meet([x for x in ok if "reference" in x["roles"] or _within(x, budget)])
+    return (min(refs, key=lambda x: x["request_s"].median, default=None),
+            min(eligible, key=lambda x: x["request_s"].median, default=None))
+
+
 def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, budget: dict[str, int],
                   workload: str, bench: dict[str, dict[str, Any]] | None = None,
-                  ttft_limit_s: float | None = None, drop_behind: float | None = None) -> dict[str, Any]:
+                  ttft_limit_s: float | None = None, drop_behind: float | None = None,
+                  thrift: Thrift | None = None, screened: dict[str, float] | None = None) -> dict[str, Any]:
     """Medians and spreads per contender; the reference (the fastest --fit variant); the pick: the fastest of all,
     references included, among the finalists within the budget on every GPU (a reference is what the user would
     run, so its own VRAM never rules it out); its speedup over the reference with a verdict (win / tie / loss by
-    the spreads of the request rates); and what the pick gives up, if anything. With a TTFT limit (tune --ttft),
-    the reference and the pick are taken among the contenders whose slowest class's median TTFT meets it, where
-    any does (else among all, and the headline says the limit was missed). A contender left after its first runs
-    (far_behind at `drop_behind`) says how far behind it was ("dropped": times slower, else None)."""
+    the spreads of the request rates, at least BEHIND_NOISE apart where a side has one sample); and what the pick
+    gives up, if anything. With a TTFT limit (tune --ttft), the reference and the pick are taken among the
+    contenders whose slowest class's median TTFT meets it, where any does (else among all, and the headline says
+    the limit was missed). A contender left before the last round (dropped: far_behind at `drop_behind`, `thrift`'s
+    rules) says how far behind it was ("dropped": times slower, else None) and why; `screened`: the finalists
+    never served ({key: times slower by llama-bench})."""
     s = [_summary(c, rows) for c in cs]
-    dropped = far_behind(cs, rows, drop_behind)
+    drops = dropped(cs, rows, drop_behind, thrift, budget, ttft_limit_s)
     for x in s:
-        x["dropped"] = dropped.get(x["key"])
+        x["dropped"], x["dropped_why"] = drops.get(x["key"], (None, None))
     for x in s:
         if bench and x["key"] in bench:
             x["bench"] = bench[x["key"]]
             x["bench_vs_server"] = bench_vs_server(bench[x["key"]], x) if x["request_s"].samples else []
-    ok = [x for x in s if x["request_s"].samples]
-
-    def meets(x: dict[str, Any]) -> bool:
-        return ttft_limit_s is None or x["ttft_max_s"].median <= ttft_limit_s
-
-    def first_that_meet(xs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [x for x in xs if meets(x)] or xs
-    refs = first_that_meet([x for x in ok if "reference" in x["roles"]])
-    ref = min(refs, key=lambda x: x["request_s"].median, default=None)
-
-    def within(x: dict[str, Any]) -> bool:
-        return all(b <= budget.get(d, math.inf) for d, b in x["vram_device_bytes"].items())
-    eligible = first_that_meet([x for x in ok if "reference" in x["roles"] or within(x)])
-    pick = min(eligible, key=lambda x: x["request_s"].median, default=None)
+    ref, pick = _pick_of(s, budget, ttft_limit_s)
     out: dict[str, Any] = {"workload": workload, "rounds": rounds, "budget_bytes": budget,
                            "reference": ref["key"] if ref else None, "pick": pick["key"] if pick else None}
+    last = max((r["round"] for r in rows), default=-1) + 1
+    if thrift is not None:
+        out["thrift"] = thrift.to_dict()
+        out["screened"] = dict(screened or {})
+        out["rounds_served"] = last
     if ttft_limit_s is not None:
         out["ttft_limit_s"] = ttft_limit_s
-        out["pick_meets_ttft"] = pick is not None and meets(pick)
+        out["pick_meets_ttft"] = pick is not None and (pick["ttft_max_s"].median <= ttft_limit_s)
     if ref is not None and pick is not None:
-        rate = compare(Spread(tuple(1 / v for v in pick["request_s"].samples)),
-                       Spread(tuple(1 / v for v in ref["request_s"].samples)))
+        a, b = (Spread(tuple(1 / v for v in x["request_s"].samples)) for x in (pick, ref))
+        one = min(len(a.samples), len(b.samples)) < 2 and thrift is not None
+        rate = compare(a, b, floor=BEHIND_NOISE if one else None)
         out["speedup"] = rate.to_dict() if rate else None
         out["gives_up"] = gives_up(pick, ref)
     out["results"] = [dict(x, **{k: x[k].to_dict() for k in ("request_s", "ttft_s", "ttft_max_s", "pp", "tg")})
@@ -451,6 +625,23 @@ def gives_up(pick: dict[str, Any], ref: dict[str, Any]) -> list[str]:
         if b > 0 and a < floor * b:
             out.append(f"{name.upper()} {a / b:.2f}x the reference's ({a:.1f} vs {b:.1f} t/s)")
     return out
+
+
+def same_verdict(pick: str | None, full: dict[str, Any]) -> bool:
+    """Whether a full confirmation (every contender, every round) agrees with a quicker one's `pick`: the same
+    contender, or one the full run serves within the full pick's spread (its median no slower than the full pick's
+    slowest sample) and, a finalist, within the budget there."""
+    if pick is None or pick == full.get("pick"):
+        return pick is not None
+    res = {r["key"]: r for r in full.get("results", [])}
+    mine, best = res.get(pick), res.get(full.get("pick") or "")
+    if mine is None or best is None or not mine["request_s"]["samples"]:
+        return False
+    budget = full.get("budget_bytes") or {}
+    if "reference" not in mine["roles"] and any(b > budget.get(d, math.inf)
+                                                for d, b in mine["vram_device_bytes"].items()):
+        return False
+    return mine["request_s"]["median"] <= best["request_s"]["hi"]
 
 
 def waiting_finalists(record: dict[str, Any]) -> list[str]:

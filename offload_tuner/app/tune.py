@@ -110,12 +110,16 @@ def _serve(args: TuneRequest, tuner: Any, hw: HardwareProfile, note: Callable[[s
            deadline: float | None = None) -> bool:
     """The finalists and llama-server's own --fit served on the workload (tuner/served.py), a line per server run;
     False when `deadline` came first (the rows so far are stored: the same command goes on from them)."""
-    from tuner.served import SERVED_ROUNDS, confirm_served, headline, partial_record, served_budget, study_threads
+    from tuner.served import (
+        SERVED_ROUNDS, THRIFT, confirm_served, headline, partial_record, served_budget, study_threads,
+    )
     server = engine_registry.make_engine(replace(args.engine_options(), engine="llamaserver"), hw)
     threads = study_threads(tuner.measurer)
-    note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, {SERVED_ROUNDS} rounds"
+    note(f"# serving: the finalists and --fit at -ub 512/2048/4096 on llama-server, up to {SERVED_ROUNDS} rounds "
+         "(a contender behind after a round is not served again)"
          + (f", every one at -t {threads} (the best finalist's)" if threads else ""))
-    rec = confirm_served(tuner.measurer, server, SERVED_ROUNDS, threads=threads, deadline=deadline, say=note)
+    rec = confirm_served(tuner.measurer, server, SERVED_ROUNDS, threads=threads, deadline=deadline, say=note,
+                         thrift=THRIFT)
     if rec:
         note(f"# {headline(rec)}")
         return True

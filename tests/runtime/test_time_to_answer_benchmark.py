@@ -29,3 +29,23 @@ def test_the_dry_run_gives_a_recommendation_and_its_figures(tmp_path, llama_benc
     assert cell["threads"].startswith("threads: llama.cpp's default -t generated ")
     assert len(cell["threads_probe_lines"]) >= 3
     assert "| 1:agent |" in (tmp_path / "out" / "time_to_answer.md").read_text()
+    # the check (--full, implied by --cpu): the same study's serving on a copy, every contender 3 rounds, none
+    # dropped, going on from the quick path's rows; its verdict judged by tuner.served.same_verdict
+    import optuna
+
+    from tuner.records import StudyRecord
+    from tuner.served import same_verdict
+    full = StudyRecord.of(optuna.load_study(study_name="1-agent",
+                                            storage=f"sqlite:///{tmp_path / 'full-1-agent.db'}")).served
+    study = optuna.load_study(study_name="1-agent", storage=f"sqlite:///{tmp_path / 'time_to_answer.db'}")
+    quick, rows = StudyRecord.of(study).served, StudyRecord.of(study).serving["rows"]
+    assert all(len(r["request_s"]["samples"]) == 3 and not r["dropped"] for r in full["results"]), full["results"]
+    assert cell["full_pick"] == full["pick"] and cell["full_runs"] == 3 * len(full["results"])
+    assert cell["same_verdict"] is same_verdict(cell["pick"], full) and isinstance(cell["same_verdict"], bool)
+    # the quick path served less: what it left out is said and none of it ran later
+    assert quick["thrift"]["repetitions"] == 1 and cell["served_runs"] < cell["full_runs"]
+    for r in quick["results"]:          # a dropped contender has no row after the round it was dropped in
+        if r["dropped"]:
+            last = 1 if r["dropped_why"].endswith("after its first") else int(r["dropped_why"].rsplit(" ", 1)[1])
+            assert max(x["round"] for x in rows if x["key"] == r["key"]) < last, (r, rows)
+    assert subprocess.run(["pgrep", "-x", "llama-server"], capture_output=True).returncode == 1   # none left
