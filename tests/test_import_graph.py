@@ -97,8 +97,8 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
         if names(name, "offload_tuner.cli") and not names(module, "offload_tuner.cli"):
             out.append(f"{module}:{line} imports {name} (nothing imports the CLI: the use cases are in "
                        "offload_tuner/app)")
-        if names(name, "offload_tuner.service") and not names(module, "offload_tuner.service") and \
-                (module != SERVE_COMMAND or top):
+        if (names(name, "offload_tuner.service") and not names(module, "offload_tuner.service")
+                and (module != SERVE_COMMAND or top)):
             out.append(f"{module}:{line} imports {name} (nothing imports the service but offload_tuner/cli/serve.py, "
                        "inside cmd_serve)")
     return out
@@ -332,9 +332,9 @@ def private_reads(sources: Mapping[str, str], packages: frozenset[str] = frozens
     for mod, src in sources.items():
         package = mod if mod in packages else mod.rpartition(".")[0]
         for n in ast.walk(ast.parse(src)):
-            if isinstance(n, ast.Attribute) and _private(n.attr) and isinstance(n.ctx, ast.Load) \
-                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")) \
-                    and mod not in owners.get(n.attr, {mod}):
+            if (isinstance(n, ast.Attribute) and _private(n.attr) and isinstance(n.ctx, ast.Load)
+                    and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+                    and mod not in owners.get(n.attr, {mod})):
                 out.append(f"{mod}:{n.lineno} reads {ast.unparse(n)[:60]} ({n.attr} is private to "
                            f"{', '.join(sorted(owners[n.attr]))})")
             elif isinstance(n, ast.ImportFrom):
@@ -356,8 +356,8 @@ def engine_probes(source: str, module: str) -> list[str]:
         if not isinstance(n, ast.Call):
             continue
         fn = ast.unparse(n.func)
-        if fn in ("getattr", "hasattr") and len(n.args) >= 2 and "engine" in ast.unparse(n.args[0]).lower() \
-                and isinstance(n.args[1], ast.Constant):      # a named member, not a module's lazy lookup
+        if (fn in ("getattr", "hasattr") and len(n.args) >= 2 and "engine" in ast.unparse(n.args[0]).lower()
+                and isinstance(n.args[1], ast.Constant)):      # a named member, not a module's lazy lookup
             out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (declare it on planner.engine_contract.Engine)")
         elif fn == "inspect.signature":
             out.append(f"{module}:{n.lineno} {ast.unparse(n)[:60]} (a protocol method has one signature)")
@@ -410,6 +410,26 @@ def test_the_seam_checks_catch_planted_cases():
     assert engine_probes("import inspect\nn = inspect.signature(f).parameters\n", "tuner.search")
     assert not engine_probes("x = engine.own_fit(inv, w, b)\ny = getattr(model, 'engine_name', None)\n", "m")
     assert not engine_probes("def __getattr__(name):\n    return getattr(engine, name)\n", "runtime.torch_engine")
+
+
+def backslash_continuations(source: str) -> list[int]:
+    """Lines that end in a backslash joining the next one, outside string literals (a C macro in a docstring, a
+    regex, are strings): parentheses say where an expression goes on (issue 42 item 8)."""
+    import io
+    import tokenize
+    inside: set[int] = set()            # lines a multi-line string spans (its last line ends the string)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1)) and tok.end[0] > tok.start[0]:
+            inside.update(range(tok.start[0], tok.end[0]))
+    return [i for i, line in enumerate(source.splitlines(), 1) if line.endswith("\\") and i not in inside]
+
+
+def test_no_backslash_continuation_in_the_product():
+    bad = [f"{p.relative_to(ROOT)}:{i}" for root in FOLDERS for p in sorted((ROOT / root).rglob("*.py"))
+           for i in backslash_continuations(p.read_text())]
+    assert not bad, "a backslash continuation (use parentheses):\n" + "\n".join(bad)
+    assert backslash_continuations("x = 1 + \\\n    2\n") == [1]
+    assert backslash_continuations('x = (1 +\n     2)\ns = """a \\\nb"""\n') == []
 
 
 # ---- sizes: one idea per module, functions a reader can hold (issue 28) ---------------------------------------------

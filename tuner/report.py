@@ -290,8 +290,8 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         if b.get("ok") and b is not ref:
             b.update(_ratios({"tg_tps": b["measured"]["tg_tps"], "pp_tps": b["measured"]["pp_tps"],
                               "vram_bytes": vram_of(b["measured"])}, ref, budget))
-    failed = [FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()] \
-        if not df.empty else []
+    failed = ([FailedTrial(int(r["trial"]), r["error"]) for _, r in df[df["state"] == "fail"].iterrows()]
+              if not df.empty else [])
     runs = EngineRuns(baselines=int(sum(b.get("runs", 1 if b.get("measured") else 0) for b in baselines)),
                       trials=int(df["engine_run"].sum()) if not df.empty else 0,
                       confirmation=len((record.confirmation or {}).get("rows", [])))
@@ -315,8 +315,8 @@ def request_seconds(settings: dict[str, Any], request_time: dict[str, Any] | Non
     """A time study's row in seconds per mean request (RequestTime.mean_s of its TG and PP): what a time study
     shows, where it stores the workload's tokens per second (old studies read the same). None under another
     objective, without the stored request classes, or where the row cannot serve the workload."""
-    if settings.get("objective") != "time" or not request_time or row.get("tg_tps") is None \
-            or row.get("pp_tps") is None:
+    if (settings.get("objective") != "time" or not request_time or row.get("tg_tps") is None
+            or row.get("pp_tps") is None):
         return None
     from .objectives import RequestTime
     seconds = RequestTime.from_dict(request_time).mean_s(float(row["tg_tps"]), float(row["pp_tps"]))
@@ -414,8 +414,8 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
     if not r:
         return "-", "-", "-"
     vram = fmt_bytes(r["vram_bytes"]) if r.get("vram_bytes") else "-"
-    return f"{r['tg_tps']:.2f}" if r.get("tg_tps") is not None else "-", \
-        f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram
+    return (f"{r['tg_tps']:.2f}" if r.get("tg_tps") is not None else "-",
+            f"{r['pp_tps']:.1f}" if r.get("pp_tps") is not None else "-", vram)
 
 
 # one piece: the report's sections top to bottom, in the order a reader meets them (the confirmed and served ones

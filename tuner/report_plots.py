@@ -267,9 +267,9 @@ def plot_history(df: Any, summary: Any) -> Any:
     settings = summary.settings
     unit = ", predicted" if predicted(settings) else ""
     seconds = _seconds(summary)
-    names = [f"TG (t/s{unit})", f"PP (t/s{unit})"] if settings.get("objective") == "both" \
-        else [f"mean request time (s{unit}; lower is better)"] if seconds is not None \
-        else [settings.get("objective", "value") + (" (predicted)" if unit else "")]
+    names = ([f"TG (t/s{unit})", f"PP (t/s{unit})"] if settings.get("objective") == "both"
+             else [f"mean request time (s{unit}; lower is better)"] if seconds is not None
+             else [settings.get("objective", "value") + (" (predicted)" if unit else "")])
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names) + 1.2), squeeze=False, layout="constrained")
     for i, name in enumerate(names):
         ax = axes[i][0]

@@ -352,8 +352,8 @@ def walk(argv: Sequence[str], table: ToolTable, warnings: list[str], hints: Flag
             if flag.style == "switch":
                 if inline is not None:
                     raise FlagError(f"{name} takes no value (got {inline!r})")
-                hint = hints.bad_value(name, argv[i]) if hints is not None and i < len(argv) and \
-                    not argv[i].startswith("-") else ""
+                hint = (hints.bad_value(name, argv[i])
+                        if hints is not None and i < len(argv) and not argv[i].startswith("-") else "")
                 if hint:                 # -fa on for a build whose -fa is a bare switch
                     raise FlagError(hint)
                 events.append(Event(flag.key, flag.const, name, len(events)))

@@ -370,8 +370,8 @@ def _knobs(settings: Mapping[str, Any], events: Sequence[Event], env: Mapping[st
             raise FlagError("-np 0: llama-server needs at least one slot")
         vals["n_seq"] = n_seq
     else:
-        wl_ctx = int(settings.get("n_prompt", d["n_prompt"])) + int(settings.get("n_gen", d["n_gen"])) \
-            + int(settings.get("depth", d.get("depth", 0)))
+        wl_ctx = (int(settings.get("n_prompt", d["n_prompt"])) + int(settings.get("n_gen", d["n_gen"]))
+                  + int(settings.get("depth", d.get("depth", 0))))
         vals["n_ctx"] = wl_ctx
     if vals.get("flash_attn", True) is None:
         warnings.append("W015 -fa auto: assumed on (llama.cpp enables flash attention where the backend supports it)")

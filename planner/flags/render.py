@@ -80,8 +80,8 @@ def _ik_spread_of(spec: DialectSpec, table: ToolTable, plan_devices: Sequence[st
     n_gpus = max(gpus) + 1 if gpus else 0      # what the parser infers from -ts and the -ot names
 
     def spread_of(slots: Sequence[str]) -> Callable[[int], list[int]] | None:
-        if spec.name != "ik" or table.tool == "bench" or n_gpus < 2 or not any(is_gpu(s) for s in slots) \
-                or not ik_build(opts).has(Feature.TS_BY_LAYER_BYTES):
+        if (spec.name != "ik" or table.tool == "bench" or n_gpus < 2 or not any(is_gpu(s) for s in slots)
+                or not ik_build(opts).has(Feature.TS_BY_LAYER_BYTES)):
             return None
         devices = [f"CUDA{i}" for i in range(n_gpus)]
         dd = ik_split.default_devices(slots, devices)
