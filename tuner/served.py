@@ -421,16 +421,34 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
         plan = _plan_of(measurer, c, fills)
         rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
                      **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)})
-        save()
-        tell(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
+        took = [r.get("seconds") or 0 for r in rows]
+        left = len(todo) - 1          # the web view's estimate, as the run's line says it
+        save(left=left, eta_s=left * sum(took) / len(took))
+        tell(run_line(c, rows[-1], rnd, rounds, len(rows), left, rows))
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
     record = served_record(cs, rows, rounds, budget, measurer.requests.name, _bench_runs(measurer, cs), ttft_limit,
                            drop_behind=drop_behind, thrift=thrift, screened=screened)
-    save()
+    save(left=0, eta_s=0.0)
     StudyRecord.save(measurer.study, served=record)
     return record
+
+
+def serving_view(serving: dict[str, Any] | None, served: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The served stage as the web view shows it while it runs and after: a row per server run (who, which
+    round, its mean request time, TTFT and VRAM, or why it failed), the runs left and the minutes they are likely
+    to take (the mean of the runs so far), and the verdict once there is one. None before any server run."""
+    rows = (serving or {}).get("rows") or []
+    if not rows:
+        return None
+    out = [{"run": i + 1, "name": served_of(r["key"]).name, "round": r["round"] + 1, "ok": bool(r.get("ok")),
+            "request_s": r.get("request_s"), "ttft_s": r.get("ttft_s"),
+            "vram_bytes": sum((r.get("peak_bytes") or {}).values()) or None, "seconds": r.get("seconds"),
+            "error": " ".join(str(r.get("error") or "").split())[:200]} for i, r in enumerate(rows)]
+    return {"rows": out, "rounds": serving.get("rounds"), "left": serving.get("left"),
+            "eta_s": serving.get("eta_s"), "done": served is not None,
+            "headline": headline(served) if served else None}
 
 
 def _todo(cs: list[Served], rows: list[dict[str, Any]], rounds: int, drops: dict[str, tuple[float, str]],

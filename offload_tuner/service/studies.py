@@ -232,14 +232,17 @@ class StudyStore:
 
     def _detail(self, r: StudyRef) -> dict[str, Any]:
         from tuner.report import study_summary, trials_frame
+        from tuner.records import StudyRecord
         from tuner.report_plots import vram_front
+        from tuner.served import serving_view
         study = self._open(r)
         df = trials_frame(study)
         s = study_summary(study, df)
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
+        rec = StudyRecord.of(study)
         return clean(dict(s.to_dict(), storage=r.storage, trials=trials, vram_fronts=fronts,
-                          hardware_words=hardware_words(s.settings)))
+                          hardware_words=hardware_words(s.settings), serving=serving_view(rec.serving, rec.served)))
 
     def progress(self, name: str) -> dict[str, Any]:
         r = self.ref(name)
@@ -275,8 +278,9 @@ def hardware_words(settings: dict[str, Any]) -> str:
 
 
 def progress(study) -> dict[str, Any]:
-    """Counts and the best measured speeds: what a progress event carries (cheap: no DataFrame)."""
-    from tuner.records import TrialRecord
+    """Counts, the best measured speeds and the served runs so far: what a progress event carries (cheap: no
+    DataFrame)."""
+    from tuner.records import StudyRecord, TrialRecord
     counts: dict[str, int] = {}
     best_tg = best_pp = None
     for t in study.get_trials(deepcopy=False):
@@ -285,7 +289,9 @@ def progress(study) -> dict[str, Any]:
         if t.state.name == "COMPLETE" and m is not None and m.ok:
             best_tg = m.tg_tps if best_tg is None or m.tg_tps > best_tg else best_tg
             best_pp = m.pp_tps if best_pp is None or m.pp_tps > best_pp else best_pp
-    return clean({"n_trials": sum(counts.values()), "counts": counts, "best_tg_tps": best_tg, "best_pp_tps": best_pp})
+    serving = StudyRecord.of(study).serving or {}       # the served stage's runs: each one is news to the page
+    return clean({"n_trials": sum(counts.values()), "counts": counts, "best_tg_tps": best_tg, "best_pp_tps": best_pp,
+                  "served_runs": len(serving.get("rows") or [])})
 
 
 def flock_held(path: Path) -> bool | None:

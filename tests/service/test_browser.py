@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from serving import HW, MODEL, SCREENSHOTS, STUDY, wait, wait_job
+from serving import HW, MODEL, SCREENSHOTS, STUDY, cli, wait, wait_job
 
 
 def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):
@@ -111,3 +111,41 @@ def test_study_page_is_live_while_a_tune_runs(server, chrome):
         n = d["n_trials"] - d["counts"].get("waiting", 0)      # queued trials that did not run are listed apart
     wait(lambda: int(chrome.find_element(By.ID, "ntrials").text) == n, 30, "the last update")
     assert chrome.execute_script("return otCharts.tg_tps.data.datasets[1].data.length") >= 1
+
+
+def test_study_page_shows_the_served_stage_live(server, workdir, chrome):
+    """A study whose served stage is under way (issue 41 item 1): its server runs as a table below the answer, with
+    the runs left and their minutes, and a new run appears without a reload (its progress event says it)."""
+    import optuna
+
+    from tuner.records import StudyRecord
+    cli("tune", MODEL, "--engine", "sim", "--hardware", HW["hardware"], "--gpu", HW["gpu"], "--trials", "4",
+        "--pool", "20", "--study", "web-served", "--workload", "agent", "--no-report", "--quiet", cwd=workdir)
+    study = optuna.load_study(study_name="web-served",
+                              storage=f"sqlite:///{workdir / 'studies' / 'web-served.db'}")
+
+    def run(key: str, rnd: int, request_s: float) -> dict:        # a row as tuner/served.py stores one
+        return {"round": rnd, "key": key, "machine": "m", "ok": True, "error": "", "request_s": request_s,
+                "ttft_s": 0.93, "ttft_max_s": 1.1, "pp_tps": 900.0, "tg_tps": 40.0, "peak_bytes": {"CUDA0": 7 << 30},
+                "command": "llama-server -m MODEL.gguf", "seconds": 60.0, "ready_s": 5.0}
+    stage = {"keys": ["fit:512", "trial:1"], "rounds": 2, "fills": {}, "kv_refs": [], "drop_behind": 1.3,
+             "elsewhere": [], "screened": {}, "thrift": None}
+    StudyRecord.save(study, serving={**stage, "rows": [run("fit:512", 0, 9.49), run("trial:1", 0, 8.95)],
+                                     "left": 2, "eta_s": 120.0})
+    chrome.get(f"{server.url}/studies/web-served")
+    wait(lambda: chrome.execute_script("return document.body.dataset.ready === '1'"), what="the page's script")
+
+    def table() -> list[list[str]]:        # read in one script: a live update replaces the rows under a reader
+        return chrome.execute_script("return [...document.querySelectorAll('#serving-table tbody tr')]"
+                                     ".map(tr => [...tr.cells].map(td => td.textContent))")
+    assert table() == [["1", "--fit", "1", "9.49", "0.93", "7.00", "60"], ["2", "trial 1", "1", "8.95", "0.93",
+                                                                          "7.00", "60"]]
+    assert chrome.execute_script("return document.getElementById('serving-says').textContent") == \
+        "2 server runs so far; 2 left, about 2 min."
+    StudyRecord.save(study, serving={**stage, "rows": [run("fit:512", 0, 9.49), run("trial:1", 0, 8.95),
+                                                       run("fit:512", 1, 9.52)], "left": 1, "eta_s": 60.0})
+    wait(lambda: len(table()) == 3, 30, "the served run to appear live")
+    assert table()[2][:4] == ["3", "--fit", "2", "9.52"]
+    assert chrome.execute_script("return document.getElementById('serving-says').textContent") == \
+        "3 server runs so far; 1 left, about 1 min."
+    chrome.save_screenshot(str(SCREENSHOTS / "serve_study_serving.png"))

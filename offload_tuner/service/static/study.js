@@ -181,6 +181,40 @@
     ot.commandRows(box, a.row.commands || {});
   }
 
+  // the served stage (tuner/served.py serving_view): a row per server run, the runs left and their minutes, the
+  // verdict once there is one; shown below the answer while a tune serves and after
+  function serving() {
+    const v = data.serving;
+    let box = document.getElementById("serving");
+    if (!v) { if (box) box.remove(); return; }
+    if (!box) {
+      box = document.createElement("section"); box.id = "serving"; box.className = "answer";
+      document.getElementById("answer").after(box);
+    }
+    const h = document.createElement("h2");
+    h.textContent = "Served on llama-server";
+    const say = document.createElement("p");
+    say.id = "serving-says";
+    const n = v.rows.length;
+    say.textContent = v.done ? `${n} server run${n === 1 ? "" : "s"}, done: ${v.headline || ""}` :
+      `${n} server run${n === 1 ? "" : "s"} so far` + (v.left != null ? `; ${v.left} left` : "") +
+      (v.left && v.eta_s ? `, about ${Math.ceil(v.eta_s / 60)} min` : "") + ".";
+    const t = document.createElement("table");
+    t.className = "grid"; t.id = "serving-table";
+    t.innerHTML = "<thead><tr><th>run</th><th>contender</th><th>round</th><th>mean request s</th><th>TTFT s</th>" +
+      "<th>VRAM GiB</th><th>run s</th></tr></thead><tbody></tbody>";
+    for (const r of v.rows) {
+      const tr = document.createElement("tr");
+      const cells = r.ok ?
+        [r.run, r.name, r.round, fmt(r.request_s, 2), fmt(r.ttft_s, 2), r.vram_bytes == null ? "-" :
+         fmt(r.vram_bytes / GiB, 2), fmt(r.seconds, 0)] :
+        [r.run, r.name, r.round, "failed: " + r.error, "", "", fmt(r.seconds, 0)];
+      for (const c of cells) { const td = document.createElement("td"); td.textContent = String(c); tr.append(td); }
+      t.tBodies[0].append(tr);
+    }
+    box.replaceChildren(h, say, t);
+  }
+
   function makeChart(key, canvasId, title) {
     const ctx = document.getElementById(canvasId);
     return new Chart(ctx, {
@@ -300,12 +334,13 @@
     return fetch(`/api/studies/${encodeURIComponent(name)}`, {credentials: "same-origin"}).then(r => r.json())
       .then(d => {
         data = d;
-        draw(); rows(); answer(); badge(d.job, d.writer);
+        draw(); rows(); answer(); serving(); badge(d.job, d.writer);
         document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
         // the study's JSON is kept for up to a second (MIN_AGE_S) while progress is read at every commit: an
         // answer older than the event that asked for it is asked again once it has aged out (a tune's last event
         // is followed by no other)
-        if (countsKey(d.counts) !== seenCounts && !again) again = setTimeout(() => { again = null; refresh(); }, 1200);
+        const stale = countsKey(d.counts) !== seenCounts || ((d.serving && d.serving.rows.length) || 0) < seenServed;
+        if (stale && !again) again = setTimeout(() => { again = null; refresh(); }, 1200);
       });
   }
   window.otRefresh = refresh;           // the browser test calls it as a live update does
@@ -313,19 +348,22 @@
   // trials per state: a trial that ends changes them without changing the number of trials
   function countsKey(c) { return Object.keys(c || {}).sort().map(k => `${k}:${c[k]}`).join(","); }
   let seenCounts = countsKey(data.counts), seenWriter = data.writer || null, again = null;
+  let seenServed = (data.serving && data.serving.rows.length) || 0;
   function live() {
     if (!window.EventSource) return;
     const es = new EventSource(`/api/studies/${encodeURIComponent(name)}/events`);
     es.addEventListener("progress", (ev) => {
       const p = JSON.parse(ev.data);
       badge(p.job, p.writer);
-      const changed = countsKey(p.counts) !== seenCounts || (p.writer || null) !== seenWriter;
-      seenCounts = countsKey(p.counts); seenWriter = p.writer || null;
+      const changed = countsKey(p.counts) !== seenCounts || (p.writer || null) !== seenWriter ||
+        (p.served_runs || 0) !== seenServed;
+      seenCounts = countsKey(p.counts); seenWriter = p.writer || null; seenServed = p.served_runs || 0;
       if (changed) refresh();
     });
   }
 
   answer();
+  serving();
   draw();
   rows();
   badge(data.job, data.writer);
