@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -674,18 +675,39 @@ def write_study_report(study: Any, out: Path) -> StudySummary:
 
 
 def _write_report_files(study: Any, tmp: Path, out: Path) -> StudySummary:
-    """The report's files written into TMP; the summary lists them as they will be in OUT."""
+    """The report's files written into TMP; the summary lists them as they will be in OUT. What the files say
+    names the model and the programs by their file names (`shown_paths`): a report is read, and its commands
+    pasted, where the model is, not on the machine that made it."""
     df = trials_frame(study)
     summary = study_summary(study, df)
-    df.to_csv(tmp / "trials.csv", index=False)
+    model = str(summary.settings.get("model", ""))
+
+    def write(name: str, text: str) -> None:
+        (tmp / name).write_text(shown_paths(text, model))
+    write("trials.csv", df.to_csv(index=False))
     files = ["trials.csv"] + write_plots(df, summary, tmp)
     md = summary_markdown(summary)
-    (tmp / "summary.md").write_text(md)
-    (tmp / "summary.html").write_text(summary_html(summary, md))
+    write("summary.md", md)
+    write("summary.html", summary_html(summary, md))
     files += ["summary.md", "summary.html", "report.json"]
-    summary = replace(summary, files=tuple(str(out / f) for f in files))
-    (tmp / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=_json_default))
-    return summary
+    write("report.json", json.dumps(replace(summary, files=tuple(files)).to_dict(), indent=2, default=_json_default))
+    return replace(summary, files=tuple(str(out / f) for f in files))
+
+
+# an absolute path to a llama.cpp program, as a served run's command or an error names it
+_PROGRAM_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"`<>,/]+/)+(llama-[a-z-]+)(?![\w/.-])")
+
+
+def shown_paths(text: str, model: str) -> str:
+    """TEXT with the study's model named by its file name (a split model's shards too: the model's folder is
+    dropped) and every llama.cpp program by its name (`llama-server`), so a report carries no path of the machine
+    that made it (issue 40 item 10). The study itself keeps the paths it resumes with."""
+    if model.startswith("/"):
+        folder = str(Path(model).parent)
+        text = text.replace(model, Path(model).name)
+        if folder != "/":
+            text = text.replace(folder + "/", "")
+    return _PROGRAM_PATH.sub(r"\1", text)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
