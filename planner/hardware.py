@@ -248,8 +248,20 @@ def resolve(hardware: str | None, gpu: str | None) -> HardwareProfile | None:
     return None
 
 
+BARE_BYTES_MAX = 1 << 20      # a unitless --gpu size under this is a forgotten unit (bytes of no GPU), not bytes
+
+
 def _gpu_sizes(sizes: str) -> list[int]:
-    parsed = [parse_size(s) for s in sizes.split(",") if s.strip()]
+    parts = [s.strip() for s in sizes.split(",")]
+    given = [s for s in parts if s]
+    if given and len(given) != len(parts):       # "24GiB," or "24GiB,,16GiB": a size left out, or a stray comma
+        raise InputError(f"bad --gpu {sizes[:60]!r}: an empty size between commas; did you mean "
+                         f"--gpu {','.join(given)[:60]}?")
+    for s in given:
+        if s.isdigit() and int(s) < BARE_BYTES_MAX:
+            raise InputError(f"bad --gpu {s[:20]}: a size without a unit is bytes ({s} B is no GPU); did you mean "
+                             f"--gpu {s}GiB?")
+    parsed = [parse_size(s) for s in given]
     if not parsed or len(parsed) > MAX_GPUS:
         raise InputError(f"bad --gpu {sizes[:60]!r}: give one size per GPU (1 to {MAX_GPUS}), "
                          "e.g. 24GiB or 24GiB,16GiB")

@@ -53,3 +53,20 @@ def test_plan_on_a_tiny_gpu_names_the_output_layers_own_bytes(capsys):
 def test_plan_warns_of_a_million_token_context_as_explain_does(capsys):
     assert cli.main(["plan", MODEL, "--gpu", "24GiB", "--ctx", "1000000"]) == 0
     assert "warning: W029 -c 1000000 is more than the model's training context (40960)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu, says", [
+    ("24", "bad --gpu 24: a size without a unit is bytes (24 B is no GPU); did you mean --gpu 24GiB?"),
+    ("24GiB,", "bad --gpu '24GiB,': an empty size between commas; did you mean --gpu 24GiB?"),
+    ("24GiB,,16GiB", "an empty size between commas; did you mean --gpu 24GiB,16GiB?"),
+])
+def test_a_gpu_size_a_user_mistyped_is_answered_with_the_fix(gpu, says, capsys):
+    """Issue 40 item 11: `--gpu 24` (bytes) and `--gpu 24GiB,` get one line with the command that was meant."""
+    assert cli.main(["plan", MODEL, "--gpu", gpu]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_a_gpu_size_in_bytes_is_still_read():
+    from planner.hardware import resolve
+    assert resolve(None, str(24 << 30)).gpus[0].vram_bytes == 24 << 30
