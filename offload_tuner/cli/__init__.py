@@ -39,7 +39,36 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):   # one line, exit 2 (argparse's default prints usage first)
         # the line already starts "offload-tuner: error:": name the command alone ("tune: ..."), not the program
         command = self.prog.removeprefix("offload-tuner").strip()
+        message += did_you_mean(message, self)
         raise InputError(f"{command}: {message}" if command else message)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of `parser` and of its commands' parsers (argparse keeps them in its actions)."""
+    out: set[str] = set()
+    for action in parser._actions:
+        out.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _option_strings(sub)
+    return out
+
+
+def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
+    """"; did you mean 'tune'?" for a mistyped command or choice, "; did you mean --objective?" for an unknown
+    option, when one is close (difflib's ratio over 0.6); "" otherwise."""
+    import difflib
+    import re
+    if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+        close = difflib.get_close_matches(m[1], re.findall(r"'([^']*)'", m[2]), n=1)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    if m := re.search(r"unrecognized arguments: (.*)", message):
+        known = sorted(_option_strings(parser))
+        for word in m[1].split():
+            close = difflib.get_close_matches(word.split("=")[0], known, n=1) if word.startswith("-") else []
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -70,3 +70,19 @@ def test_a_gpu_size_a_user_mistyped_is_answered_with_the_fix(gpu, says, capsys):
 def test_a_gpu_size_in_bytes_is_still_read():
     from planner.hardware import resolve
     assert resolve(None, str(24 << 30)).gpus[0].vram_bytes == 24 << 30
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["tnue", MODEL], "invalid choice: 'tnue' (choose from 'inspect', 'plan'"),
+    (["plan", MODEL, "--gpu", "16GiB", "--objetcive", "tg"], "unrecognized arguments: --objetcive tg; did you mean "
+                                                               "--objective?"),
+    (["plan", MODEL, "--gpu", "16GiB", "--objective", "tgg"], "plan: argument --objective: invalid choice: 'tgg'"),
+])
+def test_a_mistyped_command_or_option_says_what_was_meant(argv, says, capsys):
+    """Issue 40 item 11: argparse's errors with "did you mean" where a name is close; none where none is."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+    assert err.rstrip().endswith(("did you mean 'tune'?", "did you mean --objective?", "did you mean 'tg'?"))
+    assert cli.main(["plan", MODEL, "--gpu", "16GiB", "--zzz"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("unrecognized arguments: --zzz")
