@@ -43,6 +43,7 @@ aside ("elsewhere" in the stored serving) and serves every contender again.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable
@@ -421,10 +422,8 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
         plan = _plan_of(measurer, c, fills)
         rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
                      **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)})
-        took = [r.get("seconds") or 0 for r in rows]
-        left = len(todo) - 1          # the web view's estimate, as the run's line says it
-        save(left=left, eta_s=left * sum(took) / len(took))
-        tell(run_line(c, rows[-1], rnd, rounds, len(rows), left, rows))
+        save(left=len(todo) - 1, eta_s=(len(todo) - 1) * statistics.fmean(r.get("seconds") or 0 for r in rows))
+        tell(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
         if progress is not None:
             progress(len(rows), rounds * len(cs))
     cs = base + [served_of(k) for k in kv_refs] + [served_of(k) for k, p in fills.items() if p is not None]
