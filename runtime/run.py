@@ -124,6 +124,19 @@ class PreparedRun:
                 "command": self.command, "measurement": m.to_dict(), **self.memory.to_dict()}
 
 
+def rep_spread(m: Measurement) -> dict[str, tuple[float, float, int]]:
+    """{"pp"|"tg": (slowest, fastest, repetitions)} of a run's repetitions, where the engine reports each one
+    (llama-bench's samples_ts per test: a PP test generates nothing, a TG test reads no new prompt); {} where it
+    does not (the sim engine)."""
+    out: dict[str, tuple[float, float, int]] = {}
+    for t in m.raw.get("tests") or []:
+        samples = [float(x) for x in t.get("samples_ts") or []]
+        kind = "pp" if not t.get("n_gen") else "tg" if not t.get("n_prompt") else None
+        if kind and len(samples) > 1:
+            out[kind] = (min(samples), max(samples), len(samples))
+    return out
+
+
 def prepare_run(req: RunRequest) -> PreparedRun:
     """The run REQ describes, checked and set up (the model loaded, the plan read, the engine made), not yet
     measured. InputError for bad input."""

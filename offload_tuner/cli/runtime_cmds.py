@@ -62,7 +62,13 @@ def print_measurement(m: Measurement, mem: MemoryReport, command: str | None) ->
         print(f"command: {command}")
     status = "ok" if m.ok else f"FAILED ({m.raw.get('failure', 'error')}): {m.error}"
     print(f"result:  {status}")
-    print(f"PP {m.pp_tps:.2f} t/s, TG {m.tg_tps:.2f} t/s; host peak RSS {fmt_bytes(m.host_bytes)}")
+    from runtime.run import rep_spread
+    spread = rep_spread(m)
+
+    def over(kind: str) -> str:            # the repetitions' spread, where the engine reports each one
+        return f" ({spread[kind][0]:.2f}-{spread[kind][1]:.2f} over {spread[kind][2]} reps)" if kind in spread else ""
+    print(f"PP {m.pp_tps:.2f} t/s{over('pp')}, TG {m.tg_tps:.2f} t/s{over('tg')}; "
+          f"host peak RSS {fmt_bytes(m.host_bytes)}")
     rows = []
     for dev in sorted(set(mem.devices) | set(m.peak_bytes), key=device_sort_key):
         if dev == "CPU":

@@ -570,6 +570,22 @@ def test_cli_run_llamacpp_json(llama_bench, models, capsys):
     assert "CPU" in out["devices"] and out["plan"]["knobs"]["n_ubatch"] == 256 and "-ub 256" in out["command"]
 
 
+def test_cli_run_shows_the_spread_of_its_repetitions(llama_bench, models, capsys):
+    """Issue 40 item 11: `run` says how far its repetitions were apart (llama-bench's samples), PP and TG each; the
+    sim engine, which has no repetitions of its own, says nothing of it."""
+    import re
+    code = main(["run", str(models["qwen3moe"]), "--engine", "llamacpp", "--llama-bench", str(llama_bench),
+                 "--n-prompt", "8", "--n-gen", "2", "--reps", "3", "--", "-ngl", "0", "-t", "1"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("PP "))
+    m = re.match(r"PP ([\d.]+) t/s \(([\d.]+)-([\d.]+) over 3 reps\), "
+                 r"TG ([\d.]+) t/s \(([\d.]+)-([\d.]+) over 3 reps\)", line)
+    assert code == 0 and m, line
+    pp, lo, hi, tg, tlo, thi = map(float, m.groups())
+    assert lo <= pp <= hi and tlo <= tg <= thi          # the median of the samples lies within their range
+    assert main(["run", str(models["qwen3moe"]), "--engine", "sim", "--gpu", "2GiB", "--", "-ngl", "0"]) == 0
+    assert "reps)" not in capsys.readouterr().out
+
+
 def test_cli_run_sim_with_a_plan_file(models, tmp_path, capsys):
     assert main(["plan", str(models["qwen3moe"]), "--gpu", "2GiB", "--json"]) == 0
     plan_file = tmp_path / "plan.json"
