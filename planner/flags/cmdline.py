@@ -48,6 +48,7 @@ WARNINGS: dict[str, str] = {
     "W023": "environment value", "W024": "unknown flag", "W026": "ik MoE offload threshold",
     "W027": "ik -ngl 0 drops overrides",
     "W028": "-b/-ub as llama.cpp runs them", "W029": "context above the training context",
+    "W030": "pattern shadowed in part by earlier overrides",
     "W101": "layer homes not expressible", "W102": "token_embd on a GPU", "W103": "knob not expressible in bench",
     "W104": "host RAM short: weights read from disk",
 }

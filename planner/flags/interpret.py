@@ -213,6 +213,17 @@ def _override_list(events: Sequence[Event], raw_ot: Sequence[tuple[Event, str, s
     return overrides + after
 
 
+def _taken_by_broader(overrides: Sequence[Override], res: MatchResult, idx: int) -> list[str]:
+    """The tensors pattern IDX matches that an earlier, broader pattern (one matching more tensors) places on
+    another device: llama.cpp places each tensor by the first pattern it matches, so a narrow exception written
+    after the rule it excepts from never applies. The usual idiom, exceptions first and the catch-all (`exps=CPU`)
+    last, shadows the catch-all in part by design and is not reported."""
+    mine = overrides[idx]
+    return sorted(nm for nm in res.matched[idx]
+                  if (j := res.first.get(nm, idx)) != idx and overrides[j].device != mine.device
+                  and len(res.matched[j]) > len(res.matched[idx]))
+
+
 def _match_warnings(overrides: Sequence[Override], res: MatchResult, rule: MoeRule | None,
                     assignment: Mapping[str, str], warnings: list[str]) -> None:
     for idx, ov in enumerate(overrides):
@@ -223,6 +234,10 @@ def _match_warnings(overrides: Sequence[Override], res: MatchResult, rule: MoeRu
         elif not any(res.first.get(nm) == idx for nm in res.matched[idx]):
             warnings.append(f"W002 pattern '{ov.pattern}' ({ov.origin}) is shadowed entirely by earlier "
                             "overrides (the first match wins)")
+        elif ov.origin == "-ot" and (taken := _taken_by_broader(overrides, res, idx)):
+            warnings.append(f"W030 pattern '{ov.pattern}' ({ov.origin}) is shadowed in part: {len(taken)} of the "
+                            f"{len(res.matched[idx])} tensors it sends to {ov.device} go where a broader earlier "
+                            f"override says (the first match wins), e.g. {taken[0]}; put the narrower -ot first")
     te = assignment.get("token_embd.weight")
     if te is not None and te != "CPU":
         warnings.append(f"W007 token_embd.weight overridden to {te}: llama.cpp keeps the input layer on the CPU "

@@ -153,6 +153,21 @@ def test_mainline_cmoe_after_ot_leaves_the_ot_in_charge():
     assert {n for n in EXPERTS if a[n] == "CPU"} == set(EXPERTS) - {"blk.3.ffn_up_exps.weight"}
 
 
+def test_an_ot_pattern_shadowed_in_part_says_so_once():
+    """Issue 40 item 11: a narrow -ot after a broader one that takes part of its tensors to another device: one W030
+    naming how many and one of them; the idiom (the exception first, the catch-all after) and a pattern that loses
+    all of its tensors (W002) get no W030."""
+    p = parse(["-ngl", "99", "-ot", "exps=CPU", "-ot", r"blk\.3\.ffn_.*=CUDA0"], INV, "mainline")
+    w030 = [w for w in p.warnings if w.startswith("W030")]
+    assert len(w030) == 1 and "3 of the" in w030[0] and "to CUDA0" in w030[0]
+    assert "e.g. blk.3.ffn_down_exps.weight" in w030[0]
+    assert p.assignment["blk.3.ffn_up_exps.weight"] == "CPU"
+    clean = parse(["-ngl", "99", "-ot", r"blk\.3\.ffn_.*=CUDA0", "-ot", "exps=CPU"], INV, "mainline")
+    assert not [w for w in clean.warnings if w.startswith("W030")]
+    whole = parse(["-ngl", "99", "-ot", "exps=CPU", "-ot", r"blk\.3\.ffn_up_exps=CUDA0"], INV, "mainline")
+    assert [w[:4] for w in whole.warnings if w[:4] in ("W002", "W030")] == ["W002"]
+
+
 def test_mainline_cmoe_before_ot_shadows_it():
     p = parse([*["-ngl", "99", "-cmoe", "-ot"], r"blk\.3\.ffn_up_exps=CUDA0"], INV, "mainline")
     assert all(p.assignment[n] == "CPU" for n in EXPERTS)
