@@ -11,6 +11,7 @@ margin; the memory model (planner/memory.py) is the judge.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal
 from collections.abc import Callable, Iterable
@@ -391,3 +392,22 @@ def best_plans(inv: ModelInventory, hw: HardwareProfile, knobs: Knobs = Knobs(),
     if not scored:
         raise error or BudgetError("nothing fits in the given memory")
     return sorted(scored.values(), key=lambda s: s.score(objective), reverse=True)
+
+
+def distinct(ranked: Iterable[Scored]) -> list[Scored]:
+    """RANKED (best first) without the candidates a user could not tell from a better-ranked one: the same
+    placement with the same predicted PP, TG and GPU memory, only a switch that changes nothing there differing
+    (op offload with every weight on the GPU; mmap once op offload is off). The first of them is kept: under a
+    tie it is the earlier knob variant (knob_variants), the one with the fewer flags."""
+    out: list[Scored] = []
+    for s in ranked:
+        if not any(_same_row(s, k) for k in out):
+            out.append(s)
+    return out
+
+
+def _same_row(a: Scored, b: Scored) -> bool:
+    def gpus(s: Scored) -> dict[str, int]:
+        return {d: m.total for d, m in s.memory.devices.items() if d != "CPU"}
+    return (a.plan.assignment == b.plan.assignment and gpus(a) == gpus(b)
+            and math.isclose(a.pp_tps, b.pp_tps, rel_tol=1e-9) and math.isclose(a.tg_tps, b.tg_tps, rel_tol=1e-9))

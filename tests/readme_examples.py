@@ -1,7 +1,9 @@
 """The README's examples are the program's output: each fenced block that starts with `$ offload-tuner ...` holds
 commands and what they print. `check` runs every command (in-process, in a scratch folder) and compares; `write`
-puts the output in place (`make readme`). Kept out of the comparison: wall-clock durations ("in 24.1 s"), and the
-blocks whose numbers are another machine's (`run --engine llamacpp`, marked by SKIP_COMMANDS).
+puts the output in place (`make readme`). Kept out of the comparison: wall-clock durations ("in 24.1 s"), and in a
+measuring command's output (MASKS: `run`) only what the machine decides: the plan id, the speeds and their spread,
+the peak RSS; its program is named as llama.cpp names it (`llama-bench`, not this machine's path to it) and is
+the pinned CPU build (runtime/llamacpp_build.py) unless $LLAMA_BENCH or PATH has one.
 
 A block may shorten an output with a line `...`: the lines between the `...` lines are runs that must appear in
 the output in that order, each as long as the README has it (the first run from the output's first line when
@@ -16,6 +18,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -23,9 +26,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "$ offload-tuner "
-SKIP_COMMANDS = ("run ",)          # speeds measured on the machine that wrote the README
 ELLIPSIS = "..."
 _DURATION = re.compile(r"\bin \d+(\.\d+)? s\b")
+# what a measuring command prints that another machine prints otherwise, masked where the line compares, by
+# the command's first word: run's plan id (it hashes knobs the build's defaults fill in), speeds, spread and RSS
+MASKS: dict[str, tuple[tuple[re.Pattern[str], str], ...]] = {
+    "run": ((re.compile(r"\bplan [0-9a-f]{12}\b"), "plan ID"),
+            (re.compile(r"\b\d+(\.\d+)? t/s \(\d+(\.\d+)?-\d+(\.\d+)? over"), "N t/s (N-N over"),
+            (re.compile(r"\b\d+(\.\d+)? t/s"), "N t/s"),
+            (re.compile(r"\bRSS \d+(\.\d+)? [KMG]iB\b"), "RSS N MiB")),
+}
+_PROGRAM = re.compile(r"^command: \S*/(llama-[a-z-]+) ")       # the program as llama.cpp names it, not its path
 README_RAM = "128GiB"              # OFFLOAD_TUNER_RAM for the examples (offload_tuner/app/common.py machine_ram_bytes)
 
 
@@ -61,6 +72,15 @@ def examples(text: str) -> list[Example]:
     return out
 
 
+def _llama_bench(argv: list[str]) -> dict[str, str]:
+    """The environment a command that runs llama-bench needs: none where $LLAMA_BENCH or PATH names one, else the
+    pinned CPU build (built once per machine)."""
+    if "llamacpp" not in argv or os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench"):
+        return {}
+    from runtime.llamacpp_build import ensure_built
+    return {"LLAMA_BENCH": str(ensure_built()["llama-bench"])}
+
+
 def run(command: str, cwd: Path) -> list[str]:
     """The command's stdout and stderr lines, as a terminal shows them (the CLI in this process)."""
     from offload_tuner import cli
@@ -70,19 +90,26 @@ def run(command: str, cwd: Path) -> list[str]:
     argv = shlex.split(command)
     buf = io.StringIO()
     old = Path.cwd()
+    bench = _llama_bench(argv)
     os.chdir(cwd)
     os.environ["OFFLOAD_TUNER_RAM"] = README_RAM
+    os.environ.update(bench)
     try:
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
             cli.main(argv)
     finally:
         os.chdir(old)
-    got = buf.getvalue().rstrip("\n").split("\n")
+        for k in bench:          # set for this command only: it was unset
+            del os.environ[k]
+    got = [_PROGRAM.sub(r"command: \1 ", x) for x in buf.getvalue().rstrip("\n").split("\n")]
     return got[:head] if head is not None else got
 
 
-def _norm(line: str) -> str:
-    return _DURATION.sub("in N s", line.rstrip())
+def _norm(line: str, command: str = "") -> str:
+    line = _DURATION.sub("in N s", line.rstrip())
+    for pattern, mask in MASKS.get(command.split(" ", 1)[0], ()):
+        line = pattern.sub(mask, line)
+    return line
 
 
 def runs(expected: list[str]) -> list[list[str]]:
@@ -130,17 +157,16 @@ def check(readme: Path = ROOT / "README.md", write: bool = False) -> list[str]:
     rewrites: list[tuple[Example, list[str]]] = []
     with tempfile.TemporaryDirectory(prefix="readme-") as tmp:
         for ex in examples(text):
-            if ex.command.startswith(SKIP_COMMANDS):
-                continue
             got = run(ex.command, Path(tmp))
             new = matched(ex.lines, got)
             if new is None:
                 problems.append(f"offload-tuner {ex.command}: a shortened run of the README's output is not in "
                                 "the program's output")
                 continue
-            if [_norm(x) for x in new] != [_norm(x) for x in ex.lines]:
+            c = ex.command
+            if [_norm(x, c) for x in new] != [_norm(x, c) for x in ex.lines]:
                 first = next(i for i, (a, b) in enumerate(zip([*ex.lines, ""], [*new, ""]))
-                             if _norm(a) != _norm(b))
+                             if _norm(a, c) != _norm(b, c))
                 want = ex.lines[first] if first < len(ex.lines) else "(nothing)"
                 have = new[first] if first < len(new) else "(nothing)"
                 problems.append(f"offload-tuner {ex.command}: line {first + 1}: README {want!r}, program {have!r}")

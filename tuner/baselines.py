@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.engine_contract import EngineFit
 from planner.errors import InputError
-from planner.flags import parse
+from planner.flags import parse, placement_text
 from planner.model import ModelInventory
 from planner.plan import Dialect, Knobs, Plan
 from planner.propose import Room, proposals
@@ -48,6 +48,16 @@ def flag_plan(inv: ModelInventory, args: list[str], knobs: Knobs, dialect: Diale
     without it the GPUs are inferred from the line, so `-ngl 99 -cmoe` would mean CUDA0 alone)."""
     parsed = parse(args, inv, dialect, n_gpus=n_gpus)
     return Plan(model_id, parsed.assignment, knobs, dialect, " ".join(args))
+
+
+def named_as_emitted(rec: dict[str, Any], plan: Plan, inv: ModelInventory) -> dict[str, Any]:
+    """REC named by the placement flags its command carries, so the name matches the command the report prints
+    (`-ngl 99 -cmoe` is emitted `-ngl 49 -cmoe` on a 48-layer model; issue 40 item 11); the kind, not the name,
+    says which baseline it is. A plan the server cannot express keeps the name it was made from."""
+    try:
+        return {**rec, "name": placement_text(plan, inv)}
+    except InputError:
+        return rec
 
 
 def smallest_ncmoe(inv: ModelInventory, knobs: Knobs, dialect: Dialect, model_id: str,
@@ -191,10 +201,10 @@ def measure_baselines(measurer: Measurer, deadline: float | None = None) -> list
             keep(measurer.plan_record(FIT_LIKE, "fit-like", None, str(e)))
     if late():
         return out
-    if "-ngl 99 -cmoe" not in done:
+    if not any(b.get("kind") == "cmoe" for b in out):
         try:
             plan = flag_plan(measurer.inv, ["-ngl", "99", "-cmoe"], knobs, measurer.dialect, model_id, measurer.n_gpus)
-            keep(measurer.plan_record("-ngl 99 -cmoe", "cmoe", plan))
+            keep(named_as_emitted(measurer.plan_record("-ngl 99 -cmoe", "cmoe", plan), plan, measurer.inv))
         except InputError as e:
             keep(measurer.plan_record("-ngl 99 -cmoe", "cmoe", None, str(e)))
     if late():
@@ -232,7 +242,7 @@ def _ncmoe_record(measurer: Measurer, knobs: Knobs) -> dict[str, Any]:
     runs, rec = 0, {}
     for k in range(n, min(n + NCMOE_TRIES, inv.n_layer + 1)):
         plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", str(k)], knobs, measurer.dialect, model_id)
-        rec = measurer.plan_record(f"-ngl 99 -ncmoe {k}", "ncmoe", plan)
+        rec = named_as_emitted(measurer.plan_record(f"-ngl 99 -ncmoe {k}", "ncmoe", plan), plan, inv)
         runs += rec.get("runs", 0)
         rec.update(runs=runs, ncmoe=k)
         if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):
@@ -262,7 +272,7 @@ def _ncmoe_split_record(measurer: Measurer, knobs: Knobs) -> dict[str, Any]:
         n, ts = found
         args = ["-ngl", "99", "-ncmoe", str(n)] + (["-ts", ",".join(map(str, ts))] if ts else [])
         plan = flag_plan(inv, args, knobs, measurer.dialect, model_id, measurer.n_gpus)
-        rec = measurer.plan_record(" ".join(args), "ncmoe", plan)
+        rec = named_as_emitted(measurer.plan_record(" ".join(args), "ncmoe", plan), plan, inv)
         runs += rec.get("runs", 0)
         rec.update(runs=runs, ncmoe=n, ts=list(ts) if ts else None)
         if rec["ok"] or not rec.get("runs") or "over the budget" not in (rec.get("error") or ""):

@@ -710,6 +710,11 @@ def shown_paths(text: str, model: str) -> str:
     return _PROGRAM_PATH.sub(r"\1", text)
 
 
+def shown_dict(obj: Any, model: str) -> Any:
+    """OBJ (JSON-like) with its strings as `shown_paths` shows them: what a report's JSON or the web view shows."""
+    return json.loads(shown_paths(json.dumps(obj, default=_json_default), model))
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
     """TMP becomes OUT: renamed whole when OUT does not exist, else each file replaces its namesake in OUT (a
     rename each; other files in OUT stay)."""

@@ -160,7 +160,7 @@ def _workload(req: PlanRequest):
 
 def plan_outcome(req: PlanRequest) -> PlanOutcome:
     from planner.loader import load_model
-    from planner.propose import Room, best_plans
+    from planner.propose import Room, best_plans, distinct
     inv = load_model(req.model)
     check_dialect(inv, req.dialect)
     hw = hardware(req.hardware, req.gpu, keep_free=req.keep_free, ram=req.ram)
@@ -188,6 +188,7 @@ def plan_outcome(req: PlanRequest) -> PlanOutcome:
         if objective == "time":
             ranked = sorted(ranked, key=lambda s: times[s.plan.id])
             objective = f"time, workload {requests.name}"
+    ranked = distinct(ranked)     # a switch that changes nothing for a placement is not another candidate
     warnings = []
     if requests is not None and requests.slot_ctx > inv.hparams.n_ctx_train > 0:    # one line says both
         warnings.append(f"W029 workload {requests.name}: its longest request ({requests.slot_ctx} tokens) is longer "

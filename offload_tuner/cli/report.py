@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from tuner.report import shown_dict, shown_paths
 from ..app.report import REPORT_FILES, report_study
 from ..app.requests import ReportRequest
 from .common import emit_json, add_option, add_positional, request
@@ -10,8 +11,9 @@ from .common import emit_json, add_option, add_positional, request
 
 def cmd_report(args: argparse.Namespace) -> int:
     o = report_study(request(ReportRequest, args))
-    if args.json:
-        emit_json(o.to_json())
+    model = str(o.summary.settings.get("model", ""))
+    if args.json:      # as report.json says it: files by their names; the storage is where the study is
+        emit_json(dict(shown_dict(o.to_json(), model), storage=o.storage))
         return 0
     s = o.summary
     counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items()))
@@ -24,8 +26,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                        if r.get("mean_request_s") is not None else "")      # a time study's best, as time
             print(f"best {k}: {seconds}TG {r['tg_tps']:.2f} t/s, PP {r['pp_tps']:.1f} t/s (trial {r['trial']}, "
                   f"{r['label']})")
-            if r["commands"].get("llama-server"):
-                print(f"  {r['commands']['llama-server']}")
+            if r["commands"].get("llama-server"):     # the model by its file name: it is pasted where the model is
+                print(f"  {shown_paths(r['commands']['llama-server'], model)}")
     print(f"report: {o.out}/{REPORT_FILES}")
     return 0
 

@@ -231,7 +231,7 @@ class StudyStore:
         return self._cached(("detail", r.storage, r.name), r.storage, lambda: self._detail(r), MIN_AGE_S)
 
     def _detail(self, r: StudyRef) -> dict[str, Any]:
-        from tuner.report import study_summary, trials_frame
+        from tuner.report import shown_dict, study_summary, trials_frame
         from tuner.records import StudyRecord
         from tuner.report_plots import vram_front
         from tuner.served import serving_view
@@ -241,8 +241,9 @@ class StudyStore:
         trials = json.loads(df.to_json(orient="records")) if not df.empty else []
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
         rec = StudyRecord.of(study)
-        return clean(dict(s.to_dict(), storage=r.storage, trials=trials, vram_fronts=fronts,
-                          hardware_words=hardware_words(s.settings), serving=serving_view(rec.serving, rec.served)))
+        shown = shown_dict(dict(s.to_dict(), trials=trials, serving=serving_view(rec.serving, rec.served)),
+                           str(s.settings.get("model", "")))     # files by their names, as the report (issue 40)
+        return clean(dict(shown, storage=r.storage, vram_fronts=fronts, hardware_words=hardware_words(s.settings)))
 
     def progress(self, name: str) -> dict[str, Any]:
         r = self.ref(name)

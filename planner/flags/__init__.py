@@ -28,13 +28,13 @@ from .cmdline import knob_fields as _knob_fields
 from .hints import Hints
 from .interpret import interpret
 from .render import render_plan
-from .common import Override, assign, compile_pattern, int_set_regex, slot_devices
+from .common import Override, assign, compile_pattern, int_set_regex, shell_join, slot_devices
 from .placement import home_devices
 
 __all__ = [
     "render", "render_shell", "parse", "assign", "home_devices", "knob_fields", "effective_min_batch",
     "RenderedCommand", "ParsedCommand", "Override", "WARNINGS", "SPECS", "int_set_regex", "compile_pattern",
-    "slot_devices", "slot_rule",
+    "slot_devices", "slot_rule", "placement_text", "PLACEMENT_FLAGS",
 ]
 
 SPECS: dict[str, DialectSpec] = {"mainline": mainline.SPEC, "ik": ik.SPEC}
@@ -81,6 +81,23 @@ def render_shell(plan: Plan, inv: ModelInventory, tool: str = "server", *, binar
     `binary` defaults to the tool's program name (llama-server, llama-cli, llama-bench); "" leaves it out.
     """
     return render(plan, inv, tool, **kw).shell(binary)
+
+
+# the flags of a rendered command that say where tensors go, and whether each takes a value (render's spellings)
+PLACEMENT_FLAGS: dict[str, bool] = {"-ngl": True, "-ts": True, "-sm": True, "-mg": True, "-ot": True,
+                                    "-cmoe": False, "-ncmoe": True}
+
+
+def placement_text(plan: Plan, inv: ModelInventory) -> str:
+    """The placement flags of the plan's llama-server command as render() emits them, shell-quoted: what names a
+    placement so that the name matches its command (`-ngl 99 -cmoe` on a 48-layer model is emitted `-ngl 49
+    -cmoe`; ik on two GPUs says `-ot exps=CPU`). Raises FlagError as render() does."""
+    argv, out, i = render(plan, inv, "server"), [], 0
+    while i < len(argv):
+        n = 1 + PLACEMENT_FLAGS[argv[i]] if argv[i] in PLACEMENT_FLAGS else 0
+        out += argv[i:i + n]
+        i += n or 1
+    return shell_join(out)
 
 
 def parse(args: Sequence[str] | str | RenderedCommand, inv: ModelInventory, dialect: str, *,

@@ -139,7 +139,7 @@ def test_studies(server):
     for key in ("best", "pareto", "baselines", "per_budget", "counts", "settings", "budget_bytes"):
         assert d[key] == json.loads(json.dumps(rep[key])), key
     assert len(d["trials"]) == d["n_trials"] and d["vram_fronts"]["tg"] and d["vram_fronts"]["pp"]
-    assert {b["name"] for b in d["baselines"]} >= {"-ngl 99 -cmoe"}
+    assert {b["name"] for b in d["baselines"]} >= {"-ngl 49 -cmoe"}   # as its command says
     assert any("tg_x" in r for r in d["pareto"])       # ratios against the --fit-like reference
 
 

@@ -8,7 +8,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from serving import HW, MODEL, SCREENSHOTS, STUDY, cli, wait, wait_job
+from serving import HW, MODEL, REPO, SCREENSHOTS, STUDY, cli, wait, wait_job
+
+README_IMG = REPO / "docs" / "img"    # the README's screenshots: each run remakes them from the program as it is
 
 
 def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):
@@ -19,8 +21,9 @@ def test_study_page_front_click_gives_flags_that_parse_back(server, chrome):
     sets = chrome.execute_script("return Object.fromEntries(otCharts.tg_tps.data.datasets.map("
                                  "d => [d.label, d.data.length]))")
     assert sets["front"] >= 1 and sets["trials"] + sets["front"] >= 5 and sets["budget"] == 2, sets
-    assert "-ngl 99 -cmoe" in sets, sets          # the engine baselines are drawn
+    assert "-ngl 49 -cmoe" in sets, sets          # the engine baselines are drawn, named as their commands
     chrome.save_screenshot(str(SCREENSHOTS / "serve_study.png"))
+    chrome.save_screenshot(str(README_IMG / "serve_study.png"))
 
     # click the front point with the most TG (the last one, at the most VRAM)
     canvas = chrome.find_element(By.ID, "chart-tg")
@@ -90,6 +93,7 @@ def test_explain_page_shows_every_device(server, chrome):
     assert "blk 24-47" in layers and "gate:CPU" in layers
     assert "predicted: PP" in chrome.find_element(By.ID, "predicted").text
     chrome.save_screenshot(str(SCREENSHOTS / "serve_explain.png"))
+    chrome.save_screenshot(str(README_IMG / "serve_explain.png"))
     chrome.get(f"{server.url}/explain?" + urlencode({"model": MODEL, "cmd": "-ngl 99 -ot 'blk\\.{1,3}=CPU'"}))
     err = chrome.find_element(By.ID, "explain-error").text
     assert err.startswith("offload-tuner: error: -ot") and "comma" in err
