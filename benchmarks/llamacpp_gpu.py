@@ -213,7 +213,7 @@ def compare(predicted: dict[str, Any], measured: int | None) -> dict[str, Any]:
 def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchRun, hw: HardwareProfile,
                  cpu: bool) -> dict[str, Any]:
     run_plan = cpu_variant(case.plan) if cpu else case.plan
-    gpu_cmd = render(case.plan, inv, "bench", workload=wl, model_path=str(inv.source)).shell(str(engine.path))
+    gpu_cmd = render(case.plan, inv, "bench", bench=wl, model_path=str(inv.source)).shell(str(engine.path))
     pred = bench_memory(inv, case.plan, wl, hw).to_dict()["devices"]
     t0 = time.monotonic()
     m = engine.measure(inv, run_plan, wl)

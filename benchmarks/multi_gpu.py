@@ -273,7 +273,7 @@ def device_row(predicted: dict[str, Any], measured: int | None, logged: dict[str
 def measure_case(engine: LlamaCppEngine, inv: ModelInventory, case: Case, wl: BenchRun, hw: HardwareProfile,
                  cpu: bool, gpus: tuple[str, ...] = GPUS) -> dict[str, Any]:
     run_plan = lg.cpu_variant(case.plan) if cpu else case.plan
-    rc = render(case.plan, inv, "bench", workload=wl, model_path=str(inv.source))
+    rc = render(case.plan, inv, "bench", bench=wl, model_path=str(inv.source))
     pred = bench_memory(inv, case.plan, wl, hw).to_dict()["devices"]
     t0 = time.monotonic()
     m = engine.measure(inv, run_plan, wl)
@@ -409,7 +409,7 @@ def measure_torch_case(engine: Any, inv: ModelInventory, case: Case, wl: BenchRu
     # (llama.cpp's memory, what the torch step predicted with before) beside it
     pred = engine.predict_memory(inv, case.plan, hw, wl).to_dict()["devices"]
     pred_llamacpp = estimate(inv, case.plan, hw).to_dict()["devices"]
-    rc = render(case.plan, inv, "bench", workload=wl, model_path="MODEL.gguf")
+    rc = render(case.plan, inv, "bench", bench=wl, model_path="MODEL.gguf")
     t0 = time.monotonic()
     if sampler is not None:
         sampler.start()

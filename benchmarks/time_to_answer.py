@@ -160,7 +160,7 @@ def full_check(cell: str, argv: list[str], workdir: Path, db: Path, budget_end: 
     setup = study_setup(engine, dialect, space=req.space, kv_types=req.kv_types, limits=req.space_limits,
                         probe=lambda: stored.threads_probe, confirm=req.confirm, serving=True)
     tuner = Tuner(t.inv, t.hw, engine, StudyConfig(
-        model=req.model, objective=t.objective, workload=t.workload, dialect=dialect,
+        model=req.model, objective=t.objective, bench=t.bench, dialect=dialect,
         n_ctx=req.ctx if req.ctx is not None else t.n_ctx, margin=t.margin, config=setup.config,
         study_name=t.study, storage=req.storage, seed=req.seed, pool_size=req.pool, requests=t.requests))
     server = make_engine(replace(req.engine_options(), engine="llamaserver"), t.hw)

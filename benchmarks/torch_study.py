@@ -116,8 +116,8 @@ class Setup:
         if len(self.hw.gpus) != 1:
             raise InputError(f"--gpu {args.gpu}: this study is for one GPU")
         self.margin = parse_size(args.margin)
-        self.workload = BenchRun(n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0, repetitions=args.reps)
-        need = self.workload.depth + self.workload.n_prompt + self.workload.n_gen
+        self.bench = BenchRun(n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0, repetitions=args.reps)
+        need = self.bench.depth + self.bench.n_prompt + self.bench.n_gen
         self.n_ctx = max(8192, -(-need // 256) * 256)       # the tuner's default context for this workload
         self.config = SpaceConfig(kv_types=KV_TYPES)
         self.room = Room.from_hardware(self.hw, self.margin)
@@ -142,7 +142,7 @@ class Setup:
         """What the grid was measured for; a resumed grid must match."""
         return {"model": self.args.model, "model_id": model_id(self.inv), "engine": self.args.engine,
                 "hardware": {"name": self.hw.name, "gpus": [[g.name, g.vram_bytes] for g in self.hw.gpus]},
-                "workload": asdict(self.workload), "n_ctx": self.n_ctx, "margin_bytes": self.margin,
+                "workload": asdict(self.bench), "n_ctx": self.n_ctx, "margin_bytes": self.margin,
                 "ubatches": list(GRID_UBATCHES)}
 
     def budget_bytes(self) -> int:
@@ -152,7 +152,7 @@ class Setup:
         """The memory model that judges the engine's plans (the tuner's: the engine's own prediction where it has
         one, the torch engine's; planner.memory's estimate for sim)."""
         if self._memory is None:
-            self._memory = memory_model(self.engine(), self.workload)
+            self._memory = memory_model(self.engine(), self.bench)
         return self._memory
 
 
@@ -226,10 +226,10 @@ def run_grid(s: Setup) -> dict[str, Any]:
             break
         engine = s.engine()
         mem = s.memory()(s.inv, plan, s.hw)
-        pr = predict(s.inv, plan, s.hw, n_prompt=max(s.workload.n_prompt, 1), depth=s.workload.depth)
+        pr = predict(s.inv, plan, s.hw, n_prompt=max(s.bench.n_prompt, 1), depth=s.bench.depth)
         t0 = time.perf_counter()
         try:
-            m = engine.measure(s.inv, plan, s.workload)
+            m = engine.measure(s.inv, plan, s.bench)
         except InputError:
             raise
         except Exception as e:     # an engine bug: a recorded failure, as the tuner records it
@@ -296,7 +296,7 @@ def run_study(s: Setup) -> None:
         return
     engine = s.engine()
     tuner = Tuner(s.inv, s.hw, engine, StudyConfig(
-        model=s.args.model, objective="both", workload=s.workload, dialect="mainline", n_ctx=s.n_ctx, margin=s.margin,
+        model=s.args.model, objective="both", bench=s.bench, dialect="mainline", n_ctx=s.n_ctx, margin=s.margin,
         config=s.config, study_name=s.study_name, storage=s.storage, seed=s.args.seed, pool_size=s.args.pool))
     log(f"study {s.study_name} in {s.storage}: {done} runs made, {left} to go")
     stop = {"why": ""}
@@ -467,7 +467,7 @@ def plot(s: Setup, grid: list[dict[str, Any]], study: dict[str, Any] | None) -> 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"{s.inv.name} on {s.hw.gpus[0].name}, budget {fmt_bytes(s.hw.gpus[0].vram_bytes)} "
-                 f"({s.args.engine} engine; PP {s.workload.n_prompt}, TG {s.workload.n_gen})", fontsize=9)
+                 f"({s.args.engine} engine; PP {s.bench.n_prompt}, TG {s.bench.n_gen})", fontsize=9)
     fig.tight_layout()
     name = "torch_study.png"
     fig.savefig(s.out / name, dpi=120)

@@ -131,7 +131,7 @@ def run_cell(args, engine, inv, hw0, budget_gib: int, depth: int, deadline: floa
     # studies were made at it)
     config = study_setup(engine, dialect, space="settled", threads=hw.host.n_threads).config
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        model=str(inv.source), objective="both", workload=wl, n_ctx=ctx, margin=None, config=config, dialect=dialect,
+        model=str(inv.source), objective="both", bench=wl, n_ctx=ctx, margin=None, config=config, dialect=dialect,
         study_name=study_name or cell_name(budget_gib, depth, getattr(args, "series", "")),
         storage=args.storage, seed=args.seed, pool_size=args.pool))
     if getattr(args, "reconfirm", False) and redo_references(tuner.measurer):
@@ -204,7 +204,7 @@ def confirm_plan(tuner, args, confirm_ncmoe: bool, confirm_run_s: float | Callab
 
     def need(reps: int) -> float:
         return 1.2 * tuner.confirm_seconds(args.confirm, 1, confirm_ncmoe, default=per_run, repetitions=reps)
-    whole = reps = tuner.workload.repetitions
+    whole = reps = tuner.bench.repetitions
     while reps > 1 and need(reps) > 0.8 * call_s:
         reps -= 1
     return ConfirmPlan(reps, need(reps), need(whole))

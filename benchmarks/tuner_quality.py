@@ -53,7 +53,7 @@ from runtime.sim import SimEngine  # noqa: E402
 
 GOAL_SHARE = 0.98
 GOAL_BUDGET = 0.10
-WORKLOAD = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
+BENCH = BenchRun(n_prompt=2048, n_gen=128, depth=0, repetitions=1)
 N_CTX = 8192
 
 
@@ -120,7 +120,7 @@ class TruthEngine(Engine):
 
 def truth_measure(inv: ModelInventory, plan: Plan, truth: HardwareProfile, mem) -> Measurement:
     peak = {d: m.total for d, m in mem.devices.items() if d != "CPU"}
-    pr = predict(inv, plan, truth, n_prompt=WORKLOAD.n_prompt, depth=WORKLOAD.depth)
+    pr = predict(inv, plan, truth, n_prompt=BENCH.n_prompt, depth=BENCH.depth)
     return Measurement(pp_tps=pr.pp_tps, tg_tps=pr.tg_tps, peak_bytes=peak)
 
 
@@ -135,7 +135,7 @@ def run_tuner(kind: str, inv, prior, truth_engine: TruthEngine, space: Space, cf
                     sampler="tpe" if kind == "tpe" else "random", pool_size=0)
     t0 = time.perf_counter()
     tuner = Tuner(inv, prior, truth_engine, StudyConfig(
-        objective="both", workload=WORKLOAD, n_ctx=N_CTX, config=cfg, storage=None, study_name=f"{kind}-{seed}",
+        objective="both", bench=BENCH, n_ctx=N_CTX, config=cfg, storage=None, study_name=f"{kind}-{seed}",
         seed=seed, baselines=False, commands=False, space=space, **opts))
     runs0 = truth_engine.runs
     res = tuner.run(budget, max_trials=30 * budget)
@@ -181,7 +181,7 @@ def run_optimus(inv, truth: HardwareProfile, cfg: SpaceConfig, budget: int, seed
         plan = Plan(inv.source or inv.name, pc.assignment, replace(pc.knobs, n_ctx=N_CTX), "mainline")
         m = cache.get(plan.id)
         if m is None:
-            m = cache[plan.id] = sim.measure(inv, plan, WORKLOAD)
+            m = cache[plan.id] = sim.measure(inv, plan, BENCH)
         if not m.ok:
             best["oom"] += 1
             return 0.0, 0.0
@@ -307,7 +307,7 @@ def main() -> int:
     methods = args.methods.split(",")
     scenarios = [s for s in SCENARIOS if not args.only or args.only in s.name]
     results: dict[str, Any] = {
-        "meta": {"python": platform.python_version(), "machine": platform.machine(), "workload": WORKLOAD.__dict__,
+        "meta": {"python": platform.python_version(), "machine": platform.machine(), "workload": BENCH.__dict__,
                  "n_ctx": N_CTX},
         "budget_share": args.budget, "seeds": seeds, "methods": methods,
         "scenarios": [run_scenario(sc, seeds, args.budget, methods) for sc in scenarios],

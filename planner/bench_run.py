@@ -18,9 +18,9 @@ class BenchRun:
 
     def __post_init__(self) -> None:
         if self.n_prompt < 0 or self.n_gen < 0 or self.depth < 0 or self.repetitions < 1:
-            raise InputError(f"bad workload {self}: token counts must be >= 0 and repetitions >= 1")
+            raise InputError(f"bad bench run {self}: token counts must be >= 0 and repetitions >= 1")
         if self.n_prompt == 0 and self.n_gen == 0:
-            raise InputError("bad workload: n_prompt and n_gen are both 0, nothing to measure")
+            raise InputError("bad bench run: n_prompt and n_gen are both 0, nothing to measure")
 
     def rep_seconds(self, pp_tps: float, tg_tps: float) -> float:
         """The seconds one timed repetition takes at these speeds: its prompt and its generated tokens."""

@@ -111,7 +111,7 @@ def read_runs(path: str | Path, inv: ModelInventory) -> list[Run]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as e:
             raise InputError(f"{path}:{i + 1}: not a run (llama_bench_args, env, pp_tps, tg_tps): {e}") from e
         pc = parse(RenderedCommand(args, env=env), inv, "mainline", tool="bench")
-        w = pc.workload
+        w = pc.bench
         runs.append(Run(i, tuple(args), env, pp, tg, r.get("peak_vram_mib"), pc.to_plan(inv.source, f"run {i}"),
                         int(w.get("n_prompt", 512)), int(w.get("n_gen", 128)), int(w.get("n_depth", 0))))
     return runs

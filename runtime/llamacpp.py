@@ -3,7 +3,7 @@ llama-sweep-bench, and use llama-fit-params as a memory oracle.
 
     engine = LlamaCppEngine()                      # --llama-bench PATH, else $LLAMA_BENCH, else PATH
     m = engine.measure(inv, plan, BenchRun(512, 128, 0, 3))
-    engine.command(inv, plan, workload).shell      # the exact command line it runs
+    engine.command(inv, plan, bench).shell      # the exact command line it runs
     oracle(inv, plan, "model.gguf", "llama-fit-params")   # {device: {model, context, compute}} in bytes
 
 How a run goes (contract: planner/engine_contract.py):
@@ -13,7 +13,7 @@ How a run goes (contract: planner/engine_contract.py):
    mainline takes the output layer first since PR #18148 (Dec 2025). A llama-bench with -fitt (PR #21304, Apr 2026)
    is newer than that; else the build number decides; `ngl_rule=` overrides the guess. A plan whose placement would
    differ under the binary's rule is refused rather than run wrong.
-2. planner.flags.render(plan, inv, "bench", workload=..., model_path=...) gives argv and environment
+2. planner.flags.render(plan, inv, "bench", bench=..., model_path=...) gives argv and environment
    (GGML_OP_OFFLOAD_MIN_BATCH); every flag must be one the binary's --help lists. `-o jsonl` (mainline) or
    `-o json` (ik) is added.
 3. The child runs (runtime/process.py) in its own process group (and dies with us: PR_SET_PDEATHSIG), stdout and
@@ -164,7 +164,7 @@ class LlamaCppEngine(Engine):
                              f"so -ngl {pc.n_gpu_layers} would put {diff[0]} elsewhere than the plan; use a build "
                              "with PR #18148 (output layer first) or pass ngl_rule= if the guess is wrong")
 
-    def command(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> EngineCommand:
+    def command(self, inv: ModelInventory, plan: Plan, bench: BenchRun) -> EngineCommand:
         """The command measure() runs for this plan (InputError if this binary cannot run it)."""
         if plan.dialect != self.info.dialect:
             raise InputError(f"the plan is for {plan.dialect}, but {self.path} is a {self.info.dialect} build; "
@@ -172,20 +172,20 @@ class LlamaCppEngine(Engine):
         model = self._model(inv)
         self._check_devices(plan)
         if self.info.tool == "sweep":
-            return self._sweep_command(inv, plan, workload, model)
+            return self._sweep_command(inv, plan, bench, model)
         notes: list[str] = []
         extra: list[str] = []
-        wl: BenchRun | _RenderWorkload = workload
+        wl: BenchRun | _RenderBench = bench
         if wl.depth and not self.info.abilities["depth"]:
             if not (self.info.abilities["gen_at_depth"] and wl.n_gen):
                 raise InputError(f"{self.path.name} has no -d (context depth {wl.depth}); measure at depth 0 or "
                                  "use llama-sweep-bench")
-            extra = ["-gp", f"{workload.depth},{workload.n_gen}"]
-            notes.append(f"ik llama-bench has no -d: TG measured with -gp {workload.depth},{workload.n_gen}; "
+            extra = ["-gp", f"{bench.depth},{bench.n_gen}"]
+            notes.append(f"ik llama-bench has no -d: TG measured with -gp {bench.depth},{bench.n_gen}; "
                          "PP at depth 0")
-            wl = _RenderWorkload(workload.n_prompt, 0, 0, workload.repetitions)
+            wl = _RenderBench(bench.n_prompt, 0, 0, bench.repetitions)
         try:
-            rc = render(plan, inv, "bench", workload=wl, model_path=model, build=self.info.build)
+            rc = render(plan, inv, "bench", bench=wl, model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         # -o first: llama-bench's parser forgets an earlier bad argument (an unknown -ot buffer type) when a later
@@ -230,13 +230,13 @@ class LlamaCppEngine(Engine):
     def run(self, cmd: EngineCommand) -> RunResult:
         return run_process([cmd.program, *cmd.argv], self._env(cmd.env), self.timeout_s, self.sampler())
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, bench: BenchRun) -> Measurement:
         if self.cpu_stand_in:       # the same knobs, every tensor on the CPU: the pipeline runs, not the GPU plan
             plan = replace(plan, assignment={n: "CPU" for n in plan.assignment})
-        cmd = self.command(inv, plan, workload)
-        return self.measure_command(cmd, workload)
+        cmd = self.command(inv, plan, bench)
+        return self.measure_command(cmd, bench)
 
-    def measure_args(self, args: Sequence[str], workload: BenchRun, env: Mapping[str, str] | None = None
+    def measure_args(self, args: Sequence[str], bench: BenchRun, env: Mapping[str, str] | None = None
                      ) -> Measurement:
         """Run this binary with hand-made arguments (e.g. llama.cpp's own -fitt) and read them like a plan's run."""
         argv = list(args)
@@ -244,36 +244,36 @@ class LlamaCppEngine(Engine):
             argv = ["-o", self.info.output_format, *argv]
         if self.verbose and "-v" not in argv:
             argv.append("-v")
-        return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), workload)
+        return self.measure_command(EngineCommand(str(self.path), tuple(argv), dict(env or {})), bench)
 
-    def run_memory(self, inv: ModelInventory, plan: Plan, workload: BenchRun,
+    def run_memory(self, inv: ModelInventory, plan: Plan, bench: BenchRun,
                    hw: HardwareProfile | None = None) -> MemoryReport:
         """What a run of the plan at this workload holds per device (bench_memory: llama-bench's contexts)."""
-        return bench_memory(inv, plan, workload, hw)
+        return bench_memory(inv, plan, bench, hw)
 
     @property
     def dialect(self) -> str:                     # type: ignore[override]
         return self.info.dialect
 
-    def shell_command(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> str:
-        return self.command(inv, plan, workload).shell
+    def shell_command(self, inv: ModelInventory, plan: Plan, bench: BenchRun) -> str:
+        return self.command(inv, plan, bench).shell
 
     @property
     def op_offload_per_class(self) -> bool:       # type: ignore[override]
         """ik's llama-sweep-bench takes -op per op class; ik's llama-bench has one switch (docs/ik_llama.md)."""
         return self.info.dialect == "ik" and self.info.tool != "bench"
 
-    def run_context(self, workload: BenchRun, plan: Plan | None = None) -> int:
+    def run_context(self, bench: BenchRun, plan: Plan | None = None) -> int:
         """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: the
         -c of the plan's run, whole ubatch rows up to the one it reads), so the tuner can add the memory model's KV
         and compute for the emitted -c. Without the plan, sweep-bench's smallest (-ub 512)."""
         if self.info.tool == "sweep":
             if plan is not None:
-                return sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, workload)
-            return workload.depth + max(workload.n_gen, 512)
-        return max(bench_contexts(workload), default=0)
+                return sweep_ctx(plan.knobs.n_ubatch, plan.knobs.n_batch, bench)
+            return bench.depth + max(bench.n_gen, 512)
+        return max(bench_contexts(bench), default=0)
 
-    def own_fit(self, inv: ModelInventory, workload: BenchRun, budgets: Mapping[str, int],
+    def own_fit(self, inv: ModelInventory, bench: BenchRun, budgets: Mapping[str, int],
                 knobs: Sequence[str] = ("-fa", "1", "-ub", "512", "-b", "2048")) -> EngineFit | None:
         """llama.cpp's own --fit at these per-GPU budgets, measured by llama-bench -fitt (mainline) or by ik's
         llama-sweep-bench --fit --fit-margin (docs/ik_llama.md, "ik's own --fit"). None when the binary has no
@@ -284,16 +284,16 @@ class LlamaCppEngine(Engine):
         mainline: also asks llama-fit-params (beside llama-bench, when there) which placement `llama-server
         --fit` picks for the workload's context, which the study measures beside it."""
         if self.info.dialect == "ik":
-            return self._ik_fit(inv, workload, budgets, knobs) if self.info.tool == "sweep" else None
+            return self._ik_fit(inv, bench, budgets, knobs) if self.info.tool == "sweep" else None
         if not self.info.abilities["fit_target"] or self.info.tool != "bench":
             return None
         free, target_mib = self._fit_target(budgets)
-        argv = ("-m", self._model(inv), "-p", str(workload.n_prompt), "-n", str(workload.n_gen),
-                "-r", str(workload.repetitions), *(("-d", str(workload.depth)) if workload.depth else ()),
+        argv = ("-m", self._model(inv), "-p", str(bench.n_prompt), "-n", str(bench.n_gen),
+                "-r", str(bench.repetitions), *(("-d", str(bench.depth)) if bench.depth else ()),
                 *knobs, "-fitt", str(target_mib))
-        m = self.measure_args(argv, workload)
+        m = self.measure_args(argv, bench)
         note = f"-fitt {target_mib} MiB (free {_mib_list(free)})"
-        return EngineFit(m, argv, {}, target_mib << 20, self._fit_choice(inv, workload, target_mib, knobs), note)
+        return EngineFit(m, argv, {}, target_mib << 20, self._fit_choice(inv, bench, target_mib, knobs), note)
 
     def _fit_target(self, budgets: Mapping[str, int]) -> tuple[dict[str, int], int]:
         """(free bytes per GPU now, the MiB --fit must leave free on the tightest one: free - budget, >= 1; 1024
@@ -303,7 +303,7 @@ class LlamaCppEngine(Engine):
         targets = [free[d] - b for d, b in budgets.items() if d in free]
         return free, (max(min(targets) // (1 << 20), 1) if targets else 1024)
 
-    def _ik_fit(self, inv: ModelInventory, workload: BenchRun, budgets: Mapping[str, int],
+    def _ik_fit(self, inv: ModelInventory, bench: BenchRun, budgets: Mapping[str, int],
                 knobs: Sequence[str]) -> EngineFit | None:
         """ik's --fit as a server user runs it: llama-sweep-bench -c CTX --fit --fit-margin M with the study's
         default knobs (docs/ik_llama.md, "ik's own --fit"). ik sizes KV and compute for max_ctx_size = the
@@ -320,14 +320,14 @@ class LlamaCppEngine(Engine):
         # judged at it. sweep-bench steps one ubatch per row while n_kv < -c and fails the decode of a row that
         # crosses -c, so -c is rounded up to whole ubatches (a few dozen MiB of KV more than the server's)
         step = min(ub, nb)
-        want = max(sweep_ctx(ub, nb, workload), workload.depth + workload.n_prompt + workload.n_gen)
+        want = max(sweep_ctx(ub, nb, bench), bench.depth + bench.n_prompt + bench.n_gen)
         n_ctx = -(-want // step) * step
         argv = ["-m", self._model(inv), "-c", str(n_ctx), "-b", str(nb), "-ub", str(ub)]
         if "-fa" in kn:
             argv += ["-fa", "on" if kn["-fa"] in ("1", "on") else "off"]
         if "-t" in kn:
             argv += ["-t", kn["-t"]]
-        argv += ["-n", str(max(workload.n_gen, 1)), "-nrep", str(workload.repetitions)]
+        argv += ["-n", str(max(bench.n_gen, 1)), "-nrep", str(bench.repetitions)]
         if "--output-format" in self.info.flags:
             argv += ["--output-format", "jsonl"]
         note = f"ik --fit --fit-margin {margin_mib} MiB at -c {n_ctx} (free {_mib_list(free)})"
@@ -339,9 +339,9 @@ class LlamaCppEngine(Engine):
             argv += ["--fit", "--fit-margin", str(margin_mib)]
         if self.verbose:
             argv.append("-v")
-        cmd = EngineCommand(str(self.path), tuple(argv), {}, sweep_depth=workload.depth // step * step)
+        cmd = EngineCommand(str(self.path), tuple(argv), {}, sweep_depth=bench.depth // step * step)
         run = self.run(cmd)
-        m = self._read_run(run, cmd, workload)
+        m = self._read_run(run, cmd, bench)
         choice = None if self.cpu_stand_in else parse_ik_fit(run.stderr)
         if choice is not None:
             note += (f"; ik: {choice.required_mib} MiB of tensors + cache required, {choice.available_mib} MiB "
@@ -350,7 +350,7 @@ class LlamaCppEngine(Engine):
         return EngineFit(m, tuple(argv), {}, margin_mib << 20, choice.args() if choice else (), note,
                          program=self.path.name)
 
-    def _fit_choice(self, inv: ModelInventory, workload: BenchRun, target_mib: int, knobs: Sequence[str]
+    def _fit_choice(self, inv: ModelInventory, bench: BenchRun, target_mib: int, knobs: Sequence[str]
                     ) -> tuple[str, ...]:
         """llama-fit-params' placement for the whole workload's context, what `llama-server --fit on -c N` would
         pick for it ((), when the tool is missing or fails). llama-bench -fitt fits each of its tests on its own
@@ -360,7 +360,7 @@ class LlamaCppEngine(Engine):
         if not exe.is_file():
             return ()
         kn = [("on" if v == "1" else v) if k == "-fa" else v for k, v in zip(knobs[::2], knobs[1::2])]
-        n_ctx = workload.depth + workload.n_prompt + workload.n_gen
+        n_ctx = bench.depth + bench.n_prompt + bench.n_gen
         argv = [str(exe), "-m", self._model(inv), "-c", str(n_ctx), "-fitt",
                 str(target_mib), "-np", "1", *(x for pair in zip(knobs[::2], kn) for x in pair)]
         run = run_process(argv, self._env({}), 600)
@@ -369,10 +369,10 @@ class LlamaCppEngine(Engine):
             return ()
         return tuple(shlex.split(line))
 
-    def measure_command(self, cmd: EngineCommand, workload: BenchRun) -> Measurement:
-        return self._read_run(self.run(cmd), cmd, workload)
+    def measure_command(self, cmd: EngineCommand, bench: BenchRun) -> Measurement:
+        return self._read_run(self.run(cmd), cmd, bench)
 
-    def _read_run(self, run: RunResult, cmd: EngineCommand, workload: BenchRun) -> Measurement:
+    def _read_run(self, run: RunResult, cmd: EngineCommand, bench: BenchRun) -> Measurement:
         """The Measurement of a finished run of cmd (a failure that hides its reason is re-run with -v)."""
         try:                                      # engine output is untrusted: any shape is a failed measurement
             pp, tg, tests, backends = self._results(run, cmd)
@@ -381,7 +381,7 @@ class LlamaCppEngine(Engine):
             pp, tg, tests, backends = None, None, [], set()
             bad_output = Failure("no_output", f"{self.path.name} printed results we cannot read "
                                               f"({type(e).__name__}: {str(e)[:120]})")
-        have = (pp is not None or workload.n_prompt == 0) and (tg is not None or workload.n_gen == 0)
+        have = (pp is not None or bench.n_prompt == 0) and (tg is not None or bench.n_gen == 0)
         failure = classify_failure(run.stdout, run.stderr, run.returncode, timed_out=run.timed_out,
                                    timeout_s=self.timeout_s, have_results=have)
         if failure is None:
@@ -443,7 +443,7 @@ class LlamaCppEngine(Engine):
 
 
 @dataclass(frozen=True)
-class _RenderWorkload:
+class _RenderBench:
     n_prompt: int
     n_gen: int
     depth: int
@@ -507,22 +507,22 @@ def _sweep_row(rows: Sequence[SweepRow], depth: int) -> SweepRow | None:
 
 # ---- memory: what llama-bench allocates, and llama-fit-params as an oracle -------------------------------------------
 
-def bench_contexts(workload: BenchRun) -> list[int]:
+def bench_contexts(bench: BenchRun) -> list[int]:
     """Context sizes of llama-bench's tests for a workload: one per test, n_prompt + depth and n_gen + depth
     (tools/llama-bench/llama-bench.cpp to_llama_cparams; each test gets its own context, the model stays)."""
     out = []
-    if workload.n_prompt:
-        out.append(workload.n_prompt + workload.depth)
-    if workload.n_gen:
-        out.append(workload.n_gen + workload.depth)
+    if bench.n_prompt:
+        out.append(bench.n_prompt + bench.depth)
+    if bench.n_gen:
+        out.append(bench.n_gen + bench.depth)
     return out
 
 
-def bench_memory(inv: ModelInventory, plan: Plan, workload: BenchRun, hw: HardwareProfile | None = None
+def bench_memory(inv: ModelInventory, plan: Plan, bench: BenchRun, hw: HardwareProfile | None = None
                  ) -> MemoryReport:
     """planner.memory.estimate for what a llama-bench run of the plan peaks at: per device, the larger of its
     tests' contexts (the prompt test's n_ubatch-token graphs usually)."""
-    reports = [estimate(inv, replace(plan, knobs=replace(plan.knobs, n_ctx=c)), hw) for c in bench_contexts(workload)]
+    reports = [estimate(inv, replace(plan, knobs=replace(plan.knobs, n_ctx=c)), hw) for c in bench_contexts(bench)]
     if not reports:
         return estimate(inv, plan, hw)
     devices: dict[str, DeviceMemory] = {}

@@ -74,10 +74,10 @@ def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str,
                 pc = parse(llama_args, inv, dialect, tool="server", n_gpus=n_gpus)
             except FlagError:
                 raise bench_error from None
-    return pc.to_plan(inv.source or inv.name, label="command line"), dict(pc.workload)
+    return pc.to_plan(inv.source or inv.name, label="command line"), dict(pc.bench)
 
 
-def workload_from(req: RunRequest, named: dict[str, int]) -> BenchRun:
+def bench_from(req: RunRequest, named: dict[str, int]) -> BenchRun:
     def pick(value: int | None, key: str, default: int) -> int:
         return value if value is not None else int(named.get(key, default))
     return BenchRun(pick(req.n_prompt, "n_prompt", DEFAULT_WORKLOAD.n_prompt),
@@ -108,16 +108,16 @@ class PreparedRun:
     request: RunRequest
     inv: ModelInventory
     plan: Plan
-    workload: BenchRun
+    bench: BenchRun
     engine: Engine
     command: str | None
     memory: MemoryReport
 
     def measure(self) -> Measurement:
-        return self.engine.measure(self.inv, self.plan, self.workload)
+        return self.engine.measure(self.inv, self.plan, self.bench)
 
     def to_json(self, m: Measurement) -> dict[str, Any]:
-        w = self.workload
+        w = self.bench
         return {"model": self.inv.name or self.inv.source, "engine": self.request.engine, "plan_id": self.plan.id,
                 "plan": self.plan.to_dict(),
                 "workload": {"n_prompt": w.n_prompt, "n_gen": w.n_gen, "depth": w.depth, "repetitions": w.repetitions},
@@ -167,13 +167,13 @@ def prepare_run(req: RunRequest) -> PreparedRun:
         dialect = req.dialect or (engine.info.dialect if engine is not None else "mainline")   # type: ignore[attr-defined]
         plan, named = plan_from_args(list(req.llama_args), inv, dialect, n_gpus)
     check_dialect(inv, plan.dialect)
-    workload = workload_from(req, named)
+    bench = bench_from(req, named)
     hw = hardware_for(req, plan)
     if engine is None:
         engine = make_engine(req.engine_options(), hw)
-    command = engine.shell_command(inv, plan, workload)      # an engine that runs a program shows its command line
-    mem = engine.run_memory(inv, plan, workload, hw) or estimate(inv, plan, hw)
-    return PreparedRun(req, inv, plan, workload, engine, command, mem)
+    command = engine.shell_command(inv, plan, bench)      # an engine that runs a program shows its command line
+    mem = engine.run_memory(inv, plan, bench, hw) or estimate(inv, plan, hw)
+    return PreparedRun(req, inv, plan, bench, engine, command, mem)
 
 
 # ---- explain --oracle ------------------------------------------------------------------------------------------------

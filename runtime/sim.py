@@ -27,7 +27,7 @@ class SimEngine(Engine):
     hw: HardwareProfile
     name: str = "sim"
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, bench: BenchRun) -> Measurement:
         n_gpus = len(self.hw.gpus)
         for dev in plan.devices():
             if dev != "CPU" and (not is_gpu(dev) or gpu_index(dev) >= n_gpus):
@@ -42,8 +42,8 @@ class SimEngine(Engine):
             if used > have:
                 return Measurement.failed(f"out of memory on {dev}: needs {fmt_bytes(used)}, has {fmt_bytes(have)}",
                                           peak_bytes=peak, host_bytes=host)
-        pr = predict(inv, plan, self.hw, n_prompt=max(workload.n_prompt, 1), depth=workload.depth)
-        return Measurement(pp_tps=pr.pp_tps if workload.n_prompt else 0.0, tg_tps=pr.tg_tps if workload.n_gen else 0.0,
+        pr = predict(inv, plan, self.hw, n_prompt=max(bench.n_prompt, 1), depth=bench.depth)
+        return Measurement(pp_tps=pr.pp_tps if bench.n_prompt else 0.0, tg_tps=pr.tg_tps if bench.n_gen else 0.0,
                            peak_bytes=peak, host_bytes=host, raw={"breakdown": pr.breakdown, "engine": "sim"})
 
 

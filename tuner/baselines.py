@@ -183,7 +183,7 @@ def measure_baselines(measurer: Measurer, deadline: float | None = None) -> list
     if "--fit" not in done and FIT_LIKE not in done:
         with SIGINT.engine_run():          # Ctrl-C ends this run at once, as every measurement's (interrupt.py)
             budgets = Room.from_hardware(measurer.hw, measurer.margins.initial).gpus
-            fit = measurer.engine.own_fit(measurer.inv, measurer.workload, budgets)
+            fit = measurer.engine.own_fit(measurer.inv, measurer.bench, budgets)
         if fit is not None:
             keep(fit_record(fit, measurer.margins.over(dict(fit.measurement.peak_bytes))))
             done.add("--fit")

@@ -258,7 +258,7 @@ def confirm_seconds(measurer: Measurer, rounds: int, n_tg: int = 2, ncmoe: bool 
     at this workload, taken to `repetitions` by BenchRun.seconds_at), `default` seconds for one whose time is
     not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
     8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
-    reps = repetitions or measurer.workload.repetitions
+    reps = repetitions or measurer.bench.repetitions
     return rounds * sum(contender_seconds(measurer, c, reps) or default for c in finalists(measurer, n_tg, ncmoe))
 
 
@@ -289,21 +289,21 @@ def contender_seconds(measurer: Measurer, c: Contender, repetitions: int) -> flo
     else:
         d = _contender_record(measurer, c).get("measured") or {}
         seconds, pp, tg = float(d.get("seconds") or 0.0), float(d.get("pp_tps") or 0), float(d.get("tg_tps") or 0)
-    return measurer.workload.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
+    return measurer.bench.seconds_at(seconds, pp, tg, repetitions) if seconds else 0.0
 
 
-def _measure_contender(measurer: Measurer, c: Contender, workload: BenchRun) -> dict[str, Any]:
+def _measure_contender(measurer: Measurer, c: Contender, bench: BenchRun) -> dict[str, Any]:
     """One sample of a contender, as a stored row: a trial's plan judged like a trial, --fit by its own arguments,
     another reference as a plan (measured, never failed for its peak)."""
     if c.trial is not None:
         plan = TrialRecord.from_trial(measurer.trial(c.trial)).plan()
-        m = measurer.judge_peak(plan, measurer.measure(plan, workload))
+        m = measurer.judge_peak(plan, measurer.measure(plan, bench))
     elif c.key == "fit" and _contender_record(measurer, c).get("argv"):
         ref = _contender_record(measurer, c)
-        m = _measure_args(measurer, with_repetitions(ref["argv"], workload.repetitions), ref.get("env") or {}, workload)
+        m = _measure_args(measurer, with_repetitions(ref["argv"], bench.repetitions), ref.get("env") or {}, bench)
     else:
         plan = Plan.from_json(_contender_record(measurer, c)["plan"])
-        m = measurer.measure(plan, workload)
+        m = measurer.measure(plan, bench)
         if m.ok:
             m = replace(MeasuredRun.from_dict(measured_dict(m)),
                         peak_at_ctx=measurer.peaks_at_ctx(plan, dict(m.peak_bytes)))
@@ -313,10 +313,10 @@ def _measure_contender(measurer: Measurer, c: Contender, workload: BenchRun) -> 
     return row
 
 
-def _measure_args(measurer: Measurer, argv: list[str], env: dict[str, str], workload: BenchRun):
+def _measure_args(measurer: Measurer, argv: list[str], env: dict[str, str], bench: BenchRun):
     try:
         with SIGINT.engine_run():
-            return measurer.engine.measure_args(argv, workload, env)
+            return measurer.engine.measure_args(argv, bench, env)
     except InputError:
         raise
     except Exception as e:   # as Tuner.measure: an engine bug is a failed sample, not the end of the study
@@ -344,24 +344,24 @@ def confirm(measurer: Measurer, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, pro
     if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
         return {"rounds": rounds, "results": [], "picks": {}, "reference": None}
     keys = [c.key for c in contenders]
-    reps = repetitions or measurer.workload.repetitions
+    reps = repetitions or measurer.bench.repetitions
     stored = StudyRecord.of(measurer.study).confirmation or {}
-    same = stored.get("keys") == keys and stored.get("repetitions", measurer.workload.repetitions) == reps
+    same = stored.get("keys") == keys and stored.get("repetitions", measurer.bench.repetitions) == reps
     log = SampleLog(list(stored.get("rows", [])) if same else [])
-    workload = replace(measurer.workload, repetitions=reps)
+    bench = replace(measurer.bench, repetitions=reps)
     for rnd, c in schedule(contenders, rounds):
         if log.done(rnd, c.key):
             continue
         # a device call cut off mid-run loses the sample and whatever the caller had not saved yet
         if deadline is not None and time.monotonic() + contender_seconds(measurer, c, reps) >= deadline:
             return {}
-        log.add(rnd, c.key, _measure_contender(measurer, c, workload))
+        log.add(rnd, c.key, _measure_contender(measurer, c, bench))
         StudyRecord.save(measurer.study, confirmation={"keys": keys, "rounds": rounds, "repetitions": reps,
                                                     "rows": log.rows})
         if progress is not None:
             progress(len(log.rows), rounds * len(contenders))
     record = confirmed_record([log.summarise(c) for c in contenders], rounds)
-    if reps != measurer.workload.repetitions:
+    if reps != measurer.bench.repetitions:
         record["repetitions"] = reps
     StudyRecord.save(measurer.study, confirmed=record)
     return record

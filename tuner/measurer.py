@@ -36,14 +36,14 @@ from .records import MeasuredRun, StudyRecord, TrialRecord, measured_dict
 from .space import Space, SpaceConfig
 
 
-def contexts(workload: BenchRun, n_ctx: int | None, engine: Engine) -> tuple[int, int]:
+def contexts(bench: BenchRun, n_ctx: int | None, engine: Engine) -> tuple[int, int]:
     """(the emitted context, the one the engine's run holds: llama-bench's prompt test's; an engine whose
     run_context is None, sim, measures at the emitted one itself)."""
-    need = workload.depth + workload.n_prompt + workload.n_gen
+    need = bench.depth + bench.n_prompt + bench.n_gen
     emitted = n_ctx if n_ctx is not None else max(DEFAULT_CTX, -(-need // 256) * 256)
     if emitted < need:
         raise InputError(f"--ctx {emitted} is smaller than the workload's depth + n_prompt + n_gen = {need}")
-    run_ctx = engine.run_context(workload)
+    run_ctx = engine.run_context(bench)
     return emitted, emitted if run_ctx is None else min(run_ctx, emitted)
 
 
@@ -53,11 +53,11 @@ class Measurer:
     llama.cpp command lines of each plan."""
 
     def __init__(self, inv: ModelInventory, hw: HardwareProfile, engine: Engine, study: Any, settings: Settings,
-                 margins: Margins, config: SpaceConfig, *, workload: BenchRun, estimate: MemoryModel,
+                 margins: Margins, config: SpaceConfig, *, bench: BenchRun, estimate: MemoryModel,
                  n_ctx: int, run_ctx: int, objective: Objective, requests: Workload | None = None,
                  commands: bool = True, space: Space | None = None) -> None:
         self.inv, self.hw, self.engine, self.study, self.settings = inv, hw, engine, study, settings
-        self.margins, self.config, self.workload, self.estimate = margins, config, workload, estimate
+        self.margins, self.config, self.bench, self.estimate = margins, config, bench, estimate
         self.dialect = settings.dialect
         self.n_ctx, self.run_ctx, self.objective, self.requests = n_ctx, run_ctx, objective, requests
         self.commands = commands
@@ -154,18 +154,18 @@ class Measurer:
         knobs = self.default_knobs()
         try:
             plan = best_plans(self.inv, self.hw, knobs, self.dialect, "both", self.space.margin_for(knobs.n_ubatch),
-                              n_prompt=max(self.workload.n_prompt, 1))[0].plan
+                              n_prompt=max(self.bench.n_prompt, 1))[0].plan
         except (InputError, IndexError):    # nothing fits the budget: the ratios of the model on the CPU alone
             plan = Plan(self.inv.source or self.inv.name, {t.name: "CPU" for t in self.inv.allocated()}, knobs,
                         self.dialect)
-        rt = request_time(self.inv, self.hw, plan, self.requests, self.workload)
+        rt = request_time(self.inv, self.hw, plan, self.requests, self.bench)
         StudyRecord.save(self.study, request_time=rt)
         return rt
 
     # ---- predictions ----------------------------------------------------------------------------------------------
 
     def terms(self, plan: Plan) -> Terms:
-        w = self.workload
+        w = self.bench
         return Terms.of(predict(self.inv, plan, self.hw, n_prompt=max(w.n_prompt, 1), depth=w.depth))
 
     def measured_points(self) -> list[tuple[float, float]]:
@@ -184,7 +184,7 @@ class Measurer:
         for tool in ("server", "cli", "bench") if self.commands else ():
             try:
                 cmds[f"llama-{tool}"] = render_shell(plan, self.inv, tool, model_path=model_path,
-                                                     workload=self.workload if tool == "bench" else None,
+                                                     bench=self.bench if tool == "bench" else None,
                                                      cache_ram_mib=cache_ram if tool == "server" else None)
             except InputError as e:
                 cmds[f"llama-{tool}"] = f"# not expressible for llama-{tool}: {e}"
@@ -199,12 +199,12 @@ class Measurer:
 
     # ---- measuring --------------------------------------------------------------------------------------------
 
-    def measure(self, plan: Plan, workload: BenchRun | None = None) -> Any:
+    def measure(self, plan: Plan, bench: BenchRun | None = None) -> Any:
         """engine.measure (at the study's workload unless given), with an exception of the engine (not of our
         input) turned into a failed result."""
         try:
             with SIGINT.engine_run():          # Ctrl-C lands here at once, elsewhere at the next safe point
-                return self.engine.measure(self.inv, plan, workload or self.workload)
+                return self.engine.measure(self.inv, plan, bench or self.bench)
         except InputError:
             raise
         except Exception as e:   # an engine bug must not end the study; the trial records it
@@ -217,7 +217,7 @@ class Measurer:
         (-ub 4096 runs at -c 4096, where an emitted -c 2112 caps the ubatch at 2112: ~1.3 GiB less compute on
         the H100 ik study, which a one-way move counted as a +1342 MiB memory model error)."""
         # llama-sweep-bench's context follows the plan's ubatch (one row of it): the engine is asked of the plan
-        of_plan = self.engine.run_context(self.workload, plan)
+        of_plan = self.engine.run_context(self.bench, plan)
         run_ctx = self.run_ctx if of_plan is None else of_plan
         if run_ctx == self.n_ctx or not peaks:
             return dict(peaks)

@@ -4,7 +4,8 @@ stored with it: a resumed study must match, else it would mix incomparable trial
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from planner.bench_run import BenchRun
@@ -22,7 +23,7 @@ class StudyConfig:
     compares with."""
     model: str = ""                          # the model as named (the settings' model; default: the inventory's)
     objective: Objective | str = "tg"
-    workload: BenchRun = BenchRun(n_prompt=2048)
+    bench: BenchRun = BenchRun(n_prompt=2048)
     dialect: Dialect = "mainline"
     n_ctx: int | None = None                 # the emitted --ctx (None: the workload's, at least DEFAULT_CTX)
     margin: int | None = None                # bytes under each GPU's VRAM; None: learnt (tuner.margin)
@@ -42,43 +43,67 @@ class StudyConfig:
     space: Space | None = None               # a prepared Space (benchmarks share a cached grid between methods)
 
 
+# A field of Settings stored under another key: the bench run under "workload", its name in every study stored
+# before the bench run and the user's workload had names of their own.
+STORED_KEYS = {"bench": "workload"}
+
+
 @dataclass(frozen=True)
 class Settings:
-    """What a study was made for; a resumed study must match (else it would mix incomparable trials)."""
-    model: str
-    model_id: str
-    engine: str
-    hardware: dict[str, Any]
-    dialect: str
-    objective: str
-    workload: dict[str, int]
-    n_ctx: int
-    space: dict[str, Any]
+    """What a study was made for, stored with it; a resumed study must match (else it would mix incomparable
+    trials). Read back with from_dict, which takes any study's settings: a key an older offload-tuner did not
+    store reads as its default and stays absent when written back (to_dict), so a study's settings read and
+    shown are the ones it stores."""
+    model: str = ""
+    model_id: str = ""
+    engine: str = ""
+    hardware: dict[str, Any] = field(default_factory=dict)     # hardware_key's shape
+    dialect: str = ""
+    objective: str = ""
+    bench: BenchRun = BenchRun()
+    n_ctx: int = 0
+    space: dict[str, Any] = field(default_factory=dict)        # SpaceConfig as stored (lists, not tuples)
     requests: dict[str, Any] | None = None     # the user's workload the time objective serves (None: other ones)
+    absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)    # keys the study lacks
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The stored shape: every field under its key (STORED_KEYS), but those the study did not store."""
+        return {STORED_KEYS.get(f.name, f.name): asdict(v) if isinstance(v := getattr(self, f.name), BenchRun) else v
+                for f in fields(self) if f.name != "absent" and f.name not in self.absent}
 
-    def differences(self, other: dict[str, Any]) -> list[str]:
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Settings:
+        """A study's stored settings (KeyError, TypeError or ValueError for a damaged one: StudyRecord names it)."""
+        names = [f.name for f in fields(cls) if f.name != "absent"]
+        return cls(**{n: _READ[n](d[STORED_KEYS.get(n, n)]) for n in names if STORED_KEYS.get(n, n) in d},
+                   absent=frozenset(n for n in names if STORED_KEYS.get(n, n) not in d))
+
+    def differences(self, other: Settings) -> list[str]:
         """The settings that make `other` (a stored study's) another study. A space option added after the
         study was made is absent from it: the study ran with that option's default, so the default matches."""
-        mine = self.to_dict()
+        mine, theirs_all = self.to_dict(), other.to_dict()
         out = []
-        for k in ("model_id", "engine", "hardware", "dialect", "objective", "workload", "n_ctx", "space", "requests"):
-            theirs = other.get(k)
+        for name in ("model_id", "engine", "hardware", "dialect", "objective", "bench", "n_ctx", "space", "requests"):
+            k = STORED_KEYS.get(name, name)
+            theirs, ours = theirs_all.get(k), mine[k]
             if k == "space" and isinstance(theirs, dict):
                 defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
-                theirs = {f: theirs.get(f, defaults.get(f)) for f in mine[k]}
+                theirs = {f: theirs.get(f, defaults.get(f)) for f in ours}
             if k == "hardware" and isinstance(theirs, dict) and "keep_free" not in theirs:
-                theirs = {**theirs, "keep_free": mine[k]["keep_free"]}   # stored before keep_free: resumes with it
-            if k == "requests" and isinstance(theirs, dict) and mine[k] and not any(
+                theirs = {**theirs, "keep_free": ours["keep_free"]}   # stored before keep_free: resumes with it
+            if k == "requests" and isinstance(theirs, dict) and ours and not any(
                     "longest_tokens" in c for c in theirs.get("classes", [])):      # a log folded before the field
-                mine = {**mine, k: {**mine[k], "classes": [{f: v for f, v in c.items() if f != "longest_tokens"}
-                                                           for c in mine[k].get("classes", [])]}}
-            if theirs != mine[k]:
-                out.append(k)
+                ours = {**ours, "classes": [{f: v for f, v in c.items() if f != "longest_tokens"}
+                                            for c in ours.get("classes", [])]}
+            if theirs != ours:
+                out.append("bench run" if name == "bench" else name)
         return out
 
+
+# how each stored setting is read
+_READ: dict[str, Any] = {"model": str, "model_id": str, "engine": str, "hardware": dict, "dialect": str,
+                         "objective": str, "bench": lambda d: BenchRun(**d), "n_ctx": int, "space": dict,
+                         "requests": lambda d: None if d is None else dict(d)}
 
 # SpaceConfig options that only widen the space, added after studies were stored: a study without one keeps its
 # default (Tuner._keep_old_space). Not op_per_class: an old ik llama-bench study cannot go on without it.

@@ -33,7 +33,7 @@ def budget_levels(total_vram: int) -> list[int]:
 class Scorer:
     """The study's objective over speeds: one number per point, and what a prediction must reach to be run."""
     objective: Objective
-    workload: BenchRun
+    bench: BenchRun
 
     @property
     def pareto(self) -> bool:
@@ -42,7 +42,7 @@ class Scorer:
     def score(self, tg: float, pp: float) -> float:
         """One number per point (the objective; the geometric mean for "both"); a speed the workload does not
         measure (n_gen or n_prompt 0) counts as 0."""
-        return self.objective.scalar(tg if self.workload.n_gen else 0.0, pp if self.workload.n_prompt else 0.0)
+        return self.objective.scalar(tg if self.bench.n_gen else 0.0, pp if self.bench.n_prompt else 0.0)
 
     def promising(self, tg: float, pp: float, measured: Sequence[tuple[float, float]]) -> tuple[bool, str]:
         """Whether predicted speeds are worth a run beside the `measured` (TG, PP) points, and if not, why."""

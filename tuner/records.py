@@ -30,10 +30,11 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 from planner.engine_contract import Measurement
-from planner.errors import RecordError
+from planner.errors import InputError, RecordError
 from planner.plan import Plan
 from .cost_fit import CostFit, Terms
 from .objectives import RequestTime
+from .options import Settings
 from .threads import ThreadProbe
 
 RECORD_VERSION = 2
@@ -283,8 +284,8 @@ class StudyRecord:
     confirmation rows, served) stay dicts: their shapes are their modules' (tuner.baselines, .confirm,
     .served)."""
     version: int = STUDY_RECORD_VERSION
-    # what the study was made for, written when it is created (a resumed study must match: search.Settings)
-    settings: dict[str, Any] = field(default_factory=dict)
+    # what the study was made for, written when it is created (a resumed study must match: options.Settings)
+    settings: Settings | None = None
     objective_names: list[str] = field(default_factory=list)
     created: str = ""                                   # "%Y-%m-%d %H:%M:%S"
     request_time: RequestTime | None = None             # the time objective's per-class speeds
@@ -328,7 +329,7 @@ class StudyRecord:
                 continue
             try:
                 values[name] = _LOAD.get(name, _same)(attrs[name])
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
+            except (KeyError, TypeError, ValueError, AttributeError, InputError) as e:
                 raise RecordError(f"{which} has a damaged record: {name!r} cannot be read "
                                   f"({type(e).__name__}: {e})") from e
         return cls(**values)
@@ -367,12 +368,13 @@ def _ints(values: Any) -> list[int]:
 _STUDY_KEYS = tuple(f.name for f in fields(StudyRecord) if f.name != "version")
 # how a field is read from its stored JSON (absent: as it is) and written to it: ubatches are JSON object keys
 _LOAD: dict[str, Callable[[Any], Any]] = {
-    "settings": dict, "objective_names": list, "created": str, "margin_rule": str, "margin_bytes": int,
+    "settings": Settings.from_dict, "objective_names": list, "created": str, "margin_rule": str, "margin_bytes": int,
     "margin_floor": int, "margin_by_ubatch": _int_keys(int), "memory_errors": _ints,
     "memory_errors_by_ubatch": _int_keys(_ints), "margin_events": list, "seeded": bool, "explored": bool,
     "baselines": list, "baselines_partial": list, "cost_fit": CostFit.from_dict, "request_time": RequestTime.from_dict,
     "threads_probe": ThreadProbe.from_dict}
 _DUMP: dict[str, Callable[[Any], Any]] = {
-    "cost_fit": CostFit.to_dict, "request_time": RequestTime.to_dict, "threads_probe": ThreadProbe.to_dict,
+    "settings": Settings.to_dict, "cost_fit": CostFit.to_dict, "request_time": RequestTime.to_dict,
+    "threads_probe": ThreadProbe.to_dict,
     "margin_by_ubatch": lambda d: {str(k): int(v) for k, v in d.items()},
     "memory_errors_by_ubatch": lambda d: {str(k): _ints(v) for k, v in d.items()}}

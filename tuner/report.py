@@ -11,6 +11,7 @@ from typing import Any
 from .confirm import BALANCED_PP, NOISY_CV, reference, vram_of
 from .cost_fit import CostFit
 from .failures import no_result_text
+from .options import Settings
 from .records import StudyRecord, TrialRecord
 from .report_plots import write_plots      # the plots: their own module
 from planner.hardware import fmt_bytes
@@ -199,7 +200,7 @@ class StudySummary:
     (to_dict, the same keys in the same order as ever), and what the Markdown and the plots are written from.
     The study's own records (settings, confirmation, cost fit, baselines) are kept as the study stores them."""
     study: str
-    settings: dict[str, Any]                    # search.Settings as stored
+    settings: Settings                          # what the study was made for (to_dict: as stored)
     engine_runs: EngineRuns
     budget_bytes: int | None                    # all GPUs' memory less what is kept free and the margin asked for
     reference: str | None                       # the baseline ratios are to: --fit, else its imitation
@@ -228,7 +229,7 @@ class StudySummary:
     def to_dict(self) -> dict[str, Any]:
         # a time-objective study says what it recommends first (the JSON's first key, the report's first line)
         out: dict[str, Any] = {"headline": self.headline} if self.headline else {}
-        out |= {"study": self.study, "settings": self.settings, "engine_runs": self.engine_runs.to_dict(),
+        out |= {"study": self.study, "settings": self.settings.to_dict(), "engine_runs": self.engine_runs.to_dict(),
                "budget_bytes": self.budget_bytes, "reference": self.reference, "confirmed": self.confirmed,
                "front_share": self.front_share, "counts": self.counts, "n_trials": self.n_trials,
                "margin_bytes": self.margin_bytes, "margin_events": self.margin_events, "cost_fit": self.cost_fit,
@@ -251,14 +252,14 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
     from .pool import budget_levels
     df = trials_frame(study) if df is None else df
     record = StudyRecord.of(study)
-    settings = record.settings
-    total_vram = sum(v for _, v in settings.get("hardware", {}).get("gpus", [])) or 0
+    settings = record.settings or Settings.from_dict({})      # a study another worker is still creating
+    total_vram = sum(v for _, v in settings.hardware.get("gpus", [])) or 0
     counts = df["state"].value_counts().to_dict() if not df.empty else {}
     rt_dict = record.request_time.to_dict() if record.request_time is not None else None
     best: dict[str, Any] = {}
     if not df.empty:
         best = {"tg": _best(df, "tg_tps"), "pp": _best(df, "pp_tps")}
-        if settings.get("objective") not in ("tg", "pp", "both") and "value0" in df:
+        if settings.objective not in ("tg", "pp", "both") and "value0" in df:
             ok = df[df["ok"] & df["value0"].notna() & df["duplicate_of"].isna()]
             if not ok.empty:
                 best["objective"] = _row(ok.sort_values("value0", ascending=False).iloc[0]) | {
@@ -308,15 +309,15 @@ def study_summary(study: Any, df: Any | None = None) -> StudySummary:
         headline=_headline(settings, record, best, ref), served=record.served,
         keep_free_bytes=keep_free_of(settings), no_result=no_result_text(counts, [f.error for f in failed]),
         threads=record.threads_probe.line() if record.threads_probe is not None else None,
-        request_time=rt_dict if settings.get("objective") == "time" else None)
+        request_time=rt_dict if settings.objective == "time" else None)
 
 
-def request_seconds(settings: dict[str, Any], request_time: dict[str, Any] | None, row: dict[str, Any]
+def request_seconds(settings: Settings, request_time: dict[str, Any] | None, row: dict[str, Any]
                     ) -> float | None:
     """A time study's row in seconds per mean request (RequestTime.mean_s of its TG and PP): what a time study
     shows, where it stores the workload's tokens per second (old studies read the same). None under another
     objective, without the stored request classes, or where the row cannot serve the workload."""
-    if (settings.get("objective") != "time" or not request_time or row.get("tg_tps") is None
+    if (settings.objective != "time" or not request_time or row.get("tg_tps") is None
             or row.get("pp_tps") is None):
         return None
     from .objectives import RequestTime
@@ -324,17 +325,17 @@ def request_seconds(settings: dict[str, Any], request_time: dict[str, Any] | Non
     return seconds if math.isfinite(seconds) else None
 
 
-def keep_free_of(settings: dict[str, Any]) -> int:
+def keep_free_of(settings: Settings) -> int:
     """The GPU memory a study keeps free on each GPU (none in a study stored before --keep-free)."""
-    return int(settings.get("hardware", {}).get("keep_free", 0))
+    return int(settings.hardware.get("keep_free", 0))
 
 
-def _headline(settings: dict[str, Any], rec: StudyRecord, best: dict[str, Any], ref: dict[str, Any] | None
+def _headline(settings: Settings, rec: StudyRecord, best: dict[str, Any], ref: dict[str, Any] | None
               ) -> str | None:
     """A time-objective study's first line: the served verdict when its finalists were served
     (tuner.served.headline), else its best trial's mean request time from the benchmark runs, with what it
     gives up against the reference baseline's speeds said first."""
-    if settings.get("objective") != "time":
+    if settings.objective != "time":
         return None
     from .served import PP_GIVE_UP, TG_GIVE_UP, headline
     if rec.served:
@@ -365,13 +366,13 @@ def margin_text(margin: float | None, by_ubatch: dict[str, float]) -> str:
     return f"safety margin {fmt_bytes(int(margin))}" if margin else ""
 
 
-def _budget_bytes(settings: dict[str, Any], rec: StudyRecord) -> int | None:
+def _budget_bytes(settings: Settings, rec: StudyRecord) -> int | None:
     """All GPUs' memory less what is kept free and the margin asked for (none when it is learnt): what a config
     may use."""
-    total = sum(v for _, v in settings.get("hardware", {}).get("gpus", []))
+    total = sum(v for _, v in settings.hardware.get("gpus", []))
     if not total:
         return None
-    n = len(settings.get("hardware", {}).get("gpus", []))
+    n = len(settings.hardware.get("gpus", []))
     asked = 0 if rec.margin_rule == "learnt" else int(rec.margin_bytes or 0)
     return total - n * (asked + keep_free_of(settings))
 
@@ -424,16 +425,16 @@ def _fmt_row(r: dict[str, Any] | None) -> tuple[str, str, str]:
 def summary_markdown(s: StudySummary) -> str:
     from planner.hardware import fmt_bytes, kept_free_text
     st = s.settings
-    w = st.get("workload", {})
+    w, hw = st.bench, st.hardware
     L = [f"# offload-tuner study `{s.study}`", "", *([s.headline, ""] if s.headline else []),
          *([f"**{s.no_result}**", ""] if s.no_result else []), *([s.threads, ""] if s.threads else []),
-         f"- model: `{st.get('model', '')}`; engine: {st.get('engine', '')}; dialect: {st.get('dialect', '')}",
-         f"- hardware: {st.get('hardware', {}).get('name', '')}: "
-         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in st.get("hardware", {}).get("gpus", []))
+         f"- model: `{st.model}`; engine: {st.engine}; dialect: {st.dialect}",
+         f"- hardware: {hw.get('name', '')}: "
+         + ", ".join(f"{n} {fmt_bytes(b)}" for n, b in hw.get("gpus", []))
          + f"; {kept_free_text(s.keep_free_bytes)} per GPU"
-         + (f"; host {fmt_bytes(ram)} RAM" if (ram := st.get("hardware", {}).get("host_ram")) else ""),
-         f"- objective: `{st.get('objective', '')}` at prompt {w.get('n_prompt')} tokens, {w.get('n_gen')} generated, "
-         f"depth {w.get('depth')}; context {st.get('n_ctx')}",
+         + (f"; host {fmt_bytes(ram)} RAM" if (ram := hw.get("host_ram")) else ""),
+         f"- objective: `{st.objective}` at prompt {w.n_prompt} tokens, {w.n_gen} generated, "
+         f"depth {w.depth}; context {st.n_ctx}",
          f"- trials: {s.n_trials} (" + ", ".join(f"{k} {v}" for k, v in sorted(s.counts.items())) + ")"
          + (f"; {m}" if (m := margin_text(s.margin_bytes, s.margin_by_ubatch)) else ""), ""]
     runs = s.engine_runs
@@ -463,13 +464,13 @@ def summary_markdown(s: StudySummary) -> str:
         o = s.best["objective"]
         value = (f"{o['mean_request_s']:.2f} s per mean request ({o['value']:.4g} t/s of the workload)"
                  if o.get("mean_request_s") is not None else f"{o['value']:.4g}")
-        sections.insert(0, (f"Best `{st.get('objective')}` = {value}", o))
+        sections.insert(0, (f"Best `{st.objective}` = {value}", o))
     for title, r in sections:
         if not r:
             continue
         tg, pp, vram = _fmt_row(r)
         L += [f"### {title}: TG {tg} t/s, PP {pp} t/s, VRAM {vram} (trial {r['trial']}, {r['label']})", ""]
-        if (host := host_text(r, st.get("hardware", {}).get("host_ram"))) is not None:
+        if (host := host_text(r, hw.get("host_ram"))) is not None:
             L += [f"{host} (predicted)", ""]
         for tool, cmd in r["commands"].items():
             L += [f"{tool}:", "", "```", cmd, "```", ""]
@@ -680,7 +681,7 @@ def _write_report_files(study: Any, tmp: Path, out: Path) -> StudySummary:
     pasted, where the model is, not on the machine that made it."""
     df = trials_frame(study)
     summary = study_summary(study, df)
-    model = str(summary.settings.get("model", ""))
+    model = summary.settings.model
 
     def write(name: str, text: str) -> None:
         (tmp / name).write_text(shown_paths(text, model))

@@ -16,6 +16,7 @@ from typing import Any
 
 from planner.hardware import GiB, fmt_bytes, kept_free_text
 from .confirm import vram_of
+from .options import Settings
 
 MARKERS = ["X", "D", "P", "s", "^", "v"]     # one per baseline other than the reference (a star)
 # the reference: a large star under the front's small points (a front point on it stays visible), over the trials
@@ -23,31 +24,31 @@ REFERENCE = {"marker": "*", "s": 300, "c": "gold", "edgecolor": "k", "linewidths
 PAD = 0.04                                   # of each axis' span, around the points and the lines
 
 
-def predicted(settings: dict[str, Any]) -> bool:
+def predicted(settings: Settings) -> bool:
     """Whether the study's speeds are the cost model's (the sim engine), not measurements."""
     from planner.engine_registry import ENGINES
-    spec = ENGINES.get(settings.get("engine", ""))
+    spec = ENGINES.get(settings.engine)
     return spec is not None and not spec.traits.measured
 
 
-def workload_text(settings: dict[str, Any]) -> str:
+def workload_text(settings: Settings) -> str:
     """The workload in a few words: the user's requests under the time objective, else the benchmark run's."""
-    w = settings.get("workload", {})
-    bench = f"prompt {w.get('n_prompt')}, generate {w.get('n_gen')}, depth {w.get('depth')}"
-    requests = settings.get("requests")
+    w = settings.bench
+    bench = f"prompt {w.n_prompt}, generate {w.n_gen}, depth {w.depth}"
+    requests = settings.requests
     return f"{requests['name']} requests (benchmark run: {bench})" if requests else bench
 
 
 def title(summary: Any) -> str:
     """Three lines: the model, the machine and the engine; the budget; the workload and the objective."""
     s = summary.settings
-    hw = s.get("hardware", {})
+    hw = s.hardware
     gpus = " + ".join(fmt_bytes(b) for _, b in hw.get("gpus", []))
-    engine = f"{s.get('engine', '')} engine" + (": predicted speeds, not measured" if predicted(s) else "")
+    engine = f"{s.engine} engine" + (": predicted speeds, not measured" if predicted(s) else "")
     budget = (f"budget {fmt_bytes(summary.budget_bytes)} of {gpus} ({kept_free_text(summary.keep_free_bytes)} "
               "per GPU)" if summary.budget_bytes else "no GPU")
-    return (f"{s.get('model_id', '')} on {hw.get('name', '')}, {engine}\n"
-            f"{budget}\nworkload: {workload_text(s)}; objective {s.get('objective', '')}")
+    return (f"{s.model_id} on {hw.get('name', '')}, {engine}\n"
+            f"{budget}\nworkload: {workload_text(s)}; objective {s.objective}")
 
 
 PLOTS = ("throughput_vs_vram", "pareto", "history")
@@ -150,7 +151,7 @@ def plot_vs_vram(ok: Any, summary: Any) -> Any:
     confirmed medians, the budget and the GPU memory."""
     import matplotlib.pyplot as plt
     s = summary.settings
-    total = sum(v for _, v in s.get("hardware", {}).get("gpus", []))
+    total = sum(v for _, v in s.hardware.get("gpus", []))
     unit = " (predicted)" if predicted(s) else ""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.6), layout="constrained")
     for ax, col, name in ((axes[0], "tg_tps", "TG"), (axes[1], "pp_tps", "PP")):
@@ -233,7 +234,7 @@ def plot_pareto(ok: Any, summary: Any) -> Any:
 def _seconds(summary: Any) -> Callable[[Any], float] | None:
     """A time study's row (TG, PP) -> seconds per mean request (NaN where it cannot serve the workload); None for
     any other study, and for a time study stored without its request classes."""
-    if summary.settings.get("objective") != "time" or not getattr(summary, "request_time", None):
+    if summary.settings.objective != "time" or not getattr(summary, "request_time", None):
         return None
     from .objectives import RequestTime
     req = RequestTime.from_dict(summary.request_time)
@@ -267,9 +268,9 @@ def plot_history(df: Any, summary: Any) -> Any:
     settings = summary.settings
     unit = ", predicted" if predicted(settings) else ""
     seconds = _seconds(summary)
-    names = ([f"TG (t/s{unit})", f"PP (t/s{unit})"] if settings.get("objective") == "both"
+    names = ([f"TG (t/s{unit})", f"PP (t/s{unit})"] if settings.objective == "both"
              else [f"mean request time (s{unit}; lower is better)"] if seconds is not None
-             else [settings.get("objective", "value") + (" (predicted)" if unit else "")])
+             else [(settings.objective or "value") + (" (predicted)" if unit else "")])
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 3.2 * len(names) + 1.2), squeeze=False, layout="constrained")
     for i, name in enumerate(names):
         ax = axes[i][0]

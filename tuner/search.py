@@ -43,7 +43,7 @@ import re
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.bench_run import BenchRun
@@ -115,14 +115,14 @@ class Tuner:
         self.inv, self.hw, self.engine = inv, hw, engine
         # the memory model that judges this engine's plans: its own prediction where it has one (the torch engine),
         # else planner.memory's (llama.cpp's memory; the sim engine's own)
-        self.estimate = memory_model(engine, o.workload)
+        self.estimate = memory_model(engine, o.bench)
         self.objective = parse_objective(o.objective) if isinstance(o.objective, str) else o.objective
-        self.workload, self.dialect = o.workload, o.dialect
+        self.bench, self.dialect = o.bench, o.dialect
         if self.objective.kind == "time" and o.requests is None:
             raise InputError("objective time needs the workload's request classes: say --workload (chat, agent, rag, "
                              "batch, or a file)")
         self.requests = o.requests if self.objective.kind == "time" else None
-        self.n_ctx, self.run_ctx = contexts(o.workload, o.n_ctx, engine)
+        self.n_ctx, self.run_ctx = contexts(o.bench, o.n_ctx, engine)
         self.config, self.seed, self.rng = o.config, o.seed, random.Random(o.seed)
         traits = traits_of(engine)
         self.prescreen = traits.measured if o.prescreen is None else o.prescreen
@@ -136,7 +136,7 @@ class Tuner:
         prior = o.margin if o.margin is not None else traits.memory_error_prior
         self.settings = Settings(model=o.model or inv.source or inv.name, model_id=inv.source or inv.name,
                                  engine=engine.name, hardware=hardware_key(hw),
-                                 dialect=o.dialect, objective=self.objective.text, workload=asdict(o.workload),
+                                 dialect=o.dialect, objective=self.objective.text, bench=o.bench,
                                  n_ctx=self.n_ctx, space=o.config.to_dict(),
                                  requests=self.requests.to_dict() if self.requests is not None else None)
         self.study = self._open(o.fresh, o.sampler, prior)
@@ -145,12 +145,12 @@ class Tuner:
         # o.space: a prepared one, taken when it is this study's (self.config: _open may have kept a resumed
         # study's space, LATER_SPACE_OPTIONS)
         self.measurer = m = Measurer(inv, hw, engine, self.study, self.settings, self.margins, self.config,
-                                     workload=o.workload, estimate=self.estimate, n_ctx=self.n_ctx,
+                                     bench=o.bench, estimate=self.estimate, n_ctx=self.n_ctx,
                                      run_ctx=self.run_ctx, objective=self.objective, requests=self.requests,
                                      commands=o.commands, space=o.space)
         if self.requests is not None:
             self.objective = m.objective = self.objective.with_request(m.request_time())
-        self.scorer = Scorer(self.objective, self.workload)
+        self.scorer = Scorer(self.objective, self.bench)
         self.pool = Pool(m.terms, self.rng)
         self.n_measured = 0
         self.n_trials_session = 0
@@ -218,15 +218,14 @@ class Tuner:
                 diff = self.settings.differences(old) if old else []   # none yet: another worker is creating it
                 if diff:
                     # the objective's default changed (tg, then time): name the stored one, the usual cause
-                    was = (f" (it was made with --objective {old['objective']})" if "objective" in diff
-                           and isinstance(old.get("objective"), str) else "")
+                    was = f" (it was made with --objective {old.objective})" if "objective" in diff else ""
                     raise InputError(f"study {self.study_name!r} in {self.storage_url} was made with other "
                                      f"{', '.join(diff)}{was}; pick another --study name, or --fresh to start it "
                                      "over")
                 return study
         study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=self._sampler(sampler),
                                     directions=self.objective.directions, load_if_exists=True)   # race-free
-        StudyRecord.create(study, settings=self.settings.to_dict(), objective_names=list(self.objective.names))
+        StudyRecord.create(study, settings=self.settings, objective_names=list(self.objective.names))
         with warnings.catch_warnings():      # experimental in Optuna; optuna-dashboard titles its plots with them
             warnings.simplefilter("ignore")
             study.set_metric_names(list(self.objective.names))
@@ -235,11 +234,11 @@ class Tuner:
                          created=time.strftime("%Y-%m-%d %H:%M:%S"))
         return study
 
-    def _keep_old_space(self, old: dict[str, Any]) -> None:
+    def _keep_old_space(self, old: Settings) -> None:
         """A study stored before a widening space option existed (LATER_SPACE_OPTIONS) ran without it: it resumes
         with that option's default, the space it was made with, instead of being refused as another study."""
-        stored = old.get("space")
-        if not isinstance(stored, dict):
+        stored = old.space
+        if "space" in old.absent:
             return
         missing = {f: getattr(SpaceConfig(), f) for f in LATER_SPACE_OPTIONS if f not in stored}
         if missing:
@@ -320,8 +319,8 @@ class Tuner:
             raise MeasurementFailed(run.error or "the engine reported a failure without a message")
         terms = info["terms"]
         rec.update(terms=terms)
-        values = self.objective.values(run.tg_tps if self.workload.n_gen else 0.0,
-                                       run.pp_tps if self.workload.n_prompt else 0.0)
+        values = self.objective.values(run.tg_tps if self.bench.n_gen else 0.0,
+                                       run.pp_tps if self.bench.n_prompt else 0.0)
         if any(not math.isfinite(v) for v in values):
             m.measured[plan.id] = (trial.number, None)
             raise MeasurementFailed(f"objective {self.objective.text!r} is undefined at TG {run.tg_tps:.3g}, "
@@ -345,13 +344,13 @@ class Tuner:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             m = TrialRecord.from_trial(t).measured
             if m is not None and m.ok and m.seconds:
-                rest.append(m.seconds - self.workload.token_seconds(m.pp_tps, m.tg_tps))
-        rest += [float(b["measured"]["seconds"]) - self.workload.token_seconds(
+                rest.append(m.seconds - self.bench.token_seconds(m.pp_tps, m.tg_tps))
+        rest += [float(b["measured"]["seconds"]) - self.bench.token_seconds(
                      float(b["measured"].get("pp_tps") or 0), float(b["measured"].get("tg_tps") or 0))
                  for b in StudyRecord.of(self.study).baselines or []
                  if (b.get("measured") or {}).get("seconds") and b["measured"].get("ok", True)]
         fixed = max(0.0, statistics.median(rest)) if rest else 0.0
-        return 1.2 * (fixed + self.workload.token_seconds(pp_tps, tg_tps))
+        return 1.2 * (fixed + self.bench.token_seconds(pp_tps, tg_tps))
 
     def _start_before_deadline(self, trial, plan: Plan, source: str, pred: dict[str, float]) -> None:
         """Raise NotBeforeDeadline (and stop the study) when this run, at its predicted speeds, would end past

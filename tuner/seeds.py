@@ -38,7 +38,7 @@ def enqueue_seeds(measurer: Measurer, pool: Pool, scorer: Scorer, max_seeds: int
         knobs = measurer.default_knobs()
         ranked = best_plans(measurer.inv, measurer.hw, knobs, measurer.dialect,
                             _planner_objective(measurer.objective.kind), space.margin_for(knobs.n_ubatch),
-                            n_prompt=max(measurer.workload.n_prompt, 1))
+                            n_prompt=max(measurer.bench.n_prompt, 1))
     except InputError:
         ranked = []
     for s in ranked[:6]:
@@ -105,7 +105,7 @@ def probe_repack(measurer: Measurer, pool: Pool) -> bool:
     knob = next((k for k in REPACK_PROBES if k in space.dims), None)
     if knob is None:
         return False
-    if True not in space.dims[knob].values or not measurer.workload.n_gen or StudyRecord.of(study).probed(knob):
+    if True not in space.dims[knob].values or not measurer.bench.n_gen or StudyRecord.of(study).probed(knob):
         return False
     runs: list[tuple[float, int, dict[str, Any]]] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

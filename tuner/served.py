@@ -284,7 +284,7 @@ def screen(measurer: Measurer, finalists: list[Served], factor: float | None) ->
     if factor is None or len(finalists) < 2 or measurer.requests is None:
         return {}
     bench = bench_for(measurer.requests, repetitions=1)
-    w = measurer.workload
+    w = measurer.bench
     rt = measurer.request_time()
     seconds = {}
     for c in finalists:

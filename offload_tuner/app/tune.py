@@ -37,7 +37,7 @@ class TuneInputs:
     inv: ModelInventory
     hw: HardwareProfile
     objective: Objective
-    workload: BenchRun
+    bench: BenchRun
     margin: int | None
     study: str
     requests: Workload | None = None     # the user's workload, under the time objective
@@ -80,12 +80,12 @@ def tune_inputs(args: TuneRequest) -> TuneInputs:
     n_prompt, n_gen = pick(args.n_prompt, base.n_prompt, "--n-prompt"), pick(args.n_gen, base.n_gen, "--n-gen")
     if n_prompt == 0 and n_gen == 0:
         raise InputError("--n-prompt and --n-gen are both 0: nothing to measure")
-    workload = BenchRun(n_prompt=n_prompt, n_gen=n_gen, depth=pick(args.depth, base.depth, "--depth"),
+    bench = BenchRun(n_prompt=n_prompt, n_gen=n_gen, depth=pick(args.depth, base.depth, "--depth"),
                              repetitions=positive(args.reps, "--reps"))
     margin = None if str(args.margin).strip().lower() == "auto" else parse_size(args.margin, allow_zero=True)
     _check_budget(hw, margin or 0)
     name = args.study or slug(f"{inv.name or inv.source}-{hw.name}-{args.engine}-{objective.kind}")
-    return TuneInputs(inv, hw, objective, workload, margin, name, requests)
+    return TuneInputs(inv, hw, objective, bench, margin, name, requests)
 
 
 def _check_budget(hw: HardwareProfile, margin: int) -> None:
@@ -223,7 +223,7 @@ def _run_study(args: TuneRequest, t: TuneInputs, engine: Any, storage: str, out:
     """start_tune's study once its storage is open: the space, the search, the confirmation and the report."""
     from tuner.search import Tuner, StudyConfig
     from tuner.setup import study_setup
-    inv, hw, objective, workload, margin, name = t.inv, t.hw, t.objective, t.workload, t.margin, t.study
+    inv, hw, objective, bench, margin, name = t.inv, t.hw, t.objective, t.bench, t.margin, t.study
     dialect = args.dialect or engine.dialect or "mainline"     # a llama.cpp binary knows its own dialect
     check_dialect(inv, dialect)
     limit = parse_seconds(args.time_limit, "--time-limit") if args.time_limit else None
@@ -239,7 +239,7 @@ def _run_study(args: TuneRequest, t: TuneInputs, engine: Any, storage: str, out:
                                 probe=lambda: _thread_probe(args, engine, inv, hw, dialect, storage, name, note),
                                 confirm=args.confirm, serving=bool(args.llama_server))
             tuner = Tuner(inv, hw, engine, StudyConfig(
-                model=args.model, objective=objective, workload=workload, dialect=dialect,
+                model=args.model, objective=objective, bench=bench, dialect=dialect,
                 n_ctx=positive(args.ctx, "--ctx") if args.ctx is not None else t.n_ctx, margin=margin,
                 config=setup.config, study_name=name, storage=storage, fresh=args.fresh, seed=args.seed,
                 pool_size=args.pool, requests=t.requests))

@@ -11,7 +11,7 @@ from .common import emit_json, add_option, add_positional, request
 
 def cmd_report(args: argparse.Namespace) -> int:
     o = report_study(request(ReportRequest, args))
-    model = str(o.summary.settings.get("model", ""))
+    model = o.summary.settings.model
     if args.json:      # as report.json says it: files by their names; the storage is where the study is
         emit_json(dict(shown_dict(o.to_json(), model), storage=o.storage))
         return 0

@@ -41,7 +41,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
 def cmd_run(args: argparse.Namespace) -> int:
     from runtime.run import prepare_run
     run = prepare_run(run_request(args))     # checked, engine made
-    w = run.workload
+    w = run.bench
     if not args.json:
         log.info("# %s: measuring plan %s (%d prompt + %d generated tokens at depth %d, %d reps)", args.engine,
                  run.plan.id, w.n_prompt, w.n_gen, w.depth, w.repetitions)

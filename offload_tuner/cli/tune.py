@@ -109,7 +109,7 @@ def _print_tune(o: TuneOutcome) -> None:
         rows.append([b["name"], f"{m.get('tg_tps', 0):.2f}" if b.get("ok") else "-",
                      f"{m.get('pp_tps', 0):.1f}" if b.get("ok") else "-",
                      fmt_bytes(sum((m.get("peak_bytes") or {}).values())) if b.get("ok") else (b.get("error") or "-")])
-    picks = [("best " + k.upper() if k in ("tg", "pp") else f"best {s.settings.get('objective')}"
+    picks = [("best " + k.upper() if k in ("tg", "pp") else f"best {s.settings.objective}"
               + (f" = {r['mean_request_s']:.2f} s" if r.get("mean_request_s") is not None else ""), r)   # time: s
              for k, r in s.best.items() if r]
     for title, r in picks:

@@ -215,12 +215,13 @@ class StudyStore:
         return dict(kept, writer=self.writer(r))
 
     def _brief(self, r: StudyRef) -> dict[str, Any]:
+        from tuner.options import Settings
         from tuner.records import StudyRecord
         study = self._open(r)
         p = progress(study)
-        s = StudyRecord.of(study).settings
-        return {"study": r.name, "storage": r.storage, "model": s.get("model"), "engine": s.get("engine"),
-                "hardware": hardware_words(s), "objective": s.get("objective"), **p}
+        s = StudyRecord.of(study).settings or Settings()       # none yet: another worker is creating the study
+        return {"study": r.name, "storage": r.storage, "model": s.model or None, "engine": s.engine or None,
+                "hardware": hardware_words(s.hardware), "objective": s.objective or None, **p}
 
     def detail(self, name: str) -> dict[str, Any]:
         """`report --json` (tuner.report.study_summary) plus every trial and the VRAM fronts."""
@@ -242,8 +243,9 @@ class StudyStore:
         fronts = {} if df.empty else {k: [int(t) for t in vram_front(df, f"{k}_tps")["trial"]] for k in ("tg", "pp")}
         rec = StudyRecord.of(study)
         shown = shown_dict(dict(s.to_dict(), trials=trials, serving=serving_view(rec.serving, rec.served)),
-                           str(s.settings.get("model", "")))     # files by their names, as the report (issue 40)
-        return clean(dict(shown, storage=r.storage, vram_fronts=fronts, hardware_words=hardware_words(s.settings)))
+                           s.settings.model)     # files by their names, as the report (issue 40)
+        return clean(dict(shown, storage=r.storage, vram_fronts=fronts,
+                          hardware_words=hardware_words(s.settings.hardware)))
 
     def progress(self, name: str) -> dict[str, Any]:
         r = self.ref(name)
@@ -271,8 +273,8 @@ class StudyStore:
         return optuna.load_study(study_name=r.name, storage=self._storage(r.storage))
 
 
-def hardware_words(settings: dict[str, Any]) -> str:
-    hw = settings.get("hardware") or {}
+def hardware_words(hw: dict[str, Any]) -> str:
+    """A study's machine in a few words (its settings' hardware): its name and each GPU's memory."""
     gpus = hw.get("gpus") or []
     sizes = ", ".join(f"{v / 2 ** 30:.0f} GiB" for _, v in gpus)
     return f"{hw.get('name', '?')} ({sizes})" if sizes else str(hw.get("name", "?"))

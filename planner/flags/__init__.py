@@ -55,12 +55,12 @@ def _opts(dialect: str, build: Build | None, ik_op_table: str | None) -> dict[st
 
 
 def render(plan: Plan, inv: ModelInventory, tool: str = "server", *, ik_op_table: str | None = None,
-           build: Build | None = None, workload: Any = None, model_path: str | None = None,
+           build: Build | None = None, bench: Any = None, model_path: str | None = None,
            cache_ram_mib: int | None = None) -> RenderedCommand:
     """Flags for `plan` in its dialect, for llama-server ("server"), llama-cli ("cli") or llama-bench ("bench").
 
     `build` (planner/builds.py; default the pinned build of the dialect) decides which flags exist and what they
-    do; `ik_op_table` names the -op id table outright. `workload` (llama-bench only; anything with n_prompt, n_gen
+    do; `ik_op_table` names the -op id table outright. `bench` (llama-bench only; anything with n_prompt, n_gen
     and optionally depth, repetitions) gives -p/-n/-d/-r; `model_path` adds -m; `cache_ram_mib` gives llama-server
     --cache-ram (its prompt cache in host RAM, planner/host.py) where the build has it. Raises FlagError for a plan
     the target cannot express (naming the knob), and when the rendered flags would not reproduce the plan exactly.
@@ -69,7 +69,7 @@ def render(plan: Plan, inv: ModelInventory, tool: str = "server", *, ik_op_table
     if tool not in TOOLS:
         raise FlagError(f"unknown tool {tool!r}; expected one of {', '.join(TOOLS)}")
     opts = {**_opts(plan.dialect, build, ik_op_table), "cache_ram_mib": cache_ram_mib}
-    return render_plan(plan, inv, spec, tool, opts=opts, workload=workload, model_path=model_path,
+    return render_plan(plan, inv, spec, tool, opts=opts, bench=bench, model_path=model_path,
                        parse_back=lambda rc: parse(rc, inv, plan.dialect, tool=tool, ik_op_table=ik_op_table,
                                                    build=build))
 

@@ -122,8 +122,8 @@ class Event:
     pos: int
 
 
-class WorkloadLike(Protocol):
-    """What llama-bench needs of a workload (planner.engine_contract.BenchRun fits; depth and repetitions optional)."""
+class BenchLike(Protocol):
+    """What llama-bench needs of a bench run (planner.engine_contract.BenchRun fits; depth and repetitions optional)."""
     n_prompt: int
     n_gen: int
 
@@ -172,7 +172,7 @@ class ParsedCommand:
     n_gpus: int
     output_copy_device: str | None = None   # tied output: where llama.cpp puts the second token_embd (the output)
     env: dict[str, str] = field(default_factory=dict)
-    workload: dict[str, int] = field(default_factory=dict)   # llama-bench: n_prompt, n_gen, n_depth (, repetitions)
+    bench: dict[str, int] = field(default_factory=dict)   # llama-bench: n_prompt, n_gen, n_depth (, repetitions)
     # mainline's --fit (on by default in the server) with no expert overrides given: it would move experts to RAM
     # until each GPU keeps fit_target_mib free (-fitt; 1024 MiB by default; docs/llamacpp.md section 7)
     fit_moves_experts: bool = False

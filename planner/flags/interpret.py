@@ -334,19 +334,19 @@ def interpret(events: Sequence[Event], env: Mapping[str, str], inv: ModelInvento
     _fit_warning(settings, events, spec, table, len(lay.devices), warnings)
     fit = _fit_of(settings, events, table) if "fit" in table.keys() else (False, ())  # noqa: SIM118 (a ToolTable)
     warnings.extend(spec.placement_notes(assignment, knobs, inv))
-    workload: dict[str, int] = {}
+    bench: dict[str, int] = {}
     if table.tool == "bench":
         d = table.defaults
-        workload = {"n_prompt": int(settings.get("n_prompt", d["n_prompt"])),
+        bench = {"n_prompt": int(settings.get("n_prompt", d["n_prompt"])),
                     "n_gen": int(settings.get("n_gen", d["n_gen"])),
                     "n_depth": int(settings.get("depth", d.get("depth", 0)))}
         if "reps" in settings:      # given; else the caller's own default (`run`'s is not llama-bench's 5)
-            workload["repetitions"] = int(settings["reps"])
+            bench["repetitions"] = int(settings["reps"])
     return ParsedCommand(
         assignment=assignment, knobs=knobs, warnings=tuple(warnings), overrides=tuple(overrides),
         dialect=spec.name, tool=table.tool, n_gpu_layers=lay.n_gpu_layers, tensor_split=lay.tensor_split,
         layer_devices=tuple(slots), n_gpus=lay.n_gpus, output_copy_device=output_copy, env=dict(env),
-        workload=workload, fit_moves_experts=fit[0], fit_target_mib=fit[1],
+        bench=bench, fit_moves_experts=fit[0], fit_target_mib=fit[1],
         cache_ram_mib=int(settings["cache_ram"]) if "cache_ram" in settings else None)
 
 

@@ -12,7 +12,7 @@ from ..model import ModelInventory
 from ..plan import Plan
 from . import ik_split, placement
 from .cmdline import (
-    DialectSpec, MoeRule, ParsedCommand, RenderedCommand, ToolTable, WorkloadLike, expand_moe, ik_build,
+    DialectSpec, MoeRule, ParsedCommand, RenderedCommand, ToolTable, BenchLike, expand_moe, ik_build,
     knob_fields, knob_settings, moot_knobs, spell,
 )
 from .common import Override, apply_overrides, gpu_index, is_gpu
@@ -102,7 +102,7 @@ def _ts_text(pf: placement.PlacementFlags, plan: Plan, inv: ModelInventory, spec
 
 
 def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *, opts: Mapping[str, Any],
-                workload: WorkloadLike | None = None, model_path: str | None = None,
+                bench: BenchLike | None = None, model_path: str | None = None,
                 parse_back: Callable[[RenderedCommand], ParsedCommand]) -> RenderedCommand:
     """argv + env for `plan` (placement from placement.solve, knobs from the tables), verified by parse_back."""
     if tool not in spec.tools:
@@ -130,7 +130,7 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
     if model_path:
         settings.append(("model", model_path))
     if tool == "bench":
-        wl = workload
+        wl = bench
         n_prompt = getattr(wl, "n_prompt", table.defaults["n_prompt"])
         n_gen = getattr(wl, "n_gen", table.defaults["n_gen"])
         depth = getattr(wl, "depth", getattr(wl, "n_depth", 0)) or 0

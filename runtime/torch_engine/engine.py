@@ -312,7 +312,7 @@ class TorchEngine(Engine):
         return out
 
     def predict_memory(self, inv: ModelInventory, plan: Plan, hw: HardwareProfile | None,
-                       workload: BenchRun) -> MemoryReport:
+                       bench: BenchRun) -> MemoryReport:
         """What measure() would hold per device, without allocating a byte: the same TorchModel built on the meta
         device (weights per device in the dtype the engine loads, KV caches, the tied output copy), the same
         forward calls as measure() runs (_bench's sequence, see _dry_calls), the same executor and accountant,
@@ -323,13 +323,13 @@ class TorchEngine(Engine):
         into anonymous memory), its peak activations as compute, planner.memory's process overhead.
         Cached per plan and workload."""
         devices = resolve_devices(plan.devices(), self.device_map, self.logical_gpu_bytes)
-        key = (inv.name, inv.source, inv.total_bytes(), plan.id, workload, self.compute_dtype, devices.gpus,
+        key = (inv.name, inv.source, inv.total_bytes(), plan.id, bench, self.compute_dtype, devices.gpus,
                devices.logical, None if hw is None else hw.name, None if hw is None else
                tuple(g.overhead_bytes for g in hw.gpus))
         hit = self._predictions.get(key)
         if hit is None:
             source = self._source_for(inv)
-            acct = dry_accountant(inv, plan, devices, DTYPES[self.compute_dtype], workload,
+            acct = dry_accountant(inv, plan, devices, DTYPES[self.compute_dtype], bench,
                                   getattr(source, "metadata", None), source)
             hit = memory_report(acct, devices, hw)
             if len(self._predictions) > 1024:
@@ -337,7 +337,7 @@ class TorchEngine(Engine):
             self._predictions[key] = hit
         return hit
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: BenchRun) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, bench: BenchRun) -> Measurement:
         devices = resolve_devices(plan.devices(), self.device_map, self.logical_gpu_bytes)
         overhead = self.context_overhead(devices)
         self._prepare_cache(inv, plan, devices)      # what the last plan kept and this one does not: freed now
@@ -352,12 +352,12 @@ class TorchEngine(Engine):
         events_before = len(K.CAPABILITIES.events)
         try:
             t0 = time.perf_counter()
-            model = self.load(inv, plan, min_cells=min_cells(workload))
+            model = self.load(inv, plan, min_cells=min_cells(bench))
             raw["load_s"] = time.perf_counter() - t0
             raw["weights"] = model.rt.source.kind
             raw["n_threads"] = model.threads
             raw["cuda_graphs"] = model.use_graphs
-            pp, tg = _bench(model, plan, workload, self.seed)
+            pp, tg = _bench(model, plan, bench, self.seed)
             raw.update(pp)
             raw.update(tg)
             raw["counters"] = model.counters.to_dict()

@@ -398,11 +398,11 @@ def test_render_bench_uses_the_workload_and_bench_spellings():
     class WL:
         n_prompt, n_gen, depth, repetitions = 4096, 64, 8192, 3
     k = Knobs(n_ubatch=4096, n_batch=4096, no_kv_offload=True, offload=OffloadPolicy.all(False))
-    rc = render(plan_experts_on_cpu((), "mainline", k), INV, "bench", workload=WL())
+    rc = render(plan_experts_on_cpu((), "mainline", k), INV, "bench", bench=WL())
     assert list(rc) == ["-p", "4096", "-n", "64", "-d", "8192", "-r", "3", "-ngl", "5", "-b", "4096", "-ub", "4096",
                         "-fa", "1", "-nkvo", "1", "-nopo", "1"]
     with pytest.raises(FlagError, match="-d"):
-        render(plan_experts_on_cpu((), "ik"), INV, "bench", workload=WL())
+        render(plan_experts_on_cpu((), "ik"), INV, "bench", bench=WL())
 
 
 def test_render_op_offload_per_dialect():

@@ -111,7 +111,7 @@ def test_a_two_gpu_study_measures_and_confirms_the_ncmoe_ts_line_beside_fit(inv)
     hw = two(8)
     engine = _Recording(hw)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective="both", workload=BenchRun(2048, 64, 0, 1), n_ctx=2112, storage=None, pool_size=30, seed=1))
+        objective="both", bench=BenchRun(2048, 64, 0, 1), n_ctx=2112, storage=None, pool_size=30, seed=1))
     base = {b["kind"]: b for b in tuner.baselines()}
     nc = base["ncmoe"]
     assert nc["ok"] and "-ts" in nc["name"] and nc["ts"] and sum(nc["ts"]) == inv.n_layer + 1

@@ -33,7 +33,7 @@ def test_four_gpu_plans_fit_80_gb_cards_and_round_trip(bench):
     assert len(cases) >= 13 and len(set(names)) == len(names)
     assert {"planner-4x16G", "planner-4x24G", "planner-24-16-16-8G", "exps-next-gpu"} <= set(names)
     for c in cases:
-        args = list(render(c.plan, inv, "bench", workload=WL, model_path="model.gguf"))
+        args = list(render(c.plan, inv, "bench", bench=WL, model_path="model.gguf"))
         back = parse(args, inv, "mainline", tool="bench", n_gpus=4)
         assert back.assignment == c.plan.assignment, c.name
         pred = bench_memory(inv, c.plan, WL, hw).devices

@@ -176,7 +176,7 @@ def test_every_flag_the_renderer_emits_is_accepted_by_llama_bench(ik_binaries, m
     for case, path, inv, plan, _flags in cases(models):
         wl = BenchRun(8, 2, 0, 1)
         try:
-            rc = render(plan, inv, "bench", workload=wl, model_path=str(path))
+            rc = render(plan, inv, "bench", bench=wl, model_path=str(path))
         except FlagError as e:               # -op: llama-bench has none (the server/sweep-bench line has it)
             assert "no -op" in str(e) and not plan.knobs.offload.moe_matmul.enabled, case
             continue

@@ -135,7 +135,7 @@ def test_every_rendered_flag_is_accepted_and_read_as_meant(llama_bench, models, 
         path = models["gpt-oss" if inv_c is inv_oss else "qwen3moe"]
         # render directly: on a CPU build the engine refuses a plan that names CUDA0 (test below); the flags such a
         # plan renders (-ngl, -ncmoe, -ot ...=CPU) are still what the real binary must accept
-        rc = render(plan, inv_c, "bench", workload=wl, model_path=str(path))
+        rc = render(plan, inv_c, "bench", bench=wl, model_path=str(path))
         for f in flags:
             assert f in rc, (case, list(rc))
         m = engine.measure_args(list(rc), wl, env=rc.env)
@@ -516,7 +516,7 @@ def test_no_host_is_accepted_and_the_weights_it_repacks_are_ours(llama_bench, tm
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_spec("qwen3moe"), uniform_recipe("Q4_0"))[0]
     inv_q = load_inventory(path)
     plan = Plan("m", everything_on(inv_q), Knobs(n_threads=1, no_host=True), "mainline")
-    rc = render(plan, inv_q, "bench", workload=TINY, model_path=str(path))
+    rc = render(plan, inv_q, "bench", bench=TINY, model_path=str(path))
     assert list(rc)[-2:] == ["--no-host", "1"]
     m = LlamaCppEngine(llama_bench, timeout_s=60).measure_args(list(rc), TINY, env=rc.env)
     assert m.ok, (m.error, m.raw.get("log_tail"))

@@ -49,7 +49,7 @@ def test_two_gpu_plans_render_for_llama_bench_and_parse_back_on_two_gpus(bench):
     for c in cases:
         plan = c.plan
         assert {d for d in plan.assignment.values() if d != "CPU"} == {"CUDA0", "CUDA1"}, c.name
-        args = list(render(plan, inv, "bench", workload=WL, model_path="model.gguf"))
+        args = list(render(plan, inv, "bench", bench=WL, model_path="model.gguf"))
         ts = args[args.index("-ts") + 1]
         assert "/" in ts and "," not in ts, c.name            # llama-bench: '/' inside one split, ',' between runs
         back = parse(args, inv, "mainline", tool="bench", n_gpus=2)

@@ -154,7 +154,7 @@ def test_a_torch_study_judges_its_candidates_with_the_engines_prediction():
     engine = TorchEngine(device_map="logical", compile=False, keep_weights=False)
     wl = BenchRun(16, 2, 0, 1)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        workload=wl, n_ctx=512, margin=256 * MiB, storage=None, pool_size=3, baselines=False, seed_trials=False,
+        bench=wl, n_ctx=512, margin=256 * MiB, storage=None, pool_size=3, baselines=False, seed_trials=False,
         surrogate=False))
     params = {**tuner.space.default_params(), "fill.CUDA0": 0.5, "order": "last", "partial": True, "offload": True}
     cand = tuner.space.decode(tuner.space.fixed(params))

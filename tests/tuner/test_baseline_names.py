@@ -17,7 +17,7 @@ def _tuner(tmp_path, n_gpus: int, dialect: str) -> Tuner:
     write_gguf(model, tiny_spec("qwen3moe"), uniform_recipe("Q8_0", None))
     inv = load_inventory(model)
     hw = load_hardware("rtx4090-ddr5").with_vram([1 * GiB] * n_gpus)
-    return Tuner(inv, hw, SimEngine(hw), StudyConfig(model=str(model), objective="tg", workload=BenchRun(64, 16, 0, 1),
+    return Tuner(inv, hw, SimEngine(hw), StudyConfig(model=str(model), objective="tg", bench=BenchRun(64, 16, 0, 1),
                                                      dialect=dialect, storage=f"sqlite:///{tmp_path / 's.db'}",
                                                      study_name="names", pool_size=10, seed=1))
 

@@ -48,7 +48,7 @@ def test_measured_peaks_move_to_the_emitted_context_and_are_judged_there(qwen_on
     inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw, extra=400 * MiB)      # the model under-predicts by 400 MiB
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective="tg", workload=WL, n_ctx=8192, margin=0, storage=None, pool_size=30, seed=3, baselines=False))
+        objective="tg", bench=WL, n_ctx=8192, margin=0, storage=None, pool_size=30, seed=3, baselines=False))
     assert tuner.run_ctx == 2048 and tuner.n_ctx == 8192
     tuner.run(8)
     trials = [t for t in tuner.study.get_trials(deepcopy=False) if TrialRecord.from_trial(t).measured is not None]
@@ -81,7 +81,7 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwe
 
     def tuner(n_ctx=2112):
         return Tuner(inv, hw, engine, StudyConfig(
-            objective="both", workload=WL, n_ctx=n_ctx, storage=db, pool_size=30, seed=4, baselines=False,
+            objective="both", bench=WL, n_ctx=n_ctx, storage=db, pool_size=30, seed=4, baselines=False,
             study_name="per-ub", config=SpaceConfig(ubatch=(512, 4096))))
     t = tuner()
     assert t.margin == 512 * MiB and t.ubatch_margins == {}   # no llamacpp prior for this engine: the default
@@ -124,7 +124,7 @@ def test_learnt_margin_is_per_ubatch_the_worst_error_plus_slack_and_can_fall(qwe
     assert tuner().ubatch_margins == again.ubatch_margins and tuner().margin == floor
     # the sim engine is the model: a learnt margin stays 0
     sim_tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=20, seed=4, baselines=False))
+        objective="tg", bench=WL, n_ctx=2112, storage=None, pool_size=20, seed=4, baselines=False))
     assert sim_tuner.margin == 0
     sim_tuner.run(3)
     assert sim_tuner.margin == 0 and set(sim_tuner.ubatch_margins.values()) <= {0}
@@ -164,7 +164,7 @@ def test_confirmation_interleaves_and_picks_by_the_median(qwen_on_16gib):
     inv, hw = qwen_on_16gib
     engine = NoisyEngine(hw)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
+        objective="both", bench=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(6)
     contenders = tuner.finalists(n_tg=2)
     assert contenders[0].key == "fit" and len(contenders) >= 2
@@ -231,7 +231,7 @@ def test_a_study_made_before_a_space_option_existed_still_resumes(qwen_on_16gib,
     from planner.errors import InputError
     inv, hw = qwen_on_16gib
     url = f"sqlite:///{tmp_path / 's.db'}"
-    kw = dict(objective="tg", workload=WL, n_ctx=2112, storage=url, pool_size=10, study_name="old")
+    kw = dict(objective="tg", bench=WL, n_ctx=2112, storage=url, pool_size=10, study_name="old")
     study = Tuner(inv, hw, SimEngine(hw), StudyConfig(**kw)).study
     settings = study.user_attrs["settings"]
     del settings["space"]["op_per_class"]
@@ -264,7 +264,7 @@ def _sweep_run(model_and_box, n_ubatch: int):
     inv, hw = model_and_box
     engine = SweepLikeEngine(hw)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective="tg", workload=WL, n_ctx=2112, storage=None, pool_size=10, seed=1))
+        objective="tg", bench=WL, n_ctx=2112, storage=None, pool_size=10, seed=1))
     plan = flag_plan(inv, ["-ngl", "99", "-ncmoe", "30"], Knobs(n_ctx=2112, n_batch=n_ubatch, n_ubatch=n_ubatch),
                      "mainline", "m")
     m = engine.measure(inv, plan, WL)
@@ -304,7 +304,7 @@ def test_baselines_stop_at_the_deadline_and_the_next_call_goes_on(qwen_on_16gib,
     import tuner.search as search
     inv, hw = qwen_on_16gib
     engine = BenchLikeEngine(hw)
-    kw = dict(objective="both", workload=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
+    kw = dict(objective="both", bench=WL, n_ctx=4096, storage=f"sqlite:///{tmp_path / 's.db'}", pool_size=10,
               study_name="cell")
     first = Tuner(inv, hw, engine, StudyConfig(**kw))
     res = first.run(4, deadline=time.monotonic() - 1)
@@ -368,7 +368,7 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     engine = TimedSimEngine(hw)
     wl = replace(WL, repetitions=3)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective="both", workload=wl, n_ctx=2112, storage=None, pool_size=30, seed=5,
+        objective="both", bench=wl, n_ctx=2112, storage=None, pool_size=30, seed=5,
         config=SpaceConfig(ubatch=(128, 512))))
     tuner.run(6)
     contenders = tuner.finalists(n_tg=1)
@@ -394,7 +394,7 @@ def test_confirmation_time_comes_from_each_contenders_own_run_and_fewer_repetiti
     n = len(engine.reps)
     rec = tuner.confirm(3, n_tg=1, repetitions=reps)
     assert engine.reps[n:] == [reps] * (3 * len(contenders)) and rec["repetitions"] == reps
-    assert tuner.study.user_attrs["confirmation"]["repetitions"] == reps and tuner.workload.repetitions == 3
+    assert tuner.study.user_attrs["confirmation"]["repetitions"] == reps and tuner.bench.repetitions == 3
     # asked again at the workload's repetitions, the rows at other repetitions do not count: all run again
     n = len(engine.reps)
     assert "repetitions" not in tuner.confirm(3, n_tg=1)
@@ -409,7 +409,7 @@ def test_a_contender_without_a_stored_time_is_planned_from_its_trial_or_the_defa
     baseline's), a reference's is the caller's default."""
     inv, hw = qwen_on_16gib
     tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="both", workload=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
+        objective="both", bench=WL, n_ctx=2112, storage=None, pool_size=30, seed=5))
     tuner.run(4)
     contenders = tuner.finalists(n_tg=1)
     assert contenders[0].key == "fit" and not tuner.reference()["measured"].get("seconds")
@@ -443,10 +443,10 @@ def test_a_run_that_would_end_past_the_deadline_is_not_started_and_is_queued_for
     inv, hw = qwen_on_16gib
     engine = TimedSimEngine(hw)        # says each run took 10-90 s (it returns at once)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective="both", workload=replace(WL, repetitions=3), n_ctx=2112, storage=None, pool_size=30, seed=5,
+        objective="both", bench=replace(WL, repetitions=3), n_ctx=2112, storage=None, pool_size=30, seed=5,
         config=SpaceConfig(ubatch=(128, 512))))
     tuner.baselines()
-    wl = tuner.workload
+    wl = tuner.bench
     fit = tuner.reference()["measured"]
     rest = fit["seconds"] - wl.token_seconds(fit["pp_tps"], fit["tg_tps"])
     assert rest > 5.0 and tuner.run_seconds(100.0, 1000.0) == pytest.approx(

@@ -49,7 +49,7 @@ def test_engines_without_a_prediction_keep_planner_memory_itself():
     assert memory_model(SimEngine(hw), WL) is estimate
     assert memory_model_name(estimate) == "planner.memory"
     tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
+        bench=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
     assert tuner.estimate is estimate and tuner.space.estimate is estimate
 
 
@@ -59,13 +59,13 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
     model = memory_model(engine, WL)
     assert memory_model_name(model) == "own-memory engine"
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False,
+        bench=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False,
         surrogate=False))
     assert tuner.space.estimate is tuner.estimate
     # a fill of CUDA0 that planner.memory fits (budget 16 GiB - 512 MiB), but the engine's own model does not
     params = {**tuner.space.default_params(), "fill.CUDA0": 0.9, "order": "last", "partial": True}
     sim_space = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False)).space
+        bench=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False)).space
     cand_sim = sim_space.decode(sim_space.fixed(params))
     assert cand_sim.fits
     assert sim_space.over_budget(engine.predict_memory(inv, cand_sim.plan, hw, WL)).startswith("CUDA0")
@@ -85,7 +85,7 @@ def test_a_study_of_an_engine_with_its_own_memory_model_is_judged_by_it():
 def test_a_plan_the_engine_does_not_predict_is_judged_by_planner_memory():
     inv, hw = _setup()
     tuner = Tuner(inv, hw, OwnMemoryEngine(hw, none=True), StudyConfig(
-        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
+        bench=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=5, baselines=False, seed_trials=False))
     params = {**tuner.space.default_params(), "fill.CUDA0": 1.0, "order": "last", "partial": True}
     cand = tuner.space.decode(tuner.space.fixed(params))
     assert cand.fits and cand.memory == estimate(inv, cand.plan, hw)

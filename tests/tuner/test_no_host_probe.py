@@ -35,7 +35,7 @@ def test_no_host_dim_is_mainline_only_and_off_by_default(qwen_on_16gib):
 def test_probe_reruns_the_best_tg_plan_with_no_host_once(qwen_on_16gib):
     inv, hw = qwen_on_16gib
     tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20, config=ON, seed=3,
+        objective="tg", bench=WL, n_ctx=4096, storage=None, pool_size=20, config=ON, seed=3,
         prescreen=True))   # seeds take half the runs, as for a real engine
     tuner.run(12)
     recs = [(t, TrialRecord.from_trial(t)) for t in tuner.study.get_trials(deepcopy=False)]
@@ -61,11 +61,11 @@ def test_probe_reruns_the_best_tg_plan_with_no_host_once(qwen_on_16gib):
     assert again["queued"] and again["trial"] != best.number and again["plan_id"] != r.plan_id
     # no probe where the space has no no_host dim, or nothing generates (PP only)
     plain = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20))
+        objective="tg", bench=WL, n_ctx=4096, storage=None, pool_size=20))
     plain.run(4)
     assert not plain.probe_repack()
     pp = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="pp", workload=BenchRun(2048, 0, 0, 1), n_ctx=4096, storage=None, pool_size=20, config=ON))
+        objective="pp", bench=BenchRun(2048, 0, 0, 1), n_ctx=4096, storage=None, pool_size=20, config=ON))
     pp.run(3)
     assert not pp.probe_repack()
 
@@ -75,7 +75,7 @@ def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once(qwen_on_16gib):
     """ik's -rtr repacks the weights kept in RAM as --no-host lets mainline do: the same one probe per study."""
     inv, hw = qwen_on_16gib
     tuner = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="tg", workload=WL, n_ctx=4096, storage=None, pool_size=20, dialect="ik",
+        objective="tg", bench=WL, n_ctx=4096, storage=None, pool_size=20, dialect="ik",
         config=SpaceConfig(rtr=(False, True)), seed=3, prescreen=True))
     assert "no_host" not in tuner.space.dims and tuner.space.dims["rtr"].values == (False, True)
     tuner.run(12)
@@ -98,7 +98,7 @@ def test_an_ik_study_probes_its_best_tg_plan_with_rtr_once(qwen_on_16gib):
 def test_a_study_stored_before_no_host_resumes_with_the_space_it_had(qwen_on_16gib, tmp_path):
     inv, hw = qwen_on_16gib
     url = f"sqlite:///{tmp_path / 's.db'}"
-    kw = dict(objective="tg", workload=WL, n_ctx=4096, storage=url, pool_size=10, study_name="old")
+    kw = dict(objective="tg", bench=WL, n_ctx=4096, storage=url, pool_size=10, study_name="old")
     study = Tuner(inv, hw, SimEngine(hw), StudyConfig(**kw)).study
     settings = study.user_attrs["settings"]
     del settings["space"]["no_host"]

@@ -82,7 +82,7 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
 
     def tuner():
         return Tuner(inv, hw, SimEngine(hw), StudyConfig(
-            objective="time", workload=bench_for(w), requests=w, n_ctx=39424, pool_size=20, study_name="s",
+            objective="time", bench=bench_for(w), requests=w, n_ctx=39424, pool_size=20, study_name="s",
             storage=url))
     t = tuner()
     t.run(3)
@@ -100,7 +100,7 @@ def test_a_time_study_scores_trials_with_its_stored_request_time(tmp_path):
     optuna.load_study(study_name="s", storage=url).set_user_attr("request_time", dict(rt.to_dict(), classes=flat))
     assert all(c.tg_scale == 1.0 for c in tuner().objective.request.classes)    # what is stored is what scores
     with pytest.raises(InputError, match="--workload"):
-        Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", workload=bench_for(w), n_ctx=39424))
+        Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", bench=bench_for(w), n_ctx=39424))
 
 
 @pytest.mark.parametrize("name", ["chat", "agent", "rag", "batch"])

@@ -16,6 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from cli_outcome import run_cli
+from tuner.options import Settings
 from tuner.records import RECORD_VERSION, StudyRecord
 
 SETTINGS = {"model": "preset:Qwen3-30B-A3B", "model_id": "Qwen3-30B-A3B", "engine": "sim", "dialect": "mainline",
@@ -27,7 +28,7 @@ REPORT_FILES = {"summary.md", "summary.html", "trials.csv", "report.json", "thro
 
 
 def _ours(study) -> None:
-    StudyRecord.create(study, settings=SETTINGS, objective_names=["tg_tps"])
+    StudyRecord.create(study, settings=Settings.from_dict(SETTINGS), objective_names=["tg_tps"])
 
 
 def _waiting(study, n: int) -> None:

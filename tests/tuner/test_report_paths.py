@@ -20,11 +20,11 @@ def test_a_report_carries_no_path_of_the_machine_that_made_it(tmp_path):
     write_gguf(model, tiny_spec("qwen3moe"), uniform_recipe("Q8_0", None))
     inv = load_inventory(model)
     hw = load_hardware("rtx4090-ddr5").with_vram([1 * GiB])
-    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(model=str(model), objective="tg", workload=BenchRun(64, 16, 0, 1),
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(model=str(model), objective="tg", bench=BenchRun(64, 16, 0, 1),
                                                  storage=f"sqlite:///{tmp_path / 's.db'}", study_name="paths",
                                                  pool_size=10, seed=1))
     t.run(3)
-    assert StudyRecord.of(t.study).settings["model"] == str(model)       # the study keeps the path it resumes with
+    assert StudyRecord.of(t.study).settings.model == str(model)       # the study keeps the path it resumes with
     out = tmp_path / "rep"
     summary = write_study_report(t.study, out)
     texts = {f: (out / f).read_text() for f in ("summary.md", "summary.html", "report.json", "trials.csv")}

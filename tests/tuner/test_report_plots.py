@@ -22,7 +22,7 @@ def study():
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = replace(load_hardware("rtx4090-ddr5").with_vram([16 * GiB]), keep_free_bytes=KEEP_FREE)
     t = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="both", workload=BenchRun(n_prompt=512, n_gen=32), n_ctx=8192, storage=None, pool_size=20,
+        objective="both", bench=BenchRun(n_prompt=512, n_gen=32), n_ctx=8192, storage=None, pool_size=20,
         seed=4))
     t.run(6)
     df = trials_frame(t.study)
@@ -106,8 +106,8 @@ def test_titles_name_model_engine_budget_workload_and_predicted(figs):
 def test_a_measured_engine_says_no_predicted_and_one_line_when_nothing_is_kept_free(study):
     import matplotlib.pyplot as plt
     df, summary = study
-    hw = dict(summary.settings["hardware"], keep_free=0)
-    s = replace(summary, settings=dict(summary.settings, engine="llamacpp", hardware=hw),
+    hw = dict(summary.settings.hardware, keep_free=0)
+    s = replace(summary, settings=replace(summary.settings, engine="llamacpp", hardware=hw),
                 budget_bytes=16 * GiB, keep_free_bytes=0)
     fig = figure(df, s, "throughput_vs_vram")
     try:

@@ -26,7 +26,7 @@ def _study(engine_cls, objective: str, seed: int):
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     engine = engine_cls(hw)
     tuner = Tuner(inv, hw, engine, StudyConfig(
-        objective=objective, workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=seed))
+        objective=objective, bench=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, seed=seed))
     return inv, hw, engine, tuner
 
 

@@ -43,7 +43,7 @@ def _tuner(**kw):
     engine = BigPeakEngine(hw)
     # a fixed margin (the learnt one, the default, is tested in test_budget_confirm.py)
     return inv, hw, engine, Tuner(inv, hw, engine, StudyConfig(
-        workload=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, **kw))
+        bench=WL, n_ctx=8192, margin=512 * MiB, storage=None, pool_size=40, **kw))
 
 
 def test_a_peak_over_the_budget_is_a_failure_with_its_measurement_and_raises_the_margin():

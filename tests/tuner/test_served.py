@@ -98,7 +98,7 @@ def test_a_time_study_says_what_it_recommends_first(tmp_path):
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
     w = preset("rag")
     t = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="time", workload=bench_for(w), requests=w, n_ctx=16640, pool_size=20, study_name="s",
+        objective="time", bench=bench_for(w), requests=w, n_ctx=16640, pool_size=20, study_name="s",
         storage=f"sqlite:///{tmp_path / 's.db'}"))
     t.run(3)
     s = study_summary(t.study)
@@ -178,7 +178,7 @@ def rag_tuners(tmp_path, kv_type: str):
     storage = f"sqlite:///{tmp_path / 's.db'}"
 
     def tuner():
-        return Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", workload=bench_for(w), requests=w,
+        return Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", bench=bench_for(w), requests=w,
                                                           n_ctx=16640, margin=1 << 30, pool_size=20, study_name="s",
                                                           storage=storage, config=SpaceConfig(kv_types=(kv_type,))))
     return tuner

@@ -32,7 +32,7 @@ def test_an_old_study_reads_as_version_1_and_stays_so_when_it_resumes(tmp_path, 
     monkeypatch.chdir(tmp_path)
     url = _old_db(tmp_path)
     old = StudyRecord.of(optuna.load_study(study_name="old", storage=url))
-    assert old.version == 1 and old.settings["engine"] == "sim" and old.objective_names == ["tg"]
+    assert old.version == 1 and old.settings.engine == "sim" and old.objective_names == ["tg"]
     assert old.margin_rule == "learnt" and old.margin_bytes == 0 and old.seeded and old.cost_fit
     assert [b["kind"] for b in old.baselines or []][:1] == ["fit-like"] and old.memory_errors == [0] * 9
     assert old.confirmed is None and old.margin_by_ubatch == {} and old.request_time is None
@@ -44,12 +44,17 @@ def test_an_old_study_reads_as_version_1_and_stays_so_when_it_resumes(tmp_path, 
     after = StudyRecord.of(study)
     assert STUDY_VERSION_KEY not in study.user_attrs and after.version == 1      # the same keys: still version 1
     assert after.settings == old.settings and after.baselines == old.baselines
+    # typed, the settings still write back what the study stores (its "workload" key holds the bench run; the keys
+    # an older offload-tuner did not store stay out)
+    stored = study.user_attrs["settings"]
+    assert after.settings.to_dict() == stored and "requests" not in stored and after.settings.requests is None
+    assert after.settings.bench.n_prompt == stored["workload"]["n_prompt"]
 
 
 def test_a_new_study_stores_only_what_the_record_names_with_its_version():
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
-    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="both", workload=BenchRun(512, 32, 0, 1),
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="both", bench=BenchRun(512, 32, 0, 1),
                                                    n_ctx=4096, pool_size=20, seed=2))
     t.run(4)
     t.confirm(2, n_tg=1)

@@ -23,7 +23,7 @@ def tuner():
     inv = load_preset("Qwen3-30B-A3B:Q4_K_M").inventory()
     hw = load_hardware("rtx4090-ddr5").with_vram([16 * GiB])
     t = Tuner(inv, hw, SimEngine(hw), StudyConfig(
-        objective="tg + 0.1*pp", workload=BenchRun(n_prompt=512, n_gen=32), n_ctx=8192, margin=512 * MiB,
+        objective="tg + 0.1*pp", bench=BenchRun(n_prompt=512, n_gen=32), n_ctx=8192, margin=512 * MiB,
         storage=None, pool_size=20, seed=4))
     t.run(5)
     return t

@@ -22,7 +22,7 @@ from tuner.search import Tuner, StudyConfig
 def time_study():
     inv, hw = load_model("preset:Qwen3-30B-A3B:Q4_K_M"), resolve("rtx4090-ddr5", "12GiB")
     w = preset("chat")
-    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", workload=bench_for(w), requests=w,
+    t = Tuner(inv, hw, SimEngine(hw), StudyConfig(objective="time", bench=bench_for(w), requests=w,
                                                    n_ctx=9216, pool_size=20, seed=3))
     t.run(5)
     df = trials_frame(t.study)

@@ -73,7 +73,7 @@ def test_a_killed_workers_running_trial_is_failed_and_retried(tmp_path, monkeypa
 
     def tuner() -> search.Tuner:
         return search.Tuner(inv, hw, SimEngine(hw), search.StudyConfig(
-            workload=wl, n_ctx=8192, storage=url, study_name="k", pool_size=40, baselines=False, objective="tg"))
+            bench=wl, n_ctx=8192, storage=url, study_name="k", pool_size=40, baselines=False, objective="tg"))
     tuner().run(3)
     # what a killed worker leaves: a trial RUNNING with a heartbeat that stopped
     storage = make_storage(url)
