@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 BASE   := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench bench-tuner readme clean
+.PHONY: demo test test-fast lint bench bench-tuner readme screenshots clean
 
 $(BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ test-fast: $(STAMP)    # everything but the tests marked slow (whole studies, hy
 
 readme: $(STAMP)    # rewrites the README's example outputs from the program (tests/test_readme.py checks them)
 	$(PY) tests/readme_examples.py --write
+
+screenshots: $(STAMP)    # remakes the README's screenshots (docs/img) in a headless Chromium, from the program
+	README_SCREENSHOTS=1 $(PY) -m pytest -q -rs tests/service/test_browser.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

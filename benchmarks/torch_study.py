@@ -11,7 +11,9 @@ Phases (--phase, default all, in this order; each skips what is done, so a kille
            OUT/torch_grid.json (written after every point, read at start).
   study    what `offload-tuner tune MODEL --engine torch --gpu 24GiB --objective both --trials T --study NAME
            --storage URL --hardware HW --n-prompt .. --n-gen .. --reps ..` does, in this process so that one
-           engine (and the torch engine's synthesized weights) serves the grid and every trial. The study lives in
+           engine (and the torch engine's synthesized weights) serves the grid and every trial; its space is the
+           full one with KV_TYPES, set here (tune's tuner.setup.study_setup would settle it for a measured engine,
+           which this benchmark, made before the settled space, compares against). The study lives in
            --storage (default sqlite:///OUT/torch_study.db) and resumes by name; T counts the engine runs of its
            trials as tune's --trials does (a resumed call adds what is missing); a new study also measures its 3
            baselines first (-ngl 99 -cmoe, a --fit-like fill, the planner's first proposal), so the default T = 37

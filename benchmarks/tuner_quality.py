@@ -9,6 +9,7 @@ Set-up per scenario (preset x VRAM x hardware preset):
   from the runs it makes. Without the perturbation the prior would *be* the engine and seeding alone would win.
 - The space is tuner.space.Space with a coarse SpaceConfig so the grid is computable: every candidate of the
   grid is decoded (memory-screened) and evaluated on the truth; the grid's best TG and best PP are the targets.
+  (So its studies are not set up by tuner.setup.study_setup, as `tune`'s are: the methods compare on this grid.)
 - Each method gets the same budget of engine runs (a share of the grid's size, --budget, default 5%), objective
   "both" (TG and PP at once); a run is one engine measurement of a distinct plan (duplicates and candidates
   screened by the memory model or the cost model cost no run). Methods:
@@ -110,11 +111,11 @@ class TruthEngine(Engine):
     def __init__(self, hw: HardwareProfile, cache: dict[str, Measurement]) -> None:
         self.sim, self.cache, self.runs = SimEngine(hw), cache, 0
 
-    def measure(self, inv: ModelInventory, plan: Plan, workload: Any) -> Measurement:
+    def measure(self, inv: ModelInventory, plan: Plan, bench: Any) -> Measurement:
         self.runs += 1
         m = self.cache.get(plan.id)
         if m is None:
-            m = self.cache[plan.id] = self.sim.measure(inv, plan, workload)
+            m = self.cache[plan.id] = self.sim.measure(inv, plan, bench)
         return m
 
 

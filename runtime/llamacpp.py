@@ -175,17 +175,17 @@ class LlamaCppEngine(Engine):
             return self._sweep_command(inv, plan, bench, model)
         notes: list[str] = []
         extra: list[str] = []
-        wl: BenchRun | _RenderBench = bench
-        if wl.depth and not self.info.abilities["depth"]:
-            if not (self.info.abilities["gen_at_depth"] and wl.n_gen):
-                raise InputError(f"{self.path.name} has no -d (context depth {wl.depth}); measure at depth 0 or "
+        rendered: BenchRun | _RenderBench = bench    # what -p/-n/-d say
+        if bench.depth and not self.info.abilities["depth"]:
+            if not (self.info.abilities["gen_at_depth"] and bench.n_gen):
+                raise InputError(f"{self.path.name} has no -d (context depth {bench.depth}); measure at depth 0 or "
                                  "use llama-sweep-bench")
             extra = ["-gp", f"{bench.depth},{bench.n_gen}"]
             notes.append(f"ik llama-bench has no -d: TG measured with -gp {bench.depth},{bench.n_gen}; "
                          "PP at depth 0")
-            wl = _RenderBench(bench.n_prompt, 0, 0, bench.repetitions)
+            rendered = _RenderBench(bench.n_prompt, 0, 0, bench.repetitions)
         try:
-            rc = render(plan, inv, "bench", bench=wl, model_path=model, build=self.info.build)
+            rc = render(plan, inv, "bench", bench=rendered, model_path=model, build=self.info.build)
         except FlagError as e:
             raise InputError(f"cannot render the plan for {self.path.name}: {e}") from e
         # -o first: llama-bench's parser forgets an earlier bad argument (an unknown -ot buffer type) when a later
@@ -248,7 +248,7 @@ class LlamaCppEngine(Engine):
 
     def run_memory(self, inv: ModelInventory, plan: Plan, bench: BenchRun,
                    hw: HardwareProfile | None = None) -> MemoryReport:
-        """What a run of the plan at this workload holds per device (bench_memory: llama-bench's contexts)."""
+        """What a run of the plan at this bench run holds per device (bench_memory: llama-bench's contexts)."""
         return bench_memory(inv, plan, bench, hw)
 
     @property
@@ -264,7 +264,7 @@ class LlamaCppEngine(Engine):
         return self.info.dialect == "ik" and self.info.tool != "bench"
 
     def run_context(self, bench: BenchRun, plan: Plan | None = None) -> int:
-        """The largest context a run of this workload holds (llama-bench: one context per test; sweep-bench: the
+        """The largest context a run of this bench run holds (llama-bench: one context per test; sweep-bench: the
         -c of the plan's run, whole ubatch rows up to the one it reads), so the tuner can add the memory model's KV
         and compute for the emitted -c. Without the plan, sweep-bench's smallest (-ub 512)."""
         if self.info.tool == "sweep":
@@ -282,7 +282,7 @@ class LlamaCppEngine(Engine):
         a fair reference; use ik's llama-sweep-bench). The target is the free memory llama.cpp must leave on
         each device: what is free now minus the budget (one value for all devices, so the tightest GPU's).
         mainline: also asks llama-fit-params (beside llama-bench, when there) which placement `llama-server
-        --fit` picks for the workload's context, which the study measures beside it."""
+        --fit` picks for the bench run's context, which the study measures beside it."""
         if self.info.dialect == "ik":
             return self._ik_fit(inv, bench, budgets, knobs) if self.info.tool == "sweep" else None
         if not self.info.abilities["fit_target"] or self.info.tool != "bench":
@@ -352,7 +352,7 @@ class LlamaCppEngine(Engine):
 
     def _fit_choice(self, inv: ModelInventory, bench: BenchRun, target_mib: int, knobs: Sequence[str]
                     ) -> tuple[str, ...]:
-        """llama-fit-params' placement for the whole workload's context, what `llama-server --fit on -c N` would
+        """llama-fit-params' placement for the whole bench run's context, what `llama-server --fit on -c N` would
         pick for it ((), when the tool is missing or fails). llama-bench -fitt fits each of its tests on its own
         (the generation test to an n_gen-token context and ubatch), so its TG comes from a larger placement than
         any one server that takes the prompt could hold; this one is what a user's server runs."""
@@ -491,7 +491,7 @@ def _mib_list(values: Mapping[str, int]) -> str:
 
 
 def sweep_ctx(n_ubatch: int, n_batch: int, wl: BenchRun) -> int:
-    """The -c of a llama-sweep-bench run that measures one row at the workload's depth: the row (a multiple of
+    """The -c of a llama-sweep-bench run that measures one row at the bench run's depth: the row (a multiple of
     the ubatch, sweep-bench's step) plus room for its prompt ubatch and its generated tokens."""
     ub = min(n_batch, n_ubatch)
     return wl.depth // ub * ub + max(ub, wl.n_gen)
@@ -508,7 +508,7 @@ def _sweep_row(rows: Sequence[SweepRow], depth: int) -> SweepRow | None:
 # ---- memory: what llama-bench allocates, and llama-fit-params as an oracle -------------------------------------------
 
 def bench_contexts(bench: BenchRun) -> list[int]:
-    """Context sizes of llama-bench's tests for a workload: one per test, n_prompt + depth and n_gen + depth
+    """Context sizes of llama-bench's tests for a bench run: one per test, n_prompt + depth and n_gen + depth
     (tools/llama-bench/llama-bench.cpp to_llama_cparams; each test gets its own context, the model stays)."""
     out = []
     if bench.n_prompt:

@@ -4,7 +4,7 @@ planner.options.RunRequest, calls prepare_run, measures and prints.
 
 The plan comes from a Plan JSON file (`plan --json` output, whose "plan" key is used, or Plan.to_json()) or
 from a llama.cpp command line (planner.flags.parse: the program name picks the tool, else llama-bench, else
-llama-server). PreparedRun.to_json: the plan, the workload, the command run, `measurement` (the Measurement
+llama-server). PreparedRun.to_json: the plan, the bench run (under "workload"), the command run, `measurement` (the Measurement
 fields) and `devices` (planner.memory for the same run).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def read_plan_file(path: str, inv: ModelInventory, n_gpus: int | None = None) ->
 
 def plan_from_args(llama_args: list[str], inv: ModelInventory, dialect: str,
                    n_gpus: int | None = None) -> tuple[Plan, dict[str, int]]:
-    """A Plan from a llama.cpp command line, and the llama-bench workload it names (empty for other tools).
+    """A Plan from a llama.cpp command line, and the bench run its llama-bench flags name (empty for other tools).
     `n_gpus` (the declared hardware's) bounds the device names."""
     from planner.flags import parse
     from planner.flags.cmdline import split_command
@@ -103,7 +103,7 @@ def make_engine(opts: EngineOptions, hw: HardwareProfile) -> Engine:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A run ready to measure: the model, the plan and its workload, the engine made for it, the command it runs
+    """A run ready to measure: the model, the plan and its bench run, the engine made for it, the command it runs
     (None for an engine that runs no program) and the memory predicted for it."""
     request: RunRequest
     inv: ModelInventory

@@ -255,7 +255,7 @@ def finalists(measurer: Measurer, n_tg: int = 2, ncmoe: bool = False) -> list[Co
 def confirm_seconds(measurer: Measurer, rounds: int, n_tg: int = 2, ncmoe: bool = False, default: float = 0.0,
                     repetitions: int | None = None) -> float:
     """How long confirm(rounds, n_tg, ncmoe, repetitions) runs, from each contender's own run (its wall time
-    at this workload, taken to `repetitions` by BenchRun.seconds_at), `default` seconds for one whose time is
+    at this bench run, taken to `repetitions` by BenchRun.seconds_at), `default` seconds for one whose time is
     not known: one mean per run misjudges a cell whose contenders differ, e.g. a --no-host config at depth
     8192 ran 80 s where the others ran 14 s (H100, 2026-11-24)."""
     reps = repetitions or measurer.bench.repetitions
@@ -339,7 +339,7 @@ def confirm(measurer: Measurer, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, pro
     record (one with no results when there is nothing to confirm; {} when a sample was left because it would not
     end before `deadline` (its contender's stored run time says how long it takes): call again to go on).
     `ncmoe`: the best -ncmoe baseline is re-measured with them (finalists). `repetitions`: each run's repetitions
-    when not the workload's (fewer, so that every sample fits in one device call; stored in the record)."""
+    when not the bench run's (fewer, so that every sample fits in one device call; stored in the record)."""
     contenders = finalists(measurer, n_tg, ncmoe)
     if rounds < 1 or not contenders:     # nothing to confirm: an empty record, so callers see it done
         return {"rounds": rounds, "results": [], "picks": {}, "reference": None}

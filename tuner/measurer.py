@@ -42,7 +42,7 @@ def contexts(bench: BenchRun, n_ctx: int | None, engine: Engine) -> tuple[int, i
     need = bench.depth + bench.n_prompt + bench.n_gen
     emitted = n_ctx if n_ctx is not None else max(DEFAULT_CTX, -(-need // 256) * 256)
     if emitted < need:
-        raise InputError(f"--ctx {emitted} is smaller than the workload's depth + n_prompt + n_gen = {need}")
+        raise InputError(f"--ctx {emitted} is smaller than the bench run's depth + n_prompt + n_gen = {need}")
     run_ctx = engine.run_context(bench)
     return emitted, emitted if run_ctx is None else min(run_ctx, emitted)
 
@@ -200,7 +200,7 @@ class Measurer:
     # ---- measuring --------------------------------------------------------------------------------------------
 
     def measure(self, plan: Plan, bench: BenchRun | None = None) -> Any:
-        """engine.measure (at the study's workload unless given), with an exception of the engine (not of our
+        """engine.measure (at the study's bench run unless given), with an exception of the engine (not of our
         input) turned into a failed result."""
         try:
             with SIGINT.engine_run():          # Ctrl-C lands here at once, elsewhere at the next safe point

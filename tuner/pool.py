@@ -40,7 +40,7 @@ class Scorer:
         return self.objective.kind == "both"
 
     def score(self, tg: float, pp: float) -> float:
-        """One number per point (the objective; the geometric mean for "both"); a speed the workload does not
+        """One number per point (the objective; the geometric mean for "both"); a speed the bench run does not
         measure (n_gen or n_prompt 0) counts as 0."""
         return self.objective.scalar(tg if self.bench.n_gen else 0.0, pp if self.bench.n_prompt else 0.0)
 

@@ -130,11 +130,10 @@ def render_plan(plan: Plan, inv: ModelInventory, spec: DialectSpec, tool: str, *
     if model_path:
         settings.append(("model", model_path))
     if tool == "bench":
-        wl = bench
-        n_prompt = getattr(wl, "n_prompt", table.defaults["n_prompt"])
-        n_gen = getattr(wl, "n_gen", table.defaults["n_gen"])
-        depth = getattr(wl, "depth", getattr(wl, "n_depth", 0)) or 0
-        reps = getattr(wl, "repetitions", None)
+        n_prompt = getattr(bench, "n_prompt", table.defaults["n_prompt"])
+        n_gen = getattr(bench, "n_gen", table.defaults["n_gen"])
+        depth = getattr(bench, "depth", getattr(bench, "n_depth", 0)) or 0
+        reps = getattr(bench, "repetitions", None)
         settings += [("n_prompt", n_prompt), ("n_gen", n_gen)]
         if depth:
             if "depth" not in table.keys():  # noqa: SIM118 (a ToolTable, not a dict)

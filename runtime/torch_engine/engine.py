@@ -321,7 +321,7 @@ class TorchEngine(Engine):
         GPUs there is none, as measure() reports none). Parts: weights; kv; compute = staging buffers and the
         activations live at the peak; overhead. The CPU: its weights as host_pinned (the engine copies them
         into anonymous memory), its peak activations as compute, planner.memory's process overhead.
-        Cached per plan and workload."""
+        Cached per plan and bench run."""
         devices = resolve_devices(plan.devices(), self.device_map, self.logical_gpu_bytes)
         key = (inv.name, inv.source, inv.total_bytes(), plan.id, bench, self.compute_dtype, devices.gpus,
                devices.logical, None if hw is None else hw.name, None if hw is None else
