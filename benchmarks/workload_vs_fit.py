@@ -161,7 +161,7 @@ def tuner_for(args, inv, hw0, cell: Cell, bench_engine) -> Tuner:
     threads = 0 if args.threads == 0 else hw.host.n_threads         # 0: the plans carry no -t
     config = study_setup(explore_engine, "mainline", space="settled", threads=threads).config   # as `tune`, at -t
     return Tuner(inv, hw, explore_engine, StudyConfig(
-        model=str(inv.source), objective="time", workload=bench, requests=w, n_ctx=ctx,
+        model=str(inv.source), objective="time", bench=bench, requests=w, n_ctx=ctx,
         margin=EXPLORE_MARGIN if args.explore == "sim" else None, config=config,
         study_name=cell.name(args.series, model_tag(args.preset)), storage=args.storage, seed=0, pool_size=60))
 
