@@ -25,7 +25,7 @@ from planner.bench_run import BenchRun
 from planner.errors import InputError
 from planner.plan import Plan
 from .interrupt import SIGINT
-from .records import MeasuredRun, StudyRecord, TrialRecord, measured_dict
+from .records import ConfirmSample, MeasuredRun, StudyRecord, TrialRecord, measured_dict
 
 if TYPE_CHECKING:
     from .measurer import Measurer
@@ -141,25 +141,24 @@ def schedule(contenders: Sequence[Contender], rounds: int) -> list[tuple[int, Co
 @dataclass
 class SampleLog:
     """Samples as they come (stored after each run, so a killed confirmation resumes where it stopped)."""
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[ConfirmSample] = field(default_factory=list)
 
     def done(self, rnd: int, key: str) -> bool:
-        return any(r["round"] == rnd and r["key"] == key for r in self.rows)
+        return any(r.round == rnd and r.key == key for r in self.rows)
 
     def add(self, rnd: int, key: str, m: dict[str, Any]) -> None:
-        self.rows.append({"round": rnd, "key": key, **m})
+        self.rows.append(ConfirmSample.from_dict({"round": rnd, "key": key, **m}))
 
     def summarise(self, c: Contender) -> Confirmed:
-        mine = [r for r in self.rows if r["key"] == c.key]
-        good = [r for r in mine if r.get("ok")]
+        mine = [r for r in self.rows if r.key == c.key]
+        good = [r for r in mine if r.ok]
         return Confirmed(
-            c, Spread(tuple(r["tg_tps"] for r in good if r.get("tg_tps"))),
-            Spread(tuple(r["pp_tps"] for r in good if r.get("pp_tps"))),
-            max((sum((r.get("peak_bytes") or {}).values()) for r in good), default=0),
-            tuple(r["cv"] for r in good if r.get("cv") is not None),
-            tuple(r.get("error", "") for r in mine if not r.get("ok")),
-            tuple(dict.fromkeys(r["seen"] for r in good if r.get("seen") and (r.get("cv") or 0) > NOISY_CV)),
-            _per_device_max(r.get("peak_bytes") or {} for r in good))
+            c, Spread(tuple(r.tg_tps for r in good if r.tg_tps)), Spread(tuple(r.pp_tps for r in good if r.pp_tps)),
+            max((sum((r.peak_bytes or {}).values()) for r in good), default=0),
+            tuple(r.cv for r in good if r.cv is not None),
+            tuple(r.error for r in mine if not r.ok),
+            tuple(dict.fromkeys(r.seen for r in good if r.seen and (r.cv or 0) > NOISY_CV)),
+            _per_device_max(r.peak_bytes or {} for r in good))
 
 
 def _per_device_max(peaks) -> dict[str, int]:
@@ -347,7 +346,7 @@ def confirm(measurer: Measurer, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, pro
     reps = repetitions or measurer.bench.repetitions
     stored = StudyRecord.of(measurer.study).confirmation or {}
     same = stored.get("keys") == keys and stored.get("repetitions", measurer.bench.repetitions) == reps
-    log = SampleLog(list(stored.get("rows", [])) if same else [])
+    log = SampleLog([ConfirmSample.from_dict(r) for r in stored.get("rows", [])] if same else [])
     bench = replace(measurer.bench, repetitions=reps)
     for rnd, c in schedule(contenders, rounds):
         if log.done(rnd, c.key):
@@ -357,7 +356,7 @@ def confirm(measurer: Measurer, rounds: int = CONFIRM_ROUNDS, n_tg: int = 2, pro
             return {}
         log.add(rnd, c.key, _measure_contender(measurer, c, bench))
         StudyRecord.save(measurer.study, confirmation={"keys": keys, "rounds": rounds, "repetitions": reps,
-                                                    "rows": log.rows})
+                                                    "rows": [r.to_dict() for r in log.rows]})
         if progress is not None:
             progress(len(log.rows), rounds * len(contenders))
     record = confirmed_record([log.summarise(c) for c in contenders], rounds)

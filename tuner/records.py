@@ -248,6 +248,61 @@ def _text(value: Any) -> str:
     return value
 
 
+class StoredRow:
+    """A row a study stores as a JSON object, typed (a frozen dataclass with an `absent` field): from_dict takes any
+    stored row, a key it lacks reading as the field's default and remembered, and to_dict writes the other fields
+    in their order, so a row stored by any offload-tuner reads and writes back the same."""
+    absent: frozenset[str]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Any:
+        names = [f.name for f in fields(cls) if f.name != "absent"]     # type: ignore[arg-type]
+        return cls(**{n: d[n] for n in names if n in d}, absent=frozenset(n for n in names if n not in d))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)      # type: ignore[arg-type]
+                if f.name != "absent" and f.name not in self.absent}
+
+
+@dataclass(frozen=True)
+class ConfirmSample(StoredRow):
+    """One llama-bench run of a contender in a confirmation round (tuner.confirm; the study's
+    confirmation["rows"]): its speeds, its peaks at the emitted context, its noise, or why it failed."""
+    round: int
+    key: str                                    # the contender (tuner.confirm.Contender.key)
+    ok: bool = False
+    tg_tps: float = 0.0
+    pp_tps: float = 0.0
+    error: str = ""
+    peak_bytes: dict[str, int] | None = None
+    cv: float | None = None                     # the run's own noise over its repetitions
+    seen: str = ""                              # the machine's state around a noisy run
+    absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ServedRun(StoredRow):
+    """One llama-server run of a contender in a round of the served stage (tuner.served; the study's
+    serving["rows"]): what replaying the workload gave, or why it failed (a failed engine call stores ok and error
+    only; a row stored before machines were told apart has no machine)."""
+    round: int
+    key: str                                    # the contender (tuner.served.Served.key)
+    machine: str | None = None                  # the boot that served it (tuner.served.machine_id)
+    threads: int | None = None                  # -t every contender was served at (absent: each its own)
+    ok: bool = False
+    error: str | None = None
+    request_s: float | None = None              # mean request time over the workload's classes
+    ttft_s: float | None = None                 # mean time to first token
+    ttft_max_s: float | None = None             # the slowest class's TTFT (absent in rows before it was kept)
+    pp_tps: float | None = None
+    tg_tps: float | None = None
+    peak_bytes: dict[str, int] | None = None    # per GPU, the server's
+    command: str | None = None
+    seconds: float | None = None                # the run's wall time, the load included
+    ready_s: float | None = None                # seconds until the server answered
+    absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+
 def measured_dict(m: Measurement) -> dict[str, Any]:
     """A Measurement as stored on a trial or a baseline (MeasuredRun.to_dict: the engine's `raw` stays out)."""
     return MeasuredRun.from_measurement(m).to_dict()
@@ -281,8 +336,8 @@ STUDY_VERSION_KEY = "study_record_version"
 class StudyRecord:
     """A study's own attrs, typed. Each field is stored under its own name (the keys tuners have always written);
     a field absent from the study, or stored as None, reads as its default. The records inside (baselines,
-    confirmation rows, served) stay dicts: their shapes are their modules' (tuner.baselines, .confirm,
-    .served)."""
+    confirmation, serving, served) stay dicts, their shapes their modules' (tuner.baselines, .confirm, .served);
+    the rows of samples in them are typed where those modules work with them (ConfirmSample, ServedRun)."""
     version: int = STUDY_RECORD_VERSION
     # what the study was made for, written when it is created (a resumed study must match: options.Settings)
     settings: Settings | None = None

@@ -54,7 +54,7 @@ from planner.hardware import MiB, fmt_bytes
 from planner.plan import Plan
 from planner.propose import Room, fill_experts
 from .confirm import Spread, compare, schedule
-from .records import StudyRecord, TrialRecord
+from .records import ServedRun, StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     from planner.hardware import HardwareProfile
@@ -175,7 +175,8 @@ def partial_record(study: StudyRecord, budget: dict[str, int]) -> dict[str, Any]
     keys = [*(k for k in serving["keys"] if k not in screened), *serving.get("kv_refs", []),
             *(k for k, p in (serving.get("fills") or {}).items() if p is not None)]
     rt = study.request_time
-    rec = served_record([served_of(k) for k in keys], serving["rows"], serving.get("rounds", 0), budget,
+    rows = [ServedRun.from_dict(r) for r in serving["rows"]]
+    rec = served_record([served_of(k) for k in keys], rows, serving.get("rounds", 0), budget,
                         rt.workload if rt else "workload", ttft_limit_s=rt.ttft_limit_s if rt else None,
                         drop_behind=serving.get("drop_behind"), thrift=Thrift.from_dict(serving.get("thrift")),
                         screened=screened)
@@ -254,7 +255,7 @@ def machine_id() -> str:
         return socket.gethostname()
 
 
-def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | None = DROP_BEHIND) -> dict[str, float]:
+def far_behind(cs: list[Served], rows: list[ServedRun], factor: float | None = DROP_BEHIND) -> dict[str, float]:
     """{key: how many times slower}: the contenders whose best good run is over `factor` x the best they must beat
     (a reference: the fastest reference's best; a finalist: the fastest run of all). Computed from the stored rows
     alone, so a resumed confirmation drops the same ones; {} when `factor` is None."""
@@ -262,8 +263,8 @@ def far_behind(cs: list[Served], rows: list[dict[str, Any]], factor: float | Non
         return {}
     best: dict[str, float] = {}
     for r in rows:
-        if r.get("ok") and r.get("request_s"):
-            best[r["key"]] = min(best.get(r["key"], math.inf), float(r["request_s"]))
+        if r.ok and r.request_s:
+            best[r.key] = min(best.get(r.key, math.inf), float(r.request_s))
     if not best:
         return {}
     refs = [best[c.key] for c in cs if "reference" in c.roles and c.key in best]
@@ -300,11 +301,11 @@ def screen(measurer: Measurer, finalists: list[Served], factor: float | None) ->
     return {k: v / best for k, v in seconds.items() if v > factor * best}
 
 
-def _round_done(c: Served, rows: list[dict[str, Any]], rnd: int) -> bool:
-    return any(r["key"] == c.key and r["round"] == rnd for r in rows)
+def _round_done(c: Served, rows: list[ServedRun], rnd: int) -> bool:
+    return any(r.key == c.key and r.round == rnd for r in rows)
 
 
-def dropped(cs: list[Served], rows: list[dict[str, Any]], drop_behind: float | None, thrift: Thrift | None,
+def dropped(cs: list[Served], rows: list[ServedRun], drop_behind: float | None, thrift: Thrift | None,
             budget: dict[str, int], ttft_limit_s: float | None = None) -> dict[str, tuple[float, str]]:
     """{key: (times slower than the best, why)}: the contenders not served again. far_behind after a first run;
     with `thrift`'s behind_noise, after each round that every contender still in the race has run: a finalist over
@@ -315,11 +316,11 @@ def dropped(cs: list[Served], rows: list[dict[str, Any]], drop_behind: float | N
     out = {k: (v, f"{v:.2f}x the best run after its first") for k, v in far_behind(cs, rows, drop_behind).items()}
     if thrift is None or thrift.behind_noise is None:
         return out
-    for rnd in range(1 + max((r["round"] for r in rows), default=-1)):
+    for rnd in range(1 + max((r.round for r in rows), default=-1)):
         alive = [c for c in cs if c.key not in out]
         if not all(_round_done(c, rows, rnd) for c in alive):
             break
-        s = [_summary(c, [r for r in rows if r["round"] <= rnd]) for c in alive]
+        s = [_summary(c, [r for r in rows if r.round <= rnd]) for c in alive]
         _, best = _pick_of(s, budget, ttft_limit_s)
         if best is None:
             continue
@@ -336,20 +337,31 @@ def dropped(cs: list[Served], rows: list[dict[str, Any]], drop_behind: float | N
     return out
 
 
-def run_line(c: Served, row: dict[str, Any], rnd: int, rounds: int, done: int, left: int,
-             rows: list[dict[str, Any]]) -> str:
+def run_line(c: Served, row: ServedRun, rnd: int, rounds: int, done: int, left: int, rows: list[ServedRun]) -> str:
     """The line a served run says as it ends: contender, round, load seconds, mean request time, TTFT, VRAM per
     GPU, runs left and the stage's remaining minutes, guessed from the mean of the runs so far."""
-    if row.get("ok"):
-        vram = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in sorted((row.get("peak_bytes") or {}).items())) or "-"
-        what = (f"loaded in {row.get('ready_s') or 0:.0f} s, {row.get('request_s') or 0:.2f} s mean request, TTFT "
-                f"{row.get('ttft_s') or 0:.2f} s, VRAM {vram}")
+    if row.ok:
+        vram = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in sorted((row.peak_bytes or {}).items())) or "-"
+        what = (f"loaded in {row.ready_s or 0:.0f} s, {row.request_s or 0:.2f} s mean request, TTFT "
+                f"{row.ttft_s or 0:.2f} s, VRAM {vram}")
     else:
-        what = f"failed: {' '.join(str(row.get('error') or 'no reason given').split())[:160]}"
-    took = [r.get("seconds") or 0 for r in rows]
+        what = f"failed: {' '.join(str(row.error or 'no reason given').split())[:160]}"
+    took = [r.seconds or 0 for r in rows]
     eta = f", about {math.ceil(left * sum(took) / len(took) / 60)} min" if left and took else ""
     runs = f"{left} run{'' if left == 1 else 's'} left"
     return f"# served {done}: {c.name}, round {rnd + 1} of {rounds}: {what}; {runs}{eta}"
+
+
+def _go_on_from(stored: dict[str, Any], same: bool, here: str, threads: int | None
+                ) -> tuple[list[ServedRun], list[dict[str, Any]]]:
+    """The stored runs a served stage goes on from (the same contenders, on this machine, at these threads), and
+    the others: rows of another contender set (other finalists), machine or thread count, kept aside as stored
+    ("elsewhere"), never dropped."""
+    def ours(r: ServedRun) -> bool:
+        return r.machine in (None, here) and r.threads == threads     # no machine: stored before it was kept
+    rows = [ServedRun.from_dict(r) for r in stored.get("rows", [])]
+    return ([r for r in rows if ours(r)] if same else [],
+            list(stored.get("elsewhere", [])) + [r.to_dict() for r in rows if not (same and ours(r))])
 
 
 def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS, n_finalists: int = SERVED_FINALISTS,
@@ -380,12 +392,7 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
     budget = served_budget(measurer.hw)
     ttft_limit = measurer.requests.ttft_limit_s
 
-    def ours(r: dict[str, Any]) -> bool:
-        return r.get("machine", here) == here and r.get("threads") == threads
-
-    # rows of another contender set (other finalists), machine or thread count are kept aside, never dropped
-    rows = [r for r in stored.get("rows", []) if ours(r)] if same else []
-    elsewhere = list(stored.get("elsewhere", [])) + [r for r in stored.get("rows", []) if not (same and ours(r))]
+    rows, elsewhere = _go_on_from(stored, same, here, threads)
     fills: dict[str, str | None] = dict(stored.get("fills", {})) if same else {}   # None: nothing to fill
     kv_refs: list[str] = list(stored.get("kv_refs", [])) if same else []
     if deadline is not None and time.monotonic() >= deadline and not same:
@@ -400,7 +407,7 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
 
     def save(**more: Any) -> None:
         StudyRecord.save(measurer.study, serving={
-            "keys": keys, "rounds": rounds, "rows": rows, "fills": fills, "kv_refs": kv_refs,
+            "keys": keys, "rounds": rounds, "rows": [r.to_dict() for r in rows], "fills": fills, "kv_refs": kv_refs,
             "drop_behind": drop_behind, "elsewhere": elsewhere, "screened": screened,
             "thrift": thrift.to_dict() if thrift is not None else None, **more})
     while True:
@@ -415,14 +422,15 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
         rnd, c = todo[0]
         # how long this one will take: its own longest run so far, a twin's first its parent's, a first run the
         # longest of any (on a 235B model a run is minutes: one started blind is cut off by the device call's end)
-        took = ([r.get("seconds") or 0 for r in rows if r["key"] in (c.key, f"trial:{c.trial}")]
-                or [r.get("seconds") or 0 for r in rows])
+        took = ([r.seconds or 0 for r in rows if r.key in (c.key, f"trial:{c.trial}")]
+                or [r.seconds or 0 for r in rows])
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         plan = _plan_of(measurer, c, fills)
-        rows.append({"round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
-                     **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)})
-        save(left=len(todo) - 1, eta_s=(len(todo) - 1) * statistics.fmean(r.get("seconds") or 0 for r in rows))
+        rows.append(ServedRun.from_dict({
+            "round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
+            **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)}))
+        save(left=len(todo) - 1, eta_s=(len(todo) - 1) * statistics.fmean(r.seconds or 0 for r in rows))
         tell(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
         if progress is not None:
             progress(len(rows), rounds * len(cs))
@@ -438,19 +446,18 @@ def serving_view(serving: dict[str, Any] | None, served: dict[str, Any] | None) 
     """The served stage as the web view shows it while it runs and after: a row per server run (who, which
     round, its mean request time, TTFT and VRAM, or why it failed), the runs left and the minutes they are likely
     to take (the mean of the runs so far), and the verdict once there is one. None before any server run."""
-    rows = (serving or {}).get("rows") or []
+    rows = [ServedRun.from_dict(r) for r in (serving or {}).get("rows") or []]
     if not rows:
         return None
-    out = [{"run": i + 1, "name": served_of(r["key"]).name, "round": r["round"] + 1, "ok": bool(r.get("ok")),
-            "request_s": r.get("request_s"), "ttft_s": r.get("ttft_s"),
-            "vram_bytes": sum((r.get("peak_bytes") or {}).values()) or None, "seconds": r.get("seconds"),
-            "error": " ".join(str(r.get("error") or "").split())[:200]} for i, r in enumerate(rows)]
+    out = [{"run": i + 1, "name": served_of(r.key).name, "round": r.round + 1, "ok": bool(r.ok),
+            "request_s": r.request_s, "ttft_s": r.ttft_s, "vram_bytes": sum((r.peak_bytes or {}).values()) or None,
+            "seconds": r.seconds, "error": " ".join(str(r.error or "").split())[:200]} for i, r in enumerate(rows)]
     return {"rows": out, "rounds": serving.get("rounds"), "left": serving.get("left"),
             "eta_s": serving.get("eta_s"), "done": served is not None,
             "headline": headline(served) if served else None}
 
 
-def _todo(cs: list[Served], rows: list[dict[str, Any]], rounds: int, drops: dict[str, tuple[float, str]],
+def _todo(cs: list[Served], rows: list[ServedRun], rounds: int, drops: dict[str, tuple[float, str]],
           thrift: Thrift | None, told: set[str], tell: Callable[[str], None]) -> list[tuple[int, Served]]:
     """The runs still to serve, in order: none of a dropped contender (each said once, in `told`), and none at all
     once at most one contender is left (thrift.stop_early)."""
@@ -458,7 +465,7 @@ def _todo(cs: list[Served], rows: list[dict[str, Any]], rounds: int, drops: dict
         told.add(k)
         tell(f"# served: {served_of(k).name} is not served again: {drops[k][1]}")
     todo = [(rnd, c) for rnd, c in schedule(cs, rounds)
-            if c.key not in drops and not any(r["round"] == rnd and r["key"] == c.key for r in rows)]
+            if c.key not in drops and not _round_done(c, rows, rnd)]
     left = [c for c in cs if c.key not in drops]
     if todo and thrift is not None and thrift.stop_early and len(left) <= 1 and rows:
         tell(f"# served: {left[0].name if left else 'no contender'} is the only one left: no further run can "
@@ -477,14 +484,14 @@ def _screen(measurer: Measurer, base: list[Served], thrift: Thrift | None, tell:
     return out
 
 
-def _add_kv_references(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], kv_refs: list[str]) -> None:
+def _add_kv_references(measurer: Measurer, base: list[Served], rows: list[ServedRun], kv_refs: list[str]) -> None:
     """--fit at a KV type a finalist uses (K and V alike, not f16): once every reference's first round is in, at the
     ubatch of the fastest of them, so the reference a user would run with that KV type is served too."""
     refs = [c for c in base if "reference" in c.roles]
-    firsts = [next((r for r in rows if r["key"] == c.key and r["round"] == 0), None) for c in refs]
+    firsts = [next((r for r in rows if r.key == c.key and r.round == 0), None) for c in refs]
     if kv_refs or not refs or any(r is None for r in firsts):
         return
-    good = [(r["request_s"], c) for r, c in zip(firsts, refs) if r and r.get("ok") and r.get("request_s")]
+    good = [(r.request_s, c) for r, c in zip(firsts, refs) if r and r.ok and r.request_s]
     if not good:
         return
     ub = min(good, key=lambda x: x[0])[1].ubatch
@@ -497,7 +504,7 @@ def _add_kv_references(measurer: Measurer, base: list[Served], rows: list[dict[s
     kv_refs += [f"fit:{ub}:{kv}" for kv in kinds]
 
 
-def _add_twins(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]], fills: dict[str, str | None],
+def _add_twins(measurer: Measurer, base: list[Served], rows: list[ServedRun], fills: dict[str, str | None],
                min_left: int = 0, tell: Callable[[str], None] | None = None) -> None:
     """Each finalist's filled twin, from its first good run with measured peaks (once: None when nothing moves, or
     when its server left under `min_left` of the budget unused on every GPU)."""
@@ -506,17 +513,17 @@ def _add_twins(measurer: Measurer, base: list[Served], rows: list[dict[str, Any]
         twin = f"fill:{c.trial}"
         if c.trial is None or twin in fills:
             continue
-        first = next((r for r in rows if r["key"] == c.key and r.get("ok") and r.get("peak_bytes")), None)
-        if first is None:
+        first = next((r for r in rows if r.key == c.key and r.ok and r.peak_bytes), None)
+        if first is None or not first.peak_bytes:
             continue
-        unused = max((budget.get(d, 0) - int(b) for d, b in first["peak_bytes"].items()), default=0)
+        unused = max((budget.get(d, 0) - int(b) for d, b in first.peak_bytes.items()), default=0)
         if unused < min_left:
             fills[twin] = None
             if tell is not None:
                 tell(f"# served: no filled twin of {c.name}: its server left {fmt_bytes(max(unused, 0))} of the "
                      f"budget unused (under {fmt_bytes(min_left)})")
             continue
-        new = filled_plan(measurer, _plan_of(measurer, c, fills), first["peak_bytes"])
+        new = filled_plan(measurer, _plan_of(measurer, c, fills), first.peak_bytes)
         fills[twin] = new.to_json() if new is not None else None
 
 
@@ -550,24 +557,25 @@ def bench_vs_server(bench: dict[str, Any], served: dict[str, Any]) -> list[str]:
     return out
 
 
-def _summary(c: Served, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    mine = [r for r in rows if r["key"] == c.key]
-    good = [r for r in mine if r.get("ok") and r.get("request_s")]
+def _summary(c: Served, rows: list[ServedRun]) -> dict[str, Any]:
+    mine = [r for r in rows if r.key == c.key]
+    good = [r for r in mine if r.ok and r.request_s]
 
-    def spread(k: str) -> Spread:
-        return Spread(tuple(float(r[k]) for r in good if r.get(k) is not None))
+    def spread(values: list[float | None]) -> Spread:
+        return Spread(tuple(float(v) for v in values if v is not None))
     peaks: dict[str, int] = {}
     for r in good:
-        for d, b in (r.get("peak_bytes") or {}).items():
+        for d, b in (r.peak_bytes or {}).items():
             peaks[d] = max(peaks.get(d, 0), int(b))
     return {"key": c.key, "name": c.name, "roles": list(c.roles), "trial": c.trial, "ubatch": c.ubatch,
-            "request_s": spread("request_s"), "ttft_s": spread("ttft_s"),
+            "request_s": spread([r.request_s for r in good]), "ttft_s": spread([r.ttft_s for r in good]),
             # the slowest class's TTFT (what --ttft limits); rows before it was recorded: the mean's
-            "ttft_max_s": spread("ttft_max_s") if all(r.get("ttft_max_s") is not None for r in good)
-            else spread("ttft_s"), "pp": spread("pp_tps"),
-            "tg": spread("tg_tps"), "vram_device_bytes": dict(sorted(peaks.items())),
-            "command": next((r.get("command") for r in good if r.get("command")), None),
-            "errors": [r.get("error", "") for r in mine if not r.get("ok")]}
+            "ttft_max_s": spread([r.ttft_max_s if all(x.ttft_max_s is not None for x in good) else r.ttft_s
+                                  for r in good]),
+            "pp": spread([r.pp_tps for r in good]), "tg": spread([r.tg_tps for r in good]),
+            "vram_device_bytes": dict(sorted(peaks.items())),
+            "command": next((r.command for r in good if r.command), None),
+            "errors": [r.error if r.error is not None else "" for r in mine if not r.ok]}
 
 
 def _within(x: dict[str, Any], budget: dict[str, int]) -> bool:
@@ -590,7 +598,7 @@ def _pick_of(s: list[dict[str, Any]], budget: dict[str, int], ttft_limit_s: floa
             min(eligible, key=lambda x: x["request_s"].median, default=None))
 
 
-def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, budget: dict[str, int],
+def served_record(cs: list[Served], rows: list[ServedRun], rounds: int, budget: dict[str, int],
                   workload: str, bench: dict[str, dict[str, Any]] | None = None,
                   ttft_limit_s: float | None = None, drop_behind: float | None = None,
                   thrift: Thrift | None = None, screened: dict[str, float] | None = None) -> dict[str, Any]:
@@ -614,7 +622,7 @@ def served_record(cs: list[Served], rows: list[dict[str, Any]], rounds: int, bud
     ref, pick = _pick_of(s, budget, ttft_limit_s)
     out: dict[str, Any] = {"workload": workload, "rounds": rounds, "budget_bytes": budget,
                            "reference": ref["key"] if ref else None, "pick": pick["key"] if pick else None}
-    last = max((r["round"] for r in rows), default=-1) + 1
+    last = max((r.round for r in rows), default=-1) + 1
     if thrift is not None:
         out["thrift"] = thrift.to_dict()
         out["screened"] = dict(screened or {})

@@ -2,8 +2,11 @@
 all (references included) within the budget, and what a pick gives up is said first."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from tuner.records import ServedRun
 from tuner.served import Served, headline, served_record
 
 MiB = 1 << 20
@@ -11,9 +14,10 @@ REFS = [Served("fit:512", "--fit", ("reference",), ubatch=512), Served("fit:2048
                                                                         ubatch=2048)]
 
 
-def rows(key: str, secs: list[float], pp: float, tg: float, vram_mib: int, ok: bool = True) -> list[dict]:
-    return [{"round": i, "key": key, "ok": ok, "request_s": s, "ttft_s": s / 3, "pp_tps": pp, "tg_tps": tg,
-             "peak_bytes": {"CUDA0": vram_mib * MiB}, "error": "" if ok else "boom"} for i, s in enumerate(secs)]
+def rows(key: str, secs: list[float], pp: float, tg: float, vram_mib: int, ok: bool = True) -> list[ServedRun]:
+    return [ServedRun.from_dict({"round": i, "key": key, "ok": ok, "request_s": s, "ttft_s": s / 3, "pp_tps": pp,
+                                 "tg_tps": tg, "peak_bytes": {"CUDA0": vram_mib * MiB}, "error": "" if ok else "boom"})
+            for i, s in enumerate(secs)]
 
 
 def test_the_fastest_reference_is_the_reference_and_a_faster_trial_in_budget_is_the_pick():
@@ -253,7 +257,7 @@ def test_a_contender_far_behind_is_not_served_again():
     # 14/10 > 1.3; 12.9/10 is not; trial 3 is the fastest run of all
     assert far_behind(cs, r) == {"fit:512": pytest.approx(1.4)}
     # its twin's good run at 5 s makes trial 3 1.6x behind the fastest of all; references still race each other
-    r += [{"round": 1, "key": "fill:3", "ok": True, "request_s": 5.0}]
+    r += [ServedRun.from_dict({"round": 1, "key": "fill:3", "ok": True, "request_s": 5.0})]
     assert far_behind(cs, r) == {"fit:512": pytest.approx(1.4), "trial:3": pytest.approx(1.6)}
     assert far_behind(cs, r, None) == {}
     rec = served_record(cs, r, 2, {"CUDA0": 6144 * MiB}, "rag", drop_behind=1.3)
@@ -359,8 +363,8 @@ def test_a_ttft_limit_picks_among_the_contenders_that_meet_it():
     cs = REFS + [Served("trial:3", "trial 3", ("finalist",), trial=3), Served("trial:5", "trial 5", ("finalist",),
                                                                               trial=5)]
 
-    def with_ttft(rs: list[dict], worst: float) -> list[dict]:
-        return [dict(r, ttft_max_s=worst) for r in rs]
+    def with_ttft(rs: list[ServedRun], worst: float) -> list[ServedRun]:
+        return [replace(r, ttft_max_s=worst) for r in rs]
     r = (with_ttft(rows("fit:512", [10.0, 10.4], 3000, 50, 6000), 2.5)
          + with_ttft(rows("fit:2048", [8.0, 8.2], 5000, 50, 6000), 3.5)      # the fastest --fit misses 3 s
          + with_ttft(rows("trial:3", [7.0, 7.1], 9000, 49, 6000), 2.0)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from planner.engine_contract import Measurement
-from tuner.records import StudyRecord
+from tuner.records import ServedRun, StudyRecord
 from tuner.served import (
     FULL, THRIFT, TWIN_MIN_LEFT, Served, Thrift, confirm_served, dropped, partial_record, same_verdict, screen,
     served_budget,
@@ -128,8 +128,8 @@ def test_close_contenders_stay_in_the_race_and_failures_are_retried():
           Served("trial:2", "trial 2", ("finalist",), trial=2), Served("trial:3", "trial 3", ("finalist",), trial=3)]
 
     def row(key, rnd, s, peak=6000, ok=True):
-        return {"round": rnd, "key": key, "ok": ok, "request_s": s, "ttft_s": 1.0, "pp_tps": 1.0, "tg_tps": 1.0,
-                "peak_bytes": {"CUDA0": peak * MiB}}
+        return ServedRun.from_dict({"round": rnd, "key": key, "ok": ok, "request_s": s, "ttft_s": 1.0, "pp_tps": 1.0,
+                                    "tg_tps": 1.0, "peak_bytes": {"CUDA0": peak * MiB}})
     budget = {"CUDA0": 6144 * MiB}
     rows = [row("fit:512", 0, 10.0), row("trial:1", 0, 10.4), row("trial:2", 0, 8.0, peak=6200),
             row("trial:3", 0, 1.0, ok=False)]
