@@ -693,7 +693,10 @@ def headline(record: dict[str, Any]) -> str:
                    else math.inf)
         return (f"{record['workload']}: partial, no verdict yet ({', '.join(waiting)} not served); so far "
                 f"{best['name']} is the fastest, {best['request_s']['median']:.2f} s mean request")
-    if pick is ref:
+    if pick is ref and not any("finalist" in r["roles"] for r in record["results"]):
+        text = (f"{record['workload']}: keep {ref['name']}, the fastest of --fit's variants: {t_ref:.2f} s mean "
+                f"request ({fmt_bytes(vram)} VRAM); no finalist was served (none of the search's runs finished)")
+    elif pick is ref:
         within = f" within the {record['ttft_limit_s']:g} s TTFT limit" if record.get("pick_meets_ttft") else ""
         text = (f"{record['workload']}: keep {ref['name']}: no finalist{within} answered faster than its {t_ref:.2f} s "
                 f"mean request ({fmt_bytes(vram)} VRAM)")

@@ -253,7 +253,7 @@ def _run_study(args: TuneRequest, t: TuneInputs, engine: Any, storage: str, out:
     except KeyboardInterrupt as e:
         n = 0 if tuner is None else len([t for t in tuner.study.get_trials(deepcopy=False) if t.state.is_finished()])
         raise TuneInterrupted(n, storage, signal_of(e)) from e
-    _check_some_ran(args, tuner, result, limit, start, storage)
+    check_some_ran(args, tuner, result, limit, start, storage, note)
     from tuner.report import study_summary
     summary = None if args.no_report else write_report(tuner.study, out)
     return TuneOutcome(summary or study_summary(tuner.study), result, storage, None if args.no_report else out)
@@ -282,21 +282,27 @@ def _search_and_serve(args: TuneRequest, tuner: Any, rounds: int, limit: float |
     return result
 
 
-def _check_some_ran(args: TuneRequest, tuner: Any, result: Any, limit: float | None, start: float,
-                    storage: str) -> None:
+def check_some_ran(args: TuneRequest, tuner: Any, result: Any, limit: float | None, start: float,
+                   storage: str, note: Callable[[str], None] = _quiet) -> None:
     """A study with no complete trial ends with its real cause: every run crashed, the --time-limit came first,
-    or nothing fitted the memory."""
+    or nothing fitted the memory. Where the serving still compared --fit's variants on llama-server (no finalist
+    to serve), that verdict is the answer: the cause is said as a line (`note`) and the tune ends well."""
     from optuna.trial import TrialState
 
     from tuner.failures import check_some_run_worked
     check_some_run_worked(tuner.study, storage)      # every run crashed: said so, not "give more memory"
     if tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return
-    if limit is not None and time.monotonic() - start >= limit * (0.5 if args.llama_server else 1.0):
-        raise InputError(f"--time-limit {args.time_limit} came before any run finished ({result.trials} trials "
-                         f"started); give a longer one: the same command goes on from what ran ({storage})")
     hw = tuner.hw
-    raise BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of VRAM "
-                      f"minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} margin "
-                      f"({result.trials} trials, none complete); give more --gpu memory, a smaller --keep-free or "
-                      "a smaller --margin")
+    cause: InputError = (
+        InputError(f"--time-limit {args.time_limit} came before any run finished ({result.trials} trials "
+                   f"started); give a longer one: the same command goes on from what ran ({storage})")
+        if limit is not None and time.monotonic() - start >= limit * (0.5 if args.llama_server else 1.0)
+        else BudgetError(f"no config fitted or ran in {', '.join(fmt_bytes(g.vram_bytes) for g in hw.gpus)} of "
+                         f"VRAM minus {fmt_bytes(hw.keep_free_bytes)} kept free and the {fmt_bytes(tuner.margin)} "
+                         f"margin ({result.trials} trials, none complete); give more --gpu memory, a smaller "
+                         "--keep-free or a smaller --margin"))
+    if args.llama_server and StudyRecord.of(tuner.study).served:
+        note(f"# only --fit's variants were served: {cause}")
+        return
+    raise cause

@@ -82,6 +82,19 @@ def test_a_partial_record_gives_no_verdict_while_a_finalist_waits():
     assert waiting_finalists(dict(rec, partial=False)) == []
 
 
+def test_with_no_finalist_the_verdict_says_only_fit_was_compared():
+    """A search that finished no run in its time (8 GiB rag on an H200 at --time-limit 7m): --fit's variants are
+    still served, and the fastest of them is the answer, said as such, not as a finalist that lost."""
+    r = rows("fit:512", [10.6, 10.5], 3000, 50, 7300) + rows("fit:2048", [8.0, 7.6], 5000, 50, 7360)
+    rec = served_record(REFS, r, 2, {"CUDA0": 7168 * MiB}, "rag")
+    assert rec["pick"] == rec["reference"] == "fit:2048"
+    assert headline(rec).startswith("rag: keep --fit -ub 2048, the fastest of --fit's variants: 7.80 s mean request")
+    assert "no finalist was served" in headline(rec) and "no finalist answered faster" not in headline(rec)
+    with_one = served_record(REFS + [Served("trial:3", "trial 3", ("finalist",), trial=3)],
+                             r + rows("trial:3", [9.0, 9.1], 4000, 49, 7000), 2, {"CUDA0": 7168 * MiB}, "rag")
+    assert "no finalist answered faster than its 7.80 s" in headline(with_one)
+
+
 def test_no_served_result_is_one_line():
     rec = served_record(REFS, rows("fit:512", [1.0], 1, 1, 1, ok=False), 1, {"CUDA0": 1}, "rag")
     assert rec["pick"] is None and "no served result" in headline(rec)
