@@ -4,8 +4,7 @@ stored with it: a resumed study must match, else it would mix incomparable trial
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from planner.bench_run import BenchRun
@@ -14,6 +13,7 @@ from planner.plan import Dialect
 from planner.workload import Workload
 from .objectives import Objective
 from .space import Space, SpaceConfig
+from .stored import StoredRow
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,18 @@ class StudyConfig:
     space: Space | None = None               # a prepared Space (benchmarks share a cached grid between methods)
 
 
-# A field of Settings stored under another key: the bench run under "workload", its name in every study stored
-# before the bench run and the user's workload had names of their own.
-STORED_KEYS = {"bench": "workload"}
-
-
 @dataclass(frozen=True)
-class Settings:
+class Settings(StoredRow):
     """What a study was made for, stored with it; a resumed study must match (else it would mix incomparable
-    trials). Read back with from_dict, which takes any study's settings: a key an older offload-tuner did not
-    store reads as its default and stays absent when written back (to_dict), so a study's settings read and
-    shown are the ones it stores."""
+    trials). Read back with from_dict, which takes any study's settings (tuner.stored: a key an older
+    offload-tuner did not store reads as its default and stays absent when written back)."""
+    # the bench run is stored under "workload", its name in every study stored before the bench run and the
+    # user's workload had names of their own
+    KEYS = {"bench": "workload"}
+    READ = {"model": str, "model_id": str, "engine": str, "hardware": dict, "dialect": str, "objective": str,
+            "bench": lambda d: BenchRun(**d), "n_ctx": int, "space": dict,
+            "requests": lambda d: None if d is None else dict(d)}
+    WRITE = {"bench": asdict}
     model: str = ""
     model_id: str = ""
     engine: str = ""
@@ -66,25 +67,13 @@ class Settings:
     requests: dict[str, Any] | None = None     # the user's workload the time objective serves (None: other ones)
     absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)    # keys the study lacks
 
-    def to_dict(self) -> dict[str, Any]:
-        """The stored shape: every field under its key (STORED_KEYS), but those the study did not store."""
-        return {STORED_KEYS.get(f.name, f.name): asdict(v) if isinstance(v := getattr(self, f.name), BenchRun) else v
-                for f in fields(self) if f.name != "absent" and f.name not in self.absent}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Settings:
-        """A study's stored settings (KeyError, TypeError or ValueError for a damaged one: StudyRecord names it)."""
-        names = [f.name for f in fields(cls) if f.name != "absent"]
-        return cls(**{n: _READ[n](d[STORED_KEYS.get(n, n)]) for n in names if STORED_KEYS.get(n, n) in d},
-                   absent=frozenset(n for n in names if STORED_KEYS.get(n, n) not in d))
-
     def differences(self, other: Settings) -> list[str]:
         """The settings that make `other` (a stored study's) another study. A space option added after the
         study was made is absent from it: the study ran with that option's default, so the default matches."""
         mine, theirs_all = self.to_dict(), other.to_dict()
         out = []
         for name in ("model_id", "engine", "hardware", "dialect", "objective", "bench", "n_ctx", "space", "requests"):
-            k = STORED_KEYS.get(name, name)
+            k = self.KEYS.get(name, name)
             theirs, ours = theirs_all.get(k), mine[k]
             if k == "space" and isinstance(theirs, dict):
                 defaults = json.loads(json.dumps(asdict(SpaceConfig())))    # as stored: lists, not tuples
@@ -99,11 +88,6 @@ class Settings:
                 out.append("bench run" if name == "bench" else name)
         return out
 
-
-# how each stored setting is read
-_READ: dict[str, Any] = {"model": str, "model_id": str, "engine": str, "hardware": dict, "dialect": str,
-                         "objective": str, "bench": lambda d: BenchRun(**d), "n_ctx": int, "space": dict,
-                         "requests": lambda d: None if d is None else dict(d)}
 
 # SpaceConfig options that only widen the space, added after studies were stored: a study without one keeps its
 # default (Tuner._keep_old_space). Not op_per_class: an old ik llama-bench study cannot go on without it.

@@ -35,6 +35,7 @@ from planner.plan import Plan
 from .cost_fit import CostFit, Terms
 from .objectives import RequestTime
 from .options import Settings
+from .stored import StoredRow
 from .threads import ThreadProbe
 
 RECORD_VERSION = 2
@@ -246,22 +247,6 @@ def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected text, found {type(value).__name__}")
     return value
-
-
-class StoredRow:
-    """A row a study stores as a JSON object, typed (a frozen dataclass with an `absent` field): from_dict takes any
-    stored row, a key it lacks reading as the field's default and remembered, and to_dict writes the other fields
-    in their order, so a row stored by any offload-tuner reads and writes back the same."""
-    absent: frozenset[str]
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Any:
-        names = [f.name for f in fields(cls) if f.name != "absent"]     # type: ignore[arg-type]
-        return cls(**{n: d[n] for n in names if n in d}, absent=frozenset(n for n in names if n not in d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)      # type: ignore[arg-type]
-                if f.name != "absent" and f.name not in self.absent}
 
 
 @dataclass(frozen=True)
