@@ -36,10 +36,16 @@ COMMANDS = (inspect, plan, explain, runtime_cmds, tune, report, serve, demo)   #
 
 
 class _Parser(argparse.ArgumentParser):
+    argv: tuple[str, ...] = ()       # what it was asked to parse (the command named in it: did_you_mean's scope)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self.argv = tuple(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):   # one line, exit 2 (argparse's default prints usage first)
         # the line already starts "offload-tuner: error:": name the command alone ("tune: ..."), not the program
         command = self.prog.removeprefix("offload-tuner").strip()
-        message += did_you_mean(message, self)
+        message += did_you_mean(message, self, self.argv)
         raise InputError(f"{command}: {message}" if command else message)
 
 
@@ -54,20 +60,37 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
     return out
 
 
-def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
-    """"; did you mean 'tune'?" for a mistyped command or choice, "; did you mean --objective?" for an unknown
-    option, when one is close (difflib's ratio over 0.6); "" otherwise."""
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The command parsers of `parser` by name ({} for a command's own parser)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def did_you_mean(message: str, parser: argparse.ArgumentParser, argv: tuple[str, ...] = ()) -> str:
+    """"; did you mean 'tune'?" for a mistyped command or choice; for an unknown option, the closest option of any
+    command (difflib's ratio over 0.6): "; did you mean --objective?" where it is the command's own, "; --trials
+    is an option of tune, not of plan" where it is another's; "" when none is close. `argv`: what was parsed (it
+    names the command)."""
     import difflib
     import re
     if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
         close = difflib.get_close_matches(m[1], re.findall(r"'([^']*)'", m[2]), n=1)
         return f"; did you mean {close[0]!r}?" if close else ""
     if m := re.search(r"unrecognized arguments: (.*)", message):
-        known = sorted(_option_strings(parser))
-        for word in m[1].split():
-            close = difflib.get_close_matches(word.split("=")[0], known, n=1) if word.startswith("-") else []
-            if close:
+        commands = _commands(parser)
+        command = next((a for a in argv if a in commands), None)
+        own = _option_strings(commands[command] if command else parser)
+        for word in (w.split("=")[0] for w in m[1].split() if w.startswith("-")):
+            close = difflib.get_close_matches(word, sorted(_option_strings(parser)), n=1)
+            owners = [c for c, p in commands.items() if close and close[0] in _option_strings(p)]
+            if close and close[0] in own:
                 return f"; did you mean {close[0]}?"
+            if close and command and owners:
+                return f"; {close[0]} is an option of {', '.join(owners)}, not of {command}"
+            if close and command:          # -v, -q: the program's own, read before the command only
+                return f"; {close[0]} goes before the command: offload-tuner {close[0]} {command} ..."
     return ""
 
 

@@ -86,3 +86,20 @@ def test_a_mistyped_command_or_option_says_what_was_meant(argv, says, capsys):
     assert err.rstrip().endswith(("did you mean 'tune'?", "did you mean --objective?", "did you mean 'tg'?"))
     assert cli.main(["plan", MODEL, "--gpu", "16GiB", "--zzz"]) == 2
     assert capsys.readouterr().err.rstrip().endswith("unrecognized arguments: --zzz")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", MODEL, "--gpu", "16GiB", "--trails", "3"],
+     "--trails 3; --trials is an option of tune, demo, not of plan"),
+    (["inspect", MODEL, "--llama-servr", "x"], "--llama-servr x; --llama-server is an option of tune, not of inspect"),
+    (["plan", MODEL, "--gpu", "16GiB", "--verbose"], "--verbose; --verbose goes before the command: offload-tuner "
+                                                     "--verbose plan ..."),
+    (["plan", MODEL, "--gpuu", "16GiB"], "--gpuu 16GiB; did you mean --gpu?"),
+])
+def test_an_option_of_another_command_is_named_as_such(argv, says, capsys):
+    """An unknown option matched against every command's: the command's own is suggested; another command's is
+    said to be that command's (plan has no --trials: suggesting it would only fail again); the program's own -v/-q
+    belong before the command."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(says) and err.count("\n") == 1
