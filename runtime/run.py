@@ -4,8 +4,8 @@ planner.options.RunRequest, calls prepare_run, measures and prints.
 
 The plan comes from a Plan JSON file (`plan --json` output, whose "plan" key is used, or Plan.to_json()) or
 from a llama.cpp command line (planner.flags.parse: the program name picks the tool, else llama-bench, else
-llama-server). PreparedRun.to_json: the plan, the bench run (under "workload"), the command run, `measurement` (the Measurement
-fields) and `devices` (planner.memory for the same run).
+llama-server). PreparedRun.to_json: the plan, the bench run (under "workload"), the command run, `measurement`
+(the Measurement fields) and `devices` (planner.memory for the same run).
 """
 from __future__ import annotations
 
