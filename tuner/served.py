@@ -42,11 +42,13 @@ aside ("elsewhere" in the stored serving) and serves every contender again.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
 
 REFERENCE_UBATCHES = (512, 2048, 4096)     # --fit as llama-server defaults it, and the two a user tries next
 SERVED_ROUNDS = 2
+STILL_RUNNING_S = 30.0     # a line at least this often while a server run is under way
 SERVED_FINALISTS = 3
 PP_GIVE_UP = 0.5          # a pick under half the reference's PP says so in its first line
 TG_GIVE_UP = 0.95         # ... and one more than 5% under its TG
@@ -243,6 +246,29 @@ def _sample(measurer: Measurer, server: Any, c: Served, plan: Plan | None, threa
             "ttft_max_s": raw.get("ttft_max_s"),
             "pp_tps": m.pp_tps, "tg_tps": m.tg_tps, "peak_bytes": dict(m.peak_bytes),
             "command": raw.get("command"), "seconds": raw.get("wall_s"), "ready_s": raw.get("ready_s")}
+
+
+@contextlib.contextmanager
+def still_running(tell: Callable[[str], None], what: str, expect_s: float | None = None,
+                  every_s: float | None = None) -> Iterator[None]:
+    """While the block runs (a server run: minutes on a big model), `what` with the seconds so far every `every_s`
+    (None: STILL_RUNNING_S), and those a run like it took before (`expect_s`), from a thread that ends with the
+    block."""
+    done = threading.Event()
+    start = time.monotonic()
+    every = every_s or STILL_RUNNING_S
+
+    def beat() -> None:
+        while not done.wait(every):
+            tell(f"{what}, {time.monotonic() - start:.0f} s so far"
+                 + (f" (the last like it took {expect_s:.0f} s)" if expect_s else ""))
+    thread = threading.Thread(target=beat, name="served-still-running", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def machine_id() -> str:
@@ -427,9 +453,11 @@ def confirm_served(measurer: Measurer, server: Any, rounds: int = SERVED_ROUNDS,
         if deadline is not None and time.monotonic() + (max(took) if took else 0) >= deadline:
             return {}
         plan = _plan_of(measurer, c, fills)
-        rows.append(ServedRun.from_dict({
-            "round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
-            **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)}))
+        with still_running(tell, f"# served {len(rows) + 1}: {c.name}, round {rnd + 1} of {rounds}: running",
+                           max(took) if took else None):
+            rows.append(ServedRun.from_dict({
+                "round": rnd, "key": c.key, "machine": here, **({"threads": threads} if threads else {}),
+                **_sample(measurer, server, c, plan, threads, thrift.repetitions if thrift else None)}))
         save(left=len(todo) - 1, eta_s=(len(todo) - 1) * statistics.fmean(r.seconds or 0 for r in rows))
         tell(run_line(c, rows[-1], rnd, rounds, len(rows), len(todo) - 1, rows))
         if progress is not None:
