@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import logging
 import sys
+import threading
+import time
 
 from ..app.report import REPORT_FILES
 from ..app.requests import TuneRequest, parse_kv_types
@@ -17,21 +19,52 @@ from .common import add_hw, emit_json, add_option, add_positional, given
 log = logging.getLogger(__name__)
 
 
+STILL_RUNNING_S = 30.0     # a line when nothing was said for this long and no bar shows the time
+TICK_S = 1.0               # how often the bar's clock moves, and the silence is looked at
+
+
 class _Console:
     """What the user sees while a study runs: start and confirmation lines, and a tqdm bar counting engine runs
     (silent when stderr is not a TTY, with --quiet or with the global -q), made at the first trial and closed
-    before any line. The lines go through logging (INFO: the global -q silences them too)."""
+    before any line. The lines go through logging (INFO: the global -q silences them too). While no line comes
+    (a llama-bench run on a big model takes minutes), a thread moves the bar's clock every TICK_S or, with no bar
+    shown, says `# tune: still running` after STILL_RUNNING_S of silence; `close` ends it."""
 
     def __init__(self, total: int, quiet: bool):
         self.total, self.quiet = total, quiet or not logs.shown()
         self.bar = None
         self.start: int | None = None
+        self.done = 0
+        self.lock = threading.Lock()              # the bar and the silence, shared with the thread
+        self.began = self.said = time.monotonic()
+        self.ended = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, name="tune-still-running", daemon=True)
+        self.ticker.start()
 
     def note(self, line: str) -> None:
-        self.close()
+        with self.lock:
+            self.said = time.monotonic()
+            self._close_bar()
         log.info("%s", line)
 
+    def _tick(self) -> None:
+        while not self.ended.wait(TICK_S):
+            with self.lock:
+                if self.bar is not None and not self.bar.disable:
+                    self.bar.refresh()                # a terminal sees its elapsed time move
+                    continue
+                if time.monotonic() - self.said < STILL_RUNNING_S:
+                    continue
+                self.said = time.monotonic()
+                line = (f"# tune: still running, {_minutes(self.said - self.began)} in; {self.done} of {self.total} "
+                        "runs done")
+            log.info("%s", line)
+
     def progress(self, tuner, trial) -> None:
+        with self.lock:
+            self._progress(tuner, trial)
+
+    def _progress(self, tuner, trial) -> None:
         if self.bar is None:
             from tqdm import tqdm
             self.bar = tqdm(total=self.total, desc="tune", unit="run", file=sys.stderr, dynamic_ncols=True,
@@ -39,7 +72,7 @@ class _Console:
         if self.start is None:
             from tuner.records import TrialRecord
             self.start = tuner.n_measured - (1 if TrialRecord.from_trial(trial).measured is not None else 0)
-        done = min(self.total, tuner.n_measured - self.start)
+        done = self.done = min(self.total, tuner.n_measured - self.start)
         if done > self.bar.n:
             self.bar.update(done - self.bar.n)
         pts = [(tg, pp) for _, tg, pp in tuner.samples]
@@ -48,9 +81,19 @@ class _Console:
                                      refresh=False)
         self.bar.refresh()
 
-    def close(self) -> None:
+    def _close_bar(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+    def close(self) -> None:
+        """The end of the tune: no more lines from the thread, the bar closed."""
+        self.ended.set()
+        with self.lock:
+            self._close_bar()
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def tune_options(args: argparse.Namespace) -> TuneRequest:
