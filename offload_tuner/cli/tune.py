@@ -56,8 +56,7 @@ class _Console:
                 if time.monotonic() - self.said < STILL_RUNNING_S:
                     continue
                 self.said = time.monotonic()
-                line = (f"# tune: still running, {_minutes(self.said - self.began)} in; {self.done} of {self.total} "
-                        "runs done")
+                line = still_running_line(self.said - self.began, self.done, self.total)
             log.info("%s", line)
 
     def progress(self, tuner, trial) -> None:
@@ -90,6 +89,14 @@ class _Console:
         self.ended.set()
         with self.lock:
             self._close_bar()
+
+
+def still_running_line(elapsed_s: float, done: int, total: int) -> str:
+    """What ran and what is left, and at the pace so far (the probe and baselines in it) how long the rest takes; a
+    --time-limit may end it sooner."""
+    pace = (f"; about {_minutes(elapsed_s / done * (total - done))} more at this pace"
+            if 0 < done < total else "")
+    return f"# tune: still running, {_minutes(elapsed_s)} in; {done} of {total} runs done{pace}"
 
 
 def _minutes(seconds: float) -> str:

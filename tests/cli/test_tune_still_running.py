@@ -41,3 +41,9 @@ def test_silence_is_broken_by_a_still_running_line_and_a_line_resets_it(monkeypa
 
 def test_minutes_read_as_minutes():
     assert tune_cli._minutes(12.4) == "12 s" and tune_cli._minutes(130) == "2 min 10 s"
+
+
+def test_the_line_says_what_is_left_and_how_long_at_this_pace():
+    assert tune_cli.still_running_line(130, 10, 40) == ("# tune: still running, 2 min 10 s in; 10 of 40 runs done; "
+                                                        "about 6 min 30 s more at this pace")
+    assert tune_cli.still_running_line(30, 0, 40) == "# tune: still running, 30 s in; 0 of 40 runs done"
